@@ -1,0 +1,157 @@
+/// One header field as received (name case preserved) or to be sent.
+public struct HTTPField: Sendable, Equatable {
+    public var name: String
+    public var value: String
+    public init(name: String, value: String) {
+        self.name = name
+        self.value = value
+    }
+}
+
+/// An ordered list of header fields. Lookups are ASCII case-insensitive (RFC 9110 §5.1).
+/// Value semantics; no invariants beyond those the parser checked on input.
+public struct HTTPHeaders: Sendable, Equatable, Sequence, ExpressibleByDictionaryLiteral {
+    public var fields: [HTTPField]
+
+    public init() { fields = [] }
+    public init(_ fields: [HTTPField]) { self.fields = fields }
+    public init(_ pairs: [(String, String)]) { fields = pairs.map { HTTPField(name: $0.0, value: $0.1) } }
+    public init(dictionaryLiteral elements: (String, String)...) { self.init(elements) }
+
+    public var count: Int { fields.count }
+    public func makeIterator() -> IndexingIterator<[HTTPField]> { fields.makeIterator() }
+
+    /// First value of `name`, or nil.
+    public subscript(name: String) -> String? {
+        for f in fields where asciiCaseInsensitiveEquals(f.name, name) { return f.value }
+        return nil
+    }
+
+    /// Every value of `name`, in order.
+    public func values(_ name: String) -> [String] {
+        fields.compactMap { asciiCaseInsensitiveEquals($0.name, name) ? $0.value : nil }
+    }
+
+    public func contains(_ name: String) -> Bool {
+        fields.contains { asciiCaseInsensitiveEquals($0.name, name) }
+    }
+
+    public mutating func add(_ name: String, _ value: String) {
+        fields.append(HTTPField(name: name, value: value))
+    }
+
+    /// Replaces every field called `name` with one field (set, never add).
+    public mutating func set(_ name: String, _ value: String) {
+        if let i = fields.firstIndex(where: { asciiCaseInsensitiveEquals($0.name, name) }) {
+            fields[i].value = value
+            var j = fields.count - 1
+            while j > i {
+                if asciiCaseInsensitiveEquals(fields[j].name, name) { fields.remove(at: j) }
+                j -= 1
+            }
+        } else {
+            add(name, value)
+        }
+    }
+
+    public mutating func remove(_ name: String) {
+        fields.removeAll { asciiCaseInsensitiveEquals($0.name, name) }
+    }
+}
+
+public struct HTTPVersion: Sendable, Equatable, Hashable, CustomStringConvertible {
+    public var major: Int
+    public var minor: Int
+    public init(major: Int, minor: Int) {
+        self.major = major
+        self.minor = minor
+    }
+    public static let http1_0 = HTTPVersion(major: 1, minor: 0)
+    public static let http1_1 = HTTPVersion(major: 1, minor: 1)
+    public var description: String { "HTTP/\(major).\(minor)" }
+}
+
+/// A parsed request line and header section.
+public struct HTTPRequestHead: Sendable, Equatable {
+    public var method: String
+    /// The request target exactly as received (origin-form, absolute-form, authority-form or "*").
+    public var target: String
+    public var version: HTTPVersion
+    public var headers: HTTPHeaders
+    public init(method: String, target: String, version: HTTPVersion = .http1_1, headers: HTTPHeaders = HTTPHeaders()) {
+        self.method = method
+        self.target = target
+        self.version = version
+        self.headers = headers
+    }
+}
+
+/// A parsed status line and header section.
+public struct HTTPResponseHead: Sendable, Equatable {
+    public var status: Int
+    public var reason: String
+    public var version: HTTPVersion
+    public var headers: HTTPHeaders
+    public init(status: Int, reason: String = "", version: HTTPVersion = .http1_1, headers: HTTPHeaders = HTTPHeaders()) {
+        self.status = status
+        self.reason = reason
+        self.version = version
+        self.headers = headers
+    }
+    public var isInformational: Bool { status >= 100 && status < 200 }
+}
+
+/// How a message body is delimited (RFC 9112 §6).
+public enum HTTP1BodyFraming: Sendable, Equatable {
+    /// No body (requests without CL/TE, HEAD responses, 1xx, 204, 304, CL: 0).
+    case none
+    case contentLength(UInt64)
+    case chunked
+    /// Response body that ends when the connection closes (RFC 9112 §6.3 rule 8).
+    case closeDelimited
+}
+
+/// What the parser found.
+public enum HTTP1Event: Sendable, Equatable {
+    case requestHead(HTTPRequestHead, framing: HTTP1BodyFraming)
+    /// A response head. Informational (1xx) heads have framing `.none` and are followed by another head.
+    case responseHead(HTTPResponseHead, framing: HTTP1BodyFraming)
+    /// A piece of body (never empty). Chunked framing is already removed.
+    case body(ArraySlice<UInt8>)
+    /// End of the message; trailers only for chunked bodies that carried some.
+    case end(trailers: HTTPHeaders?)
+}
+
+/// A protocol error with a stable reason (`http1.cl_and_te`), the status the peer should get
+/// (400, 414, 431, 501, 505; for responses the proxy turns any of them into a 502), and the
+/// offset in the connection's byte stream where the fault was found.
+public struct HTTP1Error: Error, Sendable, Equatable, CustomStringConvertible {
+    public var reason: String
+    public var status: Int
+    public var offset: Int
+    public var message: String
+    public init(reason: String, status: Int = 400, offset: Int, message: String) {
+        self.reason = reason
+        self.status = status
+        self.offset = offset
+        self.message = message
+    }
+    public var description: String { "\(reason) at byte \(offset): \(message)" }
+}
+
+@inline(__always)
+public func asciiCaseInsensitiveEquals(_ a: String, _ b: String) -> Bool {
+    var ia = a.utf8.makeIterator(), ib = b.utf8.makeIterator()
+    while true {
+        switch (ia.next(), ib.next()) {
+        case (nil, nil): return true
+        case (let x?, let y?):
+            if x != y {
+                let lx = (x >= 65 && x <= 90) ? x | 0x20 : x
+                let ly = (y >= 65 && y <= 90) ? y | 0x20 : y
+                if lx != ly { return false }
+            }
+        default: return false
+        }
+    }
+}

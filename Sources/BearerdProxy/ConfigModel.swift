@@ -1,0 +1,277 @@
+import BearerdHTTP
+
+/// The validated configuration (shared/DESIGN.md §4). Produced by `ConfigLoader`; immutable
+/// once loaded. Every value here has already been checked: ports in range, durations positive,
+/// routes pointing at existing sessions, secrets readable.
+public struct BearerdConfig: Sendable {
+    /// Path of the file this configuration was read from (for messages).
+    public var file: String
+    public var listen: [ListenAddress]
+    public var admin: ListenAddress?
+    public var stateDir: String?
+    /// Number of event loops; default one per core.
+    public var loops: Int?
+    /// Frontend limits (`limits:`; extension of DESIGN §4, defaults of issue 2).
+    public var limits: HTTP1Limits
+    /// Frontend timeouts (`timeouts:` at top level).
+    public var frontendTimeouts: FrontendTimeouts
+    /// Sessions by name, in file order.
+    public var sessions: [SessionConfig]
+    /// Routes in file order; first match wins.
+    public var routes: [RouteConfig]
+
+    public init(file: String, listen: [ListenAddress], admin: ListenAddress? = nil, stateDir: String? = nil,
+                loops: Int? = nil, limits: HTTP1Limits = HTTP1Limits(), frontendTimeouts: FrontendTimeouts = FrontendTimeouts(),
+                sessions: [SessionConfig] = [], routes: [RouteConfig] = []) {
+        self.file = file
+        self.listen = listen
+        self.admin = admin
+        self.stateDir = stateDir
+        self.loops = loops
+        self.limits = limits
+        self.frontendTimeouts = frontendTimeouts
+        self.sessions = sessions
+        self.routes = routes
+    }
+
+    public func session(named name: String) -> SessionConfig? {
+        sessions.first { $0.name == name }
+    }
+}
+
+/// A listening address: `host:port`, `[::1]:port`, or `unix:/path`.
+public enum ListenAddress: Sendable, Equatable, CustomStringConvertible {
+    case tcp(host: String, port: UInt16)
+    case unix(path: String)
+
+    public var description: String {
+        switch self {
+        case .tcp(let host, let port): return host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        case .unix(let path): return "unix:\(path)"
+        }
+    }
+}
+
+/// Top-level `timeouts:` for the client side.
+public struct FrontendTimeouts: Sendable, Equatable {
+    /// Time allowed to receive a complete request head (slowloris guard). Default 10 s.
+    public var headerRead: Duration = .seconds(10)
+    /// Idle keep-alive time between requests. Default 60 s.
+    public var idle: Duration = .seconds(60)
+    /// Grace for in-flight requests on SIGTERM/SIGINT. Default 10 s.
+    public var shutdownGrace: Duration = .seconds(10)
+    public init() {}
+}
+
+/// A secret value. Prints redacted; compares in constant time.
+public struct Secret: Sendable, Equatable, CustomStringConvertible, CustomDebugStringConvertible {
+    public let value: String
+    public init(_ value: String) { self.value = value }
+    public var description: String { "<redacted>" }
+    public var debugDescription: String { "<redacted>" }
+    public static func == (a: Secret, b: Secret) -> Bool {
+        let x = Array(a.value.utf8), y = Array(b.value.utf8)
+        var diff = UInt8(truncatingIfNeeded: x.count ^ y.count)
+        for i in 0..<min(x.count, y.count) { diff |= x[i] ^ y[i] }
+        return diff == 0
+    }
+}
+
+/// Where a secret comes from (`*_file`, `*_env` or a literal). Resolved at load and on SIGHUP.
+public enum SecretSource: Sendable, Equatable {
+    case file(String)
+    case env(String)
+    case literal(Secret)
+}
+
+public enum GrantType: String, Sendable, Equatable, CaseIterable {
+    case clientCredentials = "client_credentials"
+    case refreshToken = "refresh_token"
+    case password = "password"
+}
+
+public enum ClientAuthMethod: String, Sendable, Equatable, CaseIterable {
+    case clientSecretBasic = "client_secret_basic"
+    case clientSecretPost = "client_secret_post"
+    case none = "none"
+}
+
+/// An absolute `http` or `https` URL split into the parts bearerd needs.
+public struct UpstreamURL: Sendable, Equatable, CustomStringConvertible {
+    public var scheme: String      // "http" or "https"
+    public var host: String        // without brackets for IPv6
+    public var port: UInt16
+    /// Base path without trailing slash ("" for none), e.g. "/v2".
+    public var basePath: String
+    /// Query of a token URL, if any (kept verbatim).
+    public var query: String?
+
+    public init(scheme: String, host: String, port: UInt16, basePath: String, query: String? = nil) {
+        self.scheme = scheme
+        self.host = host
+        self.port = port
+        self.basePath = basePath
+        self.query = query
+    }
+
+    public var isTLS: Bool { scheme == "https" }
+    public var defaultPort: UInt16 { isTLS ? 443 : 80 }
+    /// Host header value: host, plus port when not the default.
+    public var authority: String {
+        let h = host.contains(":") ? "[\(host)]" : host
+        return port == defaultPort ? h : "\(h):\(port)"
+    }
+    public var description: String { "\(scheme)://\(authority)\(basePath)" }
+}
+
+/// Upstream (or token endpoint) TLS settings.
+public struct TLSSettings: Sendable, Equatable, Hashable {
+    public var caFile: String?
+    public var clientCert: String?
+    public var clientKey: String?
+    public init(caFile: String? = nil, clientCert: String? = nil, clientKey: String? = nil) {
+        self.caFile = caFile
+        self.clientCert = clientCert
+        self.clientKey = clientKey
+    }
+}
+
+/// One entry of `sessions:`.
+public struct SessionConfig: Sendable, Equatable {
+    public var name: String
+    public var grant: GrantType
+    public var tokenURL: UpstreamURL
+    public var clientID: String
+    public var clientSecret: SecretSource?
+    public var clientAuth: ClientAuthMethod
+    public var scope: String?
+    /// Extra form parameters, in file order.
+    public var params: [(String, String)]
+    public var refreshBefore: Duration?
+    public var defaultLifetime: Duration
+    public var refreshTokenFile: String?
+    public var username: String?
+    public var password: SecretSource?
+    public var tls: TLSSettings?
+    /// Timeout of one token request (default 15 s).
+    public var requestTimeout: Duration
+    /// Longest a request waits for a token in the hard window (default 10 s).
+    public var waitTimeout: Duration
+    /// Source line of the session's key, for messages.
+    public var line: Int
+
+    public init(name: String, grant: GrantType, tokenURL: UpstreamURL, clientID: String,
+                clientSecret: SecretSource? = nil, clientAuth: ClientAuthMethod = .clientSecretBasic,
+                scope: String? = nil, params: [(String, String)] = [], refreshBefore: Duration? = nil,
+                defaultLifetime: Duration = .seconds(300), refreshTokenFile: String? = nil,
+                username: String? = nil, password: SecretSource? = nil, tls: TLSSettings? = nil,
+                requestTimeout: Duration = .seconds(15), waitTimeout: Duration = .seconds(10), line: Int = 0) {
+        self.name = name
+        self.grant = grant
+        self.tokenURL = tokenURL
+        self.clientID = clientID
+        self.clientSecret = clientSecret
+        self.clientAuth = clientAuth
+        self.scope = scope
+        self.params = params
+        self.refreshBefore = refreshBefore
+        self.defaultLifetime = defaultLifetime
+        self.refreshTokenFile = refreshTokenFile
+        self.username = username
+        self.password = password
+        self.tls = tls
+        self.requestTimeout = requestTimeout
+        self.waitTimeout = waitTimeout
+        self.line = line
+    }
+
+    public static func == (a: SessionConfig, b: SessionConfig) -> Bool {
+        a.name == b.name && a.grant == b.grant && a.tokenURL == b.tokenURL && a.clientID == b.clientID
+            && a.clientSecret == b.clientSecret && a.clientAuth == b.clientAuth && a.scope == b.scope
+            && a.params.elementsEqual(b.params, by: { $0 == $1 }) && a.refreshBefore == b.refreshBefore
+            && a.defaultLifetime == b.defaultLifetime && a.refreshTokenFile == b.refreshTokenFile
+            && a.username == b.username && a.password == b.password && a.tls == b.tls
+            && a.requestTimeout == b.requestTimeout && a.waitTimeout == b.waitTimeout
+    }
+}
+
+/// `replay_methods`: every method, or a listed set.
+public enum ReplayMethods: Sendable, Equatable {
+    case all
+    case only(Set<String>)
+    public func allows(_ method: String) -> Bool {
+        switch self {
+        case .all: return true
+        case .only(let set): return set.contains(method)
+        }
+    }
+}
+
+/// Route `timeouts:`.
+public struct RouteTimeouts: Sendable, Equatable {
+    /// TCP connect plus TLS handshake. Default 5 s.
+    public var connect: Duration = .seconds(5)
+    /// From the request fully sent to the response head, and between response reads. Default 60 s.
+    public var response: Duration = .seconds(60)
+    /// How long an idle pooled upstream connection is kept. Default 60 s.
+    public var idle: Duration = .seconds(60)
+    public init() {}
+}
+
+/// One entry of `routes:`.
+public struct RouteConfig: Sendable, Equatable {
+    /// Path prefix, e.g. "/partner/".
+    public var match: String
+    /// Optional Host header to match (case-insensitive, port ignored).
+    public var host: String?
+    public var stripPrefix: Bool
+    public var upstream: UpstreamURL
+    public var session: String?
+    public var tls: TLSSettings?
+    public var timeouts: RouteTimeouts
+    public var replayBodyLimit: Int
+    public var rejectStatuses: [Int]
+    public var replayMethods: ReplayMethods
+    /// Source line of the route entry, for messages.
+    public var line: Int
+
+    public init(match: String, host: String? = nil, stripPrefix: Bool = false, upstream: UpstreamURL,
+                session: String? = nil, tls: TLSSettings? = nil, timeouts: RouteTimeouts = RouteTimeouts(),
+                replayBodyLimit: Int = 1 << 20, rejectStatuses: [Int] = [401], replayMethods: ReplayMethods = .all,
+                line: Int = 0) {
+        self.match = match
+        self.host = host
+        self.stripPrefix = stripPrefix
+        self.upstream = upstream
+        self.session = session
+        self.tls = tls
+        self.timeouts = timeouts
+        self.replayBodyLimit = replayBodyLimit
+        self.rejectStatuses = rejectStatuses
+        self.replayMethods = replayMethods
+        self.line = line
+    }
+}
+
+/// A configuration error: `FILE:LINE: key: what is wrong`.
+public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var file: String
+    public var line: Int
+    /// Dotted key path, e.g. `routes[1].upstream` or `sessions.partner.client_secret_file`.
+    public var key: String
+    public var message: String
+    public init(file: String, line: Int, key: String, message: String) {
+        self.file = file
+        self.line = line
+        self.key = key
+        self.message = message
+    }
+    public var description: String { "\(file):\(line): \(key): \(message)" }
+}
+
+/// All errors found in one file (the loader reports every error it can, not just the first).
+public struct ConfigErrors: Error, Sendable, CustomStringConvertible {
+    public var errors: [ConfigError]
+    public init(_ errors: [ConfigError]) { self.errors = errors }
+    public var description: String { errors.map(\.description).joined(separator: "\n") }
+}

@@ -1,0 +1,2 @@
+/// Helpers shared by the test targets (certificates, fixtures). Not linked into `bearerd`.
+public enum BearerdTestSupport {}

@@ -1,0 +1,2 @@
+import BearerdProxy
+print("bearerd skeleton")

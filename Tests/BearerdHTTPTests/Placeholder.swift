@@ -1,0 +1,3 @@
+import Testing
+@testable import BearerdHTTP
+@Test func BearerdHTTPTestsBuilds() { #expect(Bool(true)) }

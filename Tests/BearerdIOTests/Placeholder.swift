@@ -1,0 +1,3 @@
+import Testing
+@testable import BearerdIO
+@Test func BearerdIOTestsBuilds() { #expect(Bool(true)) }

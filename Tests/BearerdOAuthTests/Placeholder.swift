@@ -1,0 +1,3 @@
+import Testing
+@testable import BearerdOAuth
+@Test func BearerdOAuthTestsBuilds() { #expect(Bool(true)) }

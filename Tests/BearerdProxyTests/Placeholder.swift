@@ -1,0 +1,3 @@
+import Testing
+@testable import BearerdProxy
+@Test func BearerdProxyTestsBuilds() { #expect(Bool(true)) }

@@ -1,0 +1,3 @@
+import Testing
+@testable import BearerdProxy
+@Test func EndToEndTestsBuilds() { #expect(Bool(true)) }
