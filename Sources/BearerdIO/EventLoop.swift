@@ -1,0 +1,185 @@
+import Dispatch
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Monotonic nanoseconds (CLOCK_MONOTONIC), the clock of every deadline in the shell.
+@inline(__always)
+public func monotonicNanos() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+}
+
+extension Duration {
+    /// Whole nanoseconds, saturating at zero for negative durations.
+    public var nanoseconds: UInt64 {
+        let (s, a) = components
+        if s < 0 { return 0 }
+        return UInt64(s) &* 1_000_000_000 &+ UInt64(a / 1_000_000_000)
+    }
+}
+
+/// Something with a deadline that the loop's tick checks (connections with header, idle,
+/// connect and response timeouts). Touched only on its loop.
+public protocol LoopTimeoutable: AnyObject {
+    /// Monotonic deadline in nanoseconds; 0 means none.
+    var deadline: UInt64 { get }
+    /// Called on the loop once `deadline` has passed.
+    func deadlineExpired(now: UInt64)
+}
+
+/// Something whose buffered output is flushed once at the end of the current event.
+public protocol LoopFlushable: AnyObject {
+    func flushNow()
+}
+
+/// One event loop: a serial `DispatchQueue` that every connection assigned to it lives on for its
+/// whole life (DESIGN §2.2). Owns a coarse tick timer (100 ms) that checks registered deadlines,
+/// the per-loop read buffer shared by all its sockets, and the list of channels to flush at the
+/// end of the current event (write coalescing). All its mutable state is touched only on `queue`.
+public final class EventLoop: @unchecked Sendable {  // @unchecked: state confined to `queue`
+    public let queue: DispatchQueue
+    public let index: Int
+    private static let key = DispatchSpecificKey<ObjectIdentifier>()
+
+    /// Shared scratch buffer for socket reads on this loop (read until EAGAIN, then hand slices on).
+    let readBuffer: UnsafeMutableRawBufferPointer
+    private var timeoutables: [ObjectIdentifier: LoopTimeoutable] = [:]
+    private var dirty: [LoopFlushable] = []
+    private var tick: DispatchSourceTimer?
+    /// Work to run at the end of the current event, after flushes (e.g. continue pipelined parsing).
+    private var deferred: [() -> Void] = []
+    private var inEvent = false
+
+    public init(index: Int, readBufferSize: Int = 256 * 1024) {
+        self.index = index
+        self.queue = DispatchQueue(label: "bearerd.loop.\(index)", qos: .userInitiated)
+        self.readBuffer = .allocate(byteCount: readBufferSize, alignment: 16)
+        queue.setSpecific(key: EventLoop.key, value: ObjectIdentifier(self))
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        timer.schedule(deadline: .now() + .milliseconds(100), repeating: .milliseconds(100), leeway: .milliseconds(20))
+        timer.setEventHandler { [unowned self] in self.onTick() }
+        tick = timer
+        timer.resume()
+    }
+
+    deinit {
+        tick?.cancel()
+        readBuffer.deallocate()
+    }
+
+    public var inEventLoop: Bool {
+        DispatchQueue.getSpecific(key: EventLoop.key) == ObjectIdentifier(self)
+    }
+
+    @inline(__always)
+    public func assertInEventLoop() {
+        #if DEBUG
+        dispatchPrecondition(condition: .onQueue(queue))
+        #endif
+    }
+
+    /// Runs `work` on this loop, later (never synchronously).
+    public func execute(_ work: @escaping () -> Void) {
+        queue.async { [self] in
+            self.runEvent(work)
+        }
+    }
+
+    /// Runs `work` after `delay` on this loop.
+    public func schedule(after delay: Duration, _ work: @escaping () -> Void) {
+        queue.asyncAfter(deadline: .now() + .nanoseconds(Int(delay.nanoseconds))) { [self] in
+            self.runEvent(work)
+        }
+    }
+
+    /// Wraps every event handler: runs it, then flushes the channels it dirtied and runs deferred work.
+    @inline(__always)
+    public func runEvent(_ body: () -> Void) {
+        if inEvent {
+            body()
+            return
+        }
+        inEvent = true
+        body()
+        drain()
+        inEvent = false
+    }
+
+    private func drain() {
+        var rounds = 0
+        while !dirty.isEmpty || !deferred.isEmpty {
+            while !dirty.isEmpty {
+                let batch = dirty
+                dirty.removeAll(keepingCapacity: true)
+                for f in batch { f.flushNow() }
+            }
+            if !deferred.isEmpty {
+                let work = deferred
+                deferred.removeAll(keepingCapacity: true)
+                for w in work { w() }
+            }
+            rounds += 1
+            if rounds > 64 { break }  // bound the work done in one event; the rest is picked up next time
+        }
+        if !dirty.isEmpty || !deferred.isEmpty {
+            queue.async { [self] in self.runEvent {} }
+        }
+    }
+
+    /// Queue `f` for a flush at the end of the current event (call once per dirtying).
+    public func markDirty(_ f: LoopFlushable) {
+        assertInEventLoop()
+        dirty.append(f)
+        if !inEvent { queue.async { [self] in self.runEvent {} } }
+    }
+
+    /// Run `work` at the end of the current event, after output is flushed.
+    public func deferToEndOfEvent(_ work: @escaping () -> Void) {
+        deferred.append(work)
+        if !inEvent { queue.async { [self] in self.runEvent {} } }
+    }
+
+    public func register(_ t: LoopTimeoutable) {
+        assertInEventLoop()
+        timeoutables[ObjectIdentifier(t)] = t
+    }
+
+    public func unregister(_ t: LoopTimeoutable) {
+        assertInEventLoop()
+        timeoutables.removeValue(forKey: ObjectIdentifier(t))
+    }
+
+    private func onTick() {
+        runEvent {
+            let now = monotonicNanos()
+            var expired: [LoopTimeoutable] = []
+            for (_, t) in timeoutables {
+                let d = t.deadline
+                if d != 0 && d <= now { expired.append(t) }
+            }
+            for t in expired { t.deadlineExpired(now: now) }
+        }
+    }
+}
+
+/// N event loops (default one per core); new connections are spread round-robin.
+public final class EventLoopGroup: @unchecked Sendable {  // @unchecked: `loops` is immutable, `nextIndex` only used by the acceptor's loop
+    public let loops: [EventLoop]
+    private var nextIndex = 0
+
+    public init(count: Int) {
+        loops = (0..<max(1, count)).map { EventLoop(index: $0) }
+    }
+
+    public static var coreCount: Int {
+        Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+    }
+
+    public func next() -> EventLoop {
+        let l = loops[nextIndex % loops.count]
+        nextIndex &+= 1
+        return l
+    }
+}

@@ -1,0 +1,183 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// An errno-carrying failure of a system call, with the call's name.
+public struct IOError: Error, Sendable, CustomStringConvertible {
+    public var call: String
+    public var errno: Int32
+    public init(_ call: String, _ errno: Int32) {
+        self.call = call
+        self.errno = errno
+    }
+    public var description: String { "\(call): \(String(cString: strerror(errno)))" }
+}
+
+/// The system calls the shell uses, behind one typed wrapper. EINTR is retried here and nowhere else.
+public enum Sys {
+    public enum IOResult: Equatable {
+        case bytes(Int)
+        case wouldBlock
+        case eof
+    }
+
+    @inline(__always)
+    public static func read(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) throws(IOError) -> IOResult {
+        while true {
+            let n = Glibc.read(fd, buffer.baseAddress, buffer.count)
+            if n > 0 { return .bytes(n) }
+            if n == 0 { return .eof }
+            let e = errno
+            if e == EINTR { continue }
+            if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
+            throw IOError("read", e)
+        }
+    }
+
+    @inline(__always)
+    public static func write(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
+        while true {
+            let n = Glibc.send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL))
+            if n >= 0 { return .bytes(n) }
+            let e = errno
+            if e == EINTR { continue }
+            if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
+            throw IOError("send", e)
+        }
+    }
+
+    public static func setNonBlocking(_ fd: Int32) throws(IOError) {
+        let flags = fcntl(fd, F_GETFL)
+        if flags < 0 { throw IOError("fcntl", errno) }
+        if fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 { throw IOError("fcntl", errno) }
+    }
+
+    public static func setOption(_ fd: Int32, _ level: Int32, _ name: Int32, _ value: Int32) {
+        var v = value
+        _ = setsockopt(fd, level, name, &v, socklen_t(MemoryLayout<Int32>.size))
+    }
+
+    public static func socketError(_ fd: Int32) -> Int32 {
+        var err: Int32 = 0
+        var len = socklen_t(MemoryLayout<Int32>.size)
+        if getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 { return errno }
+        return err
+    }
+
+    /// Ignore SIGPIPE process-wide (writes use MSG_NOSIGNAL too; TLS and pipes may not).
+    public static func ignoreSIGPIPE() {
+        signal(SIGPIPE, SIG_IGN)
+    }
+}
+
+/// A resolved socket address (IPv4, IPv6 or Unix).
+public struct SocketAddress: Sendable, CustomStringConvertible {
+    public var storage: sockaddr_storage
+    public var length: socklen_t
+
+    public init(storage: sockaddr_storage, length: socklen_t) {
+        self.storage = storage
+        self.length = length
+    }
+
+    public var family: Int32 { Int32(storage.ss_family) }
+
+    /// Parses a numeric IPv4 or IPv6 address; nil for names.
+    public static func numeric(_ host: String, port: UInt16) -> SocketAddress? {
+        var storage = sockaddr_storage()
+        var v4 = in_addr()
+        if inet_pton(AF_INET, host, &v4) == 1 {
+            var sin = sockaddr_in()
+            sin.sin_family = sa_family_t(AF_INET)
+            sin.sin_port = port.bigEndian
+            sin.sin_addr = v4
+            withUnsafeBytes(of: sin) { src in
+                withUnsafeMutableBytes(of: &storage) { $0.copyMemory(from: src) }
+            }
+            return SocketAddress(storage: storage, length: socklen_t(MemoryLayout<sockaddr_in>.size))
+        }
+        var v6 = in6_addr()
+        if inet_pton(AF_INET6, host, &v6) == 1 {
+            var sin6 = sockaddr_in6()
+            sin6.sin6_family = sa_family_t(AF_INET6)
+            sin6.sin6_port = port.bigEndian
+            sin6.sin6_addr = v6
+            withUnsafeBytes(of: sin6) { src in
+                withUnsafeMutableBytes(of: &storage) { $0.copyMemory(from: src) }
+            }
+            return SocketAddress(storage: storage, length: socklen_t(MemoryLayout<sockaddr_in6>.size))
+        }
+        return nil
+    }
+
+    public static func unix(_ path: String) -> SocketAddress? {
+        var sun = sockaddr_un()
+        sun.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        let capacity = MemoryLayout.size(ofValue: sun.sun_path)
+        guard bytes.count < capacity else { return nil }
+        withUnsafeMutableBytes(of: &sun.sun_path) { dst in
+            dst.copyBytes(from: bytes)
+            dst[bytes.count] = 0
+        }
+        var storage = sockaddr_storage()
+        withUnsafeBytes(of: sun) { src in
+            withUnsafeMutableBytes(of: &storage) { $0.copyMemory(from: src) }
+        }
+        return SocketAddress(storage: storage, length: socklen_t(MemoryLayout<sockaddr_un>.size))
+    }
+
+    /// The numeric host part ("127.0.0.1", "::1") or the Unix path.
+    public var host: String {
+        var s = storage
+        switch Int32(storage.ss_family) {
+        case AF_INET:
+            return withUnsafePointer(to: &s) { p in
+                p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
+                    var addr = sin.pointee.sin_addr
+                    var buf = [CChar](repeating: 0, count: Int(INET_ADDRSTRLEN))
+                    inet_ntop(AF_INET, &addr, &buf, socklen_t(buf.count))
+                    return String(cString: buf)
+                }
+            }
+        case AF_INET6:
+            return withUnsafePointer(to: &s) { p in
+                p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
+                    var addr = sin6.pointee.sin6_addr
+                    var buf = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
+                    inet_ntop(AF_INET6, &addr, &buf, socklen_t(buf.count))
+                    return String(cString: buf)
+                }
+            }
+        case AF_UNIX:
+            return "unix"
+        default:
+            return "?"
+        }
+    }
+
+    public var port: UInt16 {
+        var s = storage
+        switch Int32(storage.ss_family) {
+        case AF_INET:
+            return withUnsafePointer(to: &s) { $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin_port) } }
+        case AF_INET6:
+            return withUnsafePointer(to: &s) { $0.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin6_port) } }
+        default:
+            return 0
+        }
+    }
+
+    public var description: String {
+        family == AF_INET6 ? "[\(host)]:\(port)" : family == AF_UNIX ? "unix" : "\(host):\(port)"
+    }
+
+    func withSockAddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
+        var s = storage
+        return withUnsafePointer(to: &s) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, length) }
+        }
+    }
+}

@@ -1,0 +1,348 @@
+import BearerdHTTP
+import BearerdIO
+
+/// Where a route's requests go: everything needed to open or reuse a connection, precomputed
+/// once per configuration (the TLS context is shared by all loops).
+public final class UpstreamTarget: @unchecked Sendable {  // @unchecked: immutable after init
+    public struct Key: Hashable, Sendable {
+        public var scheme: String
+        public var host: String
+        public var port: UInt16
+        public var tls: TLSSettings?
+    }
+    public let key: Key
+    public let url: UpstreamURL
+    public let tlsContext: TLSContext?
+    public let connectTimeout: UInt64
+    public let responseTimeout: UInt64
+    public let idleTimeout: UInt64
+    public var maxIdle = 64
+
+    public init(url: UpstreamURL, tls: TLSSettings?, timeouts: RouteTimeouts) throws(TLSError) {
+        self.url = url
+        key = Key(scheme: url.scheme, host: url.host, port: url.port, tls: url.isTLS ? tls : nil)
+        if url.isTLS {
+            tlsContext = try TLSContext.client(caFile: tls?.caFile, clientCert: tls?.clientCert, clientKey: tls?.clientKey, alpn: ["http/1.1"])
+        } else {
+            tlsContext = nil
+        }
+        connectTimeout = timeouts.connect.nanoseconds
+        responseTimeout = timeouts.response.nanoseconds
+        idleTimeout = timeouts.idle.nanoseconds
+    }
+}
+
+/// What a backend connection reports to the exchange using it. Calls arrive on the loop.
+protocol BackendConnectionDelegate: AnyObject {
+    func backendResponseHead(_ head: HTTPResponseHead, framing: HTTP1BodyFraming)
+    func backendBody(_ bytes: ArraySlice<UInt8>)
+    func backendEnd(trailers: HTTPHeaders?)
+    func backendFailed(_ error: ChannelError, responseStarted: Bool)
+    func backendWritable()
+}
+
+/// One HTTP/1.1 connection to an upstream, used by one exchange at a time (no upstream pipelining).
+/// Lives on its loop; owned by the exchange while busy and by the pool while idle.
+/// Invariant: `delegate` is non-nil exactly while busy; an idle connection that receives bytes
+/// or EOF is closed and leaves the pool.
+final class BackendConnection: ChannelDelegate, LoopTimeoutable {
+    enum State { case connecting, idle, busy, closed }
+
+    let target: UpstreamTarget
+    unowned let pool: BackendPool
+    var channel: SocketChannel?
+    private(set) var state: State = .connecting
+    private var parser: HTTP1Parser
+    weak var delegate: BackendConnectionDelegate?
+    private var connectCompletion: ((Result<BackendConnection, ChannelError>) -> Void)?
+    /// Taken from the pool (not fresh): a failure before any response byte may be retried.
+    var reused = false
+    var receivedResponseBytes = false
+    private var responseStarted = false
+    /// The response ended and the connection can carry another request.
+    private(set) var reusable = false
+    var deadline: UInt64 = 0
+    var idleSince: UInt64 = 0
+
+    init(target: UpstreamTarget, pool: BackendPool) {
+        self.target = target
+        self.pool = pool
+        parser = HTTP1Parser(role: .client)
+    }
+
+    func connect(addresses: [SocketAddress], completion: @escaping (Result<BackendConnection, ChannelError>) -> Void) {
+        connectCompletion = completion
+        deadline = monotonicNanos() + target.connectTimeout
+        pool.loop.register(self)
+        attempt(addresses: addresses[...])
+    }
+
+    private var remainingAddresses: ArraySlice<SocketAddress> = []
+
+    private func attempt(addresses: ArraySlice<SocketAddress>) {
+        guard let address = addresses.first else { return }
+        remainingAddresses = addresses.dropFirst()
+        do {
+            var engine: TLSEngine?
+            if let ctx = target.tlsContext {
+                engine = try TLSEngine(client: ctx, serverName: target.url.host)
+            }
+            channel = try SocketChannel.connect(to: address, loop: pool.loop, tls: engine, delegate: self)
+        } catch let e as TLSError {
+            finishConnect(.failure(.tls(e)))
+        } catch let e as IOError {
+            tryNextOrFail(.connect(e))
+        } catch {
+            finishConnect(.failure(.protocolError("\(error)")))
+        }
+    }
+
+    private func tryNextOrFail(_ error: ChannelError) {
+        if !remainingAddresses.isEmpty {
+            attempt(addresses: remainingAddresses)
+        } else {
+            finishConnect(.failure(error))
+        }
+    }
+
+    private func finishConnect(_ result: Result<BackendConnection, ChannelError>) {
+        guard let c = connectCompletion else { return }
+        connectCompletion = nil
+        if case .failure = result {
+            state = .closed
+            deadline = 0
+            pool.loop.unregister(self)
+        }
+        c(result)
+    }
+
+    /// Hands the connection to an exchange.
+    func assign(to delegate: BackendConnectionDelegate) {
+        self.delegate = delegate
+        state = .busy
+        responseStarted = false
+        receivedResponseBytes = false
+        reusable = false
+        channel?.resumeReading(.owner)
+    }
+
+    /// Sends a request head (and whatever body bytes the exchange writes after it).
+    func sendHead(_ head: HTTPRequestHead) {
+        parser.expectResponse(to: head.method)
+        var buf: [UInt8] = []
+        buf.reserveCapacity(512)
+        HTTP1Serializer.writeRequestHead(head, into: &buf)
+        channel?.write(taking: &buf)
+        touch()
+    }
+
+    func write(_ bytes: UnsafeRawBufferPointer) { channel?.write(bytes) }
+    func write(_ bytes: [UInt8]) { channel?.write(bytes) }
+
+    var isOverHighWater: Bool { channel?.isOverHighWater ?? false }
+
+    @inline(__always)
+    func touch() {
+        deadline = monotonicNanos() &+ target.responseTimeout
+    }
+
+    func pauseReading() { channel?.pauseReading(.peerBackpressure) }
+    func resumeReading() { channel?.resumeReading(.peerBackpressure) }
+
+    func close() {
+        guard state != .closed else { return }
+        state = .closed
+        delegate = nil
+        channel?.close()
+    }
+
+    // MARK: ChannelDelegate
+
+    func channelActive(_ channel: SocketChannel) {
+        state = .idle
+        deadline = 0
+        finishConnect(.success(self))
+    }
+
+    func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
+        guard state == .busy else {
+            // Bytes on an idle connection: the upstream is misbehaving or closing; drop it.
+            close()
+            return
+        }
+        receivedResponseBytes = true
+        touch()
+        parser.feed(bytes)
+        drive()
+    }
+
+    func channelEOF(_ channel: SocketChannel) {
+        guard state == .busy else {
+            close()
+            return
+        }
+        parser.feedEOF()
+        drive()
+        if state == .busy {
+            fail(.protocolError("upstream closed the connection before the response was complete"))
+        }
+    }
+
+    func channelError(_ channel: SocketChannel, _ error: ChannelError) {
+        if connectCompletion != nil {
+            if case .connect = error, !remainingAddresses.isEmpty {
+                self.channel = nil
+                attempt(addresses: remainingAddresses)
+                return
+            }
+            finishConnect(.failure(error))
+            return
+        }
+        fail(error)
+    }
+
+    func channelWritable(_ channel: SocketChannel) {
+        delegate?.backendWritable()
+    }
+
+    func channelClosed(_ channel: SocketChannel) {
+        if self.channel !== channel { return }  // an abandoned attempt
+        let wasBusy = state == .busy
+        state = .closed
+        deadline = 0
+        pool.loop.unregister(self)
+        pool.forget(self)
+        if wasBusy, let d = delegate {
+            delegate = nil
+            d.backendFailed(.protocolError("upstream connection closed"), responseStarted: responseStarted)
+        }
+    }
+
+    func deadlineExpired(now: UInt64) {
+        switch state {
+        case .connecting:
+            let c = channel
+            channel = nil
+            c?.close()
+            finishConnect(.failure(.timeout("connect")))
+        case .busy:
+            fail(.timeout("upstream response"))
+        case .idle:
+            close()
+        case .closed:
+            break
+        }
+    }
+
+    private func fail(_ error: ChannelError) {
+        guard state == .busy else { close(); return }
+        let d = delegate
+        delegate = nil
+        state = .closed
+        channel?.close()
+        d?.backendFailed(error, responseStarted: responseStarted)
+    }
+
+    /// Pulls parser events and hands them to the exchange, stopping if it is detached.
+    private func drive() {
+        while state == .busy, let d = delegate {
+            let event: HTTP1Event?
+            do {
+                event = try parser.next()
+            } catch {
+                fail(.protocolError("invalid upstream response: \(error.reason) (\(error.message))"))
+                return
+            }
+            guard let event else { return }
+            switch event {
+            case .responseHead(let head, let framing):
+                if !head.isInformational { responseStarted = true }
+                if !head.isInformational {
+                    reusable = framing != .closeDelimited && HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers)
+                }
+                d.backendResponseHead(head, framing: framing)
+            case .body(let slice):
+                d.backendBody(slice)
+            case .end(let trailers):
+                // The exchange decides (via `pool.release`) whether the connection goes back.
+                d.backendEnd(trailers: trailers)
+            case .requestHead:
+                fail(.protocolError("unexpected request from upstream"))
+                return
+            }
+        }
+    }
+
+    /// Called by the pool when the connection goes idle.
+    func parkIdle() {
+        delegate = nil
+        state = .idle
+        idleSince = monotonicNanos()
+        deadline = idleSince &+ target.idleTimeout
+    }
+}
+
+/// Keep-alive pools of upstream connections, one per loop, keyed by (scheme, host, port, TLS
+/// settings). Lives on `loop`; no locking. Bounded: at most `maxIdle` idle connections per key
+/// (LIFO, so the warmest connection is reused first).
+final class BackendPool {
+    let loop: EventLoop
+    private var idle: [UpstreamTarget.Key: [BackendConnection]] = [:]
+
+    init(loop: EventLoop) {
+        self.loop = loop
+    }
+
+    /// An idle connection for `target`, or a new one (resolve off-loop, connect, TLS handshake).
+    func acquire(_ target: UpstreamTarget, completion: @escaping (Result<BackendConnection, ChannelError>) -> Void) {
+        while var list = idle[target.key], let conn = list.popLast() {
+            idle[target.key] = list
+            if conn.state == .idle, let ch = conn.channel, !ch.isClosed {
+                conn.reused = true
+                completion(.success(conn))
+                return
+            }
+        }
+        Resolver.shared.resolve(host: target.url.host, port: target.url.port, on: loop) { [self] result in
+            switch result {
+            case .failure(let e):
+                completion(.failure(.connect(e)))
+            case .success(let addrs):
+                let conn = BackendConnection(target: target, pool: self)
+                conn.connect(addresses: addrs) { r in
+                    if case .success(let c) = r { c.reused = false }
+                    completion(r)
+                }
+            }
+        }
+    }
+
+    /// Returns a connection after a complete exchange; closes it when not reusable or the pool is full.
+    func release(_ conn: BackendConnection) {
+        guard conn.state == .busy, conn.reusable, let ch = conn.channel, !ch.isClosed else {
+            conn.close()
+            return
+        }
+        var list = idle[conn.target.key] ?? []
+        if list.count >= conn.target.maxIdle {
+            conn.close()
+            return
+        }
+        conn.parkIdle()
+        list.append(conn)
+        idle[conn.target.key] = list
+    }
+
+    func forget(_ conn: BackendConnection) {
+        guard var list = idle[conn.target.key], let i = list.firstIndex(where: { $0 === conn }) else { return }
+        list.remove(at: i)
+        idle[conn.target.key] = list
+    }
+
+    func closeAll() {
+        for (_, list) in idle { for c in list { c.close() } }
+        idle.removeAll()
+    }
+
+    var idleCount: Int { idle.values.reduce(0) { $0 + $1.count } }
+}

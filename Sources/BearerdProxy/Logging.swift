@@ -1,0 +1,118 @@
+import Dispatch
+import Foundation
+import Logging
+import BearerdIO
+
+/// A buffered writer for log lines: lines are appended under a lock and written to the fd by a
+/// 100 ms timer, when 64 KiB are pending, or at once for warnings and errors. One per process.
+public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` guarded by `lock`
+    public static let stderr = LogSink(fd: 2)
+    private let fd: Int32
+    private let lock = Lock()
+    private var buffer: [UInt8] = []
+    private var timer: DispatchSourceTimer?
+
+    init(fd: Int32) {
+        self.fd = fd
+        buffer.reserveCapacity(64 * 1024)
+        let t = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "bearerd.log"))
+        t.schedule(deadline: .now() + .milliseconds(100), repeating: .milliseconds(100), leeway: .milliseconds(50))
+        t.setEventHandler { [weak self] in self?.flush() }
+        t.resume()
+        timer = t
+    }
+
+    public func write(_ line: String, urgent: Bool) {
+        let full: Bool = lock.withLock {
+            buffer.append(contentsOf: line.utf8)
+            buffer.append(10)
+            return buffer.count >= 64 * 1024
+        }
+        if urgent || full { flush() }
+    }
+
+    public func flush() {
+        let data: [UInt8] = lock.withLock {
+            let d = buffer
+            buffer.removeAll(keepingCapacity: true)
+            return d
+        }
+        var offset = 0
+        while offset < data.count {
+            let n = data.withUnsafeBytes { Foundation.write(fd, $0.baseAddress! + offset, data.count - offset) }
+            if n <= 0 { break }
+            offset += n
+        }
+    }
+}
+
+/// Output format of log lines.
+public enum LogFormat: String, Sendable, CaseIterable {
+    case text, json
+}
+
+/// swift-log handler writing one line per message, `text` (logfmt-like) or `json`.
+/// Never give it a secret: callers log fingerprints (DESIGN §5).
+public struct BearerdLogHandler: LogHandler {
+    public var logLevel: Logger.Level
+    public var metadata: Logger.Metadata = [:]
+    private let label: String
+    private let format: LogFormat
+    private let sink: LogSink
+
+    public init(label: String, level: Logger.Level, format: LogFormat, sink: LogSink = .stderr) {
+        self.label = label
+        self.logLevel = level
+        self.format = format
+        self.sink = sink
+    }
+
+    public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    public func log(level: Logger.Level, message: Logger.Message, metadata explicit: Logger.Metadata?,
+                    source: String, file: String, function: String, line: UInt) {
+        var all = metadata
+        if let explicit { all.merge(explicit) { $1 } }
+        let ts = Self.timestamp()
+        var out: String
+        switch format {
+        case .text:
+            out = "\(ts) \(level) \(message)"
+            for (k, v) in all.sorted(by: { $0.key < $1.key }) {
+                out += " \(k)=\(Self.quoteIfNeeded("\(v)"))"
+            }
+        case .json:
+            out = "{\"ts\":\"\(ts)\",\"level\":\"\(level)\",\"msg\":\(ErrorResponse.jsonString("\(message)"))"
+            for (k, v) in all.sorted(by: { $0.key < $1.key }) {
+                out += ",\(ErrorResponse.jsonString(k)):\(ErrorResponse.jsonString("\(v)"))"
+            }
+            out += "}"
+        }
+        sink.write(out, urgent: level >= .warning)
+    }
+
+    static func quoteIfNeeded(_ s: String) -> String {
+        if s.isEmpty { return "\"\"" }
+        if s.contains(where: { $0 == " " || $0 == "\"" || $0 == "=" }) {
+            return ErrorResponse.jsonString(s)
+        }
+        return s
+    }
+
+    static func timestamp() -> String {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        var t = time_t(ts.tv_sec)
+        var tmv = tm()
+        gmtime_r(&t, &tmv)
+        let ms = Int(ts.tv_nsec) / 1_000_000
+        func pad(_ v: Int32, _ w: Int) -> String {
+            let s = String(v)
+            return String(repeating: "0", count: max(0, w - s.count)) + s
+        }
+        return "\(tmv.tm_year + 1900)-\(pad(tmv.tm_mon + 1, 2))-\(pad(tmv.tm_mday, 2))T\(pad(tmv.tm_hour, 2)):\(pad(tmv.tm_min, 2)):\(pad(tmv.tm_sec, 2)).\(pad(Int32(ms), 3))Z"
+    }
+}

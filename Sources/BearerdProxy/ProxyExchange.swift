@@ -1,0 +1,309 @@
+import BearerdHTTP
+import BearerdIO
+
+/// What a frontend connection drives for each request: the proxy, or a local responder (admin,
+/// demo upstream). All calls on the connection's loop.
+protocol FrontendExchange: AnyObject {
+    /// All of the request body has been received from the client.
+    var requestComplete: Bool { get }
+    /// False while the exchange cannot take more body (backpressure); the frontend stops parsing.
+    var wantsBody: Bool { get }
+    func requestBody(_ bytes: ArraySlice<UInt8>)
+    func requestEnd(trailers: HTTPHeaders?)
+    /// The client connection failed or closed; release everything.
+    func abort()
+    /// The client's output drained below the low-water mark.
+    func frontendWritable()
+}
+
+/// One proxied request: from the client's head to the last byte of the upstream's response.
+///
+/// Lives on the frontend connection's loop. Request body bytes that arrive before the upstream
+/// connection is ready are held in `pending` (bounded by pausing the client); afterwards they are
+/// streamed straight through, chunk-encoded when the body is chunked. The response is streamed
+/// back the same way. Invariants: the client gets exactly one final response head; a failure
+/// before it becomes a JSON 502/504, a failure after it closes the client connection.
+final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
+    unowned let frontend: FrontendConnection
+    let ctx: LoopContext
+    let runtime: ProxyRuntime
+    let head: HTTPRequestHead
+    let framing: HTTP1BodyFraming
+    let routeIndex: Int
+    let target: UpstreamTarget
+    let upstreamHead: HTTPRequestHead
+    let logPath: Substring
+
+    private var backend: BackendConnection?
+    private(set) var requestComplete = false
+    private var requestSent = false
+    private var pending: [UInt8] = []
+    private var pendingTrailers: HTTPHeaders?
+    private var continueSent = false
+    private var responseHeadSent = false
+    private var clientFraming: ProxyHeaders.ClientFraming = .none
+    private var clientKeepAlive: Bool
+    private var finished = false
+    private var attempts = 0
+    private var status = 0
+    private var bodyBytes: UInt64 = 0
+    private let started: UInt64
+    private var upstreamStarted: UInt64 = 0
+    private var upstreamHeadAt: UInt64 = 0
+    private var bodyPaused = false
+
+    init(frontend: FrontendConnection, ctx: LoopContext, head: HTTPRequestHead, framing: HTTP1BodyFraming,
+         routeIndex: Int, upstreamHead: HTTPRequestHead, logPath: Substring, keepAlive: Bool) {
+        self.frontend = frontend
+        self.ctx = ctx
+        self.runtime = ctx.runtime
+        self.head = head
+        self.framing = framing
+        self.routeIndex = routeIndex
+        self.target = ctx.runtime.targets[routeIndex]
+        self.upstreamHead = upstreamHead
+        self.logPath = logPath
+        self.clientKeepAlive = keepAlive
+        started = monotonicNanos()
+        if framing == .none { requestComplete = true }
+    }
+
+    var wantsBody: Bool { !bodyPaused }
+
+    func start() {
+        attempts += 1
+        upstreamStarted = monotonicNanos()
+        ctx.pool.acquire(target) { [weak self] result in
+            guard let self, !self.finished else {
+                if case .success(let c) = result { c.close() }
+                return
+            }
+            switch result {
+            case .success(let conn): self.backendReady(conn)
+            case .failure(let error): self.fail(error)
+            }
+        }
+    }
+
+    private func backendReady(_ conn: BackendConnection) {
+        backend = conn
+        conn.assign(to: self)
+        conn.sendHead(upstreamHead)
+        if !requestComplete && !continueSent && HTTPHeaderRules.expectsContinue(head) {
+            // RFC 9110 §10.1.1: we ask for the body on the upstream's behalf (Expect was removed).
+            continueSent = true
+            frontend.writeRaw(Self.continueLine)
+        }
+        if !pending.isEmpty {
+            conn.write(pending)
+            pending.removeAll()
+        }
+        if requestComplete { finishRequestBody(trailers: pendingTrailers) }
+        if bodyPaused && !conn.isOverHighWater {
+            bodyPaused = false
+            frontend.exchangeWantsBody()
+        }
+    }
+
+    static let continueLine: [UInt8] = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
+
+    // MARK: request body (from the client)
+
+    func requestBody(_ bytes: ArraySlice<UInt8>) {
+        guard !finished else { return }
+        if let b = backend {
+            bytes.withUnsafeBytes { raw in
+                if framing == .chunked {
+                    var enc: [UInt8] = []
+                    HTTP1Serializer.writeChunk(raw, into: &enc)
+                    b.write(enc)
+                } else {
+                    b.write(raw)
+                }
+            }
+            if b.isOverHighWater { bodyPaused = true }
+        } else {
+            bytes.withUnsafeBytes { raw in
+                if framing == .chunked {
+                    HTTP1Serializer.writeChunk(raw, into: &pending)
+                } else {
+                    pending.append(contentsOf: raw)
+                }
+            }
+            if pending.count >= 64 * 1024 { bodyPaused = true }
+        }
+    }
+
+    func requestEnd(trailers: HTTPHeaders?) {
+        requestComplete = true
+        guard !finished else { return }
+        if backend != nil {
+            finishRequestBody(trailers: trailers)
+        } else {
+            pendingTrailers = trailers
+        }
+    }
+
+    private func finishRequestBody(trailers: HTTPHeaders?) {
+        guard !requestSent, let b = backend else { return }
+        if framing == .chunked {
+            var enc: [UInt8] = []
+            HTTP1Serializer.writeLastChunk(trailers: trailers, into: &enc)
+            b.write(enc)
+        }
+        requestSent = true
+        b.touch()
+    }
+
+    // MARK: response (from the upstream)
+
+    func backendWritable() {
+        if bodyPaused {
+            bodyPaused = false
+            frontend.exchangeWantsBody()
+        }
+    }
+
+    func frontendWritable() {
+        backend?.resumeReading()
+    }
+
+    func backendResponseHead(_ upstream: HTTPResponseHead, framing respFraming: HTTP1BodyFraming) {
+        if upstream.isInformational {
+            // 100 is ours to send (see backendReady); other 1xx go to HTTP/1.1 clients (RFC 9110 §15.2).
+            if upstream.status != 100 && head.version == .http1_1 {
+                let (h, _) = ProxyHeaders.clientResponse(upstream: upstream, framing: .none, requestMethod: head.method,
+                                                         clientVersion: head.version, keepAlive: true)
+                var buf: [UInt8] = []
+                HTTP1Serializer.writeResponseHead(h, into: &buf)
+                frontend.writeRaw(buf)
+            }
+            return
+        }
+        upstreamHeadAt = monotonicNanos()
+        status = upstream.status
+        // A request whose body is not fully read cannot be followed by another on this connection.
+        if !requestComplete || ctx.draining { clientKeepAlive = false }
+        let (h, cf) = ProxyHeaders.clientResponse(upstream: upstream, framing: respFraming, requestMethod: head.method,
+                                                  clientVersion: head.version, keepAlive: clientKeepAlive)
+        if cf == .untilClose { clientKeepAlive = false }
+        clientFraming = cf
+        var buf: [UInt8] = []
+        buf.reserveCapacity(512)
+        HTTP1Serializer.writeResponseHead(h, into: &buf)
+        responseHeadSent = true
+        frontend.writeTaking(&buf)
+    }
+
+    func backendBody(_ bytes: ArraySlice<UInt8>) {
+        bodyBytes &+= UInt64(bytes.count)
+        bytes.withUnsafeBytes { raw in
+            if clientFraming == .chunked {
+                var enc: [UInt8] = []
+                enc.reserveCapacity(raw.count + 16)
+                HTTP1Serializer.writeChunk(raw, into: &enc)
+                frontend.writeTaking(&enc)
+            } else {
+                frontend.writeRaw(raw)
+            }
+        }
+        if frontend.isOverHighWater { backend?.pauseReading() }
+    }
+
+    func backendEnd(trailers: HTTPHeaders?) {
+        if clientFraming == .chunked {
+            var enc: [UInt8] = []
+            HTTP1Serializer.writeLastChunk(trailers: trailers, into: &enc)
+            frontend.writeRaw(enc)
+        }
+        if let b = backend {
+            backend = nil
+            if requestSent { ctx.pool.release(b) } else { b.close() }
+        }
+        complete()
+    }
+
+    func backendFailed(_ error: ChannelError, responseStarted: Bool) {
+        let b = backend
+        backend = nil
+        b?.close()
+        if responseHeadSent {
+            // Too late for a 502: the client sees a truncated response.
+            log(outcome: "upstream_aborted")
+            finished = true
+            frontend.exchangeFinished(self, keepAlive: false, abort: true)
+            return
+        }
+        // A pooled connection the upstream closed while idle: retry once on a fresh one when
+        // nothing of the request body is lost (RFC 9110 §9.2.2 idempotent replays).
+        if let b, b.reused, !b.receivedResponseBytes, attempts == 1, framing == .none {
+            start()
+            return
+        }
+        fail(error)
+    }
+
+    private func fail(_ error: ChannelError) {
+        guard !finished else { return }
+        let (st, code): (Int, String)
+        switch error {
+        case .timeout: (st, code) = (504, "upstream_timeout")
+        case .tls: (st, code) = (502, "upstream_tls")
+        case .protocolError: (st, code) = (502, "upstream_invalid_response")
+        case .connect, .io: (st, code) = (502, "upstream_unreachable")
+        }
+        ctx.metrics.upstreamErrors[code, default: 0] += 1
+        status = st
+        if !requestComplete { clientKeepAlive = false }
+        if ctx.draining { clientKeepAlive = false }
+        let detail: String
+        switch error {
+        case .tls(let e): detail = e.message
+        default: detail = "\(target.url.authority): \(error)"
+        }
+        frontend.writeRaw(ErrorResponse.make(status: st, error: code, detail: detail,
+                                             fields: [("route", ctx.runtime.config.routes[routeIndex].match)],
+                                             close: !clientKeepAlive))
+        runtime.logger.warning("upstream failed", metadata: ["route": "\(ctx.runtime.config.routes[routeIndex].match)",
+                                                             "upstream": "\(target.url.authority)", "error": "\(code)",
+                                                             "detail": "\(detail)"])
+        complete()
+    }
+
+    private func complete() {
+        guard !finished else { return }
+        finished = true
+        log(outcome: nil)
+        frontend.exchangeFinished(self, keepAlive: clientKeepAlive, abort: false)
+    }
+
+    func abort() {
+        guard !finished else { return }
+        finished = true
+        let b = backend
+        backend = nil
+        b?.close()
+        log(outcome: "client_aborted")
+    }
+
+    private func log(outcome: String?) {
+        ctx.metrics.requests[status, default: 0] += 1
+        ctx.metrics.responseBytes &+= bodyBytes
+        guard runtime.accessLog else { return }
+        let now = monotonicNanos()
+        let upstreamMs = upstreamHeadAt > 0 ? Double(upstreamHeadAt - upstreamStarted) / 1e6 : -1
+        var md: [String: Logging.Logger.MetadataValue] = [
+            "method": .string(head.method),
+            "path": .string(String(logPath)),
+            "route": .string(runtime.config.routes[routeIndex].match),
+            "status": .string(String(status)),
+            "upstream_ms": .string(upstreamMs < 0 ? "-" : String(Double(Int(upstreamMs * 1000)) / 1000)),
+            "total_ms": .string(String(Double(Int(Double(now - started) / 1e3)) / 1000)),
+            "bytes": .string(String(bodyBytes)),
+        ]
+        if let outcome { md["outcome"] = .string(outcome) }
+        runtime.logger.info("request", metadata: md)
+    }
+}
+
+import Logging

@@ -1,0 +1,70 @@
+import BearerdHTTP
+import BearerdIO
+import Logging
+
+/// Everything derived from one configuration that request handling needs: the router, one
+/// `UpstreamTarget` per route (TLS contexts built once), limits and timeouts. Immutable; each loop
+/// holds the current one and is handed a new one on SIGHUP (`LoopContext.runtime`).
+public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable after init
+    public let config: BearerdConfig
+    public let router: Router
+    public let targets: [UpstreamTarget]
+    public let logger: Logger
+    /// Write one access-log line per request.
+    public let accessLog: Bool
+    let headerReadTimeout: UInt64
+    let idleTimeout: UInt64
+
+    public init(config: BearerdConfig, logger: Logger, accessLog: Bool = true) throws(ConfigErrors) {
+        self.config = config
+        self.logger = logger
+        self.accessLog = accessLog
+        router = Router(routes: config.routes)
+        var targets: [UpstreamTarget] = []
+        var errors: [ConfigError] = []
+        for (i, r) in config.routes.enumerated() {
+            do {
+                targets.append(try UpstreamTarget(url: r.upstream, tls: r.tls, timeouts: r.timeouts))
+            } catch {
+                errors.append(ConfigError(file: config.file, line: r.line, key: "routes[\(i)].tls", message: error.message))
+            }
+        }
+        if !errors.isEmpty { throw ConfigErrors(errors) }
+        self.targets = targets
+        headerReadTimeout = config.frontendTimeouts.headerRead.nanoseconds
+        idleTimeout = config.frontendTimeouts.idle.nanoseconds
+    }
+}
+
+/// Per-loop counters, read by the admin `/metrics` endpoint by hopping onto each loop.
+public struct LoopMetrics: Sendable {
+    public var requests: [Int: UInt64] = [:]
+    public var upstreamErrors: [String: UInt64] = [:]
+    public var responseBytes: UInt64 = 0
+    public var openConnections: Int = 0
+
+    mutating func merge(_ o: LoopMetrics) {
+        for (k, v) in o.requests { requests[k, default: 0] += v }
+        for (k, v) in o.upstreamErrors { upstreamErrors[k, default: 0] += v }
+        responseBytes += o.responseBytes
+        openConnections += o.openConnections
+    }
+}
+
+/// The state one loop owns: its upstream pool, its frontend connections, its copy of the
+/// runtime, its metrics. Touched only on `loop`.
+final class LoopContext {
+    let loop: EventLoop
+    let pool: BackendPool
+    var runtime: ProxyRuntime
+    var frontends: [ObjectIdentifier: FrontendConnection] = [:]
+    var metrics = LoopMetrics()
+    /// Set on shutdown: finish in-flight exchanges, keep no connection alive.
+    var draining = false
+
+    init(loop: EventLoop, runtime: ProxyRuntime) {
+        self.loop = loop
+        self.runtime = runtime
+        pool = BackendPool(loop: loop)
+    }
+}

@@ -1,0 +1,4 @@
+#define _GNU_SOURCE
+#include <sys/socket.h>
+#include "bearerd_sys.h"
+int bearerd_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) { return accept4(fd, addr, len, flags); }
