@@ -332,6 +332,8 @@ if wants bearerd; then
     wait_ready bearerd "$BEARERD_PORT" "$BEARERD_PID" "$WORK/bearerd.log"
 fi
 
+pid_of() { case "$1" in origin) echo "$ORIGIN_PID" ;; nginx) echo "$NGINX_PID" ;; bearerd) echo "$BEARERD_PID" ;; esac; }
+log_of() { case "$1" in origin) echo "$WORK/origin/error.log" ;; nginx) echo "$WORK/nginx/error.log" ;; bearerd) echo "$WORK/bearerd.log" ;; esac; }
 port_of() { case "$1" in origin) echo "$ORIGIN_PORT" ;; nginx) echo "$NGINX_PORT" ;; bearerd) echo "$BEARERD_PORT" ;; esac; }
 
 # Sanity: sizes and status through every target; the proxies deliver the header.
@@ -376,6 +378,12 @@ run_wrk() {
     local kv r_requests r_duration_us r_bytes r_rps r_p50_us r_p99_us r_mib_s r_errors r_non2xx
     # shellcheck disable=SC2086 # split the key=value words on purpose
     for kv in ${line#BENCH }; do printf -v "r_${kv%%=*}" '%s' "${kv#*=}"; done
+    local pid
+    pid=$(pid_of "$target")
+    if ! kill -0 "$pid" 2>/dev/null; then
+        tail -n 20 "$(log_of "$target")" >&2 || true
+        die "$target (pid $pid) died during $scenario round $round (log above)"
+    fi
     if [ "$r_errors" != 0 ] || [ "$r_non2xx" != 0 ]; then
         log "warning: $target $scenario round $round: $r_errors socket errors, $r_non2xx non-2xx responses"
     fi
