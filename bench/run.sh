@@ -1,0 +1,464 @@
+#!/usr/bin/env bash
+# bench/run.sh: bearerd's benchmark. Compares, in one run with alternating rounds:
+#   origin   the origin nginx, directly                         127.0.0.1:18081
+#   nginx    nginx as a reverse proxy adding a static
+#            `Authorization: Bearer bench-static-token`          127.0.0.1:18082
+#   bearerd  bearerd in front of the same origin (loops: 1)      127.0.0.1:18080
+#
+# Scenarios (wrk, one thread):
+#   small_c64  GET /small (100-byte body), 64 connections  -> requests/s
+#   small_c1   GET /small, 1 connection                    -> latency p50/p99 in µs (and req/s)
+#   big_c8     GET /big (1 MiB body), 8 connections        -> MiB/s (bytes read / duration)
+#
+# Pinning (taskset): with N cores, the proxy under test (nginx proxy worker or bearerd) runs
+# on core 0; wrk and the origin share cores 1..N-1. On a 2-core machine that is: proxies on
+# core 0, wrk + origin on core 1, so each proxy gets exactly one core. On a 1-core machine
+# nothing is pinned (numbers are then only roughly comparable). PROXY_CPUS and LOAD_CPUS
+# (taskset -c lists) override the split.
+#
+# Rounds: a warm-up run of every (scenario, target) first, then ROUNDS rounds; each round
+# runs every scenario against every target in turn, the target order rotating by one each
+# round, so background noise hits all targets alike. The table shows medians across rounds.
+#
+# Environment knobs:
+#   ROUNDS=5          number of measured rounds
+#   DURATION=5        seconds per wrk run (warm-up runs take 1 s)
+#   TARGETS="origin nginx bearerd"   subset/order of targets (bearerd needs a binary)
+#   BEARERD=path      use this bearerd binary instead of building it (swift build -c release)
+#   BEARERD_AUTH=session|none   session (default): bearerd injects a token of a
+#                     client_credentials session whose token endpoint is the origin's /token,
+#                     so it does what nginx does (add an Authorization header); none: plain
+#                     proxying route without a session
+#   PROXY_CPUS, LOAD_CPUS   taskset CPU lists (default 0 and 1-(N-1))
+#   KEEP=1            keep the temporary directory (configs, logs, raw wrk output)
+#
+# Output: a table on stdout, raw results as CSV plus the table in bench/out/ (gitignored).
+# All processes started here are stopped on exit, including Ctrl-C.
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-5}
+DURATION=${DURATION:-5}
+TARGETS=${TARGETS:-origin nginx bearerd}
+BEARERD=${BEARERD:-}
+BEARERD_AUTH=${BEARERD_AUTH:-session}
+KEEP=${KEEP:-0}
+
+ORIGIN_PORT=18081
+NGINX_PORT=18082
+BEARERD_PORT=18080
+SMALL_BODY_BYTES=100
+BIG_BYTES=$((1024 * 1024))
+STATIC_TOKEN=bench-static-token
+SESSION_TOKEN=bench-session-token
+SCENARIOS=(small_c64 small_c1 big_c8)
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT_DIR=$REPO/bench/out
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+die() { printf '[bench] error: %s\n' "$*" >&2; exit 1; }
+
+case "$ROUNDS" in ''|*[!0-9]*|0) die "ROUNDS must be a positive integer" ;; esac
+case "$DURATION" in ''|*[!0-9]*|0) die "DURATION must be a positive integer (seconds)" ;; esac
+case "$BEARERD_AUTH" in session|none) ;; *) die "BEARERD_AUTH must be session or none" ;; esac
+read -r -a TARGET_LIST <<<"$TARGETS"
+for t in "${TARGET_LIST[@]}"; do
+    case "$t" in origin|nginx|bearerd) ;; *) die "unknown target '$t' (origin, nginx, bearerd)" ;; esac
+done
+[ "${#TARGET_LIST[@]}" -gt 0 ] || die "TARGETS is empty"
+wants() { [[ " ${TARGET_LIST[*]} " == *" $1 "* ]]; }
+
+# --------------------------------------------------------------------------- tools
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+find_nginx() { command -v nginx 2>/dev/null || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || true; }
+
+ensure_tools() {
+    local missing=()
+    [ -n "$(find_nginx)" ] || missing+=(nginx-light)
+    command -v wrk >/dev/null || missing+=(wrk)
+    command -v curl >/dev/null || missing+=(curl)
+    command -v taskset >/dev/null || missing+=(util-linux)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        log "installing ${missing[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" >&2 || {
+            as_root apt-get update >&2
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" >&2
+        }
+    fi
+    NGINX=$(find_nginx)
+    [ -n "$NGINX" ] || die "nginx not found after installation"
+}
+
+# --------------------------------------------------------------------------- processes
+WORK=""
+PIDS=()      # every long-running process we started
+WRK_PID=""
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [ -n "$WRK_PID" ]; then kill -TERM "$WRK_PID" 2>/dev/null || true; fi
+    local pid
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    # Give them up to 5 s (nginx fast shutdown, bearerd graceful stop), then SIGKILL.
+    local i
+    for i in $(seq 50); do
+        local alive=0
+        for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        [ "$alive" -eq 0 ] && break
+        sleep 0.1
+    done
+    for pid in "${PIDS[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then
+            log "pid $pid did not stop; killing"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    done
+    wait 2>/dev/null || true
+    if [ -n "$WORK" ] && [ -d "$WORK" ]; then
+        if [ "$KEEP" = 1 ]; then log "kept $WORK"; else rm -rf "$WORK"; fi
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'log "interrupted"; exit 130' INT
+trap 'log "terminated"; exit 143' TERM
+
+# Starts "$@" in the background, records its pid in PIDS and in the named variable.
+start_bg() {
+    local var=$1 logfile=$2; shift 2
+    "$@" >"$logfile" 2>&1 &
+    local pid=$!
+    PIDS+=("$pid")
+    printf -v "$var" '%s' "$pid"
+}
+
+# Waits until GET http://127.0.0.1:PORT/small answers 200, or fails showing the log.
+wait_ready() {
+    local name=$1 port=$2 pid=$3 logfile=$4 i
+    for i in $(seq 100); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            tail -n 20 "$logfile" >&2 || true
+            die "$name exited during startup (log above)"
+        fi
+        if [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://127.0.0.1:$port/small" || true)" = 200 ]; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    tail -n 20 "$logfile" >&2 || true
+    die "$name not ready on port $port after 10 s"
+}
+
+# --------------------------------------------------------------------------- pinning
+NCPU=$(nproc)
+# Command prefixes (arrays, not functions, so that `$!` is the benchmarked process itself:
+# taskset execs its command).
+if [ "$NCPU" -ge 2 ]; then
+    PROXY_CPUS=${PROXY_CPUS:-0}
+    if [ "$NCPU" -eq 2 ]; then LOAD_CPUS=${LOAD_CPUS:-1}; else LOAD_CPUS=${LOAD_CPUS:-1-$((NCPU - 1))}; fi
+    PIN_PROXY=(taskset -c "$PROXY_CPUS")
+    PIN_LOAD=(taskset -c "$LOAD_CPUS")
+    # Number of CPUs in LOAD_CPUS: the origin's worker count.
+    ORIGIN_WORKERS=$(taskset -c "$LOAD_CPUS" nproc)
+else
+    PROXY_CPUS=${PROXY_CPUS:-unpinned}
+    LOAD_CPUS=${LOAD_CPUS:-unpinned}
+    log "warning: 1 CPU, nothing pinned; proxy, origin and wrk compete for the same core"
+    PIN_PROXY=()
+    PIN_LOAD=()
+    ORIGIN_WORKERS=1
+fi
+
+# --------------------------------------------------------------------------- setup
+ensure_tools
+if wants bearerd; then
+    if [ -z "$BEARERD" ]; then
+        log "building bearerd (release)"
+        (cd "$REPO" && swift build -c release --product bearerd >&2)
+        BEARERD="$(cd "$REPO" && swift build -c release --show-bin-path)/bearerd"
+    fi
+    [ -x "$BEARERD" ] || die "bearerd binary not found or not executable: $BEARERD (set BEARERD=, or TARGETS=\"origin nginx\")"
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/bearerd-bench.XXXXXX")
+# nginx workers drop to an unprivileged user when started as root: they must read our files.
+chmod 0755 "$WORK"
+mkdir -p "$OUT_DIR" "$WORK/origin/www" "$WORK/origin/tmp" "$WORK/nginx/tmp" "$WORK/bearerd-state" "$WORK/wrk"
+chmod 0700 "$WORK/bearerd-state"
+
+SMALL_BODY=$(printf 'x%.0s' $(seq "$SMALL_BODY_BYTES"))
+head -c "$BIG_BYTES" /dev/urandom >"$WORK/origin/www/big"
+chmod 0644 "$WORK/origin/www/big"
+
+# nginx directives shared by both instances. As root, workers run as nobody (Debian has no
+# "nobody" group, which is nginx's default, so name the group).
+nginx_common() {
+    local prefix=$1
+    if [ "$(id -u)" -eq 0 ]; then echo "user nobody $(id -gn nobody 2>/dev/null || echo nogroup);"; fi
+    cat <<EOF
+pid $prefix/nginx.pid;
+error_log $prefix/error.log warn;
+worker_rlimit_nofile 65536;
+EOF
+}
+nginx_http_common() {
+    local prefix=$1
+    cat <<EOF
+    access_log off;
+    keepalive_requests 10000000;
+    keepalive_timeout 300s;
+    tcp_nodelay on;
+    client_body_temp_path $prefix/tmp/body;
+    proxy_temp_path $prefix/tmp/proxy;
+    fastcgi_temp_path $prefix/tmp/fastcgi;
+    uwsgi_temp_path $prefix/tmp/uwsgi;
+    scgi_temp_path $prefix/tmp/scgi;
+EOF
+}
+
+# Origin: /small, /big, plus /auth-echo (sanity check that the header arrives) and /token
+# (a client_credentials token endpoint for bearerd's session).
+{
+    nginx_common "$WORK/origin"
+    cat <<EOF
+worker_processes $ORIGIN_WORKERS;
+events { worker_connections 4096; }
+http {
+$(nginx_http_common "$WORK/origin")
+    sendfile on;
+    tcp_nopush on;
+    server {
+        listen 127.0.0.1:$ORIGIN_PORT backlog=4096;
+        location = /small { default_type text/plain; return 200 "$SMALL_BODY"; }
+        location = /big { root $WORK/origin/www; default_type application/octet-stream; }
+        location = /auth-echo { default_type text/plain; return 200 "\$http_authorization"; }
+        location = /token {
+            default_type application/json;
+            return 200 '{"access_token":"$SESSION_TOKEN","token_type":"Bearer","expires_in":86400}';
+        }
+    }
+}
+EOF
+} >"$WORK/origin/nginx.conf"
+
+# nginx reverse proxy: one worker, keep-alive pool to the origin, static bearer header.
+# proxy_max_temp_file_size 0: never spool a 1 MiB response to disk (stream it like bearerd).
+{
+    nginx_common "$WORK/nginx"
+    cat <<EOF
+worker_processes 1;
+events { worker_connections 4096; }
+http {
+$(nginx_http_common "$WORK/nginx")
+    upstream origin {
+        server 127.0.0.1:$ORIGIN_PORT;
+        keepalive 128;
+        keepalive_requests 10000000;
+        keepalive_timeout 300s;
+    }
+    server {
+        listen 127.0.0.1:$NGINX_PORT backlog=4096;
+        location / {
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Authorization "Bearer $STATIC_TOKEN";
+            proxy_buffers 8 64k;
+            proxy_max_temp_file_size 0;
+        }
+    }
+}
+EOF
+} >"$WORK/nginx/nginx.conf"
+
+# bearerd, one loop.
+{
+    cat <<EOF
+listen: [127.0.0.1:$BEARERD_PORT]
+loops: 1
+state_dir: $WORK/bearerd-state
+EOF
+    if [ "$BEARERD_AUTH" = session ]; then
+        cat <<EOF
+sessions:
+  bench:
+    grant: client_credentials
+    token_url: http://127.0.0.1:$ORIGIN_PORT/token
+    client_id: bench
+    client_secret: bench-secret
+routes:
+  - match: /
+    upstream: http://127.0.0.1:$ORIGIN_PORT
+    session: bench
+EOF
+    else
+        cat <<EOF
+routes:
+  - match: /
+    upstream: http://127.0.0.1:$ORIGIN_PORT
+EOF
+    fi
+} >"$WORK/bearerd.yaml"
+
+# wrk hook: one machine-readable line per run (latency in µs).
+cat >"$WORK/report.lua" <<'EOF'
+done = function(summary, latency, requests)
+  local secs = summary.duration / 1e6
+  local e = summary.errors
+  io.write(string.format(
+    "BENCH requests=%d duration_us=%d bytes=%d rps=%.1f p50_us=%d p99_us=%d mib_s=%.2f errors=%d non2xx=%d\n",
+    summary.requests, summary.duration, summary.bytes, summary.requests / secs,
+    latency:percentile(50), latency:percentile(99), summary.bytes / secs / 1048576,
+    e.connect + e.read + e.write + e.timeout, e.status))
+end
+EOF
+
+# --------------------------------------------------------------------------- start
+ORIGIN_PID="" NGINX_PID="" BEARERD_PID=""
+start_bg ORIGIN_PID "$WORK/origin/stdout.log" \
+    "${PIN_LOAD[@]}" "$NGINX" -p "$WORK/origin" -e "$WORK/origin/error.log" -c "$WORK/origin/nginx.conf" -g 'daemon off;'
+wait_ready origin "$ORIGIN_PORT" "$ORIGIN_PID" "$WORK/origin/error.log"
+if wants nginx; then
+    start_bg NGINX_PID "$WORK/nginx/stdout.log" \
+        "${PIN_PROXY[@]}" "$NGINX" -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf" -g 'daemon off;'
+    wait_ready nginx "$NGINX_PORT" "$NGINX_PID" "$WORK/nginx/error.log"
+fi
+if wants bearerd; then
+    "$BEARERD" check -c "$WORK/bearerd.yaml" >&2 || die "bearerd check rejected $WORK/bearerd.yaml"
+    start_bg BEARERD_PID "$WORK/bearerd.log" "${PIN_PROXY[@]}" "$BEARERD" run -c "$WORK/bearerd.yaml"
+    wait_ready bearerd "$BEARERD_PORT" "$BEARERD_PID" "$WORK/bearerd.log"
+fi
+
+pid_of() { case "$1" in origin) echo "$ORIGIN_PID" ;; nginx) echo "$NGINX_PID" ;; bearerd) echo "$BEARERD_PID" ;; esac; }
+log_of() { case "$1" in origin) echo "$WORK/origin/error.log" ;; nginx) echo "$WORK/nginx/error.log" ;; bearerd) echo "$WORK/bearerd.log" ;; esac; }
+port_of() { case "$1" in origin) echo "$ORIGIN_PORT" ;; nginx) echo "$NGINX_PORT" ;; bearerd) echo "$BEARERD_PORT" ;; esac; }
+
+# Sanity: sizes and status through every target; the proxies deliver the header.
+for t in "${TARGET_LIST[@]}"; do
+    url="http://127.0.0.1:$(port_of "$t")"
+    got=$(curl -s -o /dev/null -w '%{http_code} %{size_download}' "$url/small")
+    [ "$got" = "200 $SMALL_BODY_BYTES" ] || die "$t /small: expected '200 $SMALL_BODY_BYTES', got '$got'"
+    got=$(curl -s -o /dev/null -w '%{http_code} %{size_download}' "$url/big")
+    [ "$got" = "200 $BIG_BYTES" ] || die "$t /big: expected '200 $BIG_BYTES', got '$got'"
+    auth=$(curl -s "$url/auth-echo")
+    case "$t" in
+        nginx) want="Bearer $STATIC_TOKEN" ;;
+        bearerd) if [ "$BEARERD_AUTH" = session ]; then want="Bearer $SESSION_TOKEN"; else want=""; fi ;;
+        *) want="" ;;
+    esac
+    [ "$auth" = "$want" ] || die "$t: origin saw Authorization '$auth', expected '$want'"
+done
+log "sanity checks passed for: ${TARGET_LIST[*]}"
+
+# --------------------------------------------------------------------------- runs
+CSV=$OUT_DIR/bench-$STAMP.csv
+echo "round,scenario,target,connections,duration_s,requests,rps,p50_us,p99_us,bytes,mib_s,errors,non2xx" >"$CSV"
+
+# run_wrk ROUND SCENARIO TARGET SECONDS: runs wrk pinned, appends a CSV row unless warm-up.
+run_wrk() {
+    local round=$1 scenario=$2 target=$3 secs=$4 conns path
+    case "$scenario" in
+        small_c64) conns=64 path=/small ;;
+        small_c1) conns=1 path=/small ;;
+        big_c8) conns=8 path=/big ;;
+    esac
+    local out="$WORK/wrk/$round-$scenario-$target.txt"
+    # In the background + wait, so a signal to this script interrupts at once (trap).
+    "${PIN_LOAD[@]}" wrk -t1 -c"$conns" -d"${secs}s" --timeout 10s -s "$WORK/report.lua" \
+        "http://127.0.0.1:$(port_of "$target")$path" >"$out" 2>&1 &
+    WRK_PID=$!
+    wait "$WRK_PID" || { cat "$out" >&2; die "wrk failed ($scenario, $target)"; }
+    WRK_PID=""
+    local line
+    line=$(grep '^BENCH ' "$out") || { cat "$out" >&2; die "no BENCH line from wrk"; }
+    # Parse key=value pairs into local variables r_<key>.
+    local kv r_requests r_duration_us r_bytes r_rps r_p50_us r_p99_us r_mib_s r_errors r_non2xx
+    # shellcheck disable=SC2086 # split the key=value words on purpose
+    for kv in ${line#BENCH }; do printf -v "r_${kv%%=*}" '%s' "${kv#*=}"; done
+    local pid
+    pid=$(pid_of "$target")
+    if ! kill -0 "$pid" 2>/dev/null; then
+        tail -n 20 "$(log_of "$target")" >&2 || true
+        die "$target (pid $pid) died during $scenario round $round (log above)"
+    fi
+    if [ "$r_errors" != 0 ] || [ "$r_non2xx" != 0 ]; then
+        log "warning: $target $scenario round $round: $r_errors socket errors, $r_non2xx non-2xx responses"
+    fi
+    [ "$round" = warmup ] && return 0
+    printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$round" "$scenario" "$target" "$conns" \
+        "$(awk -v d="$r_duration_us" 'BEGIN { printf "%.3f", d / 1e6 }')" \
+        "$r_requests" "$r_rps" "$r_p50_us" "$r_p99_us" "$r_bytes" "$r_mib_s" "$r_errors" "$r_non2xx" >>"$CSV"
+    log "round $round $scenario $target: rps=$r_rps p50=${r_p50_us}us p99=${r_p99_us}us MiB/s=$r_mib_s"
+}
+
+log "cores: $NCPU; proxies on cpu $PROXY_CPUS, wrk + origin ($ORIGIN_WORKERS worker(s)) on cpu $LOAD_CPUS"
+log "warm-up"
+for scenario in "${SCENARIOS[@]}"; do
+    for t in "${TARGET_LIST[@]}"; do run_wrk warmup "$scenario" "$t" 1; done
+done
+
+n_targets=${#TARGET_LIST[@]}
+for ((round = 1; round <= ROUNDS; round++)); do
+    for scenario in "${SCENARIOS[@]}"; do
+        for ((i = 0; i < n_targets; i++)); do
+            # Rotate the starting target each round.
+            t=${TARGET_LIST[$(((i + round - 1) % n_targets))]}
+            run_wrk "$round" "$scenario" "$t" "$DURATION"
+        done
+    done
+done
+
+# --------------------------------------------------------------------------- memory
+vm_hwm_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status" 2>/dev/null || true; }
+BEARERD_HWM="" NGINX_HWM=""
+if [ -n "$BEARERD_PID" ]; then
+    # taskset execs the binary, so the recorded pid is bearerd itself.
+    BEARERD_HWM=$(vm_hwm_kib "$BEARERD_PID")
+fi
+if [ -n "$NGINX_PID" ]; then
+    # The nginx proxy's worker (child of the master we started).
+    nginx_worker=$(pgrep -P "$NGINX_PID" | head -n 1 || true)
+    [ -n "$nginx_worker" ] && NGINX_HWM=$(vm_hwm_kib "$nginx_worker")
+fi
+
+# --------------------------------------------------------------------------- report
+# median SCENARIO TARGET COLUMN: median of a CSV column over the rounds ("" if none).
+median() {
+    awk -F, -v s="$1" -v t="$2" -v c="$3" 'NR > 1 && $2 == s && $3 == t { print $c }' "$CSV" |
+        sort -g |
+        awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) printf "%.1f", v[(NR + 1) / 2]; else printf "%.1f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# Column numbers in the CSV.
+COL_RPS=7 COL_P50=8 COL_P99=9 COL_MIBS=11
+
+fmt_row() { # LABEL METRIC COLUMN SCENARIO KIND(higher|lower)
+    local label=$1 metric=$2 col=$3 scenario=$4 kind=$5 o n b cmp=""
+    o=$(median "$scenario" origin "$col"); n=$(median "$scenario" nginx "$col"); b=$(median "$scenario" bearerd "$col")
+    if [ -n "$n" ] && [ -n "$b" ]; then
+        cmp=$(awk -v n="$n" -v b="$b" -v k="$kind" 'BEGIN {
+            r = (n > 0) ? sprintf("%.2fx", b / n) : "n/a"
+            if (k == "lower") printf "%s (%+.0f us)", r, b - n; else printf "%s", r }')
+    fi
+    printf '%-22s %-8s %12s %12s %12s   %s\n' "$label" "$metric" "${o:--}" "${n:--}" "${b:--}" "${cmp:--}"
+}
+
+SUMMARY=$OUT_DIR/bench-$STAMP.txt
+{
+    echo "bearerd benchmark $STAMP  commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo "rounds=$ROUNDS duration=${DURATION}s cores=$NCPU proxy_cpus=$PROXY_CPUS load_cpus=$LOAD_CPUS bearerd_auth=$BEARERD_AUTH"
+    echo "medians across rounds; bearerd/nginx > 1 is better for req/s and MiB/s, < 1 is better for latency"
+    echo
+    printf '%-22s %-8s %12s %12s %12s   %s\n' scenario metric origin nginx bearerd bearerd/nginx
+    fmt_row "/small 64 conns" "req/s" "$COL_RPS" small_c64 higher
+    fmt_row "/small 1 conn" "p50 us" "$COL_P50" small_c1 lower
+    fmt_row "/small 1 conn" "p99 us" "$COL_P99" small_c1 lower
+    fmt_row "/small 1 conn" "req/s" "$COL_RPS" small_c1 higher
+    fmt_row "/big 1MiB 8 conns" "MiB/s" "$COL_MIBS" big_c8 higher
+    echo
+    if [ -n "$BEARERD_HWM" ]; then echo "bearerd peak RSS (VmHWM): $BEARERD_HWM KiB"; fi
+    if [ -n "$NGINX_HWM" ]; then echo "nginx proxy worker peak RSS (VmHWM): $NGINX_HWM KiB"; fi
+    echo "raw results: $CSV"
+} | tee "$SUMMARY"
