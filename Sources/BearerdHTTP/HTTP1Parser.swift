@@ -109,6 +109,7 @@ public struct HTTP1Parser: Sendable {
         var contentLength: UInt64?
         var transferEncoding: String?
         var transferEncodingCount = 0
+        /// Absolute stream offsets of the first Transfer-Encoding / Host field line.
         var transferEncodingOffset = 0
         var hostCount = 0
         var host: String?
@@ -655,13 +656,13 @@ public struct HTTP1Parser: Sendable {
                 head.transferEncodingCount += 1
                 if head.transferEncoding == nil {
                     head.transferEncoding = parsed.field.value
-                    head.transferEncodingOffset = start
+                    head.transferEncodingOffset = bufferBase + start
                 }
             case .host:
                 head.hostCount += 1
                 if head.host == nil {
                     head.host = parsed.field.value
-                    head.hostOffset = start
+                    head.hostOffset = bufferBase + start
                 } else {
                     // RFC 9112 §3.2: more than one Host field line: 400.
                     if role == .server {
@@ -721,13 +722,13 @@ public struct HTTP1Parser: Sendable {
         if let te = head.transferEncoding {
             // RFC 9112 §6.1: CL with TE is a smuggling vector; reject (requests and responses).
             if head.contentLength != nil {
-                throw error("http1.cl_and_te", at: head.transferEncodingOffset, "both Content-Length and Transfer-Encoding")
+                throw error("http1.cl_and_te", at: head.transferEncodingOffset - bufferBase, "both Content-Length and Transfer-Encoding")
             }
             // RFC 9112 §6.1: TE in HTTP/1.0 is a sign of a faulty intermediary; reject.
             if head.version == .http1_0 {
-                throw error("http1.te_in_http10", at: head.transferEncodingOffset, "Transfer-Encoding in an HTTP/1.0 message")
+                throw error("http1.te_in_http10", at: head.transferEncodingOffset - bufferBase, "Transfer-Encoding in an HTTP/1.0 message")
             }
-            _ = try checkTransferEncoding(te, count: head.transferEncodingCount, at: head.transferEncodingOffset)
+            _ = try checkTransferEncoding(te, count: head.transferEncodingCount, at: head.transferEncodingOffset - bufferBase)
             chunked = true
         }
         var progress = head
@@ -741,7 +742,7 @@ public struct HTTP1Parser: Sendable {
                 throw error("http1.missing_host", at: endIndex, "HTTP/1.1 request without Host")
             }
             if let host = progress.host, !HTTP1Syntax.isValidAuthority(host, requirePort: false) {
-                throw error("http1.invalid_host", at: progress.hostOffset, "Host is not uri-host[:port]")
+                throw error("http1.invalid_host", at: progress.hostOffset - bufferBase, "Host is not uri-host[:port]")
             }
             let framing: HTTP1BodyFraming
             if chunked {
