@@ -1,15 +1,141 @@
-// STUB: to be replaced by the full serializer (owned by the HTTP helper).
+/// Writes HTTP/1.1 message heads and chunked framing (RFC 9112 §3, §4, §5, §7.1) into a caller's
+/// buffer. Stateless. Field names and values are written byte-exact as given; callers must only
+/// pass heads that satisfy the field grammar (the parser guarantees it for received ones).
 public enum HTTP1Serializer {
-    public static func writeRequestHead(_ head: HTTPRequestHead, into buffer: inout [UInt8]) {}
-    public static func writeResponseHead(_ head: HTTPResponseHead, into buffer: inout [UInt8]) {}
-    public static func writeChunk(_ bytes: UnsafeRawBufferPointer, into buffer: inout [UInt8]) {}
-    public static func writeLastChunk(trailers: HTTPHeaders?, into buffer: inout [UInt8]) {}
+    /// `method SP target SP HTTP/x.y CRLF *(field CRLF) CRLF`
+    public static func writeRequestHead(_ head: HTTPRequestHead, into buffer: inout [UInt8]) {
+        buffer.append(contentsOf: head.method.utf8)
+        buffer.append(asciiSP)
+        buffer.append(contentsOf: head.target.utf8)
+        buffer.append(asciiSP)
+        writeVersion(head.version, into: &buffer)
+        buffer.append(asciiCR)
+        buffer.append(asciiLF)
+        writeFields(head.headers, into: &buffer)
+        buffer.append(asciiCR)
+        buffer.append(asciiLF)
+    }
+
+    /// `HTTP/x.y SP 3DIGIT SP reason CRLF *(field CRLF) CRLF` (the SP before an empty reason is
+    /// kept, as RFC 9112 §4 requires).
+    public static func writeResponseHead(_ head: HTTPResponseHead, into buffer: inout [UInt8]) {
+        writeVersion(head.version, into: &buffer)
+        buffer.append(asciiSP)
+        let status = min(max(head.status, 0), 999)
+        buffer.append(UInt8(0x30 + status / 100))
+        buffer.append(UInt8(0x30 + (status / 10) % 10))
+        buffer.append(UInt8(0x30 + status % 10))
+        buffer.append(asciiSP)
+        buffer.append(contentsOf: head.reason.utf8)
+        buffer.append(asciiCR)
+        buffer.append(asciiLF)
+        writeFields(head.headers, into: &buffer)
+        buffer.append(asciiCR)
+        buffer.append(asciiLF)
+    }
+
+    /// One chunk: `<hex size> CRLF <data> CRLF`; nothing for empty input (an empty chunk would be
+    /// the last-chunk).
+    public static func writeChunk(_ bytes: UnsafeRawBufferPointer, into buffer: inout [UInt8]) {
+        guard bytes.count > 0 else { return }
+        writeHex(UInt64(bytes.count), into: &buffer)
+        buffer.append(asciiCR)
+        buffer.append(asciiLF)
+        buffer.append(contentsOf: bytes)
+        buffer.append(asciiCR)
+        buffer.append(asciiLF)
+    }
+
+    /// The last-chunk, the trailer section (if any) and the final CRLF: `0 CRLF *(field CRLF) CRLF`.
+    public static func writeLastChunk(trailers: HTTPHeaders?, into buffer: inout [UInt8]) {
+        buffer.append(UInt8(ascii: "0"))
+        buffer.append(asciiCR)
+        buffer.append(asciiLF)
+        if let trailers { writeFields(trailers, into: &buffer) }
+        buffer.append(asciiCR)
+        buffer.append(asciiLF)
+    }
+
+    @inline(__always)
+    static func writeVersion(_ version: HTTPVersion, into buffer: inout [UInt8]) {
+        buffer.append(contentsOf: [UInt8(ascii: "H"), UInt8(ascii: "T"), UInt8(ascii: "T"), UInt8(ascii: "P"), UInt8(ascii: "/")])
+        buffer.append(UInt8(0x30 + min(max(version.major, 0), 9)))
+        buffer.append(UInt8(ascii: "."))
+        buffer.append(UInt8(0x30 + min(max(version.minor, 0), 9)))
+    }
+
+    @inline(__always)
+    static func writeFields(_ headers: HTTPHeaders, into buffer: inout [UInt8]) {
+        for field in headers.fields {
+            buffer.append(contentsOf: field.name.utf8)
+            buffer.append(UInt8(ascii: ":"))
+            buffer.append(asciiSP)
+            buffer.append(contentsOf: field.value.utf8)
+            buffer.append(asciiCR)
+            buffer.append(asciiLF)
+        }
+    }
+
+    static func writeHex(_ value: UInt64, into buffer: inout [UInt8]) {
+        let digits: StaticString = "0123456789abcdef"
+        var shift = (64 - value.leadingZeroBitCount + 3) / 4 * 4
+        if shift == 0 { shift = 4 }
+        while shift > 0 {
+            shift -= 4
+            buffer.append(digits.utf8Start[Int((value >> UInt64(shift)) & 0xF)])
+        }
+    }
 }
 
-/// Header rules of RFC 9110 §7.6.1 and RFC 9112 §9 (connection management).
+/// Header rules of RFC 9110 §7.6.1 and RFC 9112 §9 (connection management). Stateless.
 public enum HTTPHeaderRules {
-    public static func removeHopByHop(_ headers: inout HTTPHeaders) {}
-    public static func connectionTokens(_ headers: HTTPHeaders) -> [String] { [] }
-    public static func keepAlive(version: HTTPVersion, headers: HTTPHeaders) -> Bool { true }
-    public static func expectsContinue(_ head: HTTPRequestHead) -> Bool { false }
+    /// Fields that are hop-by-hop whether or not `Connection` names them (RFC 9110 §7.6.1, plus
+    /// the legacy `Keep-Alive` and `Proxy-Connection`, and `Proxy-Authenticate`/`-Authorization`
+    /// which are meant for the next hop only).
+    static let hopByHop: [String] = [
+        "connection", "keep-alive", "proxy-connection", "te", "transfer-encoding", "upgrade",
+        "trailer", "proxy-authenticate", "proxy-authorization",
+    ]
+
+    /// Removes hop-by-hop fields and every field named in a `Connection` field (RFC 9110 §7.6.1).
+    public static func removeHopByHop(_ headers: inout HTTPHeaders) {
+        let named = connectionTokens(headers)
+        headers.fields.removeAll { field in
+            for n in hopByHop where asciiCaseInsensitiveEquals(field.name, n) { return true }
+            for n in named where asciiCaseInsensitiveEquals(field.name, n) { return true }
+            return false
+        }
+    }
+
+    /// The lowercased connection options of all `Connection` fields (RFC 9110 §7.6.1), empty list
+    /// elements dropped, in order.
+    public static func connectionTokens(_ headers: HTTPHeaders) -> [String] {
+        var tokens: [String] = []
+        for field in headers.fields where asciiCaseInsensitiveEquals(field.name, "connection") {
+            for element in HTTP1Syntax.listElements(field.value.utf8) where !element.isEmpty {
+                let lowered = element.map { $0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0 }
+                tokens.append(String(decoding: lowered, as: UTF8.self))
+            }
+        }
+        return tokens
+    }
+
+    /// RFC 9112 §9.3: HTTP/1.1 (and later) connections persist unless `close` is given; HTTP/1.0
+    /// ones only with `keep-alive` (and no `close`).
+    public static func keepAlive(version: HTTPVersion, headers: HTTPHeaders) -> Bool {
+        let tokens = connectionTokens(headers)
+        if tokens.contains("close") { return false }
+        if version.major > 1 || (version.major == 1 && version.minor >= 1) { return true }
+        return tokens.contains("keep-alive")
+    }
+
+    /// RFC 9110 §10.1.1: the request carries `Expect: 100-continue` (case-insensitive).
+    public static func expectsContinue(_ head: HTTPRequestHead) -> Bool {
+        for value in head.headers.values("expect") {
+            for element in HTTP1Syntax.listElements(value.utf8) where HTTP1Syntax.equalsLowercase(element, "100-continue") {
+                return true
+            }
+        }
+        return false
+    }
 }

@@ -1,3 +1,0 @@
-import Testing
-@testable import BearerdHTTP
-@Test func BearerdHTTPTestsBuilds() { #expect(Bool(true)) }
