@@ -1,2 +1,189 @@
+import ArgumentParser
 import BearerdProxy
-print("bearerd skeleton")
+import BearerdIO
+import Dispatch
+import Foundation
+import Logging
+
+@main
+struct Bearerd: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "bearerd",
+        abstract: "An authenticating reverse proxy: forwards plain HTTP upstream with an OAuth 2.0 bearer token injected.",
+        version: BearerdVersion.string,
+        subcommands: [Run.self, Check.self, Demo.self]
+    )
+}
+
+/// Options shared by the commands that read a configuration file.
+struct ConfigOption: ParsableArguments {
+    @Option(name: [.short, .customLong("config")], help: "Configuration file (default: $BEARERD_CONFIG, then ./bearerd.yaml).")
+    var config: String?
+
+    var path: String {
+        config ?? ProcessInfo.processInfo.environment["BEARERD_CONFIG"] ?? "bearerd.yaml"
+    }
+}
+
+struct LogOptions: ParsableArguments {
+    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
+    var logLevel: String = ProcessInfo.processInfo.environment["BEARERD_LOG_LEVEL"] ?? "info"
+
+    @Option(help: "Log format: text or json.")
+    var logFormat: String = ProcessInfo.processInfo.environment["BEARERD_LOG_FORMAT"] ?? "text"
+
+    @Flag(help: "Do not write one line per request.")
+    var noAccessLog = false
+
+    func validate() throws {
+        guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("unknown log level '\(logLevel)'") }
+        guard LogFormat(rawValue: logFormat) != nil else { throw ValidationError("unknown log format '\(logFormat)' (text or json)") }
+    }
+
+    func makeLogger(label: String = "bearerd") -> Logger {
+        let level = Logger.Level(rawValue: logLevel) ?? .info
+        let format = LogFormat(rawValue: logFormat) ?? .text
+        return Logger(label: label) { l in BearerdLogHandler(label: l, level: level, format: format) }
+    }
+}
+
+func printErrors(_ errors: ConfigErrors) {
+    var stderr = FileHandle.standardError
+    for e in errors.errors { print(e.description, to: &stderr) }
+}
+
+extension FileHandle: @retroactive TextOutputStream {
+    public func write(_ string: String) { write(string.data(using: .utf8)!) }
+}
+
+struct Run: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Run the proxy.")
+    @OptionGroup var configOption: ConfigOption
+    @OptionGroup var logOptions: LogOptions
+
+    func run() throws {
+        let logger = logOptions.makeLogger()
+        let config: BearerdConfig
+        do {
+            config = try ConfigLoader.load(path: configOption.path)
+        } catch {
+            printErrors(error)
+            throw ExitCode(2)
+        }
+        try serve(config: config, logger: logger, accessLog: !logOptions.noAccessLog, reloadPath: configOption.path)
+    }
+}
+
+/// Runs a server until SIGTERM/SIGINT; SIGHUP re-reads `reloadPath` when given.
+func serve(config: BearerdConfig, logger: Logger, accessLog: Bool, reloadPath: String?, before: (() throws -> Void)? = nil) throws -> Never {
+    let server: BearerdServer
+    do {
+        server = try BearerdServer(config: config, logger: logger, accessLog: accessLog)
+        try server.start()
+    } catch let e as ConfigErrors {
+        printErrors(e)
+        throw ExitCode(2)
+    } catch {
+        logger.critical("cannot start", metadata: ["error": "\(error)"])
+        LogSink.stderr.flush()
+        throw ExitCode(1)
+    }
+    try before?()
+    let signals = SignalHandlers()
+    signals.install { sig in
+        switch sig {
+        case SIGHUP:
+            guard let reloadPath else { return }
+            do {
+                let next = try ConfigLoader.load(path: reloadPath)
+                try server.reload(next)
+            } catch let e as ConfigErrors {
+                logger.error("reload failed; keeping the running configuration", metadata: ["errors": "\(e.description)"])
+            } catch {
+                logger.error("reload failed; keeping the running configuration", metadata: ["error": "\(error)"])
+            }
+        default:
+            logger.info("shutting down", metadata: ["signal": "\(sig)", "grace": "\(config.frontendTimeouts.shutdownGrace)"])
+            server.shutdown(grace: config.frontendTimeouts.shutdownGrace) {
+                logger.info("stopped")
+                LogSink.stderr.flush()
+                exit(0)
+            }
+        }
+    }
+    dispatchMain()
+}
+
+/// SIGTERM, SIGINT and SIGHUP delivered on the main queue through Dispatch signal sources.
+final class SignalHandlers {
+    private var sources: [DispatchSourceSignal] = []
+    func install(_ handler: @escaping (Int32) -> Void) {
+        for sig in [SIGTERM, SIGINT, SIGHUP] {
+            signal(sig, SIG_IGN)
+            let s = DispatchSource.makeSignalSource(signal: sig, queue: .main)
+            s.setEventHandler { handler(sig) }
+            s.resume()
+            sources.append(s)
+        }
+    }
+}
+
+struct Check: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Validate a configuration file and the secrets it names; exit non-zero on any error.")
+    @OptionGroup var configOption: ConfigOption
+
+    func run() throws {
+        let config: BearerdConfig
+        do {
+            config = try ConfigLoader.load(path: configOption.path)
+        } catch {
+            printErrors(error)
+            throw ExitCode(1)
+        }
+        do {
+            _ = try ProxyRuntime(config: config, logger: Logger(label: "check") { _ in SwiftLogNoOpLogHandler() })
+        } catch {
+            printErrors(error)
+            throw ExitCode(1)
+        }
+        print("\(configOption.path): OK (\(config.listen.count) listener(s), \(config.sessions.count) session(s), \(config.routes.count) route(s))")
+    }
+}
+
+struct Demo: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run bearerd on a built-in example: a local demo upstream on 127.0.0.1:9000 behind bearerd on 127.0.0.1:8080.")
+    @Option(help: "Port for bearerd.") var port: UInt16 = 8080
+    @Option(help: "Port for the demo upstream.") var upstreamPort: UInt16 = 9000
+    @OptionGroup var logOptions: LogOptions
+
+    func run() throws {
+        let logger = logOptions.makeLogger()
+        let upstreamConfig = BearerdConfig(file: "<demo>", listen: [.tcp(host: "127.0.0.1", port: upstreamPort)], loops: 1,
+                                           routes: [])
+        let upstream = try BearerdServer(config: upstreamConfig, logger: logOptions.makeLogger(label: "demo-upstream"),
+                                         accessLog: false, responder: EchoResponder())
+        try upstream.start()
+        let yaml = """
+        listen: [127.0.0.1:\(port)]
+        loops: 1
+        routes:
+          - match: /
+            upstream: http://127.0.0.1:\(upstreamPort)
+        """
+        let config: BearerdConfig
+        do {
+            config = try ConfigLoader.parse(yaml: yaml, file: "<demo>", environment: [:], checkFiles: false)
+        } catch {
+            printErrors(error)
+            throw ExitCode(2)
+        }
+        try serve(config: config, logger: logger, accessLog: !logOptions.noAccessLog, reloadPath: nil) {
+            print("""
+            bearerd demo is running.
+              try:   curl -s http://127.0.0.1:\(port)/hello
+              stop:  Ctrl-C
+            """)
+        }
+    }
+}

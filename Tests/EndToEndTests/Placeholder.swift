@@ -1,3 +1,0 @@
-import Testing
-@testable import BearerdProxy
-@Test func EndToEndTestsBuilds() { #expect(Bool(true)) }
