@@ -167,7 +167,11 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
 
     private func handleReadable() {
         guard !isClosed else { return }
-        if connecting { return }
+        if connecting {
+            // A refused connect may be reported as readable (EPOLLERR/EPOLLHUP) rather than writable.
+            if Sys.socketError(fd) != 0 { completeConnect() }
+            return
+        }
         let buf = loop.readBuffer
         // Drain until EAGAIN (DESIGN §2.2), bounded so one busy peer cannot starve the loop.
         var rounds = 0
@@ -366,6 +370,14 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
     private func handleWritable() {
         guard !isClosed else { return }
         if connecting {
+            completeConnect()
+            return
+        }
+        writeOut()
+    }
+
+    private func completeConnect() {
+        if connecting {
             connecting = false
             let err = Sys.socketError(fd)
             if err != 0 {
@@ -385,12 +397,6 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
             } else {
                 delegate?.channelActive(self)
             }
-            return
-        }
-        let before = pendingOutputBytes
-        writeOut()
-        if pendingOutputBytes < before && writeArmed == false {
-            // fully drained; afterDrain already ran
         }
     }
 

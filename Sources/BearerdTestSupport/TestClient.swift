@@ -100,6 +100,18 @@ public final class TestClient {
         }
     }
 
+    /// Raw bytes up to and including the first blank line (for interim responses read by hand).
+    public func readRawHead() throws -> String {
+        var out: [UInt8] = []
+        var b: UInt8 = 0
+        while !(out.count >= 4 && out.suffix(4) == [13, 10, 13, 10]) {
+            let n = recv(fd, &b, 1, 0)
+            if n <= 0 { throw Failure(description: "closed while reading a head") }
+            out.append(b)
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
     /// Everything until the peer closes (or the timeout), raw.
     public func readUntilClose() -> [UInt8] {
         var out: [UInt8] = []

@@ -74,11 +74,16 @@ public final class TestOrigin: @unchecked Sendable {  // @unchecked: mutable sta
     /// FNV-1a checksums of each request body, in arrival order.
     public var bodyChecksums: [UInt64] { lock.withLock { _checksums } }
 
+    /// Stops accepting and shuts down open connections. Idempotent (a second close of the
+    /// listening fd could close an unrelated descriptor that reused the number).
     public func stop() {
-        lock.withLock {
+        let first: Bool = lock.withLock {
+            if stopped { return false }
             stopped = true
             for c in clientFDs { shutdown(c, Int32(SHUT_RDWR)) }
+            return true
         }
+        guard first else { return }
         shutdown(listenFD, Int32(SHUT_RDWR))
         close(listenFD)
     }
@@ -164,7 +169,12 @@ public final class TestOrigin: @unchecked Sendable {  // @unchecked: mutable sta
     }
 
     private func serve(fd: Int32, id: Int) {
-        defer { close(fd) }
+        defer {
+            lock.withLock {
+                clientFDs.removeAll { $0 == fd }
+                close(fd)
+            }
+        }
         var engine: TLSEngine?
         if let tls {
             engine = try? TLSEngine(server: tls)
