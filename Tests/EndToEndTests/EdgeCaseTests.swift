@@ -1,4 +1,7 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import Testing
 import BearerdHTTP
 import BearerdIO
@@ -78,10 +81,16 @@ struct EdgeCaseTests {
     }
 
     @Test func unreachableUpstreamIs502Json() throws {
-        // A port with nothing listening: bind, read the port, close.
-        let probe = try TestOrigin(handler: echoHandler)
-        let deadPort = probe.port
-        probe.stop()
+        // A port bound but not listening: connects are refused, and no other test can take it.
+        let dead = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(dead) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(dead, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(dead, $0, &len) } }
+        let deadPort = UInt16(bigEndian: addr.sin_port)
         let proxy = try TestProxy(routes: [route("/", origin: deadPort)])
         defer { proxy.stop() }
         let c = try TestClient(port: proxy.port)
