@@ -46,24 +46,32 @@ public struct TLSError: Error, Sendable, CustomStringConvertible, Equatable {
 
 /// The OpenSSL error queue of the calling thread, read once and emptied.
 enum OpenSSLErrorQueue {
-    /// Pops every queued error and returns their reason strings joined by "; " (empty when the
-    /// queue was empty). Falls back to the full `ERR_error_string_n` text for unknown reasons.
+    /// Pops every queued error (oldest, i.e. the root cause, first) and returns their reason
+    /// strings joined by "; " (empty when the queue was empty): `strerror` text for system errors,
+    /// the full `ERR_error_string_n` text for unknown reasons. Wrapper reasons ("system lib",
+    /// "PEM lib") and repeats ("no such file" after "No such file or directory") are left out.
     static func drain() -> String {
         var parts: [String] = []
         while true {
             let code = ERR_get_error()
             if code == 0 { break }
             let text: String
-            if let reason = ERR_reason_error_string(code) {
+            let systemFlag = UInt(UInt32(Int32.max) + 1)  // ERR_SYSTEM_FLAG, a macro Swift cannot import
+            if code & systemFlag != 0 {
+                text = String(cString: strerror(Int32(truncatingIfNeeded: code & (systemFlag - 1))))
+            } else if let reason = ERR_reason_error_string(code) {
                 text = String(cString: reason)
             } else {
                 var buffer = [CChar](repeating: 0, count: 256)
                 ERR_error_string_n(code, &buffer, buffer.count)
                 text = String(cString: buffer)
             }
-            if parts.last != text { parts.append(text) }
+            let lowered = text.lowercased()
+            if parts.contains(where: { $0.lowercased().contains(lowered) }) { continue }
+            parts.append(text)
         }
-        return parts.joined(separator: "; ")
+        let specific = parts.filter { !$0.hasSuffix(" lib") }
+        return (specific.isEmpty ? parts : specific).joined(separator: "; ")
     }
 
     /// `prefix: <queue>` or `prefix: <fallback>` when the queue is empty.
@@ -271,7 +279,11 @@ public final class TLSContext: @unchecked Sendable {  // @unchecked: the SSL_CTX
         }
         ERR_clear_error()
         guard SSL_CTX_use_PrivateKey_file(context, keyFile, SSL_FILETYPE_PEM) == 1 else {
-            throw .config(OpenSSLErrorQueue.message("cannot load \(keyKey) \(keyFile)"))
+            let queue = OpenSSLErrorQueue.drain()
+            if queue.contains("key values mismatch") {
+                throw .config("\(keyKey) \(keyFile) does not match \(certificateKey) \(certificateFile) (key values mismatch)")
+            }
+            throw .config("cannot load \(keyKey) \(keyFile): \(queue.isEmpty ? "no private key found" : queue)")
         }
         ERR_clear_error()
         guard SSL_CTX_check_private_key(context) == 1 else {
