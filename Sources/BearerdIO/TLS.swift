@@ -157,6 +157,15 @@ public final class TLSContext: @unchecked Sendable {  // @unchecked: the SSL_CTX
     public let alpn: [String]
     private let alpnList: ALPNList?
 
+    /// The lowest protocol version the context accepts ("TLSv1.2").
+    public var minimumProtocolVersion: String {
+        switch bearerd_SSL_CTX_get_min_proto_version(context) {
+        case bearerd_TLS1_2_VERSION(): return "TLSv1.2"
+        case bearerd_TLS1_3_VERSION(): return "TLSv1.3"
+        case let other: return "0x\(String(other, radix: 16))"
+        }
+    }
+
     private init(context: OpaquePointer, role: Role, alpn: [String], alpnList: ALPNList?) {
         self.context = context
         self.role = role
@@ -344,6 +353,9 @@ public final class TLSEngine {
         guard context.role == .client else { throw .config("a client engine needs a client context") }
         var name = serverName
         if name.hasPrefix("["), name.hasSuffix("]") { name = String(name.dropFirst().dropLast()) }
+        // An absolute DNS name ("example.com.") is verified and sent as SNI without its final dot
+        // (RFC 6066 §3: the SNI host name has no trailing dot; certificates name hosts without it).
+        if name.hasSuffix(".") { name.removeLast() }
         guard !name.isEmpty else { throw .config("empty server name: the host name cannot be verified") }
         (ssl, networkToEngine, engineToNetwork) = try Self.makeSSL(context)
         self.context = context
@@ -360,10 +372,8 @@ public final class TLSEngine {
             guard X509_VERIFY_PARAM_set1_host(param, name, 0) == 1 else {
                 throw .config(OpenSSLErrorQueue.message("cannot verify host name \(name)"))
             }
-            var sniName = name
-            if sniName.hasSuffix(".") { sniName.removeLast() }  // RFC 6066 §3: no trailing dot
-            guard bearerd_SSL_set_tlsext_host_name(ssl, sniName) == 1 else {
-                throw .config(OpenSSLErrorQueue.message("cannot send SNI \(sniName)"))
+            guard bearerd_SSL_set_tlsext_host_name(ssl, name) == 1 else {
+                throw .config(OpenSSLErrorQueue.message("cannot send SNI \(name)"))
             }
         }
     }

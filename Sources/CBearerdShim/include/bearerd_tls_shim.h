@@ -10,5 +10,7 @@ unsigned long bearerd_XN_FLAG_RFC2253(void);
 /* SSL_CTX_set_max_proto_version is a macro; tests use it to pin TLS 1.2. */
 long bearerd_SSL_CTX_set_max_proto_version(SSL_CTX *ctx, int version);
 int bearerd_TLS1_3_VERSION(void);
+/* SSL_CTX_get_min_proto_version is a macro. */
+int bearerd_SSL_CTX_get_min_proto_version(SSL_CTX *ctx);
 
 #endif
