@@ -22,13 +22,13 @@ import BearerdTestSupport
             certificateChainFile: pki.serverCertFile, privateKeyFile: pki.serverKeyFile,
             clientCAFile: pki.caFile, requireClientCertificate: false, alpn: [])
 
-        let anonymous = Link(client: try TLSEngine(client: try pki.clientContext(), serverName: "localhost"), server: try TLSEngine(server: serverContext))
+        let anonymous = TLSLink(client: try TLSEngine(client: try pki.clientContext(), serverName: "localhost"), server: try TLSEngine(server: serverContext))
         anonymous.run()
         #expect(anonymous.client.error == nil && anonymous.server.error == nil)
         #expect(anonymous.server.isComplete)
         #expect(anonymous.server.engine.peerCertificateSubject == nil)
 
-        let identified = Link(client: try TLSEngine(client: try pki.clientContext(presentClientCertificate: true), serverName: "localhost"), server: try TLSEngine(server: serverContext))
+        let identified = TLSLink(client: try TLSEngine(client: try pki.clientContext(presentClientCertificate: true), serverName: "localhost"), server: try TLSEngine(server: serverContext))
         identified.run()
         #expect(identified.server.error == nil)
         #expect(identified.server.engine.peerCertificateSubject == "CN=\(TestPKI.clientCommonName)")
@@ -41,7 +41,7 @@ import BearerdTestSupport
         let bytes = try Data(contentsOf: URL(fileURLWithPath: pki.clientCertFile)) + Data(contentsOf: URL(fileURLWithPath: pki.clientKeyFile))
         try bytes.write(to: URL(fileURLWithPath: combined))
         let clientContext = try TLSContext.client(caFile: pki.caFile, clientCert: combined, clientKey: nil, alpn: [])
-        let link = Link(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(requireClientCertificate: true)))
+        let link = TLSLink(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(requireClientCertificate: true)))
         link.run()
         #expect(link.server.error == nil)
         #expect(link.server.engine.peerCertificateSubject?.contains(TestPKI.clientCommonName) == true)
@@ -52,7 +52,7 @@ import BearerdTestSupport
         defer { pki.remove() }
         let engine = try TLSEngine(client: try pki.clientContext(), serverName: "localhost.")
         #expect(engine.serverName == "localhost")
-        let link = Link(client: engine, server: try TLSEngine(server: try pki.serverContext()))
+        let link = TLSLink(client: engine, server: try TLSEngine(server: try pki.serverContext()))
         link.run()
         #expect(link.client.error == nil)
         #expect(link.client.isComplete)
@@ -63,7 +63,7 @@ import BearerdTestSupport
         defer { pki.remove() }
         let files = try pki.issueClientCertificate(commonName: "second-client", label: "second")
         let clientContext = try TLSContext.client(caFile: pki.caFile, clientCert: files.certFile, clientKey: files.keyFile, alpn: [])
-        let link = Link(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(requireClientCertificate: true)))
+        let link = TLSLink(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(requireClientCertificate: true)))
         link.run()
         #expect(link.server.error == nil)
         #expect(link.server.engine.peerCertificateSubject == "CN=second-client")

@@ -1,5 +1,5 @@
 // TLSEngine tests without sockets: a client engine and a server engine exchange ciphertext in
-// memory through `Link`, which can cut it into chunks as small as one byte.
+// memory through `TLSLink`, which can cut it into chunks as small as one byte.
 
 import Testing
 import BearerdTestSupport
@@ -7,7 +7,7 @@ import BearerdTestSupport
 
 /// Carries ciphertext between two engines and records what each side decrypted or failed with.
 /// Confined to the test that made it.
-final class Link {
+final class TLSLink {
     final class Side {
         let engine: TLSEngine
         var error: TLSError?
@@ -85,10 +85,10 @@ final class Link {
 private func makePair(
     _ pki: TestPKI, serverName: String = "localhost", clientALPN: [String] = [], serverALPN: [String] = [],
     chunkSize: Int = .max
-) throws -> Link {
+) throws -> TLSLink {
     let clientContext = try TLSContext.client(caFile: pki.caFile, clientCert: nil, clientKey: nil, alpn: clientALPN)
     let serverContext = try pki.serverContext(alpn: serverALPN)
-    return Link(
+    return TLSLink(
         client: try TLSEngine(client: clientContext, serverName: serverName),
         server: try TLSEngine(server: serverContext), chunkSize: chunkSize)
 }
@@ -136,7 +136,7 @@ private func randomBytes(_ count: Int) -> [UInt8] {
         let pki = try TestPKI.generate()
         defer { pki.remove() }
         let clientContext = try TLSContext.client(caFile: pki.caFile, clientCert: nil, clientKey: nil, alpn: ["http/1.1"], maximumTLS12: true)
-        let link = Link(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(alpn: ["h2", "http/1.1"])))
+        let link = TLSLink(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(alpn: ["h2", "http/1.1"])))
         link.run()
         #expect(link.client.error == nil && link.server.error == nil)
         #expect(link.client.engine.negotiatedProtocolVersion == "TLSv1.2")
@@ -168,7 +168,7 @@ private func randomBytes(_ count: Int) -> [UInt8] {
         let pki = try TestPKI.generate()
         defer { pki.remove() }
         let clientContext = try TLSContext.client(caFile: nil, clientCert: nil, clientKey: nil, alpn: [])
-        let link = Link(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext()))
+        let link = TLSLink(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext()))
         link.run()
         let error = try #require(link.client.error)
         #expect(error.reason == "tls.verify_failed")
@@ -185,7 +185,7 @@ private func randomBytes(_ count: Int) -> [UInt8] {
         let other = try TestPKI.generate()
         defer { pki.remove(); other.remove() }
         let clientContext = try TLSContext.client(caFile: other.caFile, clientCert: nil, clientKey: nil, alpn: [])
-        let link = Link(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext()))
+        let link = TLSLink(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext()))
         link.run()
         #expect(link.client.error?.reason == "tls.verify_failed")
     }
@@ -208,12 +208,12 @@ private func randomBytes(_ count: Int) -> [UInt8] {
         let serverContext = try TLSContext.server(certificateChainFile: other.certFile, privateKeyFile: other.keyFile, clientCAFile: nil, requireClientCertificate: false, alpn: [])
         let clientContext = try pki.clientContext()
 
-        let mismatch = Link(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: serverContext))
+        let mismatch = TLSLink(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: serverContext))
         mismatch.run()
         #expect(mismatch.client.error?.reason == "tls.verify_failed")
         #expect(mismatch.client.error?.message.contains("hostname mismatch") == true)
 
-        let match = Link(client: try TLSEngine(client: clientContext, serverName: "other.example"), server: try TLSEngine(server: serverContext))
+        let match = TLSLink(client: try TLSEngine(client: clientContext, serverName: "other.example"), server: try TLSEngine(server: serverContext))
         match.run()
         #expect(match.client.error == nil)
         #expect(match.client.isComplete)
@@ -272,7 +272,7 @@ private func randomBytes(_ count: Int) -> [UInt8] {
         let pki = try TestPKI.generate()
         defer { pki.remove() }
         let clientContext = try TLSContext.client(caFile: pki.caFile, clientCert: pki.clientCertFile, clientKey: pki.clientKeyFile, alpn: [], maximumTLS12: pinTLS12)
-        let link = Link(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(requireClientCertificate: true)))
+        let link = TLSLink(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(requireClientCertificate: true)))
         link.run()
         #expect(link.client.error == nil && link.server.error == nil)
         #expect(link.server.isComplete)
@@ -288,7 +288,7 @@ private func randomBytes(_ count: Int) -> [UInt8] {
         let pki = try TestPKI.generate()
         defer { pki.remove() }
         let clientContext = try TLSContext.client(caFile: pki.caFile, clientCert: nil, clientKey: nil, alpn: [], maximumTLS12: pinTLS12)
-        let link = Link(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(requireClientCertificate: true)))
+        let link = TLSLink(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(requireClientCertificate: true)))
         link.run()
         let serverError = try #require(link.server.error)
         #expect(serverError.reason == "tls.handshake_failed")
@@ -306,7 +306,7 @@ private func randomBytes(_ count: Int) -> [UInt8] {
         let other = try TestPKI.generate()
         defer { pki.remove(); other.remove() }
         let clientContext = try TLSContext.client(caFile: pki.caFile, clientCert: other.clientCertFile, clientKey: other.clientKeyFile, alpn: [])
-        let link = Link(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(requireClientCertificate: true)))
+        let link = TLSLink(client: try TLSEngine(client: clientContext, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext(requireClientCertificate: true)))
         link.run()
         let serverError = try #require(link.server.error)
         #expect(serverError.reason == "tls.verify_failed")
