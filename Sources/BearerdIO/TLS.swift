@@ -179,7 +179,9 @@ public final class TLSContext: @unchecked Sendable {  // @unchecked: the SSL_CTX
 
     /// A client context.
     /// - Parameters:
-    ///   - caFile: PEM file of extra trust anchors, ADDED to the system trust store.
+    ///   - caFile: PEM file of extra trust anchors, ADDED to the system trust store; any certificate
+///     in it anchors a chain (`X509_V_FLAG_PARTIAL_CHAIN`), so an intermediate CA or the server's
+///     own certificate may be given.
     ///   - clientCert: PEM certificate chain (leaf first) presented for mTLS.
     ///   - clientKey: PEM private key of `clientCert`; when nil the key is read from `clientCert`.
     ///   - alpn: protocols offered, in preference order (e.g. `["h2", "http/1.1"]`); empty: no ALPN.
@@ -198,6 +200,10 @@ public final class TLSContext: @unchecked Sendable {  // @unchecked: the SSL_CTX
             }
             if let caFile {
                 try loadVerifyLocations(context, file: caFile, key: "ca_file")
+                // As curl does: a certificate in ca_file is a trust anchor even when it is not a
+                // self-signed root (a private intermediate CA, or a pinned server certificate).
+                // The chain below it and the host name are still verified.
+                _ = X509_VERIFY_PARAM_set_flags(SSL_CTX_get0_param(context), UInt(X509_V_FLAG_PARTIAL_CHAIN))
             }
             SSL_CTX_set_verify(context, SSL_VERIFY_PEER, nil)
             if let clientCert {

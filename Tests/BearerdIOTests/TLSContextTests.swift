@@ -80,3 +80,20 @@ import BearerdTestSupport
         #expect(!FileManager.default.fileExists(atPath: pki.directory))
     }
 }
+
+@Suite struct TLSTrustAnchorTests {
+    @Test func serverCertificateAloneInCAFileIsATrustAnchor() throws {
+        let pki = try TestPKI.generate()
+        defer { pki.remove() }
+        let pinned = try TLSContext.client(caFile: pki.serverCertFile, clientCert: nil, clientKey: nil, alpn: [])
+        let link = TLSLink(client: try TLSEngine(client: pinned, serverName: "localhost"), server: try TLSEngine(server: try pki.serverContext()))
+        link.run()
+        #expect(link.client.error == nil)
+        #expect(link.client.isComplete)
+        // The host name is still checked against the anchored certificate.
+        let wrong = TLSLink(client: try TLSEngine(client: pinned, serverName: "wrong.example"), server: try TLSEngine(server: try pki.serverContext()))
+        wrong.run()
+        #expect(wrong.client.error?.reason == "tls.verify_failed")
+        #expect(wrong.client.error?.message.contains("hostname mismatch") == true)
+    }
+}
