@@ -1,3 +1,0 @@
-import Testing
-@testable import BearerdIO
-@Test func BearerdIOTestsBuilds() { #expect(Bool(true)) }
