@@ -71,8 +71,11 @@ final class ConfigBuilder {
                 if context.mark.line != mark.line, context.mark.line > 0 { message += " (which starts at line \(context.mark.line))" }
             }
             let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
-            if mark.line >= 1, mark.line <= lines.count, lines[mark.line - 1].prefix(while: { $0 == " " || $0 == "\t" }).contains("\t") {
+            let line = mark.line >= 1 && mark.line <= lines.count ? lines[mark.line - 1] : ""
+            if line.prefix(while: { $0 == " " || $0 == "\t" }).contains("\t") {
                 message += "; YAML does not allow tabs for indentation"
+            } else if line.contains("]:"), line.contains("[") {
+                message += "; quote IPv6 addresses: \"[::1]:8080\""
             } else if message.contains("mapping values are not allowed") {
                 message += "; a value containing ': ' must be quoted"
             }
