@@ -66,6 +66,10 @@ final class ConfigBuilder {
         case .scanner(let context, let problem, let mark, _), .parser(let context, let problem, let mark, _),
              .composer(let context, let problem, let mark, _):
             var message = problem
+            if problem == "but found another document" {
+                fail(mark.line, Self.syntaxKey, "a second YAML document starts here; bearerd reads one document per file")
+                return
+            }
             if let context {
                 message += " \(context.text)"
                 if context.mark.line != mark.line, context.mark.line > 0 { message += " (which starts at line \(context.mark.line))" }
@@ -258,7 +262,7 @@ final class ConfigBuilder {
         guard let known = fields.known, !known.contains(name) else { return true }
         var message = "unknown key"
         if let guess = ConfigValues.suggestion(for: name, among: known) {
-            message += " (did you mean '\(guess)'?)"
+            message += " (did you mean \(guess)?)"
         } else if known == ConfigKeys.route, ConfigKeys.session.contains(name) {
             message += " ('\(name)' belongs in a session under sessions:, which the route names with session:)"
         } else if known == ConfigKeys.session, ConfigKeys.route.contains(name) {
@@ -347,7 +351,7 @@ final class ConfigBuilder {
             if let value = T(rawValue: raw) { return value }
             var message = "expected \(expected), got \(ConfigValues.quoted(raw))"
             if let guess = ConfigValues.suggestion(for: raw.replacingOccurrences(of: "-", with: "_"), among: names) {
-                message += " (did you mean '\(guess)'?)"
+                message += " (did you mean \(guess)?)"
             }
             throw ConfigValues.Problem(message)
         }

@@ -73,7 +73,7 @@ extension ConfigBuilder {
         for reference in routeSessions where !sessionNames.contains(reference.name) {
             var message = "no session named '\(reference.name)'"
             if let guess = ConfigValues.suggestion(for: reference.name, among: sessionNames) {
-                message += " (did you mean '\(guess)'?)"
+                message += " (did you mean \(guess)?)"
             } else if sessionNames.isEmpty {
                 message += " (no sessions are defined under sessions:)"
             } else {
@@ -158,7 +158,7 @@ extension ConfigBuilder {
         if f["client_id"] == nil { missing(f, "client_id") }
         let clientAuthGiven = f["client_auth"] != nil
         let clientAuth = choice(f, "client_auth", ClientAuthMethod.self)
-        let scope = text(f, "scope", expected: "a space-separated list of scopes")
+        let scope = scopes(f)
         let params = sessionParams(f)
         let refreshBefore = duration(f, "refresh_before")
         let defaultLifetime = duration(f, "default_lifetime")
@@ -223,6 +223,25 @@ extension ConfigBuilder {
             line: item.keyLine)
     }
 
+    /// `scope: read write` or `scope: [read, write]` (RFC 6749 §3.3: space-delimited).
+    private func scopes(_ f: Fields) -> String? {
+        guard let entry = f["scope"] else { return nil }
+        guard case .sequence(let items) = entry.value else { return text(entry, in: f, expected: "scopes such as \"read write\"") }
+        var scopes: [String] = []
+        for (index, item) in items.enumerated() {
+            guard case .scalar(let s) = item, !Self.isNull(item), !s.string.isEmpty, !s.string.contains(" ") else {
+                fail(Self.line(item), "\(f.key("scope"))[\(index)]", "expected one scope without spaces, got \(Self.describe(item))")
+                continue
+            }
+            scopes.append(s.string)
+        }
+        guard !scopes.isEmpty else {
+            fail(entry.valueLine, f.key("scope"), "expected at least one scope")
+            return nil
+        }
+        return scopes.joined(separator: " ")
+    }
+
     private func hasSecretKey(_ f: Fields, _ names: [String]) -> Bool {
         names.contains { f[$0] != nil }
     }
@@ -244,7 +263,8 @@ extension ConfigBuilder {
         }
         if entry.name.hasSuffix("_env") {
             guard raw.utf8.allSatisfy({ $0 == 0x5F || ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) }) else {
-                fail(entry.valueLine, f.key(entry.name), "expected an environment variable name (letters, digits and _), got \(ConfigValues.quoted(raw))")
+                let hint = raw.hasPrefix("$") ? " (write the name without $)" : ""
+                fail(entry.valueLine, f.key(entry.name), "expected an environment variable name (letters, digits and _), got \(ConfigValues.quoted(raw))\(hint)")
                 return nil
             }
             return SecretChoice(source: .env(raw), key: entry.name, line: entry.valueLine)

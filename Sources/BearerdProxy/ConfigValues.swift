@@ -265,20 +265,23 @@ enum ConfigValues {
         return "\"\(out)\""
     }
 
-    /// The candidate closest to `word` if it is a plausible misspelling of it.
+    /// The candidates `word` is a plausible misspelling of, quoted for a message: `'refresh_before'`,
+    /// or `'request_timeout' or 'wait_timeout'` when several are equally close; `nil` if none is.
     static func suggestion(for word: String, among candidates: [String]) -> String? {
         let w = word.lowercased()
-        var best: (String, Int)?
-        for candidate in candidates {
-            let d = editDistance(w, candidate.lowercased())
-            if best == nil || d < best!.1 { best = (candidate, d) }  // `best` checked non-nil first
+        let scored = candidates.map { ($0, editDistance(w, $0.lowercased())) }
+        var matches: [String] = []
+        if let best = scored.map(\.1).min() {
+            matches = scored.filter { $0.1 == best && best <= max(1, min(3, $0.0.count / 3)) }.map(\.0)
         }
-        guard let (candidate, distance) = best else { return nil }
-        let allowed = max(1, min(3, candidate.count / 3))
-        if distance <= allowed { return candidate }
-        // A word that contains the candidate or is contained in it (`secret_file`, `timeout`).
-        if w.count >= 4, candidate.contains(w) || w.contains(candidate) { return candidate }
-        return nil
+        if matches.isEmpty, w.count >= 4 {
+            // A word that contains a candidate or is contained in one (`secret_file`, `timeout`).
+            matches = candidates.filter { $0.lowercased().contains(w) || w.contains($0.lowercased()) }
+        }
+        guard !matches.isEmpty, matches.count <= 3 else { return nil }
+        let quotedMatches = matches.map { "'\($0)'" }
+        return quotedMatches.count == 1 ? quotedMatches[0]
+            : quotedMatches.dropLast().joined(separator: ", ") + " or " + quotedMatches.last!  // count >= 2 here
     }
 
     /// Levenshtein distance with adjacent transpositions counted as one edit.

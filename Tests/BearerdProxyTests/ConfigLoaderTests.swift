@@ -590,6 +590,66 @@ let minimalRoute = """
         ])
     }
 
+    @Test func repeatedAndFlowDuplicates() {
+        #expect(configErrors("""
+            routes:
+              - match: /a/
+                upstream: http://x
+                upstream: http://y
+                upstream: http://z
+            """) == [
+                "bearerd.yaml:4: routes[0].upstream: duplicate key (already set at line 3)",
+                "bearerd.yaml:5: routes[0].upstream: duplicate key (already set at line 3)",
+            ])
+        #expect(configErrors("""
+            routes:
+              - {match: /a/, upstream: http://x,
+                 'match': /b/}
+            """) == ["bearerd.yaml:3: routes[0].match: duplicate key (already set at line 2)"])
+        #expect(configErrors("""
+            sessions:
+              a: {grant: password}
+              a: {grant: password}
+            \(minimalRoute)
+            """).contains("bearerd.yaml:3: sessions.a: duplicate key (already set at line 2)"))
+    }
+
+    @Test func moreHelpfulMessages() {
+        #expect(configErrors("routes: []\n---\nroutes: []\n") == [
+            "bearerd.yaml:2: yaml: a second YAML document starts here; bearerd reads one document per file",
+        ])
+        #expect(configErrors("routes:\n  - match: /\n    upstream: http://x: y\n") == [
+            "bearerd.yaml:3: yaml: mapping values are not allowed in this context; a value containing ': ' must be quoted",
+        ])
+        #expect(configErrors("""
+            sessions:
+              s:
+                grant: client_credentials
+                token_url: https://auth.example.com/token
+                client_id: id
+                client_secret_env: $SECRET
+                upstream: http://x
+            \(minimalRoute)
+            """) == [
+                "bearerd.yaml:6: sessions.s.client_secret_env: expected an environment variable name (letters, digits and _), got \"$SECRET\" (write the name without $)",
+                "bearerd.yaml:7: sessions.s.upstream: unknown key ('upstream' belongs in a route under routes:)",
+            ])
+    }
+
+    @Test func scopeAsAList() throws {
+        let config = try parseConfig("""
+            sessions:
+              s:
+                grant: client_credentials
+                token_url: https://auth.example.com/token
+                client_id: id
+                client_secret: x
+                scope: [read, "write:all"]
+            \(minimalRoute)
+            """)
+        #expect(config.sessions.first?.scope == "read write:all")
+    }
+
     @Test func yamlSyntaxErrorsHaveALine() {
         let errors = configErrors("""
             listen: 127.0.0.1:8080
@@ -836,9 +896,11 @@ let minimalRoute = """
     }
 
     @Test func suggestions() {
-        #expect(ConfigValues.suggestion(for: "refresh_befor", among: ConfigKeys.session) == "refresh_before")
-        #expect(ConfigValues.suggestion(for: "upstreams", among: ConfigKeys.route) == "upstream")
-        #expect(ConfigValues.suggestion(for: "tiemouts", among: ConfigKeys.route) == "timeouts")
+        #expect(ConfigValues.suggestion(for: "refresh_befor", among: ConfigKeys.session) == "'refresh_before'")
+        #expect(ConfigValues.suggestion(for: "upstreams", among: ConfigKeys.route) == "'upstream'")
+        #expect(ConfigValues.suggestion(for: "tiemouts", among: ConfigKeys.route) == "'timeouts'")
+        #expect(ConfigValues.suggestion(for: "timeout", among: ConfigKeys.session) == "'request_timeout' or 'wait_timeout'")
+        #expect(ConfigValues.suggestion(for: "secret_file", among: ConfigKeys.session) == "'client_secret_file'")
         #expect(ConfigValues.suggestion(for: "zzz", among: ConfigKeys.route) == nil)
         #expect(ConfigValues.editDistance("kitten", "sitting") == 3)
     }
