@@ -375,7 +375,8 @@ final class ConfigBuilder {
     func address(_ node: Node, key: String) -> ListenAddress? {
         let hint = "expected an address such as 127.0.0.1:8080, \"[::1]:8080\" or unix:/run/bearerd.sock"
         guard case .scalar(let scalar) = node, !Self.isNull(node) else {
-            fail(Self.line(node), key, "\(hint), got \(Self.describe(node)) (quote IPv6 addresses: \"[::1]:8080\")")
+            let quoteHint = Self.isNull(node) ? "" : " (quote IPv6 addresses: \"[::1]:8080\")"
+            fail(Self.line(node), key, "\(hint), got \(Self.describe(node))\(quoteHint)")
             return nil
         }
         do throws(ConfigValues.Problem) {
