@@ -38,6 +38,10 @@ enum ConfigValues {
             throw Problem("expected a whole number with a unit, got \(quoted(text)) (write 1500ms rather than 1.5s)")
         }
         guard let factor = durationUnits.first(where: { $0.unit == unit })?.milliseconds else {
+            if let total = compoundMilliseconds(text) {
+                let better = total % 1000 == 0 ? "\(total / 1000)s" : "\(total)ms"
+                throw Problem("use a single unit: write \(better) for \(quoted(text))")
+            }
             throw Problem("unknown unit '\(unit)' in \(quoted(text)) (use ms, s, m or h)")
         }
         guard let n = Int64(digits), n <= 1_000_000_000 else {
@@ -45,6 +49,21 @@ enum ConfigValues {
         }
         if n == 0 { throw Problem("must be greater than zero, got \(quoted(text))") }
         return .milliseconds(n * factor)
+    }
+
+    /// `1m30s` as milliseconds, for the hint only; `nil` unless every part is a number and a unit.
+    static func compoundMilliseconds(_ text: String) -> Int64? {
+        var rest = Substring(text), total: Int64 = 0
+        while !rest.isEmpty {
+            let digits = rest.prefix(while: { $0.isASCII && $0.isNumber })
+            rest = rest.dropFirst(digits.count)
+            let unit = rest.prefix(while: { !($0.isASCII && $0.isNumber) })
+            rest = rest.dropFirst(unit.count)
+            guard let n = Int64(digits), n < 1_000_000,
+                  let factor = durationUnits.first(where: { $0.unit == unit })?.milliseconds else { return nil }
+            total += n * factor
+        }
+        return total
     }
 
     // MARK: Sizes

@@ -853,6 +853,8 @@ let minimalRoute = """
         #expect(try ConfigValues.duration("5m") == .seconds(300))
         #expect(try ConfigValues.duration("1h") == .seconds(3600))
         #expect(throws: ConfigValues.Problem("unknown unit 'd' in \"1d\" (use ms, s, m or h)")) { try ConfigValues.duration("1d") }
+        #expect(throws: ConfigValues.Problem("use a single unit: write 90s for \"1m30s\"")) { try ConfigValues.duration("1m30s") }
+        #expect(throws: ConfigValues.Problem("use a single unit: write 1500ms for \"1s500ms\"")) { try ConfigValues.duration("1s500ms") }
         #expect(throws: ConfigValues.Problem("\"99999999999s\" is too large")) { try ConfigValues.duration("99999999999s") }
     }
 
