@@ -266,7 +266,15 @@ public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
         self.key = key
         self.message = message
     }
-    public var description: String { "\(file):\(line): \(key): \(message)" }
+    /// `FILE:LINE: key: message`; the location parts are left out when unknown (line 0, empty key),
+    /// e.g. `bearerd.yaml: cannot read: No such file or directory`.
+    public var description: String {
+        var parts: [String] = []
+        if !file.isEmpty { parts.append(line > 0 ? "\(file):\(line)" : file) }
+        if !key.isEmpty { parts.append(key) }
+        parts.append(message)
+        return parts.joined(separator: ": ")
+    }
 }
 
 /// All errors found in one file (the loader reports every error it can, not just the first).

@@ -1,0 +1,90 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Blocking file access for configuration loading and secret resolution. Runs only at start-up,
+/// in `bearerd check` and on SIGHUP — never on an event loop. Error texts are `strerror` messages
+/// (`No such file or directory`), never file contents.
+enum ConfigFiles {
+    /// What went wrong reading a file, as users see it after `cannot read PATH: `.
+    struct Failure: Error, Equatable {
+        var reason: String
+    }
+
+    /// Reads a whole regular file, refusing directories and files over `limit` bytes.
+    static func readAll(_ path: String, limit: Int) throws(Failure) -> [UInt8] {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw Failure(reason: errnoText()) }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { throw Failure(reason: errnoText()) }
+        if (info.st_mode & S_IFMT) == S_IFDIR { throw Failure(reason: "is a directory") }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16 * 1024)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw Failure(reason: errnoText())
+            }
+            if n == 0 { break }
+            bytes.append(contentsOf: chunk[0..<n])
+            if bytes.count > limit { throw Failure(reason: "larger than \(limit) bytes") }
+        }
+        return bytes
+    }
+
+    /// Checks that `path` can be opened for reading and is not a directory.
+    static func checkReadable(_ path: String) throws(Failure) {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw Failure(reason: errnoText()) }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { throw Failure(reason: errnoText()) }
+        if (info.st_mode & S_IFMT) == S_IFDIR { throw Failure(reason: "is a directory") }
+    }
+
+    /// Whether `path` exists, and if so whether it is a directory.
+    static func kind(of path: String) -> (exists: Bool, isDirectory: Bool) {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return (false, false) }
+        return (true, (info.st_mode & S_IFMT) == S_IFDIR)
+    }
+
+    static func errnoText() -> String {
+        String(cString: strerror(errno))
+    }
+
+    enum Decoded: Equatable {
+        case text(String)
+        /// Not UTF-8; the 1-based line of the first invalid byte.
+        case invalid(line: Int)
+    }
+
+    /// Decodes UTF-8, or names the 1-based line of the first invalid byte.
+    static func decodeUTF8(_ bytes: [UInt8]) -> Decoded {
+        var line = 1
+        var iterator = bytes.makeIterator()
+        var parser = Unicode.UTF8.ForwardParser()
+        while true {
+            switch parser.parseScalar(from: &iterator) {
+            case .valid(let encoded):
+                if encoded.count == 1, encoded.first == 0x0A { line += 1 }
+            case .emptyInput:
+                return .text(String(decoding: bytes, as: UTF8.self))
+            case .error:
+                return .invalid(line: line)
+            }
+        }
+    }
+
+    /// `path` unchanged if absolute (or if `file` has no directory part), else relative to the
+    /// directory of the configuration file `file`.
+    static func resolve(_ path: String, relativeTo file: String) -> String {
+        guard !path.hasPrefix("/"), let slash = file.lastIndex(of: "/") else { return path }
+        let directory = file[..<slash]
+        return directory.isEmpty ? "/" + path : directory + "/" + path
+    }
+}

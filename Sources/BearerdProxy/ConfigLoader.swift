@@ -1,0 +1,149 @@
+import BearerdHTTP
+import Foundation
+import Yams
+
+/// Reads `bearerd.yaml` (shared/DESIGN.md §4) into a validated `BearerdConfig`.
+///
+/// Every problem found is reported, not just the first, each as `FILE:LINE: key: what is wrong`
+/// with the key as a dotted path (`sessions.partner.client_secret_file`, `routes[1].timeouts.connect`).
+/// Secret values never appear in errors. Used by `bearerd run`, `bearerd check` and on SIGHUP;
+/// it blocks on file reads, so call it off the event loops.
+public enum ConfigLoader {
+    /// Largest configuration file read (a guard against pointing `-c` at the wrong file).
+    static let maxConfigBytes = 16 << 20
+    /// Largest secret or refresh-token file read.
+    static let maxSecretBytes = 1 << 20
+
+    /// Reads and validates a file. Throws `ConfigErrors` holding every error found, each
+    /// `FILE:LINE: key: what is wrong`. Relative paths in the file are taken relative to its directory.
+    public static func load(path: String, environment: [String: String] = ProcessInfo.processInfo.environment,
+                            checkFiles: Bool = true) throws(ConfigErrors) -> BearerdConfig {
+        let bytes: [UInt8]
+        do throws(ConfigFiles.Failure) {
+            bytes = try ConfigFiles.readAll(path, limit: maxConfigBytes)
+        } catch {
+            throw ConfigErrors([ConfigError(file: path, line: 0, key: "", message: "cannot read: \(error.reason)")])
+        }
+        switch ConfigFiles.decodeUTF8(bytes) {
+        case .invalid(let line):
+            throw ConfigErrors([ConfigError(file: path, line: line, key: ConfigBuilder.syntaxKey, message: "the file is not valid UTF-8")])
+        case .text(let text):
+            return try parse(yaml: text, file: path, environment: environment, checkFiles: checkFiles)
+        }
+    }
+
+    /// Same as `load(path:)` from text; `file` names the source in messages and anchors relative paths.
+    public static func parse(yaml: String, file: String, environment: [String: String] = ProcessInfo.processInfo.environment,
+                             checkFiles: Bool = true) throws(ConfigErrors) -> BearerdConfig {
+        let builder = ConfigBuilder(file: file, environment: environment, checkFiles: checkFiles)
+        let config = builder.build(yaml)
+        if let config, builder.errors.isEmpty { return config }
+        var errors = builder.errors
+        if errors.isEmpty {  // cannot happen: a nil config always records why; kept as a safety net
+            errors.append(ConfigError(file: file, line: 0, key: "", message: "invalid configuration"))
+        }
+        throw ConfigErrors(errors.enumerated().sorted { ($0.element.line, $0.offset) < ($1.element.line, $1.offset) }.map(\.element))
+    }
+
+    /// Reads a secret now: a file's contents with one trailing newline removed, an environment
+    /// variable, or the literal. The error names the source (path or variable), never the value.
+    public static func resolveSecret(_ source: SecretSource, environment: [String: String]) throws(ConfigError) -> Secret {
+        try resolveSecret(source, environment: environment, file: "", line: 0, key: "")
+    }
+
+    /// `resolveSecret(_:environment:)` with the location used in the error, e.g.
+    /// `file: config.file, line: session.line, key: "sessions.partner.client_secret_file"`.
+    public static func resolveSecret(_ source: SecretSource, environment: [String: String],
+                                     file: String, line: Int, key: String) throws(ConfigError) -> Secret {
+        func failure(_ message: String) -> ConfigError {
+            ConfigError(file: file, line: line, key: key, message: message)
+        }
+        switch source {
+        case .literal(let secret):
+            guard !secret.value.isEmpty else { throw failure("the secret is empty") }
+            return secret
+        case .env(let name):
+            guard let value = environment[name] else { throw failure("environment variable \(name) is not set") }
+            guard !value.isEmpty else { throw failure("environment variable \(name) is empty") }
+            return Secret(value)
+        case .file(let path):
+            var bytes: [UInt8]
+            do throws(ConfigFiles.Failure) {
+                bytes = try ConfigFiles.readAll(path, limit: maxSecretBytes)
+            } catch {
+                throw failure("cannot read \(path): \(error.reason)")
+            }
+            if bytes.last == 0x0A {
+                bytes.removeLast()
+                if bytes.last == 0x0D { bytes.removeLast() }
+            }
+            guard !bytes.isEmpty else { throw failure("\(path) is empty") }
+            if bytes.contains(0x0A) || bytes.contains(0x0D) {
+                throw failure("\(path) holds more than one line (only one trailing newline is removed)")
+            }
+            guard case .text(let text) = ConfigFiles.decodeUTF8(bytes) else {
+                throw failure("\(path) is not valid UTF-8")
+            }
+            return Secret(text)
+        }
+    }
+
+    /// Reads the client secret and password of a loaded session now (at start-up or SIGHUP),
+    /// with errors located like the loader's. `nil` where the session has no such source.
+    public static func resolveSecrets(of session: SessionConfig, in config: BearerdConfig,
+                                      environment: [String: String] = ProcessInfo.processInfo.environment)
+        throws(ConfigErrors) -> (clientSecret: Secret?, password: Secret?) {
+        var errors: [ConfigError] = []
+        func resolve(_ source: SecretSource?, _ stem: String) -> Secret? {
+            guard let source else { return nil }
+            let key: String
+            switch source {
+            case .file: key = stem + "_file"
+            case .env: key = stem + "_env"
+            case .literal: key = stem
+            }
+            do throws(ConfigError) {
+                return try resolveSecret(source, environment: environment, file: config.file, line: session.line,
+                                         key: "sessions.\(session.name).\(key)")
+            } catch {
+                errors.append(error)
+                return nil
+            }
+        }
+        let clientSecret = resolve(session.clientSecret, "client_secret")
+        let password = resolve(session.password, "password")
+        guard errors.isEmpty else { throw ConfigErrors(errors) }
+        return (clientSecret, password)
+    }
+}
+
+/// The keys each section of the file accepts, exactly as DESIGN §4 spells them (plus the
+/// documented extensions). The loader rejects any other key; the example-file test checks
+/// that every key listed here is documented in `config.example.yaml`.
+enum ConfigKeys {
+    static let top = ["listen", "admin", "state_dir", "loops", "limits", "timeouts", "sessions", "routes"]
+    static let limits = ["header_bytes", "request_target", "headers"]
+    static let frontendTimeouts = ["header_read", "idle", "shutdown_grace"]
+    static let session = [
+        "grant", "token_url", "client_id", "client_secret_file", "client_secret_env", "client_secret",
+        "client_auth", "scope", "params", "refresh_before", "default_lifetime", "refresh_token_file",
+        "username", "password", "password_file", "password_env", "tls", "request_timeout", "wait_timeout",
+    ]
+    static let tls = ["ca_file", "client_cert", "client_key"]
+    static let route = [
+        "match", "host", "strip_prefix", "upstream", "session", "tls", "timeouts", "replay_body_limit",
+        "reject_statuses", "replay_methods",
+    ]
+    static let routeTimeouts = ["connect", "response", "idle"]
+
+    /// Every section with its dotted location pattern, for documentation checks.
+    static let sections: [(section: String, keys: [String])] = [
+        ("(top level)", top), ("limits", limits), ("timeouts", frontendTimeouts), ("sessions.NAME", session),
+        ("sessions.NAME.tls", tls), ("routes[N]", route), ("routes[N].tls", tls), ("routes[N].timeouts", routeTimeouts),
+    ]
+
+    /// Form parameters bearerd sets itself; `params` may not override them.
+    static let reservedParams: Set<String> = [
+        "grant_type", "client_id", "client_secret", "scope", "refresh_token", "username", "password",
+    ]
+}

@@ -1,3 +1,0 @@
-import Testing
-@testable import BearerdProxy
-@Test func BearerdProxyTestsBuilds() { #expect(Bool(true)) }
