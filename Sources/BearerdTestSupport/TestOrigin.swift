@@ -17,6 +17,8 @@ public final class TestOrigin: @unchecked Sendable {  // @unchecked: mutable sta
         public var bodyCount: Int
         /// Which accepted connection carried it (keep-alive reuse checks).
         public var connection: Int
+        /// Subject of the client certificate, on TLS connections that presented one.
+        public var clientCertificateSubject: String?
     }
 
     public enum Reply: Sendable {
@@ -207,7 +209,7 @@ public final class TestOrigin: @unchecked Sendable {  // @unchecked: mutable sta
                 if storeBodies { body.append(contentsOf: b) }
                 for byte in b { sum = (sum ^ UInt64(byte)) &* 0x100000001b3 }
             case .end:
-                let req = Request(head: current!, body: body, bodyCount: count, connection: id)
+                let req = Request(head: current!, body: body, bodyCount: count, connection: id, clientCertificateSubject: engine?.peerCertificateSubject)
                 lock.withLock {
                     _requests.append(req)
                     _checksums.append(sum)
