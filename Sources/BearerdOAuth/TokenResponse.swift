@@ -87,6 +87,9 @@ public struct TokenEndpointFailure: Error, Sendable, Equatable, CustomStringConv
         TokenEndpointFailure(classification: .retryable, reason: "token.transport", errorDescription: detail)
     }
 
+    /// A transport failure (no HTTP response at all).
+    public var isTransport: Bool { reason == "token.transport" && status == nil }
+
     /// One line for logs and the 503 body's `detail`: `error: error_description`, else the reason.
     public var detail: String {
         var parts: [String] = []

@@ -14,7 +14,8 @@
 //   fetchSucceeded(_:sentAt:now:)                .scheduleRefresh(at:) / .scheduleRetry(at:)
 //   fetchFailed(_:requestSent:now:)              .cancelTimer
 //   refreshTimerFired(now:) / retryTimerFired    .publish(CurrentToken?)
-//   upstreamRejected(generation:waiter:now:)     .reportBreakerTripped(until:)
+//   upstreamRejected(generation:waiter:now:)     .reportBreakerTripped(until:)   (5 forced
+//                                                  refreshes per 30 s pass; the 6th trips it)
 //   credentialsChanged(now:)                     .reportNeedsReauthentication(failure)
 //                                                .reportNegativeCached(failure, until:)
 //
@@ -23,6 +24,10 @@
 //   answer every one with exactly one `fetchSucceeded` or `fetchFailed`.
 // * `sentAt` is the monotonic instant the request was handed to the transport: the token's
 //   expiry counts from it. Persist a rotated refresh token *before* `fetchSucceeded`.
+// * A fetch may be answered from the state file instead of the server (another process
+//   rotated first, DESIGN §6): `fetchSucceeded(stored.adoptableGrant(…), sentAt: now, now:)`.
+//   On `invalid_grant`, re-read the state file once under the lock first; only if nothing
+//   newer is there, report `fetchFailed(invalid_grant)`.
 // * There is one session timer: `.scheduleRefresh` / `.scheduleRetry` replace it,
 //   `.cancelTimer` disarms it. A stale firing is harmless (it is checked against the state).
 // * Waiter timeouts are separate one-shot timers; a timeout for a waiter already resumed is
@@ -325,7 +330,7 @@ extension TokenSession {
             guard case .fetching(var f) = phase else { return [] }
 
             // The one immediate same-token retry (DESIGN §6 "Rotation durability").
-            if policy.grant == .refreshToken, failure.reason == "token.transport", requestSent, !f.sameTokenRetryUsed {
+            if policy.grant == .refreshToken, failure.isTransport, requestSent, !f.sameTokenRetryUsed {
                 f.sameTokenRetryUsed = true
                 phase = .fetching(f)
                 return [.startFetch(FetchRequest(reason: f.reason, attempt: f.attempt, round: f.round,
