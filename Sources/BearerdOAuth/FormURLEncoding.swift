@@ -1,0 +1,31 @@
+/// `application/x-www-form-urlencoded` serialisation as RFC 6749 Appendix B requires for
+/// token requests and for the client credentials of HTTP Basic (RFC 6749 §2.3.1).
+///
+/// Follows the WHATWG URL "application/x-www-form-urlencoded serializer": ASCII letters,
+/// digits and `*-._` are kept, space becomes `+`, every other UTF-8 byte becomes `%XX`
+/// (upper-case hex).
+public enum FormURLEncoding {
+    public static func encode(_ string: String) -> String {
+        let hex = Array("0123456789ABCDEF".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(string.utf8.count)
+        for b in string.utf8 {
+            switch b {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"),
+                 UInt8(ascii: "*"), UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"):
+                out.append(b)
+            case UInt8(ascii: " "):
+                out.append(UInt8(ascii: "+"))
+            default:
+                out.append(UInt8(ascii: "%")); out.append(hex[Int(b >> 4)]); out.append(hex[Int(b & 0x0f)])
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// `name=value&name=value…` in the given order.
+    public static func encode(_ pairs: [(String, String)]) -> String {
+        pairs.map { encode($0.0) + "=" + encode($0.1) }.joined(separator: "&")
+    }
+}

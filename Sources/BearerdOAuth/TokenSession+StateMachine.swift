@@ -1,0 +1,517 @@
+// Theory of operation
+// ===================
+//
+// One `TokenSession.StateMachine` holds everything a token session decides (DESIGN §6):
+// the current access token and its generation, the one token request that may be in flight,
+// the callers waiting for it, the retry schedule and the rejection breaker. It performs no
+// I/O and reads no clock: every input carries `now` (a `MonotonicInstant`), every output is
+// an `Action` the driver carries out on the session's serial queue.
+//
+// Inputs (facts)                               Outputs (imperatives)
+//   start(now:)                                  .startFetch(FetchRequest)
+//   tokenRequested(waiter:now:)                  .resumeWaiters([WaiterID], with:)
+//   waiterTimedOut(waiter:now:)                  .scheduleWaiterTimeout(WaiterID, at:)
+//   fetchSucceeded(_:sentAt:now:)                .scheduleRefresh(at:) / .scheduleRetry(at:)
+//   fetchFailed(_:requestSent:now:)              .cancelTimer
+//   refreshTimerFired(now:) / retryTimerFired    .publish(CurrentToken?)
+//   upstreamRejected(generation:waiter:now:)     .reportBreakerTripped(until:)   (5 forced
+//                                                  refreshes per 30 s pass; the 6th trips it)
+//   credentialsChanged(now:)                     .reportNeedsReauthentication(failure)
+//                                                .reportNegativeCached(failure, until:)
+//
+// Driver contract:
+// * Carry out actions in order. `.startFetch` is only emitted when no fetch is in flight;
+//   answer every one with exactly one `fetchSucceeded` or `fetchFailed`.
+// * `sentAt` is the monotonic instant the request was handed to the transport: the token's
+//   expiry counts from it. Persist a rotated refresh token *before* `fetchSucceeded`.
+// * A fetch may be answered from the state file instead of the server (another process
+//   rotated first, DESIGN §6): `fetchSucceeded(stored.adoptableGrant(…), sentAt: now, now:)`.
+//   On `invalid_grant`, re-read the state file once under the lock first; only if nothing
+//   newer is there, report `fetchFailed(invalid_grant)`.
+// * There is one session timer: `.scheduleRefresh` / `.scheduleRetry` replace it,
+//   `.cancelTimer` disarms it. A stale firing is harmless (it is checked against the state).
+// * Waiter timeouts are separate one-shot timers; a timeout for a waiter already resumed is
+//   ignored. Every waiter passed to `tokenRequested` is resumed exactly once.
+// * `.publish` is the loops' fast path: a loop uses the published token while
+//   `now < usableWithoutWaitingUntil` and asks the session otherwise.
+//
+// Token life, with L the lifetime and t0 the instant the request was sent:
+//
+//   t0 ─────────── soft point ───────── hard point ────────── expiry (t0 + L)
+//        served at once   │ served at once,       │ callers wait for the      │ no token:
+//                         │ one background fetch  │ one fetch (≤ 10 s), or    │ wait for the fetch
+//                         │                       │ get the old token if it   │ or fail with
+//                         │                       │ failed transiently        │ retryAfter
+//
+// Retries: attempts 1 s then 2 s apart (±10 %), `Retry-After` obeyed (≤ 1 h); after the
+// last attempt of a round, backoff 1, 2, 4 … s (≤ 30 s, ±20 %) before the next round.
+// Waiters without a usable token are kept across attempts of a round whose next attempt is
+// within the wait bound; they are failed (with the delay as `retryAfter`) at a round's end.
+
+extension TokenSession {
+    /// The token session's decisions (DESIGN §6). Owns the current token, the generation
+    /// counter, the in-flight fetch and its waiters, the retry schedule and the breaker.
+    ///
+    /// Lives on the session's serial queue (a value type; the driver owns the only copy).
+    /// Invariants: at most one fetch in flight; waiters exist only in `.fetching` and
+    /// `.backingOff`; every waiter is resumed exactly once; generations strictly increase.
+    public struct StateMachine: Sendable {
+        /// Valid transitions are listed on each case.
+        enum Phase: Sendable {
+            /// Nothing requested yet, no token.
+            /// Exits: `start`, `tokenRequested`, `credentialsChanged` → `.fetching(.start)`.
+            case idle
+            /// One token request in flight; `waiters` wait for its outcome.
+            /// Exits: `fetchSucceeded` → `.ready`; `fetchFailed` → `.fetching` (the one
+            /// same-token retry), `.backingOff`, `.negativeCached` or `.needsReauthentication`.
+            case fetching(Fetching)
+            /// A retryable failure; the next attempt is due at `at`.
+            /// Exits: `retryTimerFired` (at or after `at`), `credentialsChanged` → `.fetching`.
+            case backingOff(BackingOff)
+            /// A token is held; the background refresh is due at `refreshAt`.
+            /// Exits: `refreshTimerFired` → `.fetching(.soft / .hard)`; `tokenRequested`
+            /// in the hard window or after expiry → `.fetching(.hard)`; `upstreamRejected`
+            /// of the current generation → `.fetching(.rejected)`.
+            case ready(Ready)
+            /// A permanent failure: no requests to the server until `until`.
+            /// Exits: `tokenRequested` at or after `until` → `.fetching`;
+            /// `credentialsChanged` → `.fetching(.start)`.
+            case negativeCached(NegativeCached)
+            /// `invalid_grant` on a refresh_token session: no traffic to the server.
+            /// Exits: `credentialsChanged` only → `.fetching(.start)`.
+            case needsReauthentication(TokenEndpointFailure)
+        }
+
+        struct Fetching: Sendable {
+            var reason: FetchRequest.Reason
+            var attempt: Int
+            var round: Int
+            var sameTokenRetryUsed: Bool
+            /// Credentials changed while this request was in flight: a credential failure
+            /// of it says nothing about the new ones.
+            var credentialsChanged: Bool
+            var waiters: [WaiterID]
+        }
+
+        struct BackingOff: Sendable {
+            var reason: FetchRequest.Reason
+            var nextAttempt: Int
+            var round: Int
+            var at: MonotonicInstant
+            var lastFailure: TokenEndpointFailure
+            /// True while the next attempt is part of the same round and within the wait
+            /// bound: callers without a usable token join `waiters` instead of failing.
+            var holdsWaiters: Bool
+            var waiters: [WaiterID]
+        }
+
+        struct Ready: Sendable {
+            var refreshAt: MonotonicInstant
+            /// No-progress guard: no fetch before this instant.
+            var notBefore: MonotonicInstant?
+        }
+
+        struct NegativeCached: Sendable {
+            var until: MonotonicInstant
+            var failure: TokenEndpointFailure
+        }
+
+        /// The current token with its schedule.
+        struct Token: Sendable {
+            var accessToken: OAuthSecret
+            var generation: UInt64
+            var expiresAt: MonotonicInstant
+            var hardAt: MonotonicInstant
+            /// Set when an upstream rejected this generation: it is no longer served without
+            /// trying to refresh first.
+            var rejectedAt: MonotonicInstant?
+
+            var published: CurrentToken {
+                let until = rejectedAt.map { Swift.min($0, hardAt) } ?? hardAt
+                return CurrentToken(accessToken: accessToken, generation: generation, expiresAt: expiresAt,
+                                    usableWithoutWaitingUntil: Swift.min(until, expiresAt))
+            }
+            func usableWithoutWaiting(_ now: MonotonicInstant) -> Bool { published.isUsableWithoutWaiting(at: now) }
+            func notExpired(_ now: MonotonicInstant) -> Bool { now < expiresAt }
+        }
+
+        public enum Action: Sendable, Equatable {
+            case startFetch(FetchRequest)
+            case resumeWaiters([WaiterID], with: WaiterResult)
+            case scheduleWaiterTimeout(WaiterID, at: MonotonicInstant)
+            case scheduleRefresh(at: MonotonicInstant)
+            case scheduleRetry(at: MonotonicInstant)
+            case cancelTimer
+            /// Make this the loops' fast-path token (nil: none; ask the session).
+            case publish(CurrentToken?)
+            /// Log at error level: rejections are not about our token.
+            case reportBreakerTripped(until: MonotonicInstant)
+            /// Log at error level; `bearerd check` and `/readyz` say a new refresh token is needed.
+            case reportNeedsReauthentication(TokenEndpointFailure)
+            /// Log at error level: a permanent failure, requests fail fast until `until`.
+            case reportNegativeCached(TokenEndpointFailure, until: MonotonicInstant)
+        }
+
+        public let policy: Policy
+        private var phase: Phase = .idle
+        private var token: Token?
+        private var lastGeneration: UInt64 = 0
+        private var breaker: RejectionBreaker
+        private var random: any RandomNumberGenerator & Sendable
+
+        /// - Parameter random: the only source of jitter (seed it in tests; the driver passes
+        ///   `SystemRandomNumberGenerator()`).
+        public init(policy: Policy, random: any RandomNumberGenerator & Sendable) {
+            self.policy = policy
+            self.breaker = RejectionBreaker(configuration: policy.breaker)
+            self.random = random
+        }
+
+        // MARK: Queries
+
+        /// The current token (possibly expired or rejected), for publication and logs.
+        public var currentToken: CurrentToken? { token?.published }
+
+        public var currentGeneration: UInt64 { token?.generation ?? 0 }
+
+        public var isFetchInFlight: Bool { if case .fetching = phase { return true }; return false }
+
+        public var status: Status {
+            switch phase {
+            case .idle: .idle
+            case .fetching: .fetching
+            case .ready: .ready
+            case .backingOff(let b): .backingOff(until: b.at)
+            case .negativeCached(let n): .negativeCached(until: n.until)
+            case .needsReauthentication: .needsReauthentication
+            }
+        }
+
+        /// Waiters currently held (for tests and metrics).
+        public var waiterCount: Int {
+            switch phase {
+            case .fetching(let f): f.waiters.count
+            case .backingOff(let b): b.waiters.count
+            default: 0
+            }
+        }
+
+        // MARK: Inputs
+
+        /// The session was created: fetch the first token eagerly so the first request does
+        /// not wait.
+        public mutating func start(now: MonotonicInstant) -> [Action] {
+            guard case .idle = phase else { return [] }
+            return [beginFetch(.start, attempt: 1, round: 1, waiters: [])]
+        }
+
+        /// A caller needs a token (the fast path did not apply).
+        public mutating func tokenRequested(waiter: WaiterID, now: MonotonicInstant) -> [Action] {
+            if let t = token, t.usableWithoutWaiting(now) {
+                var actions: [Action] = [.resumeWaiters([waiter], with: .token(t.published))]
+                // A late refresh timer must not delay the background refresh.
+                if case .ready(let r) = phase, now >= r.refreshAt, r.notBefore.map({ now >= $0 }) ?? true {
+                    actions.append(beginFetch(.soft, attempt: 1, round: 1, waiters: []))
+                }
+                return actions
+            }
+            // No token, an expired or rejected one, or one inside the hard window.
+            switch phase {
+            case .idle:
+                return [beginFetch(.start, attempt: 1, round: 1, waiters: [waiter]),
+                        .scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)]
+
+            case .fetching(var f):
+                f.waiters.append(waiter)
+                phase = .fetching(f)
+                return [.scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)]
+
+            case .ready(let r):
+                if let notBefore = r.notBefore, now < notBefore {
+                    if let t = token, t.notExpired(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
+                    return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(
+                        reason: "token.no_progress", retryAfter: notBefore - now)))]
+                }
+                return [beginFetch(token == nil ? .start : .hard, attempt: 1, round: 1, waiters: [waiter]),
+                        .scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)]
+
+            case .backingOff(var b):
+                if let t = token, t.notExpired(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
+                if b.holdsWaiters {
+                    b.waiters.append(waiter)
+                    phase = .backingOff(b)
+                    return [.scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)]
+                }
+                return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(
+                    reason: "token.unavailable", retryAfter: b.at - now, lastFailure: b.lastFailure)))]
+
+            case .negativeCached(let n):
+                if now >= n.until {
+                    return [beginFetch(token == nil ? .start : .hard, attempt: 1, round: 1, waiters: [waiter]),
+                            .scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)]
+                }
+                if let t = token, t.notExpired(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
+                return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(
+                    reason: "token.negative_cached", retryAfter: n.until - now, lastFailure: n.failure)))]
+
+            case .needsReauthentication(let failure):
+                if let t = token, t.notExpired(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
+                return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(
+                    reason: "token.needs_reauthentication", retryAfter: policy.reauthenticationRetryAfter,
+                    lastFailure: failure)))]
+            }
+        }
+
+        /// A waiter's bound ran out. Ignored if it was already resumed.
+        public mutating func waiterTimedOut(waiter: WaiterID, now: MonotonicInstant) -> [Action] {
+            let retryAfter: Duration
+            let lastFailure: TokenEndpointFailure?
+            switch phase {
+            case .fetching(var f):
+                guard let i = f.waiters.firstIndex(of: waiter) else { return [] }
+                f.waiters.remove(at: i)
+                phase = .fetching(f)
+                retryAfter = policy.waitTimeoutRetryAfter
+                lastFailure = nil
+            case .backingOff(var b):
+                guard let i = b.waiters.firstIndex(of: waiter) else { return [] }
+                b.waiters.remove(at: i)
+                phase = .backingOff(b)
+                retryAfter = b.at - now
+                lastFailure = b.lastFailure
+            default:
+                return []
+            }
+            if policy.serveValidTokenOnWaitTimeout, let t = token, t.notExpired(now) {
+                return [.resumeWaiters([waiter], with: .token(t.published))]
+            }
+            return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(
+                reason: "token.wait_timeout", retryAfter: retryAfter, lastFailure: lastFailure)))]
+        }
+
+        /// The in-flight request returned a token. `sentAt` is when it was sent.
+        public mutating func fetchSucceeded(_ grant: TokenGrant, sentAt: MonotonicInstant, now: MonotonicInstant) -> [Action] {
+            guard case .fetching(let f) = phase else { return [] }
+            let lifetime = max(grant.lifetime, .nanoseconds(1))
+            let expiresAt = sentAt + lifetime
+            let hardMargin = policy.hardMargin(lifetime: lifetime)
+            let factor = Double.random(in: policy.softMarginFactor, using: &random)
+            let softMargin = max(policy.softMargin(lifetime: lifetime, refreshIn: grant.refreshIn).scaled(by: factor), hardMargin)
+            let hardAt = expiresAt - hardMargin
+            var refreshAt = max(expiresAt - softMargin, now + policy.minimumRefreshDelay)
+            var notBefore: MonotonicInstant? = nil
+
+            let generation: UInt64
+            if let old = token {
+                let sameToken = old.accessToken == grant.accessToken
+                if sameToken || expiresAt <= old.expiresAt {
+                    let guardUntil = max(now + policy.noProgressDelay, hardAt)
+                    notBefore = guardUntil
+                    refreshAt = max(refreshAt, guardUntil)
+                }
+                generation = sameToken ? old.generation : lastGeneration + 1
+            } else {
+                generation = lastGeneration + 1
+            }
+            lastGeneration = max(lastGeneration, generation)
+            token = Token(accessToken: grant.accessToken, generation: generation, expiresAt: expiresAt,
+                          hardAt: hardAt, rejectedAt: nil)
+            phase = .ready(Ready(refreshAt: refreshAt, notBefore: notBefore))
+            let published = token!.published  // Just assigned above.
+            var actions: [Action] = [.publish(published)]
+            if !f.waiters.isEmpty { actions.append(.resumeWaiters(f.waiters, with: .token(published))) }
+            actions.append(.scheduleRefresh(at: refreshAt))
+            return actions
+        }
+
+        /// The in-flight request failed. `requestSent`: the request may have reached the
+        /// server (a transport failure after sending is ambiguous for a rotating refresh token).
+        public mutating func fetchFailed(_ failure: TokenEndpointFailure, requestSent: Bool, now: MonotonicInstant) -> [Action] {
+            guard case .fetching(var f) = phase else { return [] }
+
+            // The one immediate same-token retry (DESIGN §6 "Rotation durability").
+            if policy.grant == .refreshToken, failure.isTransport, requestSent, !f.sameTokenRetryUsed {
+                f.sameTokenRetryUsed = true
+                phase = .fetching(f)
+                return [.startFetch(FetchRequest(reason: f.reason, attempt: f.attempt, round: f.round,
+                                                 isSameTokenRetry: true, timeout: policy.fetchTimeout))]
+            }
+            // A credential failure of a request made with replaced credentials: try the new ones.
+            if f.credentialsChanged, failure.classification != .retryable {
+                return [beginFetch(.start, attempt: 1, round: 1, waiters: f.waiters)]
+            }
+
+            switch failure.classification {
+            case .invalidGrant where policy.grant == .refreshToken:
+                phase = .needsReauthentication(failure)
+                var actions: [Action] = [.cancelTimer, .reportNeedsReauthentication(failure)]
+                actions += resumeWithOldTokenOrFail(f.waiters, now: now, failure: TokenUnavailable(
+                    reason: "token.needs_reauthentication", retryAfter: policy.reauthenticationRetryAfter,
+                    lastFailure: failure))
+                return actions
+
+            case .permanent, .invalidGrant:
+                let until = now + policy.negativeCacheDuration
+                phase = .negativeCached(NegativeCached(until: until, failure: failure))
+                var actions: [Action] = [.cancelTimer, .reportNegativeCached(failure, until: until)]
+                actions += resumeWithOldTokenOrFail(f.waiters, now: now, failure: TokenUnavailable(
+                    reason: "token.negative_cached", retryAfter: policy.negativeCacheDuration, lastFailure: failure))
+                return actions
+
+            case .retryable:
+                var delay: Duration
+                var next = (attempt: f.attempt + 1, round: f.round)
+                let inRound = f.attempt < policy.attemptsPerRound
+                if inRound {
+                    let base = policy.attemptDelays.isEmpty ? .seconds(1)
+                        : policy.attemptDelays[min(f.attempt - 1, policy.attemptDelays.count - 1)]
+                    delay = jittered(base, policy.attemptJitter)
+                } else {
+                    delay = jittered(roundBackoff(afterRound: f.round), policy.roundBackoffJitter)
+                    next = (1, f.round + 1)
+                }
+                if let requested = failure.retryAfter { delay = max(delay, min(requested, policy.retryAfterCap)) }
+                let at = now + delay
+                let hold = inRound && delay <= policy.waitTimeout
+                var b = BackingOff(reason: f.reason, nextAttempt: next.attempt, round: next.round, at: at,
+                                   lastFailure: failure, holdsWaiters: hold, waiters: [])
+                var actions: [Action] = []
+                if let t = token, t.notExpired(now) {
+                    // The old token is still good: serve it rather than keep anyone waiting.
+                    if !f.waiters.isEmpty { actions.append(.resumeWaiters(f.waiters, with: .token(t.published))) }
+                } else if hold {
+                    b.waiters = f.waiters
+                } else if !f.waiters.isEmpty {
+                    actions.append(.resumeWaiters(f.waiters, with: .failure(TokenUnavailable(
+                        reason: "token.unavailable", retryAfter: delay, lastFailure: failure))))
+                }
+                phase = .backingOff(b)
+                actions.append(.scheduleRetry(at: at))
+                return actions
+            }
+        }
+
+        /// The background refresh timer fired.
+        public mutating func refreshTimerFired(now: MonotonicInstant) -> [Action] {
+            guard case .ready(let r) = phase, now >= r.refreshAt else { return [] }
+            let reason: FetchRequest.Reason = (token.map { now >= $0.hardAt } ?? true) ? .hard : .soft
+            return [beginFetch(reason, attempt: 1, round: 1, waiters: [])]
+        }
+
+        /// The retry timer fired.
+        public mutating func retryTimerFired(now: MonotonicInstant) -> [Action] {
+            guard case .backingOff(let b) = phase, now >= b.at else { return [] }
+            return [beginFetch(b.reason, attempt: b.nextAttempt, round: b.round, waiters: b.waiters)]
+        }
+
+        /// An upstream rejected a request that carried `generation` (the replay decision was
+        /// `.refreshThenReplay` or `.refreshOnlyPassThrough`). With a `waiter`, it is resumed
+        /// with the token to replay with, or a failure meaning "pass the rejection through".
+        ///
+        /// Compare-and-swap: only the current generation is marked rejected; an older one gets
+        /// the current token at once. A forced refresh is subject to the breaker and the
+        /// no-progress guard; joining an in-flight fetch is always allowed.
+        public mutating func upstreamRejected(generation: UInt64, waiter: WaiterID?, now: MonotonicInstant) -> [Action] {
+            func passThrough(_ reason: String, _ retryAfter: Duration) -> [Action] {
+                guard let waiter else { return [] }
+                return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(reason: reason, retryAfter: retryAfter)))]
+            }
+            guard var t = token, generation == t.generation else {
+                if let t = token, generation < t.generation, let waiter {
+                    return [.resumeWaiters([waiter], with: .token(t.published))]
+                }
+                return passThrough("token.refresh_not_possible", policy.waitTimeoutRetryAfter)
+            }
+            switch phase {
+            case .fetching(var f):
+                // Join the one in-flight fetch.
+                var actions: [Action] = []
+                if t.rejectedAt == nil {
+                    t.rejectedAt = now
+                    token = t
+                    actions.append(.publish(t.published))
+                }
+                if let waiter {
+                    f.waiters.append(waiter)
+                    phase = .fetching(f)
+                    actions.append(.scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout))
+                }
+                return actions
+
+            case .ready(let r):
+                if let notBefore = r.notBefore, now < notBefore {
+                    return passThrough("token.no_progress", notBefore - now)
+                }
+                switch breaker.admitForcedRefresh(at: now) {
+                case .open(let until):
+                    return passThrough("token.breaker_open", until - now)
+                case .tripped(let until):
+                    return [.reportBreakerTripped(until: until)] + passThrough("token.breaker_open", until - now)
+                case .allowed:
+                    t.rejectedAt = now
+                    token = t
+                    var actions: [Action] = [.publish(t.published),
+                                             beginFetch(.rejected, attempt: 1, round: 1, waiters: waiter.map { [$0] } ?? [])]
+                    if let waiter { actions.append(.scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)) }
+                    return actions
+                }
+
+            case .backingOff(let b):
+                return passThrough("token.unavailable", b.at - now)
+            case .negativeCached(let n):
+                return passThrough("token.negative_cached", n.until - now)
+            case .needsReauthentication:
+                return passThrough("token.needs_reauthentication", policy.reauthenticationRetryAfter)
+            case .idle:
+                return passThrough("token.refresh_not_possible", policy.waitTimeoutRetryAfter)
+            }
+        }
+
+        /// The configuration or the credentials (client secret, password, refresh token file)
+        /// were reloaded (SIGHUP, or a newer operator file). Lifts `needsReauthentication`,
+        /// the negative cache and any backoff, resets the breaker, and fetches at once.
+        public mutating func credentialsChanged(now: MonotonicInstant) -> [Action] {
+            breaker.reset()
+            switch phase {
+            case .fetching(var f):
+                f.credentialsChanged = true
+                phase = .fetching(f)
+                return []
+            case .ready:
+                return []
+            case .idle, .negativeCached, .needsReauthentication:
+                return [.cancelTimer, beginFetch(.start, attempt: 1, round: 1, waiters: [])]
+            case .backingOff(let b):
+                return [.cancelTimer, beginFetch(.start, attempt: 1, round: 1, waiters: b.waiters)]
+            }
+        }
+
+        // MARK: Helpers
+
+        private mutating func beginFetch(_ reason: FetchRequest.Reason, attempt: Int, round: Int, waiters: [WaiterID]) -> Action {
+            phase = .fetching(Fetching(reason: reason, attempt: attempt, round: round, sameTokenRetryUsed: false,
+                                       credentialsChanged: false, waiters: waiters))
+            return .startFetch(FetchRequest(reason: reason, attempt: attempt, round: round, isSameTokenRetry: false,
+                                            timeout: policy.fetchTimeout))
+        }
+
+        private func resumeWithOldTokenOrFail(_ waiters: [WaiterID], now: MonotonicInstant, failure: TokenUnavailable) -> [Action] {
+            guard !waiters.isEmpty else { return [] }
+            if let t = token, t.notExpired(now) { return [.resumeWaiters(waiters, with: .token(t.published))] }
+            return [.resumeWaiters(waiters, with: .failure(failure))]
+        }
+
+        /// `base × 2^(round−1)`, capped.
+        private func roundBackoff(afterRound round: Int) -> Duration {
+            var d = policy.roundBackoffBase
+            var r = 1
+            while r < round && d < policy.roundBackoffCap { d = d * 2; r += 1 }
+            return min(d, policy.roundBackoffCap)
+        }
+
+        private mutating func jittered(_ base: Duration, _ jitter: Double) -> Duration {
+            guard jitter > 0 else { return base }
+            return base.scaled(by: Double.random(in: (1 - jitter)...(1 + jitter), using: &random))
+        }
+    }
+}

@@ -1,3 +1,0 @@
-import Testing
-@testable import BearerdOAuth
-@Test func BearerdOAuthTestsBuilds() { #expect(Bool(true)) }

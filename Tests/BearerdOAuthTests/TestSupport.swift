@@ -1,0 +1,21 @@
+@testable import BearerdOAuth
+
+/// Seeded, deterministic generator (SplitMix64) for jitter in tests.
+struct SeededRandom: RandomNumberGenerator, Sendable {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// `t(1.5)` = 1.5 s after an arbitrary origin of 1000 s (so subtracting never underflows).
+func t(_ seconds: Double) -> MonotonicInstant { .seconds(1000 + seconds) }
+
+extension Duration {
+    var seconds: Double { secondsDouble }
+}

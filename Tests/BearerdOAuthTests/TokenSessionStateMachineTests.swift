@@ -1,0 +1,423 @@
+import Testing
+@testable import BearerdOAuth
+
+@Suite struct CoalescingTests {
+    @Test func thousandConcurrentWaitersOneFetch() throws {
+        var m = makeMachine()
+        var all: [Action] = []
+        for i in 0..<1000 { all += m.tokenRequested(waiter: WaiterID(UInt64(i)), now: t(Double(i) / 1000)) }
+        #expect(all.fetches.count == 1)
+        #expect(all.fetches.first?.reason == .start)
+        #expect(all.resumed.isEmpty)
+        #expect(all.waiterTimeouts.count == 1000)
+        #expect(m.waiterCount == 1000)
+        let done = m.fetchSucceeded(tokenGrant("A", lifetime: 3600), sentAt: t(0), now: t(1))
+        let resumed = done.resumed
+        #expect(resumed.count == 1000)
+        #expect(Set(resumed.map(\.0)).count == 1000)
+        #expect(done.resumedTokens.allSatisfy { $0.accessToken == OAuthSecret("A") && $0.generation == 1 })
+        #expect(done.fetches.isEmpty)
+        #expect(m.waiterCount == 0)
+        // Timeouts arriving later are ignored: each waiter is resumed exactly once.
+        for i in 0..<1000 { #expect(m.waiterTimedOut(waiter: WaiterID(UInt64(i)), now: t(11)).isEmpty) }
+    }
+
+    @Test func startFetchesEagerlyOnce() {
+        var m = makeMachine()
+        #expect(m.start(now: t(0)).fetches.map(\.reason) == [.start])
+        #expect(m.start(now: t(0)).isEmpty)
+        #expect(m.tokenRequested(waiter: WaiterID(1), now: t(0.1)).fetches.isEmpty)
+        #expect(m.isFetchInFlight)
+    }
+}
+
+@Suite struct LifetimeTests {
+    @Test func softRefreshNeverDelaysARequest() throws {
+        var (m, ready) = readyMachine(lifetime: 3600)
+        // L = 3600 s < 2 h: soft margin min(300, 1800) × [0.9, 1.0]; expiry counted from the send.
+        let at = try #require(ready.refreshAt)
+        #expect(at >= t(3600 - 300) && at <= t(3600 - 270))
+        #expect(ready.published.first??.usableWithoutWaitingUntil == t(3540))
+        #expect(ready.published.first??.expiresAt == t(3600))
+
+        let soft = m.refreshTimerFired(now: at)
+        #expect(soft.fetches.map(\.reason) == [.soft])
+        // While the soft refresh runs, requests get the current token at once and start nothing.
+        for i in 0..<10 {
+            let a = m.tokenRequested(waiter: WaiterID(UInt64(i)), now: at + .seconds(i))
+            #expect(a.resumedTokens.map(\.generation) == [1])
+            #expect(a.fetches.isEmpty)
+            #expect(a.waiterTimeouts.isEmpty)
+        }
+        let next = m.fetchSucceeded(tokenGrant("B", lifetime: 3600), sentAt: at, now: at + .seconds(1))
+        #expect(next.published.first??.generation == 2)
+        #expect(next.resumed.isEmpty)
+    }
+
+    @Test func longLifetimeUsesHalf() throws {
+        let (_, ready) = readyMachine(lifetime: 8 * 3600)
+        let at = try #require(ready.refreshAt)
+        #expect(at >= t(8 * 3600 - 4 * 3600) && at <= t(8 * 3600 - 0.9 * 4 * 3600))
+    }
+
+    @Test func refreshBeforeAndRefreshIn() throws {
+        var m = makeMachine { $0.refreshBefore = .seconds(600) }
+        _ = m.start(now: t(0))
+        let a = try #require(m.fetchSucceeded(tokenGrant("A", lifetime: 3600), sentAt: t(0), now: t(0)).refreshAt)
+        #expect(a >= t(3000) && a <= t(3060))
+        var n = makeMachine { $0.refreshBefore = .seconds(600) }
+        _ = n.start(now: t(0))
+        // refresh_in = 1000 s: margin L − 1000 = 2600 s (× [0.9, 1.0]), it wins over refresh_before.
+        let b = try #require(n.fetchSucceeded(tokenGrant("A", lifetime: 3600, refreshIn: 1000), sentAt: t(0), now: t(0)).refreshAt)
+        #expect(b >= t(1000) && b <= t(1260))
+    }
+
+    @Test func shortLifetimeMargins() throws {
+        // L = 100 s: hard margin min(60, 25) = 25; soft margin min(300, 50) × [0.9, 1] ≥ 45.
+        let (_, ready) = readyMachine(lifetime: 100)
+        #expect(ready.published.first??.usableWithoutWaitingUntil == t(75))
+        let at = try #require(ready.refreshAt)
+        #expect(at >= t(50) && at <= t(55))
+    }
+
+    @Test func hardWindowWaitsForTheOneFetchAndTimesOutAtTheBound() throws {
+        var (m, _) = readyMachine(lifetime: 3600) { $0.serveValidTokenOnWaitTimeout = false }
+        // The soft timer was missed; a request inside the hard window waits for a hard fetch.
+        let a = m.tokenRequested(waiter: WaiterID(1), now: t(3550))
+        #expect(a.fetches.map(\.reason) == [.hard])
+        #expect(a.resumed.isEmpty)
+        #expect(a.waiterTimeouts.map(\.1) == [t(3560)])
+        let b = m.tokenRequested(waiter: WaiterID(2), now: t(3551))
+        #expect(b.fetches.isEmpty && b.resumed.isEmpty)
+        let timeout = m.waiterTimedOut(waiter: WaiterID(1), now: t(3560))
+        #expect(timeout.resumedFailures.map(\.reason) == ["token.wait_timeout"])
+        #expect(m.waiterTimedOut(waiter: WaiterID(1), now: t(3560)).isEmpty)
+        // The fetch completes for the remaining waiter only.
+        let done = m.fetchSucceeded(tokenGrant("B", lifetime: 3600), sentAt: t(3550), now: t(3562))
+        #expect(done.resumed.map(\.0) == [WaiterID(2)])
+    }
+
+    @Test func hardWindowTimeoutServesStillValidTokenByDefault() throws {
+        var (m, _) = readyMachine(lifetime: 3600)
+        _ = m.tokenRequested(waiter: WaiterID(1), now: t(3550))
+        let timeout = m.waiterTimedOut(waiter: WaiterID(1), now: t(3560))
+        #expect(timeout.resumedTokens.map(\.generation) == [1])
+    }
+
+    @Test func noTokenWaitTimesOut() {
+        var m = makeMachine()
+        _ = m.tokenRequested(waiter: WaiterID(1), now: t(0))
+        let a = m.waiterTimedOut(waiter: WaiterID(1), now: t(10))
+        #expect(a.resumedFailures.map(\.reason) == ["token.wait_timeout"])
+        #expect(a.resumedFailures.first?.retryAfterSeconds == 1)
+    }
+
+    @Test func transientFailureInHardWindowKeepsOldTokenUntilExpiry() throws {
+        var (m, _) = readyMachine(lifetime: 3600)
+        _ = m.tokenRequested(waiter: WaiterID(1), now: t(3550))
+        let failed = m.fetchFailed(failure(503), requestSent: true, now: t(3551))
+        #expect(failed.resumedTokens.map(\.generation) == [1])
+        let retryAt = try #require(failed.retryAt)
+        #expect(retryAt == t(3556))  // 503 without Retry-After: 5 s, more than the 1 s ± 10 %.
+        // Still valid: requests get the old token at once, no new fetch.
+        let b = m.tokenRequested(waiter: WaiterID(2), now: t(3552))
+        #expect(b.resumedTokens.map(\.generation) == [1])
+        #expect(b.fetches.isEmpty)
+        // The retry goes ahead and fails again; at expiry the token is no longer served.
+        #expect(m.retryTimerFired(now: t(3556)).fetches.map(\.attempt) == [2])
+        let f2 = m.fetchFailed(failure(429, headers: [("Retry-After", "120")]), requestSent: true, now: t(3557))
+        #expect(f2.retryAt == t(3677))
+        let c = m.tokenRequested(waiter: WaiterID(3), now: t(3599.5))
+        #expect(c.resumedTokens.map(\.generation) == [1])
+        let d = m.tokenRequested(waiter: WaiterID(4), now: t(3600))
+        let fail = try #require(d.resumedFailures.first)
+        #expect(fail.reason == "token.unavailable")
+        #expect(fail.retryAfter == .seconds(77))
+        #expect(fail.retryAfterSeconds == 77)
+        #expect(fail.lastFailure?.status == 429)
+        #expect(d.fetches.isEmpty)
+    }
+
+    @Test func afterExpiryWithoutTokenFailsWithRetryAfterAtRoundEnd() throws {
+        var m = makeMachine()
+        _ = m.tokenRequested(waiter: WaiterID(1), now: t(0))
+        var now = 0.0
+        var a = m.fetchFailed(failure(500), requestSent: true, now: t(now))
+        // Within the round the waiter keeps waiting (next attempt ≤ 10 s away).
+        #expect(a.resumed.isEmpty)
+        for _ in 0..<2 {
+            now = (try #require(a.retryAt)).nanoseconds.secondsSinceOrigin
+            #expect(m.retryTimerFired(now: t(now)).fetches.count == 1)
+            a = m.fetchFailed(failure(500), requestSent: true, now: t(now))
+        }
+        // Third attempt failed: round over, the waiter gets the failure with the backoff as retryAfter.
+        let fail = try #require(a.resumedFailures.first)
+        let retryAt = try #require(a.retryAt)
+        #expect(fail.retryAfter == retryAt - t(now))
+        #expect(fail.retryAfter >= .milliseconds(800) && fail.retryAfter <= .milliseconds(1200))
+        let late = m.tokenRequested(waiter: WaiterID(2), now: t(now))
+        #expect(late.resumedFailures.first?.reason == "token.unavailable")
+        #expect(late.fetches.isEmpty)
+    }
+}
+
+extension UInt64 {
+    /// Seconds since the `t(_:)` origin.
+    var secondsSinceOrigin: Double { Double(self) / 1e9 - 1000 }
+}
+
+@Suite struct RetryTests {
+    @Test func attemptsAndBackoffSequence() throws {
+        for seed in [1, 2, 3, 99] as [UInt64] {
+            var m = makeMachine(seed: seed)
+            var now = t(0)
+            var startActions = m.start(now: now)
+            var rounds: [Int] = []
+            var delaysInRound: [Double] = []
+            for round in 1...8 {
+                for attempt in 1...3 {
+                    let req = try #require(startActions.fetches.first)
+                    #expect(req.attempt == attempt && req.round == round)
+                    #expect(req.timeout == .seconds(15))
+                    let f = m.fetchFailed(.transport("connect refused"), requestSent: false, now: now)
+                    let at = try #require(f.retryAt)
+                    let delay = (at - now).seconds
+                    if attempt < 3 {
+                        delaysInRound.append(delay)
+                        let base = attempt == 1 ? 1.0 : 2.0
+                        #expect(delay >= base * 0.9 - 1e-9 && delay <= base * 1.1 + 1e-9, "attempt delay \(delay)")
+                    } else {
+                        let base = min(30.0, pow2(round - 1))
+                        #expect(delay >= base * 0.8 - 1e-9 && delay <= base * 1.2 + 1e-9, "round \(round) backoff \(delay)")
+                        rounds.append(round)
+                    }
+                    #expect(m.retryTimerFired(now: at - .milliseconds(1)).isEmpty)  // early firing ignored
+                    now = at
+                    startActions = m.retryTimerFired(now: now)
+                }
+            }
+            #expect(rounds == Array(1...8))
+            #expect(Set(delaysInRound).count > 2)  // jitter actually varies
+        }
+    }
+
+    func pow2(_ n: Int) -> Double { var v = 1.0; for _ in 0..<n { v *= 2 }; return v }
+
+    @Test func retryAfterObeyedAndCapped() throws {
+        var m = makeMachine()
+        _ = m.start(now: t(0))
+        let a = m.fetchFailed(failure(429, headers: [("Retry-After", "7")]), requestSent: true, now: t(0))
+        #expect(a.retryAt == t(7))
+        _ = m.retryTimerFired(now: t(7))
+        var huge = failure(503)
+        huge.retryAfter = .seconds(86_400)  // a failure built elsewhere, not capped by the parser
+        let b = m.fetchFailed(huge, requestSent: true, now: t(7))
+        #expect(b.retryAt == t(7 + 3600))
+    }
+
+    @Test func negativeCacheForInvalidClient() throws {
+        var m = makeMachine()
+        _ = m.tokenRequested(waiter: WaiterID(1), now: t(0))
+        let f = failure(401, #"{"error":"invalid_client","error_description":"bad secret"}"#)
+        let a = m.fetchFailed(f, requestSent: true, now: t(1))
+        #expect(a.contains(.reportNegativeCached(f, until: t(61))))
+        #expect(a.resumedFailures.map(\.reason) == ["token.negative_cached"])
+        #expect(a.resumedFailures.first?.detail == "token.negative_cached: invalid_client (HTTP 401): bad secret")
+        #expect(a.retryAt == nil && a.fetches.isEmpty)
+        #expect(m.status == .negativeCached(until: t(61)))
+        for s in stride(from: 2.0, to: 61, by: 5) {
+            let r = m.tokenRequested(waiter: WaiterID(UInt64(s * 10)), now: t(s))
+            #expect(r.fetches.isEmpty)
+            #expect(r.resumedFailures.first?.retryAfter == t(61) - t(s))
+        }
+        #expect(m.retryTimerFired(now: t(30)).isEmpty && m.refreshTimerFired(now: t(30)).isEmpty)
+        let after = m.tokenRequested(waiter: WaiterID(9999), now: t(61))
+        #expect(after.fetches.map(\.reason) == [.start])
+        #expect(after.resumed.isEmpty)
+    }
+
+    @Test func negativeCacheKeepsServingValidToken() {
+        var (m, _) = readyMachine(lifetime: 3600)
+        #expect(m.refreshTimerFired(now: t(3560)).fetches.map(\.reason) == [.hard])
+        _ = m.fetchFailed(failure(400, #"{"error":"invalid_scope"}"#), requestSent: true, now: t(3560))
+        #expect(m.tokenRequested(waiter: WaiterID(1), now: t(3570)).resumedTokens.map(\.generation) == [1])
+        #expect(m.tokenRequested(waiter: WaiterID(2), now: t(3600)).resumedFailures.map(\.reason) == ["token.negative_cached"])
+    }
+
+    @Test func noProgressSameToken() throws {
+        // L = 100: hard point 75. A refresh at 80 returns the same token, expiring no later.
+        var (m, _) = readyMachine(lifetime: 100)
+        _ = m.refreshTimerFired(now: t(80))
+        let a = m.fetchSucceeded(tokenGrant("A", lifetime: 20), sentAt: t(80), now: t(80))
+        #expect(a.published.first??.generation == 1)  // same token, same generation
+        #expect(a.refreshAt == t(110))                  // max(now + 30 s, hard point)
+        let inHard = m.tokenRequested(waiter: WaiterID(1), now: t(85))
+        #expect(inHard.resumedTokens.map(\.generation) == [1])
+        #expect(inHard.fetches.isEmpty)
+        let expired = m.tokenRequested(waiter: WaiterID(2), now: t(101))
+        #expect(expired.resumedFailures.map(\.reason) == ["token.no_progress"])
+        #expect(expired.resumedFailures.first?.retryAfter == .seconds(9))
+        #expect(m.refreshTimerFired(now: t(100)).isEmpty)
+        #expect(m.refreshTimerFired(now: t(110)).fetches.count == 1)
+    }
+
+    @Test func noProgressNewTokenExpiringNoLater() throws {
+        var (m, _) = readyMachine(lifetime: 3600)
+        #expect(m.refreshTimerFired(now: t(3331)).fetches.count == 1)
+        let a = m.fetchSucceeded(tokenGrant("B", lifetime: 200), sentAt: t(3331), now: t(3332))
+        #expect(a.published.first??.generation == 2)
+        // B expires at 3531 ≤ 3600: no progress. Hard point of B: 3531 − min(60, 50) = 3481 > now + 30.
+        #expect(a.refreshAt == t(3481))
+        #expect(m.tokenRequested(waiter: WaiterID(1), now: t(3480)).fetches.isEmpty)
+        #expect(m.tokenRequested(waiter: WaiterID(2), now: t(3482)).fetches.map(\.reason) == [.hard])
+    }
+
+    @Test func invalidGrantNeedsReauthentication() throws {
+        var (m, _) = readyMachine(.refreshToken, lifetime: 600)
+        #expect(m.refreshTimerFired(now: t(331)).fetches.map(\.reason) == [.soft])
+        let f = failure(400, #"{"error":"invalid_grant"}"#)
+        let a = m.fetchFailed(f, requestSent: true, now: t(301))
+        #expect(a.contains(.reportNeedsReauthentication(f)))
+        #expect(m.status == .needsReauthentication)
+        #expect(a.fetches.isEmpty && a.retryAt == nil)
+        // The access token is still served until it expires; then requests fail fast.
+        #expect(m.tokenRequested(waiter: WaiterID(1), now: t(590)).resumedTokens.count == 1)
+        let fail = m.tokenRequested(waiter: WaiterID(2), now: t(600))
+        #expect(fail.resumedFailures.map(\.reason) == ["token.needs_reauthentication"])
+        #expect(fail.resumedFailures.first?.retryAfter == .seconds(60))
+        // No traffic to the server, whatever happens, until the credentials change.
+        for s in [601.0, 700, 5000] {
+            #expect(m.tokenRequested(waiter: WaiterID(UInt64(s)), now: t(s)).fetches.isEmpty)
+            #expect(m.refreshTimerFired(now: t(s)).isEmpty)
+            #expect(m.retryTimerFired(now: t(s)).isEmpty)
+            #expect(m.upstreamRejected(generation: 1, waiter: nil, now: t(s)).fetches.isEmpty)
+        }
+        let reset = m.credentialsChanged(now: t(6000))
+        #expect(reset.fetches.map(\.reason) == [.start])
+    }
+
+    @Test func invalidGrantOnClientCredentialsIsNegativeCached() {
+        var m = makeMachine(.clientCredentials)
+        _ = m.start(now: t(0))
+        _ = m.fetchFailed(failure(400, #"{"error":"invalid_grant"}"#), requestSent: true, now: t(0))
+        #expect(m.status == .negativeCached(until: t(60)))
+    }
+
+    @Test func sameTokenRetryOnceAfterAmbiguousTransportFailure() throws {
+        var m = makeMachine(.refreshToken)
+        _ = m.start(now: t(0))
+        let a = m.fetchFailed(.transport("connection reset"), requestSent: true, now: t(1))
+        let retry = try #require(a.fetches.first)
+        #expect(retry.isSameTokenRetry && retry.attempt == 1)
+        #expect(m.isFetchInFlight)
+        let b = m.fetchFailed(.transport("connection reset"), requestSent: true, now: t(2))
+        #expect(b.fetches.isEmpty && b.retryAt != nil)
+        // Not sent: no same-token retry; client_credentials: never.
+        var n = makeMachine(.refreshToken)
+        _ = n.start(now: t(0))
+        #expect(n.fetchFailed(.transport("connect refused"), requestSent: false, now: t(1)).fetches.isEmpty)
+        var c = makeMachine(.clientCredentials)
+        _ = c.start(now: t(0))
+        #expect(c.fetchFailed(.transport("connection reset"), requestSent: true, now: t(1)).fetches.isEmpty)
+    }
+
+    @Test func credentialsChangedDuringFetchRetriesWithNewCredentials() {
+        var m = makeMachine()
+        _ = m.tokenRequested(waiter: WaiterID(1), now: t(0))
+        #expect(m.credentialsChanged(now: t(1)).isEmpty)
+        let a = m.fetchFailed(failure(401, #"{"error":"invalid_client"}"#), requestSent: true, now: t(2))
+        #expect(a.fetches.map(\.reason) == [.start])
+        #expect(a.resumed.isEmpty)
+        #expect(m.waiterCount == 1)
+    }
+
+    @Test func backoffLiftedByCredentialsChange() {
+        var m = makeMachine()
+        _ = m.start(now: t(0))
+        _ = m.fetchFailed(failure(503, headers: [("Retry-After", "600")]), requestSent: true, now: t(0))
+        #expect(m.credentialsChanged(now: t(5)).fetches.count == 1)
+    }
+}
+
+@Suite struct RejectionTests {
+    @Test func staleGenerationReplaysWithoutRefresh() throws {
+        var (m, _) = readyMachine(lifetime: 3600)
+        _ = m.refreshTimerFired(now: t(3400))
+        _ = m.fetchSucceeded(tokenGrant("B", lifetime: 3600), sentAt: t(3400), now: t(3401))
+        #expect(ReplayPolicy.decide(.init(status: 401, requestGeneration: 1, currentGeneration: m.currentGeneration)) == .replayNow)
+        let a = m.upstreamRejected(generation: 1, waiter: WaiterID(7), now: t(3402))
+        #expect(a.fetches.isEmpty)
+        #expect(a.resumedTokens.map(\.generation) == [2])
+    }
+
+    @Test func hundredRejectionsOfCurrentGenerationOneRefresh() throws {
+        var (m, _) = readyMachine(lifetime: 3600)
+        var all: [Action] = []
+        for i in 0..<100 {
+            let d = ReplayPolicy.decide(.init(status: 401, wwwAuthenticate: [#"Bearer error="invalid_token""#],
+                                              requestGeneration: 1, currentGeneration: m.currentGeneration))
+            #expect(d == .refreshThenReplay)
+            all += m.upstreamRejected(generation: 1, waiter: WaiterID(UInt64(i)), now: t(100 + Double(i) / 100))
+        }
+        #expect(all.fetches.map(\.reason) == [.rejected])
+        #expect(all.resumed.isEmpty)
+        // The rejected generation is no longer served from the fast path.
+        #expect(all.published.first??.usableWithoutWaitingUntil == t(100))
+        let other = m.tokenRequested(waiter: WaiterID(500), now: t(101.5))
+        #expect(other.resumed.isEmpty && other.fetches.isEmpty)
+        let done = m.fetchSucceeded(tokenGrant("B", lifetime: 3600), sentAt: t(100), now: t(102))
+        #expect(done.resumed.count == 101)
+        #expect(done.resumedTokens.allSatisfy { $0.generation == 2 })
+    }
+
+    @Test func breakerTripsAfterFiveForcedRefreshesAndRecovers() throws {
+        var (m, _) = readyMachine(lifetime: 3600)
+        var now = 10.0
+        for i in 0..<5 {
+            let gen = m.currentGeneration
+            let a = m.upstreamRejected(generation: gen, waiter: WaiterID(UInt64(i)), now: t(now))
+            #expect(a.fetches.map(\.reason) == [.rejected], "forced refresh \(i + 1)")
+            _ = m.fetchSucceeded(tokenGrant("T\(i)", lifetime: 3600), sentAt: t(now), now: t(now + 0.5))
+            now += 2
+        }
+        let tripped = m.upstreamRejected(generation: m.currentGeneration, waiter: WaiterID(100), now: t(now))
+        #expect(tripped.fetches.isEmpty)
+        #expect(tripped.contains(.reportBreakerTripped(until: t(now + 30))))
+        #expect(tripped.resumedFailures.map(\.reason) == ["token.breaker_open"])
+        // Open: rejections pass through and the token is not marked.
+        let open = m.upstreamRejected(generation: m.currentGeneration, waiter: WaiterID(101), now: t(now + 29))
+        #expect(open.fetches.isEmpty && open.resumedFailures.map(\.reason) == ["token.breaker_open"])
+        #expect(m.tokenRequested(waiter: WaiterID(102), now: t(now + 29)).resumedTokens.count == 1)
+        // Recovered after 30 s.
+        let again = m.upstreamRejected(generation: m.currentGeneration, waiter: WaiterID(103), now: t(now + 30))
+        #expect(again.fetches.map(\.reason) == [.rejected])
+    }
+
+    @Test func breakerAlone() {
+        var b = RejectionBreaker()
+        for i in 0..<5 { #expect(b.admitForcedRefresh(at: t(Double(i))) == .allowed) }
+        #expect(b.admitForcedRefresh(at: t(5)) == .tripped(until: t(35)))
+        #expect(b.isOpen(at: t(34.9)))
+        #expect(b.admitForcedRefresh(at: t(20)) == .open(until: t(35)))
+        #expect(b.admitForcedRefresh(at: t(35)) == .allowed)
+        // Spread out over more than the window: never trips.
+        var c = RejectionBreaker()
+        for i in 0..<50 { #expect(c.admitForcedRefresh(at: t(Double(i) * 7)) == .allowed) }
+    }
+
+    @Test func rejectionWithoutWaiterRefreshesForLaterRequests() {
+        var (m, _) = readyMachine(lifetime: 3600)
+        let a = m.upstreamRejected(generation: 1, waiter: nil, now: t(50))
+        #expect(a.fetches.map(\.reason) == [.rejected])
+        #expect(a.resumed.isEmpty && a.waiterTimeouts.isEmpty)
+    }
+
+    @Test func rejectionDuringBackoffPassesThrough() {
+        var (m, _) = readyMachine(lifetime: 3600)
+        _ = m.refreshTimerFired(now: t(3400))
+        _ = m.fetchFailed(failure(500), requestSent: true, now: t(3401))
+        let a = m.upstreamRejected(generation: 1, waiter: WaiterID(1), now: t(3401.5))
+        #expect(a.fetches.isEmpty)
+        #expect(a.resumedFailures.map(\.reason) == ["token.unavailable"])
+    }
+}
