@@ -1,5 +1,7 @@
 import BearerdHTTP
 import BearerdIO
+import BearerdOAuth
+import Logging
 
 /// What a frontend connection drives for each request: the proxy, or a local responder (admin,
 /// demo upstream). All calls on the connection's loop.
@@ -52,6 +54,22 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
     private var upstreamHeadAt: UInt64 = 0
     private var bodyPaused = false
 
+    // Token session (DESIGN §6). `session` is nil on routes without credentials.
+    private let session: TokenSessionDriver?
+    private let route: RouteConfig
+    /// The token the current attempt carries.
+    private var token: PublishedToken?
+    private var waitingForToken = false
+    /// The request body, kept while it fits `replay_body_limit` so a rejection can be replayed.
+    private var kept: [UInt8] = []
+    private var keeping: Bool
+    private var requestTrailers: HTTPHeaders?
+    private var replays = 0
+    /// A rejected response held (head + up to `heldLimit` body bytes) while deciding on a replay.
+    private var held: (head: HTTPResponseHead, framing: HTTP1BodyFraming, body: [UInt8])?
+    private var heldDecision: ReplayPolicy.Decision = .passThrough
+    private static let heldLimit = 64 * 1024
+
     init(frontend: FrontendConnection, ctx: LoopContext, head: HTTPRequestHead, framing: HTTP1BodyFraming,
          routeIndex: Int, upstreamHead: HTTPRequestHead, logPath: Substring, keepAlive: Bool) {
         self.frontend = frontend
@@ -65,12 +83,50 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
         self.logPath = logPath
         self.clientKeepAlive = keepAlive
         started = monotonicNanos()
+        route = ctx.runtime.config.routes[routeIndex]
+        session = ctx.runtime.routeSessions[routeIndex]
+        keeping = session != nil && route.replayBodyLimit > 0
         if framing == .none { requestComplete = true }
     }
 
     var wantsBody: Bool { !bodyPaused }
 
     func start() {
+        guard let session else {
+            connect()
+            return
+        }
+        if let t = session.usableToken(now: monotonicNanos()) {
+            token = t
+            connect()
+            return
+        }
+        waitingForToken = true
+        session.requestToken(on: ctx.loop) { [weak self] result in
+            guard let self, !self.finished else { return }
+            self.waitingForToken = false
+            switch result {
+            case .success(let t):
+                self.token = t
+                self.connect()
+            case .failure(let unavailable):
+                self.tokenUnavailable(unavailable)
+            }
+        }
+    }
+
+    /// DESIGN §5: 503 JSON with Retry-After; the upstream is not called.
+    private func tokenUnavailable(_ u: TokenUnavailable) {
+        status = 503
+        ctx.metrics.upstreamErrors["token_unavailable", default: 0] += 1
+        if !requestComplete || ctx.draining { clientKeepAlive = false }
+        frontend.writeRaw(ErrorResponse.make(status: 503, error: "token_unavailable", detail: u.detail,
+                                             extra: [("Retry-After", String(u.retryAfterSeconds))],
+                                             fields: [("session", u.session)], close: !clientKeepAlive))
+        complete()
+    }
+
+    private func connect() {
         attempts += 1
         upstreamStarted = monotonicNanos()
         ctx.pool.acquire(target) { [weak self] result in
@@ -88,7 +144,26 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
     private func backendReady(_ conn: BackendConnection) {
         backend = conn
         conn.assign(to: self)
-        conn.sendHead(upstreamHead)
+        var h = upstreamHead
+        if let token {
+            // Set, never add: the client's own Authorization never reaches the upstream (DESIGN §5).
+            h.headers.set("Authorization", "Bearer " + token.value)
+        }
+        conn.sendHead(h)
+        if replays > 0 {
+            // A replay: the whole body was kept; send it again byte for byte.
+            kept.withUnsafeBytes { raw in
+                if framing == .chunked {
+                    var enc: [UInt8] = []
+                    HTTP1Serializer.writeChunk(raw, into: &enc)
+                    conn.write(enc)
+                } else if !kept.isEmpty {
+                    conn.write(raw)
+                }
+            }
+            finishRequestBody(trailers: requestTrailers)
+            return
+        }
         if !requestComplete && !continueSent && HTTPHeaderRules.expectsContinue(head) {
             // RFC 9110 §10.1.1: we ask for the body on the upstream's behalf (Expect was removed).
             continueSent = true
@@ -111,6 +186,14 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
 
     func requestBody(_ bytes: ArraySlice<UInt8>) {
         guard !finished else { return }
+        if keeping {
+            if kept.count + bytes.count <= route.replayBodyLimit {
+                kept.append(contentsOf: bytes)
+            } else {
+                keeping = false
+                kept = []
+            }
+        }
         if let b = backend {
             bytes.withUnsafeBytes { raw in
                 if framing == .chunked {
@@ -136,6 +219,7 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
 
     func requestEnd(trailers: HTTPHeaders?) {
         requestComplete = true
+        requestTrailers = trailers
         guard !finished else { return }
         if backend != nil {
             finishRequestBody(trailers: trailers)
@@ -182,6 +266,29 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
         }
         upstreamHeadAt = monotonicNanos()
         status = upstream.status
+        if let session, let token, route.rejectStatuses.contains(upstream.status) {
+            let decision = ReplayPolicy.decide(ReplayPolicy.Input(
+                status: upstream.status, rejectStatuses: Set(route.rejectStatuses),
+                wwwAuthenticate: upstream.headers.values("WWW-Authenticate"),
+                requestGeneration: token.generation, currentGeneration: session.currentGeneration,
+                bodyFullyKept: requestComplete && (framing == .none || keeping),
+                methodAllowed: route.replayMethods.allows(head.method), alreadyReplayed: replays > 0))
+            switch decision {
+            case .passThrough:
+                break
+            case .refreshOnlyPassThrough:
+                session.reportRejected(generation: token.generation, on: ctx.loop) { _ in }
+            case .replayNow, .refreshThenReplay:
+                // Drain the rejection first; it is sent to the client only if no replay happens.
+                held = (upstream, respFraming, [])
+                heldDecision = decision
+                return
+            }
+        }
+        sendResponseHead(upstream, framing: respFraming)
+    }
+
+    private func sendResponseHead(_ upstream: HTTPResponseHead, framing respFraming: HTTP1BodyFraming) {
         // A request whose body is not fully read cannot be followed by another on this connection.
         if !requestComplete || ctx.draining { clientKeepAlive = false }
         let (h, cf) = ProxyHeaders.clientResponse(upstream: upstream, framing: respFraming, requestMethod: head.method,
@@ -196,6 +303,14 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
     }
 
     func backendBody(_ bytes: ArraySlice<UInt8>) {
+        if held != nil {
+            if held!.body.count + bytes.count <= Self.heldLimit {
+                held!.body.append(contentsOf: bytes)
+                return
+            }
+            // Too large to hold: give up the replay, relay the rejection, keep the token fresh.
+            releaseHeld(refresh: true)
+        }
         bodyBytes &+= UInt64(bytes.count)
         bytes.withUnsafeBytes { raw in
             if clientFraming == .chunked {
@@ -211,6 +326,14 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
     }
 
     func backendEnd(trailers: HTTPHeaders?) {
+        if held != nil {
+            if let b = backend {
+                backend = nil
+                if requestSent { ctx.pool.release(b) } else { b.close() }
+            }
+            replayAfterRejection()
+            return
+        }
         if clientFraming == .chunked {
             var enc: [UInt8] = []
             HTTP1Serializer.writeLastChunk(trailers: trailers, into: &enc)
@@ -221,6 +344,63 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
             if requestSent { ctx.pool.release(b) } else { b.close() }
         }
         complete()
+    }
+
+    /// Sends the held rejection to the client as if no replay had been considered.
+    private func releaseHeld(refresh: Bool) {
+        guard let h = held else { return }
+        held = nil
+        if refresh, heldDecision == .refreshThenReplay, let session, let token {
+            session.reportRejected(generation: token.generation, on: ctx.loop) { _ in }
+        }
+        sendResponseHead(h.head, framing: h.framing)
+        if !h.body.isEmpty { backendBody(h.body[...]) }
+    }
+
+    /// The rejected response is fully drained: get the token to replay with, then replay once.
+    private func replayAfterRejection() {
+        guard let session, let rejected = token, let h = held else { return }
+        let replayWith: (PublishedToken) -> Void = { [weak self] t in
+            guard let self, !self.finished else { return }
+            self.held = nil
+            self.replays += 1
+            self.token = t
+            self.requestSent = false
+            self.runtime.logger.info("replaying rejected request", metadata: [
+                "session": "\(session.name)", "status": "\(h.head.status)",
+                "token.generation": "\(rejected.generation)", "replay.generation": "\(t.generation)",
+                "token.fingerprint": "\(t.fingerprint)",
+            ])
+            self.connect()
+        }
+        let passThrough: (String) -> Void = { [weak self] reason in
+            guard let self, !self.finished, let h = self.held else { return }
+            self.held = nil
+            self.runtime.logger.warning("not replaying rejected request", metadata: ["session": "\(session.name)", "reason": "\(reason)"])
+            self.sendResponseHead(h.head, framing: h.framing)
+            if !h.body.isEmpty { self.backendBody(h.body[...]) }
+            self.backendEnd(trailers: nil)
+        }
+        if heldDecision == .replayNow {
+            if let t = session.usableToken(now: monotonicNanos()), t.generation > rejected.generation {
+                replayWith(t)
+            } else {
+                session.requestToken(on: ctx.loop) { result in
+                    switch result {
+                    case .success(let t) where t.generation > rejected.generation: replayWith(t)
+                    case .success: passThrough("no newer token")
+                    case .failure(let u): passThrough(u.detail)
+                    }
+                }
+            }
+            return
+        }
+        session.reportRejected(generation: rejected.generation, on: ctx.loop) { outcome in
+            switch outcome {
+            case .replay(let t): replayWith(t)
+            case .passThrough(let reason): passThrough(reason)
+            }
+        }
     }
 
     func backendFailed(_ error: ChannelError, responseStarted: Bool) {
@@ -292,7 +472,7 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
         guard runtime.accessLog else { return }
         let now = monotonicNanos()
         let upstreamMs = upstreamHeadAt > 0 ? Double(upstreamHeadAt - upstreamStarted) / 1e6 : -1
-        var md: [String: Logging.Logger.MetadataValue] = [
+        var md: Logger.Metadata = [
             "method": .string(head.method),
             "path": .string(String(logPath)),
             "route": .string(runtime.config.routes[routeIndex].match),
@@ -302,8 +482,12 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
             "bytes": .string(String(bodyBytes)),
         ]
         if let outcome { md["outcome"] = .string(outcome) }
+        if let session {
+            md["session"] = .string(session.name)
+            if let token { md["token.generation"] = .string(String(token.generation)) }
+            if replays > 0 { md["replayed"] = "1" }
+        }
         runtime.logger.info("request", metadata: md)
     }
 }
 
-import Logging

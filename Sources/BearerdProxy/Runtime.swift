@@ -9,13 +9,15 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
     public let config: BearerdConfig
     public let router: Router
     public let targets: [UpstreamTarget]
+    /// The token session of each route (nil for routes without `session`).
+    public let routeSessions: [TokenSessionDriver?]
     public let logger: Logger
     /// Write one access-log line per request.
     public let accessLog: Bool
     let headerReadTimeout: UInt64
     let idleTimeout: UInt64
 
-    public init(config: BearerdConfig, logger: Logger, accessLog: Bool = true) throws(ConfigErrors) {
+    public init(config: BearerdConfig, logger: Logger, accessLog: Bool = true, sessions: SessionManager? = nil) throws(ConfigErrors) {
         self.config = config
         self.logger = logger
         self.accessLog = accessLog
@@ -29,8 +31,19 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
                 errors.append(ConfigError(file: config.file, line: r.line, key: "routes[\(i)].tls", message: error.message))
             }
         }
+        var routeSessions: [TokenSessionDriver?] = []
+        for (i, r) in config.routes.enumerated() {
+            guard let name = r.session else { routeSessions.append(nil); continue }
+            if let d = sessions?.session(named: name) {
+                routeSessions.append(d)
+            } else {
+                routeSessions.append(nil)
+                errors.append(ConfigError(file: config.file, line: r.line, key: "routes[\(i)].session", message: "session '\(name)' is not running"))
+            }
+        }
         if !errors.isEmpty { throw ConfigErrors(errors) }
         self.targets = targets
+        self.routeSessions = routeSessions
         headerReadTimeout = config.frontendTimeouts.headerRead.nanoseconds
         idleTimeout = config.frontendTimeouts.idle.nanoseconds
     }

@@ -1,4 +1,5 @@
 import Dispatch
+import Foundation
 import BearerdHTTP
 import BearerdIO
 import Logging
@@ -11,6 +12,8 @@ import Logging
 public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable state below is only touched from the controlling thread
     public private(set) var runtime: ProxyRuntime
     public let group: EventLoopGroup
+    /// The token sessions (DESIGN §6), each on its own serial queue.
+    public let sessions: SessionManager
     private var contexts: [LoopContext] = []
     private var listeners: [Listener] = []
     private var adminListener: Listener?
@@ -21,8 +24,10 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     private var adminContexts: [LoopContext] = []
 
     /// - Parameter responder: when set, every listener answers locally instead of proxying (demo and test upstreams).
-    public init(config: BearerdConfig, logger: Logger, accessLog: Bool = true, responder: LocalResponder? = nil) throws(ConfigErrors) {
-        runtime = try ProxyRuntime(config: config, logger: logger, accessLog: accessLog)
+    public init(config: BearerdConfig, logger: Logger, accessLog: Bool = true, responder: LocalResponder? = nil,
+                environment: [String: String] = ProcessInfo.processInfo.environment) throws(ConfigErrors) {
+        sessions = try SessionManager(config: config, logger: logger, environment: environment)
+        runtime = try ProxyRuntime(config: config, logger: logger, accessLog: accessLog, sessions: sessions)
         self.logger = logger
         extraResponder = responder
         group = EventLoopGroup(count: config.loops ?? EventLoopGroup.coreCount)
@@ -32,6 +37,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     /// Binds every listener; throws on the first one that cannot be bound.
     public func start() throws(IOError) {
         Sys.ignoreSIGPIPE()
+        sessions.start()
         for address in runtime.config.listen {
             let l = try bind(address, responder: extraResponder)
             listeners.append(l)
@@ -68,8 +74,9 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     }
 
     /// Installs a new configuration (SIGHUP). Listener changes need a restart and are reported.
-    public func reload(_ config: BearerdConfig) throws(ConfigErrors) {
-        let next = try ProxyRuntime(config: config, logger: logger, accessLog: runtime.accessLog)
+    public func reload(_ config: BearerdConfig, environment: [String: String] = ProcessInfo.processInfo.environment) throws(ConfigErrors) {
+        try sessions.reload(config, environment: environment)
+        let next = try ProxyRuntime(config: config, logger: logger, accessLog: runtime.accessLog, sessions: sessions)
         if config.listen != runtime.config.listen || config.admin != runtime.config.admin {
             logger.warning("listen/admin changes take effect after a restart")
         }
@@ -93,7 +100,8 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             }
         }
         let contexts = self.contexts
-        func poll() {
+        let sessions = self.sessions
+        @Sendable func poll() {
             let group = DispatchGroup()
             let counter = Counter()
             for ctx in contexts {
@@ -111,6 +119,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
                             ctx.pool.closeAll()
                         }
                     }
+                    sessions.stop()
                     DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) { completion() }
                 } else {
                     DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) { poll() }

@@ -141,7 +141,9 @@ struct Check: ParsableCommand {
             throw ExitCode(1)
         }
         do {
-            _ = try ProxyRuntime(config: config, logger: Logger(label: "check") { _ in SwiftLogNoOpLogHandler() })
+            let quiet = Logger(label: "check") { _ in SwiftLogNoOpLogHandler() }
+            let sessions = try SessionManager(config: config, logger: quiet, environment: ProcessInfo.processInfo.environment)
+            _ = try ProxyRuntime(config: config, logger: quiet, sessions: sessions)
         } catch {
             printErrors(error)
             throw ExitCode(1)
