@@ -71,7 +71,7 @@ let package = Package(
         .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy"], swiftSettings: shellSettings),
         .testTarget(
             name: "EndToEndTests",
-            dependencies: ["BearerdProxy", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],
+            dependencies: ["bearerd", "BearerdProxy", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],
             swiftSettings: shellSettings
         ),
     ]
