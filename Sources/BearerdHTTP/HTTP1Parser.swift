@@ -267,6 +267,15 @@ public struct HTTP1Parser: Sendable {
         // (kind, index): kind 0 line end (index of CR), 1 incomplete (index to resume at), 2 bare LF, 3 bare CR.
         let (kind, index): (Int, Int) = buffer.withUnsafeBufferPointer { p in
             var i = from
+            // Eight bytes at a time: skip words with no byte below 0x0E (so no CR or LF).
+            // hasless(x, 14) = (x - 0x0E..0E) & ~x & 0x80..80 is non-zero iff some byte < 0x0E.
+            if let base = UnsafeRawPointer(p.baseAddress) {
+                while i + 8 <= count {
+                    let x = base.loadUnaligned(fromByteOffset: i, as: UInt64.self)
+                    if (x &- 0x0E0E_0E0E_0E0E_0E0E) & ~x & 0x8080_8080_8080_8080 != 0 { break }
+                    i += 8
+                }
+            }
             while i < count {
                 let c = p[i]
                 if c <= asciiCR {
@@ -521,6 +530,14 @@ public struct HTTP1Parser: Sendable {
 
     private enum FieldKind { case other, contentLength, transferEncoding, host }
 
+    /// One parsed field line (a struct, not a tuple: keeps `Result` destruction specialized).
+    private struct Parsed {
+        var field: HTTPField
+        var kind: FieldKind
+        /// The Content-Length value, for `kind == .contentLength`.
+        var length: UInt64?
+    }
+
     /// RFC 9112 §5: field-line = field-name ":" OWS field-value OWS
     /// Used for the header section and (with `trailer: true`) the trailer section.
     private mutating func parseFieldLine(_ start: Int, _ end: Int, trailer: Bool) throws(HTTP1Error) {
@@ -528,7 +545,6 @@ public struct HTTP1Parser: Sendable {
             throw error("http1.too_many_headers", 431, at: start, "more than \(limits.maxHeaderCount) fields")
         }
         let base = bufferBase
-        typealias Parsed = (field: HTTPField, kind: FieldKind, length: UInt64?)
         let result: Result<Parsed, HTTP1Error> = buffer.withUnsafeBufferPointer { p in
             func fail(_ reason: String, _ i: Int, _ m: String) -> Result<Parsed, HTTP1Error> {
                 .failure(HTTP1Error(reason: reason, status: 400, offset: base + i, message: m))
@@ -561,7 +577,12 @@ public struct HTTP1Parser: Sendable {
             while ve > vs && HTTP1Syntax.isOWS(p[ve - 1]) { ve -= 1 }
             var high = false
             var j = vs
+            let raw = UnsafeRawPointer(p.baseAddress!)  // non-nil: the line is non-empty
             while j < ve {
+                if j + 8 <= ve && HTTP1Syntax.allVisibleOrSpace(raw.loadUnaligned(fromByteOffset: j, as: UInt64.self)) {
+                    j += 8
+                    continue
+                }
                 let c = p[j]
                 if c < asciiSP {
                     if c != asciiHTAB { return fail("http1.invalid_field_value", j, "control character in field value") }
@@ -625,7 +646,7 @@ public struct HTTP1Parser: Sendable {
             default:
                 break
             }
-            return .success((HTTPField(name: name, value: value), kind, length))
+            return .success(Parsed(field: HTTPField(name: name, value: value), kind: kind, length: length))
         }
         let parsed: Parsed
         switch result {
