@@ -11,6 +11,12 @@
 // are not followed by `.end`; the final response head follows them. After `.end` the parser
 // continues with the next pipelined message from the bytes it holds.
 //
+// Not handled here (the driver's decision): a CONNECT request or a request with `Upgrade` turns
+// the rest of the stream into something else; the parser would go on reading HTTP/1.1 from it,
+// so a driver that does not tunnel must reject such requests (bearerd does not tunnel). A 101
+// response is an error (`http1.unexpected_switching_protocols`); a 2xx answer to CONNECT is
+// framed like any other response, since bearerd never sends CONNECT.
+//
 // Rules (strictness beats leniency; every ambiguity that enables request smuggling is an error):
 // - Lines end in CRLF only; bare LF / bare CR in a head, chunk line or trailer: 400.
 // - Start line, field names and values, Host, Content-Length, Transfer-Encoding and chunk
@@ -68,6 +74,8 @@ public struct HTTP1Parser: Sendable {
     /// `pendingMethods[pendingStart...]` are live).
     private var pendingMethods: [String] = []
     private var pendingStart = 0
+    /// Client role: a 1xx head was returned and the final response to the same request is due.
+    private var awaitingFinalResponse = false
 
     private enum State: Sendable {
         /// Parsing a start line and header section.
@@ -159,7 +167,7 @@ public struct HTTP1Parser: Sendable {
     /// start line is not complete yet).
     public var isBetweenMessages: Bool {
         switch state {
-        case .head: return !head.startLineDone
+        case .head: return !head.startLineDone && !awaitingFinalResponse
         case .finished: return true
         default: return false
         }
@@ -786,8 +794,10 @@ public struct HTTP1Parser: Sendable {
             if response.isInformational {
                 // RFC 9110 §15.2: 1xx has no body; the final response to the same request follows.
                 state = .head
+                awaitingFinalResponse = true
                 return .responseHead(response, framing: .none)
             }
+            awaitingFinalResponse = false
             let method = pendingMethods[pendingStart]
             pendingStart += 1
             if pendingStart == pendingMethods.count {

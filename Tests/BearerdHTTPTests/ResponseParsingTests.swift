@@ -46,6 +46,21 @@ import Testing
         if case .responseHead(let h, _) = o.events[1] { #expect(h.status == 103) } else { Issue.record("\(o)") }
     }
 
+    @Test func notBetweenMessagesAfterAnInformationalHead() throws {
+        var p = HTTP1Parser(role: .client)
+        p.expectResponse(to: "POST")
+        #expect(p.isBetweenMessages)
+        p.feed(bytes("HTTP/1.1 100 Continue\r\n\r\n"))
+        guard case .responseHead(let h, .none)? = try p.next() else { Issue.record("no 100"); return }
+        #expect(h.status == 100)
+        #expect(try p.next() == nil)
+        #expect(!p.isBetweenMessages)
+        p.feed(bytes("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+        guard case .responseHead(_, .none)? = try p.next() else { Issue.record("no 200"); return }
+        #expect(try p.next() == .end(trailers: nil))
+        #expect(p.isBetweenMessages)
+    }
+
     @Test func continueBeforeBody() {
         let o = expectSuccess("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 3\r\n\r\nabc", role: .client, methods: ["PUT"])
         #expect(o.events == [
