@@ -418,16 +418,17 @@ public struct HTTP1Parser: Sendable {
             if i == start { return fail("http1.invalid_method", i, "method is not a token") }
             if i == end || p[i] != asciiSP { return fail("http1.invalid_method", i, "method is not a token followed by one SP") }
             let method = String(decoding: UnsafeBufferPointer(rebasing: p[start..<i]), as: UTF8.self)
-            // request-target: visible ASCII only (RFC 9112 §3.2, RFC 3986 characters)
+            // request-target: visible ASCII only (RFC 9112 §3.2, RFC 3986 characters), and no
+            // fragment: "#" cannot occur in any request-target form (RFC 9112 §3.2).
             let targetStart = i + 1
             i = targetStart
-            while i < end && p[i] > asciiSP && p[i] < 0x7F { i += 1 }
+            while i < end && p[i] > asciiSP && p[i] < 0x7F && p[i] != UInt8(ascii: "#") { i += 1 }
             if i - targetStart > maxTarget {
                 return fail("http1.target_too_long", targetStart + maxTarget, "request target longer than \(maxTarget) bytes", status: 414)
             }
             if i == targetStart { return fail("http1.invalid_request_line", i, "empty request target or more than one SP") }
             if i == end { return fail("http1.invalid_request_line", i, "no HTTP version") }
-            if p[i] != asciiSP { return fail("http1.invalid_target", i, "request target contains a byte that is not visible ASCII") }
+            if p[i] != asciiSP { return fail("http1.invalid_target", i, "request target contains a fragment or a byte that is not visible ASCII") }
             let target = String(decoding: UnsafeBufferPointer(rebasing: p[targetStart..<i]), as: UTF8.self)
             // HTTP-version = "HTTP" "/" DIGIT "." DIGIT (RFC 9112 §2.3, case-sensitive)
             let v = i + 1
