@@ -141,12 +141,15 @@ public struct HTTP1Parser: Sendable {
     /// Appends received bytes. When nothing is buffered the array is adopted without a copy.
     public mutating func feed(_ bytes: [UInt8]) {
         guard !sawEOF, failure == nil, !bytes.isEmpty else { return }
-        compact()
-        if buffer.isEmpty {
+        if readIndex == buffer.count {
+            // Everything was consumed: adopt the caller's array (body slices will share it).
+            bufferBase += readIndex
+            readIndex = 0
             buffer = bytes
-        } else {
-            buffer.append(contentsOf: bytes)
+            return
         }
+        compact()
+        buffer.append(contentsOf: bytes)
     }
 
     /// The peer closed its sending side.
@@ -173,12 +176,20 @@ public struct HTTP1Parser: Sendable {
         }
     }
 
+    /// Capacity kept across a reset of the buffer; a larger one (left by one huge read) is
+    /// released so idle connections do not pin it.
+    static let retainedCapacity = 256 * 1024
+
     /// Drops consumed bytes: a reset when all is consumed, one memmove when past half.
     private mutating func compact() {
         if readIndex == 0 { return }
         if readIndex == buffer.count {
             bufferBase += readIndex
-            buffer.removeAll(keepingCapacity: true)
+            if buffer.capacity > Self.retainedCapacity {
+                buffer = []
+            } else {
+                buffer.removeAll(keepingCapacity: true)
+            }
             readIndex = 0
         } else if readIndex >= buffer.count / 2 {
             bufferBase += readIndex
@@ -705,11 +716,9 @@ public struct HTTP1Parser: Sendable {
         head.fields.append(parsed.field)
     }
 
-    /// Outcome of the Transfer-Encoding analysis.
-    private enum TransferCoding { case chunked }
-
     /// RFC 9112 §6.1: the only transfer coding we accept is a single `chunked`, in one field.
-    private func checkTransferEncoding(_ value: String, count: Int, at offset: Int) throws(HTTP1Error) -> TransferCoding {
+    /// Throws unless the body is framed by exactly one chunked coding.
+    private func checkTransferEncoding(_ value: String, count: Int, at offset: Int) throws(HTTP1Error) {
         let isRequest = role == .server
         if count > 1 {
             throw error("http1.invalid_transfer_encoding", at: offset, "Transfer-Encoding in more than one field")
@@ -743,7 +752,6 @@ public struct HTTP1Parser: Sendable {
             throw error("http1.unsupported_transfer_coding", isRequest ? 501 : 502, at: offset,
                         "transfer codings other than chunked are not supported")
         }
-        return .chunked
     }
 
     /// The empty line ended the header section: validate and pick the framing (RFC 9112 §6.3).
@@ -758,7 +766,7 @@ public struct HTTP1Parser: Sendable {
             if head.version == .http1_0 {
                 throw error("http1.te_in_http10", at: head.transferEncodingOffset - bufferBase, "Transfer-Encoding in an HTTP/1.0 message")
             }
-            _ = try checkTransferEncoding(te, count: head.transferEncodingCount, at: head.transferEncodingOffset - bufferBase)
+            try checkTransferEncoding(te, count: head.transferEncodingCount, at: head.transferEncodingOffset - bufferBase)
             chunked = true
         }
         var progress = head

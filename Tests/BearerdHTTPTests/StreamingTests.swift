@@ -96,6 +96,21 @@ struct SplitMix64: RandomNumberGenerator {
         #expect(received == 256 * piece.count)
     }
 
+    @Test func bodySlicesShareTheFedArray() throws {
+        var p = HTTP1Parser(role: .server)
+        p.feed(bytes("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 8192\r\n\r\n"))
+        _ = try p.next()
+        #expect(try p.next() == nil)
+        let piece = [UInt8](repeating: 7, count: 8192)
+        let fedAddress = piece.withUnsafeBufferPointer { UInt(bitPattern: $0.baseAddress) }
+        p.feed(piece)
+        guard case .body(let slice)? = try p.next() else { Issue.record("no body"); return }
+        let sliceAddress = slice.withUnsafeBufferPointer { UInt(bitPattern: $0.baseAddress) }
+        #expect(sliceAddress == fedAddress, "the body slice is a view of the fed array, not a copy")
+        #expect(slice.count == 8192)
+        #expect(try p.next() == .end(trailers: nil))
+    }
+
     @Test func compactionKeepsOffsetsAbsolute() throws {
         // Many pipelined requests fed in odd-sized pieces; an error in the last one reports
         // its absolute offset although the buffer was compacted many times.
