@@ -104,10 +104,12 @@ public struct HTTP1Parser: Sendable {
         var sectionBytes = 0
         var emptyLinesSkipped = 0
         var startLineDone = false
-        /// Request line in progress: offset (from the line start) of the first SP, and how far
-        /// SPs were searched, for the early 414.
-        var firstSP: Int?
-        var spScanned = 0
+        /// Request line in progress (offsets from the line start): how far its prefix was
+        /// checked, where the target starts once the method's SP was seen, and whether the
+        /// prefix checks are over (the target ended within the limit).
+        var requestLinePrefix = 0
+        var requestTargetStart: Int?
+        var requestLineChecked = false
         var method = ""
         var target = ""
         var version = HTTPVersion.http1_1
@@ -326,6 +328,11 @@ public struct HTTP1Parser: Sendable {
     // MARK: - Head
 
     /// Consumes complete head lines; returns the head event when the empty line arrives.
+    ///
+    /// Split independence: every error is reported as a reader fed one byte at a time would
+    /// find it first. Checks that can fire before a line ends (431, and for the request line
+    /// 414 and a bad method) are therefore also applied to the prefix of a line that ends in a
+    /// bare CR/LF or is complete, before the checks that need the whole line.
     private mutating func parseHead() throws(HTTP1Error) -> HTTP1Event? {
         while true {
             if role == .client && !head.startLineDone && readIndex < buffer.count && pendingStart == pendingMethods.count {
@@ -333,9 +340,10 @@ public struct HTTP1Parser: Sendable {
             }
             switch scanLine() {
             case .incomplete:
-                let partial = buffer.count - readIndex
+                try checkHeadLinePrefix(dataEnd: buffer.count)
                 if sawEOF {
                     // EOF between messages (at most a lone CR of an empty line buffered).
+                    let partial = buffer.count - readIndex
                     if !head.startLineDone && (partial == 0 || (partial == 1 && buffer[readIndex] == asciiCR)) {
                         readIndex = buffer.count
                         state = .finished
@@ -343,17 +351,12 @@ public struct HTTP1Parser: Sendable {
                     }
                     throw truncated(at: buffer.count, "connection closed inside a message head")
                 }
-                if head.sectionBytes + partial > limits.maxHeaderBytes {
-                    throw error("http1.header_too_large", 431, at: readIndex + max(0, limits.maxHeaderBytes - head.sectionBytes),
-                                "head larger than \(limits.maxHeaderBytes) bytes")
-                }
-                if role == .server && !head.startLineDone {
-                    try checkPartialRequestTarget()
-                }
                 return nil
             case .bareLF(let i):
+                try checkHeadLinePrefix(dataEnd: i)
                 throw error("http1.bare_lf", at: i, "line ends in LF without CR (RFC 9112 §2.2)")
             case .bareCR(let i):
+                try checkHeadLinePrefix(dataEnd: i + 1)
                 throw error("http1.bare_cr", at: i, "CR not followed by LF (RFC 9112 §2.2)")
             case .line(let cr):
                 let lineStart = readIndex
@@ -368,9 +371,9 @@ public struct HTTP1Parser: Sendable {
                     readIndex = cr + 2
                     continue
                 }
+                try checkHeadLinePrefix(dataEnd: cr + 1)
                 if head.sectionBytes + lineBytes > limits.maxHeaderBytes {
-                    throw error("http1.header_too_large", 431, at: lineStart + max(0, limits.maxHeaderBytes - head.sectionBytes),
-                                "head larger than \(limits.maxHeaderBytes) bytes")
+                    throw headerTooLarge(lineStart: lineStart)
                 }
                 head.sectionBytes += lineBytes
                 readIndex = cr + 2
@@ -391,28 +394,69 @@ public struct HTTP1Parser: Sendable {
         }
     }
 
-    /// 414 before the request line ends (RFC 9112 §3): the target so far already exceeds the limit.
-    private mutating func checkPartialRequestTarget() throws(HTTP1Error) {
+    private func headerTooLarge(lineStart: Int) -> HTTP1Error {
+        error("http1.header_too_large", 431, at: lineStart + max(0, limits.maxHeaderBytes - head.sectionBytes),
+              "head or trailer section larger than \(limits.maxHeaderBytes) bytes")
+    }
+
+    /// The checks a byte-at-a-time reader makes while the current head or trailer line is
+    /// unfinished, for line data ending at `dataEnd`: 431 once the section exceeds
+    /// `maxHeaderBytes` (RFC 9112 §2.3 leaves the bound to us), and for the request line the
+    /// errors certain from its prefix (bad method, 414), found at an earlier byte than the 431.
+    private mutating func checkHeadLinePrefix(dataEnd: Int) throws(HTTP1Error) {
+        let budget = limits.maxHeaderBytes - head.sectionBytes
+        let firstOver = readIndex + budget + 1  // smallest data end at which the 431 fires
+        if role == .server && !head.startLineDone {
+            try checkRequestLinePrefix(limit: min(dataEnd, firstOver - 1))
+        }
+        if dataEnd >= firstOver {
+            throw headerTooLarge(lineStart: readIndex)
+        }
+    }
+
+    static let methodNotToken = "method is not a token"
+    static let methodNoSP = "method is not a token followed by one SP"
+
+    /// Request-line prefix `readIndex ..< limit`: reports an invalid method or a target longer
+    /// than `maxRequestTarget` (414, RFC 9112 §3) as soon as they are certain, exactly as
+    /// `parseRequestLine` would report them for the whole line. Resumes where it stopped.
+    private mutating func checkRequestLinePrefix(limit: Int) throws(HTTP1Error) {
+        if head.requestLineChecked { return }
         let start = readIndex
-        let count = buffer.count
-        guard count - start > limits.maxRequestTarget else { return }
-        if head.firstSP == nil {
-            var i = start + head.spScanned
-            while i < count && buffer[i] != asciiSP { i += 1 }
-            head.spScanned = i - start
-            if i < count { head.firstSP = i - start }
+        var i = start + head.requestLinePrefix
+        guard i < limit else { return }
+        if head.requestTargetStart == nil {
+            while i < limit && HTTP1Syntax.isTchar(buffer[i]) { i += 1 }
+            if i == limit {
+                head.requestLinePrefix = i - start
+                return
+            }
+            let c = buffer[i]
+            if c == asciiCR {
+                // The line's end (or a bare CR): only the whole line decides.
+                head.requestLinePrefix = i - start
+                return
+            }
+            if i == start { throw error("http1.invalid_method", at: i, Self.methodNotToken) }
+            if c != asciiSP { throw error("http1.invalid_method", at: i, Self.methodNoSP) }
+            i += 1
+            head.requestTargetStart = i - start
         }
-        guard let sp = head.firstSP else { return }
-        let targetStart = start + sp + 1
-        // The second SP ends the target; search only the part not searched before.
-        var i = max(targetStart, start + head.spScanned)
-        while i < count && buffer[i] != asciiSP { i += 1 }
-        head.spScanned = i - start
-        let targetLength = i - targetStart
-        if targetLength > limits.maxRequestTarget {
-            throw error("http1.target_too_long", 414, at: targetStart + limits.maxRequestTarget,
-                        "request target longer than \(limits.maxRequestTarget) bytes")
+        let targetStart = start + (head.requestTargetStart ?? 0)
+        let maxTarget = limits.maxRequestTarget
+        while i < limit {
+            let c = buffer[i]
+            guard c > asciiSP && c < 0x7F && c != UInt8(ascii: "#") else {
+                // The target ended within the limit; the rest needs the whole line.
+                head.requestLineChecked = true
+                return
+            }
+            if i - targetStart == maxTarget {
+                throw error("http1.target_too_long", 414, at: i, "request target longer than \(maxTarget) bytes")
+            }
+            i += 1
         }
+        head.requestLinePrefix = i - start
     }
 
     /// RFC 9112 §3: request-line = method SP request-target SP HTTP-version
@@ -426,8 +470,8 @@ public struct HTTP1Parser: Sendable {
             // method = token (RFC 9110 §9.1)
             var i = start
             while i < end && HTTP1Syntax.isTchar(p[i]) { i += 1 }
-            if i == start { return fail("http1.invalid_method", i, "method is not a token") }
-            if i == end || p[i] != asciiSP { return fail("http1.invalid_method", i, "method is not a token followed by one SP") }
+            if i == start { return fail("http1.invalid_method", i, HTTP1Parser.methodNotToken) }
+            if i == end || p[i] != asciiSP { return fail("http1.invalid_method", i, HTTP1Parser.methodNoSP) }
             let method = String(decoding: UnsafeBufferPointer(rebasing: p[start..<i]), as: UTF8.self)
             // request-target: visible ASCII only (RFC 9112 §3.2, RFC 3986 characters), and no
             // fragment: "#" cannot occur in any request-target form (RFC 9112 §3.2).
@@ -863,22 +907,17 @@ public struct HTTP1Parser: Sendable {
             case .chunkLine:
                 switch scanLine() {
                 case .incomplete:
-                    let partial = buffer.count - readIndex
-                    if partial > Self.maxChunkLineBytes {
-                        throw error("http1.chunk_line_too_long", at: readIndex + Self.maxChunkLineBytes,
-                                    "chunk line longer than \(Self.maxChunkLineBytes) bytes")
-                    }
+                    try checkChunkLineLength(dataEnd: buffer.count)
                     if sawEOF { throw truncated(at: buffer.count, "connection closed inside a chunk line") }
                     return nil
                 case .bareLF(let i):
+                    try checkChunkLineLength(dataEnd: i)
                     throw error("http1.bare_lf", at: i, "chunk line ends in LF without CR")
                 case .bareCR(let i):
+                    try checkChunkLineLength(dataEnd: i + 1)
                     throw error("http1.bare_cr", at: i, "CR not followed by LF in a chunk line")
                 case .line(let cr):
-                    if cr + 2 - readIndex > Self.maxChunkLineBytes {
-                        throw error("http1.chunk_line_too_long", at: readIndex + Self.maxChunkLineBytes,
-                                    "chunk line longer than \(Self.maxChunkLineBytes) bytes")
-                    }
+                    try checkChunkLineLength(dataEnd: cr + 2)
                     let size = try parseChunkLine(readIndex, cr)
                     readIndex = cr + 2
                     if size == 0 {
@@ -893,23 +932,20 @@ public struct HTTP1Parser: Sendable {
             case .trailers:
                 switch scanLine() {
                 case .incomplete:
-                    let partial = buffer.count - readIndex
-                    if head.sectionBytes + partial > limits.maxHeaderBytes {
-                        throw error("http1.header_too_large", 431, at: readIndex + max(0, limits.maxHeaderBytes - head.sectionBytes),
-                                    "trailer section larger than \(limits.maxHeaderBytes) bytes")
-                    }
+                    try checkHeadLinePrefix(dataEnd: buffer.count)
                     if sawEOF { throw truncated(at: buffer.count, "connection closed inside the trailer section") }
                     return nil
                 case .bareLF(let i):
+                    try checkHeadLinePrefix(dataEnd: i)
                     throw error("http1.invalid_trailer", at: i, "http1.bare_lf: trailer line ends in LF without CR")
                 case .bareCR(let i):
+                    try checkHeadLinePrefix(dataEnd: i + 1)
                     throw error("http1.invalid_trailer", at: i, "http1.bare_cr: CR not followed by LF in a trailer line")
                 case .line(let cr):
                     let lineStart = readIndex
                     let lineBytes = cr + 2 - lineStart
                     if head.sectionBytes + lineBytes > limits.maxHeaderBytes {
-                        throw error("http1.header_too_large", 431, at: lineStart + max(0, limits.maxHeaderBytes - head.sectionBytes),
-                                    "trailer section larger than \(limits.maxHeaderBytes) bytes")
+                        throw headerTooLarge(lineStart: lineStart)
                     }
                     head.sectionBytes += lineBytes
                     readIndex = cr + 2
@@ -924,6 +960,15 @@ public struct HTTP1Parser: Sendable {
             default:
                 return try step()
             }
+        }
+    }
+
+    /// RFC 9112 §7.1.1 leaves the chunk line length to us: 400 beyond `maxChunkLineBytes`,
+    /// checked as bytes arrive (for line data ending at `dataEnd`).
+    private func checkChunkLineLength(dataEnd: Int) throws(HTTP1Error) {
+        if dataEnd - readIndex > Self.maxChunkLineBytes {
+            throw error("http1.chunk_line_too_long", at: readIndex + Self.maxChunkLineBytes,
+                        "chunk line longer than \(Self.maxChunkLineBytes) bytes")
         }
     }
 

@@ -101,3 +101,44 @@ import Testing
         #expect(throws: HTTP1Error.self) { try p.next() }
     }
 }
+
+/// Inputs where an early check (431, 414, bad method) and a later one (bare CR/LF, whole-line
+/// syntax) compete: every split must report the error a byte-at-a-time reader finds first.
+@Suite struct EarlyErrorPrecedenceTests {
+    let small = HTTP1Limits(maxHeaderBytes: 90, maxRequestTarget: 6, maxHeaderCount: 3)
+
+    @Test func badMethodBeforeLongTarget() {
+        // Found by mutation: the method is invalid before the target grows too long.
+        expectFailure("POST=/a HTTP/1=.1\r\nHost: a\r\n\r\n", "http1.invalid_method", limits: small)
+    }
+
+    @Test func longTargetBeforeBareCR() {
+        expectFailure("GET /abcdefghij\rX HTTP/1.1\r\nHost: a\r\n\r\n", "http1.target_too_long", status: 414, limits: small)
+        expectFailure("GET /abcdefghij\nX HTTP/1.1\r\nHost: a\r\n\r\n", "http1.target_too_long", status: 414, limits: small)
+    }
+
+    @Test func targetAtTheLimitThenLineEnd() {
+        expectFailure("GET /abcde\r\nHost: a\r\n\r\n", "http1.invalid_request_line", limits: small)
+        expectFailure("GET /abcdef\r\nHost: a\r\n\r\n", "http1.target_too_long", limits: small)
+        expectFailure("GET /abcde\rX", "http1.bare_cr", limits: small)
+    }
+
+    @Test func oversizedLineBeforeBareCR() {
+        let value = String(repeating: "v", count: 100)
+        expectFailure("GET / HTTP/1.1\r\nHost: a\r\nX: \(value)\rY\r\n\r\n", "http1.header_too_large", status: 431, limits: small)
+        expectFailure("GET / HTTP/1.1\r\nHost: a\r\nX: \(value)\n\r\n", "http1.header_too_large", status: 431, limits: small)
+        // A bare CR before the limit wins.
+        expectFailure("GET / HTTP/1.1\r\nHost: a\r\nX: v\rY\(value)\r\n\r\n", "http1.bare_cr", limits: small)
+    }
+
+    @Test func oversizedTrailerBeforeBareLF() {
+        let value = String(repeating: "t", count: 100)
+        expectFailure("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: \(value)\n\r\n",
+                      "http1.header_too_large", status: 431, limits: small)
+    }
+
+    @Test func oversizedChunkLineBeforeBareLF() {
+        let ext = ";" + String(repeating: "e", count: 4200)
+        expectFailure("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\(ext)\nx\r\n0\r\n\r\n", "http1.chunk_line_too_long")
+    }
+}
