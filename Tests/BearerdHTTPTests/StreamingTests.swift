@@ -141,37 +141,50 @@ struct SplitMix64: RandomNumberGenerator {
         #expect(caught?.offset == badAt)
     }
 
-    /// Mutated inputs: whatever the parser decides, it decides the same for every split.
+    /// Mutated inputs: whatever the parser decides, it decides the same for every split
+    /// (requests and responses, default and tiny limits, with and without EOF).
     @Test func mutatedInputsAgreeAcrossSplits() {
-        let seeds = [
+        let requests = [
             "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET /b HTTP/1.1\r\nHost: b\r\n\r\n",
             "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;x=\"y\"\r\nhello\r\n0\r\nT: v\r\n\r\n",
-            "GET http://a/ HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+            "GET http://a/ HTTP/1.0\r\nConnection: keep-alive\r\n\r\n\r\nOPTIONS * HTTP/1.1\r\nHost: [::1]:80\r\n\r\n",
         ]
-        let alphabet: [UInt8] = [0x0D, 0x0A, 0x20, 0x09, 0x3A, 0x3B, 0x30, 0x35, 0x61, 0x00, 0x80, 0xC3, 0xA9, 0x22, 0x2C]
+        let responses = [
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcHTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n"
+                + "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            "HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 304 NM\r\n\r\nHTTP/1.0 200 OK\r\n\r\nrest",
+        ]
+        let methods = ["GET", "HEAD", "POST", "GET", "HEAD", "GET"]
+        let alphabet: [UInt8] = Array("\r\n \t:;,=\"0159aAfFxX-/\\#".utf8) + [0, 0x80, 0xC3, 0xA9, 0xFF, 0x7F]
+        let tiny = HTTP1Limits(maxHeaderBytes: 90, maxRequestTarget: 6, maxHeaderCount: 3)
         var rng = SplitMix64(state: 0xB0A7_E7D0)
         var outcomes = [0, 0]
-        for round in 0..<150 {
-            var input = bytes(seeds[round % seeds.count])
+        for round in 0..<400 {
+            let role: HTTP1Parser.Role = round % 2 == 0 ? .server : .client
+            let seeds = role == .server ? requests : responses
+            var input = bytes(seeds[Int.random(in: 0..<seeds.count, using: &rng)])
             for _ in 0..<Int.random(in: 1...3, using: &rng) {
                 let at = Int.random(in: 0..<input.count, using: &rng)
-                switch Int.random(in: 0..<3, using: &rng) {
+                switch Int.random(in: 0..<4, using: &rng) {
                 case 0: input[at] = alphabet.randomElement(using: &rng)!  // alphabet is non-empty
                 case 1: input.insert(alphabet.randomElement(using: &rng)!, at: at)  // alphabet is non-empty
-                default: input.remove(at: at)
+                case 2: input.remove(at: at)
+                default: input.insert(contentsOf: input[at..<min(input.count, at + 12)], at: at)
                 }
             }
-            let whole = runParser([input])
-            let bytewise = runParser(input.map { [$0] }, rawFeed: true)
-            #expect(whole == bytewise, "round \(round)")
+            let eof = Bool.random(using: &rng)
+            let limits = Bool.random(using: &rng) ? HTTP1Limits() : tiny
+            let whole = runParser([input], role: role, methods: methods, eof: eof, limits: limits)
+            let bytewise = runParser(input.map { [$0] }, role: role, methods: methods, eof: eof, limits: limits, rawFeed: true)
+            #expect(whole == bytewise, "round \(round): \(String(decoding: input, as: UTF8.self).debugDescription)")
             for _ in 0..<4 {
                 let cut = Int.random(in: 1..<input.count, using: &rng)
-                let split = runParser([Array(input[..<cut]), Array(input[cut...])])
+                let split = runParser([Array(input[..<cut]), Array(input[cut...])], role: role, methods: methods, eof: eof, limits: limits)
                 #expect(whole == split, "round \(round) cut \(cut)")
             }
             outcomes[whole.error == nil ? 0 : 1] += 1
         }
         // The mutations exercise both sides.
-        #expect(outcomes[0] > 0 && outcomes[1] > 0)
+        #expect(outcomes[0] > 10 && outcomes[1] > 10)
     }
 }
