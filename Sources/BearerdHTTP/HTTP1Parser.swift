@@ -35,6 +35,11 @@
 //
 // Errors carry the absolute offset in the connection stream (`bufferBase + index`). After an
 // error the parser is dead: every later `next()` throws the same error.
+//
+// Split independence: the events and the error are the same however the stream is cut into
+// feeds (the tests check whole, byte by byte and every two-way split). Where a check can fire
+// before a line ends (431, 414, a bad method, an overlong chunk line) and another needs more
+// bytes (bare CR/LF, whole-line syntax), the one a byte-at-a-time reader meets first wins.
 
 /// Incremental, strict, sans-IO HTTP/1.1 parser for one direction of one connection.
 ///
