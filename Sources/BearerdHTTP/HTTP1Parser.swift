@@ -376,8 +376,10 @@ public struct HTTP1Parser: Sendable {
                     readIndex = cr + 2
                     continue
                 }
-                try checkHeadLinePrefix(dataEnd: cr + 1)
                 if head.sectionBytes + lineBytes > limits.maxHeaderBytes {
+                    // An error certain from an earlier byte of the line wins over the 431 (a
+                    // complete line within the limit gets the same errors from its full parse).
+                    try checkHeadLinePrefix(dataEnd: cr + 1)
                     throw headerTooLarge(lineStart: lineStart)
                 }
                 head.sectionBytes += lineBytes
