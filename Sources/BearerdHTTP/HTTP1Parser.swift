@@ -11,6 +11,12 @@
 // are not followed by `.end`; the final response head follows them. After `.end` the parser
 // continues with the next pipelined message from the bytes it holds.
 //
+// Not handled here (the driver's decision): a CONNECT request or a request with `Upgrade` turns
+// the rest of the stream into something else; the parser would go on reading HTTP/1.1 from it,
+// so a driver that does not tunnel must reject such requests (bearerd does not tunnel). A 101
+// response is an error (`http1.unexpected_switching_protocols`); a 2xx answer to CONNECT is
+// framed like any other response, since bearerd never sends CONNECT.
+//
 // Rules (strictness beats leniency; every ambiguity that enables request smuggling is an error):
 // - Lines end in CRLF only; bare LF / bare CR in a head, chunk line or trailer: 400.
 // - Start line, field names and values, Host, Content-Length, Transfer-Encoding and chunk
@@ -29,6 +35,11 @@
 //
 // Errors carry the absolute offset in the connection stream (`bufferBase + index`). After an
 // error the parser is dead: every later `next()` throws the same error.
+//
+// Split independence: the events and the error are the same however the stream is cut into
+// feeds (the tests check whole, byte by byte and every two-way split). Where a check can fire
+// before a line ends (431, 414, a bad method, an overlong chunk line) and another needs more
+// bytes (bare CR/LF, whole-line syntax), the one a byte-at-a-time reader meets first wins.
 
 /// Incremental, strict, sans-IO HTTP/1.1 parser for one direction of one connection.
 ///
@@ -68,6 +79,8 @@ public struct HTTP1Parser: Sendable {
     /// `pendingMethods[pendingStart...]` are live).
     private var pendingMethods: [String] = []
     private var pendingStart = 0
+    /// Client role: a 1xx head was returned and the final response to the same request is due.
+    private var awaitingFinalResponse = false
 
     private enum State: Sendable {
         /// Parsing a start line and header section.
@@ -96,10 +109,12 @@ public struct HTTP1Parser: Sendable {
         var sectionBytes = 0
         var emptyLinesSkipped = 0
         var startLineDone = false
-        /// Request line in progress: offset (from the line start) of the first SP, and how far
-        /// SPs were searched, for the early 414.
-        var firstSP: Int?
-        var spScanned = 0
+        /// Request line in progress (offsets from the line start): how far its prefix was
+        /// checked, where the target starts once the method's SP was seen, and whether the
+        /// prefix checks are over (the target ended within the limit).
+        var requestLinePrefix = 0
+        var requestTargetStart: Int?
+        var requestLineChecked = false
         var method = ""
         var target = ""
         var version = HTTPVersion.http1_1
@@ -133,12 +148,15 @@ public struct HTTP1Parser: Sendable {
     /// Appends received bytes. When nothing is buffered the array is adopted without a copy.
     public mutating func feed(_ bytes: [UInt8]) {
         guard !sawEOF, failure == nil, !bytes.isEmpty else { return }
-        compact()
-        if buffer.isEmpty {
+        if readIndex == buffer.count {
+            // Everything was consumed: adopt the caller's array (body slices will share it).
+            bufferBase += readIndex
+            readIndex = 0
             buffer = bytes
-        } else {
-            buffer.append(contentsOf: bytes)
+            return
         }
+        compact()
+        buffer.append(contentsOf: bytes)
     }
 
     /// The peer closed its sending side.
@@ -159,18 +177,26 @@ public struct HTTP1Parser: Sendable {
     /// start line is not complete yet).
     public var isBetweenMessages: Bool {
         switch state {
-        case .head: return !head.startLineDone
+        case .head: return !head.startLineDone && !awaitingFinalResponse
         case .finished: return true
         default: return false
         }
     }
+
+    /// Capacity kept across a reset of the buffer; a larger one (left by one huge read) is
+    /// released so idle connections do not pin it.
+    static let retainedCapacity = 256 * 1024
 
     /// Drops consumed bytes: a reset when all is consumed, one memmove when past half.
     private mutating func compact() {
         if readIndex == 0 { return }
         if readIndex == buffer.count {
             bufferBase += readIndex
-            buffer.removeAll(keepingCapacity: true)
+            if buffer.capacity > Self.retainedCapacity {
+                buffer = []
+            } else {
+                buffer.removeAll(keepingCapacity: true)
+            }
             readIndex = 0
         } else if readIndex >= buffer.count / 2 {
             bufferBase += readIndex
@@ -267,6 +293,15 @@ public struct HTTP1Parser: Sendable {
         // (kind, index): kind 0 line end (index of CR), 1 incomplete (index to resume at), 2 bare LF, 3 bare CR.
         let (kind, index): (Int, Int) = buffer.withUnsafeBufferPointer { p in
             var i = from
+            // Eight bytes at a time: skip words with no byte below 0x0E (so no CR or LF).
+            // hasless(x, 14) = (x - 0x0E..0E) & ~x & 0x80..80 is non-zero iff some byte < 0x0E.
+            if let base = UnsafeRawPointer(p.baseAddress) {
+                while i + 8 <= count {
+                    let x = base.loadUnaligned(fromByteOffset: i, as: UInt64.self)
+                    if (x &- 0x0E0E_0E0E_0E0E_0E0E) & ~x & 0x8080_8080_8080_8080 != 0 { break }
+                    i += 8
+                }
+            }
             while i < count {
                 let c = p[i]
                 if c <= asciiCR {
@@ -298,6 +333,11 @@ public struct HTTP1Parser: Sendable {
     // MARK: - Head
 
     /// Consumes complete head lines; returns the head event when the empty line arrives.
+    ///
+    /// Split independence: every error is reported as a reader fed one byte at a time would
+    /// find it first. Checks that can fire before a line ends (431, and for the request line
+    /// 414 and a bad method) are therefore also applied to the prefix of a line that ends in a
+    /// bare CR/LF or is complete, before the checks that need the whole line.
     private mutating func parseHead() throws(HTTP1Error) -> HTTP1Event? {
         while true {
             if role == .client && !head.startLineDone && readIndex < buffer.count && pendingStart == pendingMethods.count {
@@ -305,9 +345,10 @@ public struct HTTP1Parser: Sendable {
             }
             switch scanLine() {
             case .incomplete:
-                let partial = buffer.count - readIndex
+                try checkHeadLinePrefix(dataEnd: buffer.count)
                 if sawEOF {
                     // EOF between messages (at most a lone CR of an empty line buffered).
+                    let partial = buffer.count - readIndex
                     if !head.startLineDone && (partial == 0 || (partial == 1 && buffer[readIndex] == asciiCR)) {
                         readIndex = buffer.count
                         state = .finished
@@ -315,17 +356,12 @@ public struct HTTP1Parser: Sendable {
                     }
                     throw truncated(at: buffer.count, "connection closed inside a message head")
                 }
-                if head.sectionBytes + partial > limits.maxHeaderBytes {
-                    throw error("http1.header_too_large", 431, at: readIndex + max(0, limits.maxHeaderBytes - head.sectionBytes),
-                                "head larger than \(limits.maxHeaderBytes) bytes")
-                }
-                if role == .server && !head.startLineDone {
-                    try checkPartialRequestTarget()
-                }
                 return nil
             case .bareLF(let i):
+                try checkHeadLinePrefix(dataEnd: i)
                 throw error("http1.bare_lf", at: i, "line ends in LF without CR (RFC 9112 §2.2)")
             case .bareCR(let i):
+                try checkHeadLinePrefix(dataEnd: i + 1)
                 throw error("http1.bare_cr", at: i, "CR not followed by LF (RFC 9112 §2.2)")
             case .line(let cr):
                 let lineStart = readIndex
@@ -341,8 +377,10 @@ public struct HTTP1Parser: Sendable {
                     continue
                 }
                 if head.sectionBytes + lineBytes > limits.maxHeaderBytes {
-                    throw error("http1.header_too_large", 431, at: lineStart + max(0, limits.maxHeaderBytes - head.sectionBytes),
-                                "head larger than \(limits.maxHeaderBytes) bytes")
+                    // An error certain from an earlier byte of the line wins over the 431 (a
+                    // complete line within the limit gets the same errors from its full parse).
+                    try checkHeadLinePrefix(dataEnd: cr + 1)
+                    throw headerTooLarge(lineStart: lineStart)
                 }
                 head.sectionBytes += lineBytes
                 readIndex = cr + 2
@@ -363,28 +401,69 @@ public struct HTTP1Parser: Sendable {
         }
     }
 
-    /// 414 before the request line ends (RFC 9112 §3): the target so far already exceeds the limit.
-    private mutating func checkPartialRequestTarget() throws(HTTP1Error) {
+    private func headerTooLarge(lineStart: Int) -> HTTP1Error {
+        error("http1.header_too_large", 431, at: lineStart + max(0, limits.maxHeaderBytes - head.sectionBytes),
+              "head or trailer section larger than \(limits.maxHeaderBytes) bytes")
+    }
+
+    /// The checks a byte-at-a-time reader makes while the current head or trailer line is
+    /// unfinished, for line data ending at `dataEnd`: 431 once the section exceeds
+    /// `maxHeaderBytes` (RFC 9112 §2.3 leaves the bound to us), and for the request line the
+    /// errors certain from its prefix (bad method, 414), found at an earlier byte than the 431.
+    private mutating func checkHeadLinePrefix(dataEnd: Int) throws(HTTP1Error) {
+        let budget = limits.maxHeaderBytes - head.sectionBytes
+        let firstOver = readIndex + budget + 1  // smallest data end at which the 431 fires
+        if role == .server && !head.startLineDone {
+            try checkRequestLinePrefix(limit: min(dataEnd, firstOver - 1))
+        }
+        if dataEnd >= firstOver {
+            throw headerTooLarge(lineStart: readIndex)
+        }
+    }
+
+    static let methodNotToken = "method is not a token"
+    static let methodNoSP = "method is not a token followed by one SP"
+
+    /// Request-line prefix `readIndex ..< limit`: reports an invalid method or a target longer
+    /// than `maxRequestTarget` (414, RFC 9112 §3) as soon as they are certain, exactly as
+    /// `parseRequestLine` would report them for the whole line. Resumes where it stopped.
+    private mutating func checkRequestLinePrefix(limit: Int) throws(HTTP1Error) {
+        if head.requestLineChecked { return }
         let start = readIndex
-        let count = buffer.count
-        guard count - start > limits.maxRequestTarget else { return }
-        if head.firstSP == nil {
-            var i = start + head.spScanned
-            while i < count && buffer[i] != asciiSP { i += 1 }
-            head.spScanned = i - start
-            if i < count { head.firstSP = i - start }
+        var i = start + head.requestLinePrefix
+        guard i < limit else { return }
+        if head.requestTargetStart == nil {
+            while i < limit && HTTP1Syntax.isTchar(buffer[i]) { i += 1 }
+            if i == limit {
+                head.requestLinePrefix = i - start
+                return
+            }
+            let c = buffer[i]
+            if c == asciiCR {
+                // The line's end (or a bare CR): only the whole line decides.
+                head.requestLinePrefix = i - start
+                return
+            }
+            if i == start { throw error("http1.invalid_method", at: i, Self.methodNotToken) }
+            if c != asciiSP { throw error("http1.invalid_method", at: i, Self.methodNoSP) }
+            i += 1
+            head.requestTargetStart = i - start
         }
-        guard let sp = head.firstSP else { return }
-        let targetStart = start + sp + 1
-        // The second SP ends the target; search only the part not searched before.
-        var i = max(targetStart, start + head.spScanned)
-        while i < count && buffer[i] != asciiSP { i += 1 }
-        head.spScanned = i - start
-        let targetLength = i - targetStart
-        if targetLength > limits.maxRequestTarget {
-            throw error("http1.target_too_long", 414, at: targetStart + limits.maxRequestTarget,
-                        "request target longer than \(limits.maxRequestTarget) bytes")
+        let targetStart = start + (head.requestTargetStart ?? 0)
+        let maxTarget = limits.maxRequestTarget
+        while i < limit {
+            let c = buffer[i]
+            guard c > asciiSP && c < 0x7F && c != UInt8(ascii: "#") else {
+                // The target ended within the limit; the rest needs the whole line.
+                head.requestLineChecked = true
+                return
+            }
+            if i - targetStart == maxTarget {
+                throw error("http1.target_too_long", 414, at: i, "request target longer than \(maxTarget) bytes")
+            }
+            i += 1
         }
+        head.requestLinePrefix = i - start
     }
 
     /// RFC 9112 §3: request-line = method SP request-target SP HTTP-version
@@ -398,19 +477,20 @@ public struct HTTP1Parser: Sendable {
             // method = token (RFC 9110 §9.1)
             var i = start
             while i < end && HTTP1Syntax.isTchar(p[i]) { i += 1 }
-            if i == start { return fail("http1.invalid_method", i, "method is not a token") }
-            if i == end || p[i] != asciiSP { return fail("http1.invalid_method", i, "method is not a token followed by one SP") }
+            if i == start { return fail("http1.invalid_method", i, HTTP1Parser.methodNotToken) }
+            if i == end || p[i] != asciiSP { return fail("http1.invalid_method", i, HTTP1Parser.methodNoSP) }
             let method = String(decoding: UnsafeBufferPointer(rebasing: p[start..<i]), as: UTF8.self)
-            // request-target: visible ASCII only (RFC 9112 §3.2, RFC 3986 characters)
+            // request-target: visible ASCII only (RFC 9112 §3.2, RFC 3986 characters), and no
+            // fragment: "#" cannot occur in any request-target form (RFC 9112 §3.2).
             let targetStart = i + 1
             i = targetStart
-            while i < end && p[i] > asciiSP && p[i] < 0x7F { i += 1 }
+            while i < end && p[i] > asciiSP && p[i] < 0x7F && p[i] != UInt8(ascii: "#") { i += 1 }
             if i - targetStart > maxTarget {
                 return fail("http1.target_too_long", targetStart + maxTarget, "request target longer than \(maxTarget) bytes", status: 414)
             }
             if i == targetStart { return fail("http1.invalid_request_line", i, "empty request target or more than one SP") }
             if i == end { return fail("http1.invalid_request_line", i, "no HTTP version") }
-            if p[i] != asciiSP { return fail("http1.invalid_target", i, "request target contains a byte that is not visible ASCII") }
+            if p[i] != asciiSP { return fail("http1.invalid_target", i, "request target contains a fragment or a byte that is not visible ASCII") }
             let target = String(decoding: UnsafeBufferPointer(rebasing: p[targetStart..<i]), as: UTF8.self)
             // HTTP-version = "HTTP" "/" DIGIT "." DIGIT (RFC 9112 §2.3, case-sensitive)
             let v = i + 1
@@ -521,6 +601,14 @@ public struct HTTP1Parser: Sendable {
 
     private enum FieldKind { case other, contentLength, transferEncoding, host }
 
+    /// One parsed field line (a struct, not a tuple: keeps `Result` destruction specialized).
+    private struct Parsed {
+        var field: HTTPField
+        var kind: FieldKind
+        /// The Content-Length value, for `kind == .contentLength`.
+        var length: UInt64?
+    }
+
     /// RFC 9112 §5: field-line = field-name ":" OWS field-value OWS
     /// Used for the header section and (with `trailer: true`) the trailer section.
     private mutating func parseFieldLine(_ start: Int, _ end: Int, trailer: Bool) throws(HTTP1Error) {
@@ -528,7 +616,6 @@ public struct HTTP1Parser: Sendable {
             throw error("http1.too_many_headers", 431, at: start, "more than \(limits.maxHeaderCount) fields")
         }
         let base = bufferBase
-        typealias Parsed = (field: HTTPField, kind: FieldKind, length: UInt64?)
         let result: Result<Parsed, HTTP1Error> = buffer.withUnsafeBufferPointer { p in
             func fail(_ reason: String, _ i: Int, _ m: String) -> Result<Parsed, HTTP1Error> {
                 .failure(HTTP1Error(reason: reason, status: 400, offset: base + i, message: m))
@@ -561,7 +648,12 @@ public struct HTTP1Parser: Sendable {
             while ve > vs && HTTP1Syntax.isOWS(p[ve - 1]) { ve -= 1 }
             var high = false
             var j = vs
+            let raw = UnsafeRawPointer(p.baseAddress!)  // non-nil: the line is non-empty
             while j < ve {
+                if j + 8 <= ve && HTTP1Syntax.allVisibleOrSpace(raw.loadUnaligned(fromByteOffset: j, as: UInt64.self)) {
+                    j += 8
+                    continue
+                }
                 let c = p[j]
                 if c < asciiSP {
                     if c != asciiHTAB { return fail("http1.invalid_field_value", j, "control character in field value") }
@@ -625,7 +717,7 @@ public struct HTTP1Parser: Sendable {
             default:
                 break
             }
-            return .success((HTTPField(name: name, value: value), kind, length))
+            return .success(Parsed(field: HTTPField(name: name, value: value), kind: kind, length: length))
         }
         let parsed: Parsed
         switch result {
@@ -675,11 +767,9 @@ public struct HTTP1Parser: Sendable {
         head.fields.append(parsed.field)
     }
 
-    /// Outcome of the Transfer-Encoding analysis.
-    private enum TransferCoding { case chunked }
-
     /// RFC 9112 §6.1: the only transfer coding we accept is a single `chunked`, in one field.
-    private func checkTransferEncoding(_ value: String, count: Int, at offset: Int) throws(HTTP1Error) -> TransferCoding {
+    /// Throws unless the body is framed by exactly one chunked coding.
+    private func checkTransferEncoding(_ value: String, count: Int, at offset: Int) throws(HTTP1Error) {
         let isRequest = role == .server
         if count > 1 {
             throw error("http1.invalid_transfer_encoding", at: offset, "Transfer-Encoding in more than one field")
@@ -713,7 +803,6 @@ public struct HTTP1Parser: Sendable {
             throw error("http1.unsupported_transfer_coding", isRequest ? 501 : 502, at: offset,
                         "transfer codings other than chunked are not supported")
         }
-        return .chunked
     }
 
     /// The empty line ended the header section: validate and pick the framing (RFC 9112 §6.3).
@@ -728,7 +817,7 @@ public struct HTTP1Parser: Sendable {
             if head.version == .http1_0 {
                 throw error("http1.te_in_http10", at: head.transferEncodingOffset - bufferBase, "Transfer-Encoding in an HTTP/1.0 message")
             }
-            _ = try checkTransferEncoding(te, count: head.transferEncodingCount, at: head.transferEncodingOffset - bufferBase)
+            try checkTransferEncoding(te, count: head.transferEncodingCount, at: head.transferEncodingOffset - bufferBase)
             chunked = true
         }
         var progress = head
@@ -765,8 +854,10 @@ public struct HTTP1Parser: Sendable {
             if response.isInformational {
                 // RFC 9110 §15.2: 1xx has no body; the final response to the same request follows.
                 state = .head
+                awaitingFinalResponse = true
                 return .responseHead(response, framing: .none)
             }
+            awaitingFinalResponse = false
             let method = pendingMethods[pendingStart]
             pendingStart += 1
             if pendingStart == pendingMethods.count {
@@ -823,22 +914,17 @@ public struct HTTP1Parser: Sendable {
             case .chunkLine:
                 switch scanLine() {
                 case .incomplete:
-                    let partial = buffer.count - readIndex
-                    if partial > Self.maxChunkLineBytes {
-                        throw error("http1.chunk_line_too_long", at: readIndex + Self.maxChunkLineBytes,
-                                    "chunk line longer than \(Self.maxChunkLineBytes) bytes")
-                    }
+                    try checkChunkLineLength(dataEnd: buffer.count)
                     if sawEOF { throw truncated(at: buffer.count, "connection closed inside a chunk line") }
                     return nil
                 case .bareLF(let i):
+                    try checkChunkLineLength(dataEnd: i)
                     throw error("http1.bare_lf", at: i, "chunk line ends in LF without CR")
                 case .bareCR(let i):
+                    try checkChunkLineLength(dataEnd: i + 1)
                     throw error("http1.bare_cr", at: i, "CR not followed by LF in a chunk line")
                 case .line(let cr):
-                    if cr + 2 - readIndex > Self.maxChunkLineBytes {
-                        throw error("http1.chunk_line_too_long", at: readIndex + Self.maxChunkLineBytes,
-                                    "chunk line longer than \(Self.maxChunkLineBytes) bytes")
-                    }
+                    try checkChunkLineLength(dataEnd: cr + 2)
                     let size = try parseChunkLine(readIndex, cr)
                     readIndex = cr + 2
                     if size == 0 {
@@ -853,23 +939,20 @@ public struct HTTP1Parser: Sendable {
             case .trailers:
                 switch scanLine() {
                 case .incomplete:
-                    let partial = buffer.count - readIndex
-                    if head.sectionBytes + partial > limits.maxHeaderBytes {
-                        throw error("http1.header_too_large", 431, at: readIndex + max(0, limits.maxHeaderBytes - head.sectionBytes),
-                                    "trailer section larger than \(limits.maxHeaderBytes) bytes")
-                    }
+                    try checkHeadLinePrefix(dataEnd: buffer.count)
                     if sawEOF { throw truncated(at: buffer.count, "connection closed inside the trailer section") }
                     return nil
                 case .bareLF(let i):
+                    try checkHeadLinePrefix(dataEnd: i)
                     throw error("http1.invalid_trailer", at: i, "http1.bare_lf: trailer line ends in LF without CR")
                 case .bareCR(let i):
+                    try checkHeadLinePrefix(dataEnd: i + 1)
                     throw error("http1.invalid_trailer", at: i, "http1.bare_cr: CR not followed by LF in a trailer line")
                 case .line(let cr):
                     let lineStart = readIndex
                     let lineBytes = cr + 2 - lineStart
                     if head.sectionBytes + lineBytes > limits.maxHeaderBytes {
-                        throw error("http1.header_too_large", 431, at: lineStart + max(0, limits.maxHeaderBytes - head.sectionBytes),
-                                    "trailer section larger than \(limits.maxHeaderBytes) bytes")
+                        throw headerTooLarge(lineStart: lineStart)
                     }
                     head.sectionBytes += lineBytes
                     readIndex = cr + 2
@@ -884,6 +967,15 @@ public struct HTTP1Parser: Sendable {
             default:
                 return try step()
             }
+        }
+    }
+
+    /// RFC 9112 §7.1.1 leaves the chunk line length to us: 400 beyond `maxChunkLineBytes`,
+    /// checked as bytes arrive (for line data ending at `dataEnd`).
+    private func checkChunkLineLength(dataEnd: Int) throws(HTTP1Error) {
+        if dataEnd - readIndex > Self.maxChunkLineBytes {
+            throw error("http1.chunk_line_too_long", at: readIndex + Self.maxChunkLineBytes,
+                        "chunk line longer than \(Self.maxChunkLineBytes) bytes")
         }
     }
 

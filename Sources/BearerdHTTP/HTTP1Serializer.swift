@@ -4,6 +4,7 @@
 public enum HTTP1Serializer {
     /// `method SP target SP HTTP/x.y CRLF *(field CRLF) CRLF`
     public static func writeRequestHead(_ head: HTTPRequestHead, into buffer: inout [UInt8]) {
+        buffer.reserveCapacity(buffer.count + head.method.utf8.count + head.target.utf8.count + 12 + fieldsSize(head.headers) + 2)
         buffer.append(contentsOf: head.method.utf8)
         buffer.append(asciiSP)
         buffer.append(contentsOf: head.target.utf8)
@@ -19,6 +20,7 @@ public enum HTTP1Serializer {
     /// `HTTP/x.y SP 3DIGIT SP reason CRLF *(field CRLF) CRLF` (the SP before an empty reason is
     /// kept, as RFC 9112 §4 requires).
     public static func writeResponseHead(_ head: HTTPResponseHead, into buffer: inout [UInt8]) {
+        buffer.reserveCapacity(buffer.count + 15 + head.reason.utf8.count + fieldsSize(head.headers) + 2)
         writeVersion(head.version, into: &buffer)
         buffer.append(asciiSP)
         let status = min(max(head.status, 0), 999)
@@ -38,6 +40,7 @@ public enum HTTP1Serializer {
     /// the last-chunk).
     public static func writeChunk(_ bytes: UnsafeRawBufferPointer, into buffer: inout [UInt8]) {
         guard bytes.count > 0 else { return }
+        buffer.reserveCapacity(buffer.count + 16 + 4 + bytes.count)
         writeHex(UInt64(bytes.count), into: &buffer)
         buffer.append(asciiCR)
         buffer.append(asciiLF)
@@ -56,9 +59,20 @@ public enum HTTP1Serializer {
         buffer.append(asciiLF)
     }
 
+    /// Bytes `writeFields` appends for `headers`.
+    static func fieldsSize(_ headers: HTTPHeaders) -> Int {
+        var n = 0
+        for field in headers.fields { n += field.name.utf8.count + field.value.utf8.count + 4 }
+        return n
+    }
+
     @inline(__always)
     static func writeVersion(_ version: HTTPVersion, into buffer: inout [UInt8]) {
-        buffer.append(contentsOf: [UInt8(ascii: "H"), UInt8(ascii: "T"), UInt8(ascii: "T"), UInt8(ascii: "P"), UInt8(ascii: "/")])
+        buffer.append(UInt8(ascii: "H"))
+        buffer.append(UInt8(ascii: "T"))
+        buffer.append(UInt8(ascii: "T"))
+        buffer.append(UInt8(ascii: "P"))
+        buffer.append(UInt8(ascii: "/"))
         buffer.append(UInt8(0x30 + min(max(version.major, 0), 9)))
         buffer.append(UInt8(ascii: "."))
         buffer.append(UInt8(0x30 + min(max(version.minor, 0), 9)))

@@ -11,14 +11,28 @@ enum HTTP1Syntax {
     /// "^" / "_" / "`" / "|" / "~" / DIGIT / ALPHA
     @inline(__always)
     static func isTchar(_ c: UInt8) -> Bool {
-        switch c {
-        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A:
-            return true
-        case 0x21, 0x23, 0x24, 0x25, 0x26, 0x27, 0x2A, 0x2B, 0x2D, 0x2E, 0x5E, 0x5F, 0x60, 0x7C, 0x7E:
-            return true
-        default:
-            return false
-        }
+        // Bitmaps of the tchar set for bytes 0-63 and 64-127 (checked against the list above
+        // by HTTP1SyntaxTests.tcharBitmapMatchesTheRFC).
+        let low: UInt64 = 0x03FF_6CFA_0000_0000
+        let high: UInt64 = 0x57FF_FFFF_C7FF_FFFE
+        if c < 64 { return (low >> UInt64(c)) & 1 != 0 }
+        if c < 128 { return (high >> UInt64(c - 64)) & 1 != 0 }
+        return false
+    }
+
+    /// The tchar set spelled out, for tests of the bitmap.
+    static let tcharList: [UInt8] = Array("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ".utf8)
+
+    /// True when none of the 8 bytes of `x` is a CTL (< 0x20 or 0x7F) or >= 0x80, i.e. all are
+    /// SP or VCHAR. Classic SWAR "has less than" / "has value" tests, exact for "any byte".
+    @inline(__always)
+    static func allVisibleOrSpace(_ x: UInt64) -> Bool {
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let highs: UInt64 = 0x8080_8080_8080_8080
+        let below20 = (x &- 0x20 &* ones) & ~x & highs
+        let y = x ^ (0x7F &* ones)
+        let del = (y &- ones) & ~y & highs
+        return (below20 | del | (x & highs)) == 0
     }
 
     /// RFC 9110 §5.6.3: OWS = *( SP / HTAB )
@@ -79,7 +93,11 @@ enum HTTP1Syntax {
     /// when present, must be 1 to 5 digits not above 65535. `requirePort` is for the
     /// authority-form of CONNECT (RFC 9112 §3.2.3), where the port is mandatory.
     static func isValidAuthority(_ s: String, requirePort: Bool) -> Bool {
-        let b = Array(s.utf8)
+        var s = s
+        return s.withUTF8 { isValidAuthority($0, requirePort: requirePort) }
+    }
+
+    static func isValidAuthority(_ b: UnsafeBufferPointer<UInt8>, requirePort: Bool) -> Bool {
         let n = b.count
         var i = 0
         if n == 0 { return false }

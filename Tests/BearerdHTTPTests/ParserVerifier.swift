@@ -138,3 +138,6 @@ func expectSuccess(_ input: String, role: HTTP1Parser.Role = .server, methods: [
 }
 
 func bytes(_ s: String) -> [UInt8] { Array(s.utf8) }
+
+/// Headers from ordered pairs (duplicates allowed).
+func hdrs(_ pairs: (String, String)...) -> HTTPHeaders { HTTPHeaders(pairs) }

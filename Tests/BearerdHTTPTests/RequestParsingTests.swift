@@ -138,6 +138,8 @@ import Testing
         ("CONNECT example.com HTTP/1.1", false),
         ("CONNECT / HTTP/1.1", false),
         ("GET a/b HTTP/1.1", false),
+        ("GET /a#frag HTTP/1.1", false),
+        ("GET /a?b=c&d=%20 HTTP/1.1", true),
     ])
     func targetForms(line: String, valid: Bool) {
         let outcome = verify(line + "\r\nHost: example.com\r\n\r\n")

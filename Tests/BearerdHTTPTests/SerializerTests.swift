@@ -1,0 +1,120 @@
+import Testing
+@testable import BearerdHTTP
+
+@Suite struct SerializerTests {
+    @Test func requestHeadBytes() {
+        var out: [UInt8] = []
+        HTTP1Serializer.writeRequestHead(HTTPRequestHead(method: "POST", target: "/a?b=c", headers: hdrs(("Host", "x"), ("Content-Length", "3"))), into: &out)
+        #expect(out == bytes("POST /a?b=c HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n"))
+    }
+
+    @Test func responseHeadBytes() {
+        var out: [UInt8] = []
+        HTTP1Serializer.writeResponseHead(HTTPResponseHead(status: 404, reason: "Not Found", version: .http1_0, headers: ["A": "b"]), into: &out)
+        #expect(out == bytes("HTTP/1.0 404 Not Found\r\nA: b\r\n\r\n"))
+        out = []
+        HTTP1Serializer.writeResponseHead(HTTPResponseHead(status: 204), into: &out)
+        #expect(out == bytes("HTTP/1.1 204 \r\n\r\n"))
+    }
+
+    @Test func chunks() {
+        var out: [UInt8] = []
+        [UInt8]().withUnsafeBytes { HTTP1Serializer.writeChunk($0, into: &out) }
+        #expect(out.isEmpty)
+        bytes("hello").withUnsafeBytes { HTTP1Serializer.writeChunk($0, into: &out) }
+        #expect(out == bytes("5\r\nhello\r\n"))
+        out = []
+        Array(repeating: UInt8(7), count: 255).withUnsafeBytes { HTTP1Serializer.writeChunk($0, into: &out) }
+        #expect(Array(out.prefix(4)) == bytes("ff\r\n"))
+        #expect(out.count == 4 + 255 + 2)
+        out = []
+        Array(repeating: UInt8(7), count: 0x10000).withUnsafeBytes { HTTP1Serializer.writeChunk($0, into: &out) }
+        #expect(Array(out.prefix(7)) == bytes("10000\r\n"))
+        out = []
+        HTTP1Serializer.writeLastChunk(trailers: nil, into: &out)
+        #expect(out == bytes("0\r\n\r\n"))
+        out = []
+        HTTP1Serializer.writeLastChunk(trailers: ["X-Sum": "1"], into: &out)
+        #expect(out == bytes("0\r\nX-Sum: 1\r\n\r\n"))
+    }
+
+    @Test func hexDigits() {
+        for (v, s) in [(UInt64(0), "0"), (1, "1"), (15, "f"), (16, "10"), (0xabcdef, "abcdef"), (UInt64.max, "ffffffffffffffff")] {
+            var out: [UInt8] = []
+            HTTP1Serializer.writeHex(v, into: &out)
+            #expect(out == bytes(s))
+        }
+    }
+
+    @Test func requestRoundTrip() {
+        let head = HTTPRequestHead(method: "PUT", target: "/upload", headers: hdrs(("Host", "example.com:8443"), ("Transfer-Encoding", "chunked"), ("X-Name", "caf\u{e9}")))
+        var wire: [UInt8] = []
+        HTTP1Serializer.writeRequestHead(head, into: &wire)
+        let pieces = [bytes("first piece "), Array(repeating: UInt8(ascii: "z"), count: 300), bytes("!")]
+        for piece in pieces { piece.withUnsafeBytes { HTTP1Serializer.writeChunk($0, into: &wire) } }
+        let trailers = hdrs(("X-Digest", "sha-256=abc"), ("X-Count", "3"))
+        HTTP1Serializer.writeLastChunk(trailers: trailers, into: &wire)
+        let o = verify(wire)
+        #expect(o.error == nil)
+        #expect(o.events == [
+            .requestHead(head, framing: .chunked),
+            .body(ArraySlice(pieces.flatMap { $0 })),
+            .end(trailers: trailers),
+        ])
+    }
+
+    @Test func responseRoundTrip() {
+        let head = HTTPResponseHead(status: 200, reason: "OK", headers: hdrs(("Content-Length", "4"), ("Set-Cookie", "a=b; Path=/")))
+        var wire: [UInt8] = []
+        HTTP1Serializer.writeResponseHead(head, into: &wire)
+        wire += bytes("body")
+        let o = verify(wire, role: .client, methods: ["GET"])
+        #expect(o.events == [.responseHead(head, framing: .contentLength(4)), .body(ArraySlice(bytes("body"))), .end(trailers: nil)])
+        var empty: [UInt8] = []
+        HTTP1Serializer.writeResponseHead(HTTPResponseHead(status: 304), into: &empty)
+        let e = verify(empty, role: .client, methods: ["GET"])
+        #expect(e.events == [.responseHead(HTTPResponseHead(status: 304), framing: .none), .end(trailers: nil)])
+    }
+}
+
+@Suite struct HeaderRulesTests {
+    @Test func connectionTokens() {
+        let h = hdrs(("Connection", "Keep-Alive, X-Foo ,, "), ("connection", "close"), ("X", "y"))
+        #expect(HTTPHeaderRules.connectionTokens(h) == ["keep-alive", "x-foo", "close"])
+        #expect(HTTPHeaderRules.connectionTokens(["A": "b"]) == [])
+    }
+
+    @Test func removeHopByHop() {
+        var h = hdrs(
+            ("Host", "a"), ("Connection", "x-private, Keep-Alive"), ("Keep-Alive", "timeout=5"), ("X-Private", "secret"),
+            ("x-private", "again"), ("TE", "trailers"), ("Transfer-Encoding", "chunked"), ("Upgrade", "h2c"),
+            ("Proxy-Connection", "keep-alive"), ("Trailer", "X-Sum"), ("Proxy-Authenticate", "Basic"),
+            ("Proxy-Authorization", "Basic Zm9v"), ("Accept", "*/*"), ("Authorization", "Bearer t")
+        )
+        HTTPHeaderRules.removeHopByHop(&h)
+        #expect(h == hdrs(("Host", "a"), ("Accept", "*/*"), ("Authorization", "Bearer t")))
+    }
+
+    @Test(arguments: [
+        (HTTPVersion.http1_1, [(String, String)](), true),
+        (.http1_1, [("Connection", "close")], false),
+        (.http1_1, [("Connection", "Keep-Alive, CLOSE")], false),
+        (.http1_1, [("Connection", "keep-alive")], true),
+        (.http1_1, [("Connection", "upgrade")], true),
+        (.http1_0, [], false),
+        (.http1_0, [("Connection", "keep-alive")], true),
+        (.http1_0, [("Connection", "Keep-Alive")], true),
+        (.http1_0, [("Connection", "keep-alive"), ("Connection", "close")], false),
+        (.http1_0, [("Keep-Alive", "timeout=5")], false),
+    ])
+    func keepAlive(version: HTTPVersion, fields: [(String, String)], expected: Bool) {
+        #expect(HTTPHeaderRules.keepAlive(version: version, headers: HTTPHeaders(fields)) == expected)
+    }
+
+    @Test func expectsContinue() {
+        #expect(HTTPHeaderRules.expectsContinue(HTTPRequestHead(method: "PUT", target: "/", headers: ["Expect": "100-continue"])))
+        #expect(HTTPHeaderRules.expectsContinue(HTTPRequestHead(method: "PUT", target: "/", headers: ["expect": "100-Continue"])))
+        #expect(!HTTPHeaderRules.expectsContinue(HTTPRequestHead(method: "PUT", target: "/", headers: ["Expect": "200-ok"])))
+        #expect(!HTTPHeaderRules.expectsContinue(HTTPRequestHead(method: "PUT", target: "/")))
+    }
+}
