@@ -37,7 +37,7 @@ public final class Listener: @unchecked Sendable {  // @unchecked: confined to `
 
     private static func make(address: SocketAddress, unixPath: String?, group: EventLoopGroup,
                              onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) throws(IOError) -> Listener {
-        let fd = socket(address.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        let fd = bearerd_stream_socket(address.family)
         if fd < 0 { throw IOError("socket", errno) }
         if address.family != AF_UNIX {
             Sys.setOption(fd, SOL_SOCKET, SO_REUSEADDR, 1)
@@ -85,7 +85,7 @@ public final class Listener: @unchecked Sendable {  // @unchecked: confined to `
             var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
             let cfd = withUnsafeMutablePointer(to: &storage) { p in
                 p.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bearerd_accept4(fd, $0, &len, Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue))
+                    bearerd_accept4(fd, $0, &len, bearerd_accept_flags())
                 }
             }
             if cfd < 0 {

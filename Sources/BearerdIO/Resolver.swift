@@ -1,4 +1,5 @@
 import Dispatch
+import CBearerdShim
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -47,7 +48,7 @@ public final class Resolver: @unchecked Sendable {  // @unchecked: `cache` guard
     /// getaddrinfo, blocking. Only for start-up and the resolver queue.
     public static func resolveBlocking(host: String, port: UInt16) -> [SocketAddress] {
         var hints = addrinfo()
-        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        hints.ai_socktype = bearerd_SOCK_STREAM()
         hints.ai_family = AF_UNSPEC
         var res: UnsafeMutablePointer<addrinfo>?
         guard getaddrinfo(host, String(port), &hints, &res) == 0, let first = res else { return [] }

@@ -1,4 +1,5 @@
 import Dispatch
+import CBearerdShim
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -121,7 +122,7 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
     /// Opens a non-blocking connection to `address`; `channelActive` follows on success (after the
     /// TLS handshake when `tls` is given), `channelError(.connect)` on failure.
     public static func connect(to address: SocketAddress, loop: EventLoop, tls: TLSEngine?, delegate: ChannelDelegate) throws(IOError) -> SocketChannel {
-        let fd = socket(address.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        let fd = bearerd_stream_socket(address.family)
         if fd < 0 { throw IOError("socket", errno) }
         if address.family != AF_UNIX {
             Sys.setOption(fd, Int32(IPPROTO_TCP), TCP_NODELAY, 1)

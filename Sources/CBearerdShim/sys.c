@@ -2,3 +2,6 @@
 #include <sys/socket.h>
 #include "bearerd_sys.h"
 int bearerd_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) { return accept4(fd, addr, len, flags); }
+int bearerd_stream_socket(int family) { return socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0); }
+int bearerd_SOCK_STREAM(void) { return SOCK_STREAM; }
+int bearerd_accept_flags(void) { return SOCK_NONBLOCK | SOCK_CLOEXEC; }

@@ -3,4 +3,9 @@
 #include <sys/socket.h>
 /* accept4(2) needs _GNU_SOURCE, which Swift's Glibc module does not define. */
 int bearerd_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags);
+/* A non-blocking, close-on-exec stream socket. (SOCK_STREAM and friends are an enum in glibc
+   whose import into Swift is not reliable across build modes.) */
+int bearerd_stream_socket(int family);
+int bearerd_SOCK_STREAM(void);
+int bearerd_accept_flags(void);
 #endif
