@@ -59,6 +59,7 @@ Flags:
                                (Okta, Auth0, Keycloak...) that protect clients whose response was
                                lost in transit.
     --verbose                  werkzeug request log and Authlib debug log on stderr.
+    --parent-pid PID           exit as soon as PID is no longer the parent process.
 """
 
 import argparse
@@ -67,6 +68,7 @@ import hashlib
 import logging
 import os
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -560,7 +562,27 @@ def main(argv=None):
     p.add_argument("--rotate-refresh-tokens", action="store_true")
     p.add_argument("--grace-seconds", type=int, default=10)
     p.add_argument("--verbose", action="store_true")
+    p.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="exit when this process is no longer our parent (a crashed test run leaves no server behind)",
+    )
     args = p.parse_args(argv)
+
+    # A parent that blocks SIGTERM (e.g. a test runner's thread) passes the mask on through
+    # posix_spawn; unblock it so `terminate()` works, and exit at once on it.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+
+    if args.parent_pid is not None:
+
+        def watch_parent():
+            while os.getppid() == args.parent_pid:
+                time.sleep(0.5)
+            os._exit(0)
+
+        threading.Thread(target=watch_parent, daemon=True).start()
 
     Config.token_lifetime = args.token_lifetime
     Config.rotate_refresh_tokens = args.rotate_refresh_tokens
