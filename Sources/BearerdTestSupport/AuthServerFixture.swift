@@ -190,7 +190,7 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
 
     /// `GET /_test/stats`: `token_requests`, `by_grant` and `by_client` (dictionaries of counts),
     /// `token_errors` (by RFC 6749 error code), `tokens_issued`, `grace_replays`, `revocations`,
-    /// `api_requests`, `api_rejected`.
+    /// `api_requests`, `api_rejected`, `injected_faults` (all `Int`).
     public func stats() throws -> [String: Any] {
         try json(request("GET", "/_test/stats"))
     }
@@ -215,6 +215,35 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
             throw Failure("issue-refresh-token: no refresh_token in \(obj)")
         }
         return token
+    }
+
+    /// `POST /_test/fail-next`: the next `count` token requests (any grant, any client) are
+    /// answered with `status` and `{"error": error}` (`error` nil: body `{}`), with `Retry-After`
+    /// when `retryAfter` is given, after sleeping `delay` seconds. Counted in `injected_faults`.
+    public func failNextTokenRequests(
+        count: Int = 1,
+        status: Int = 503,
+        error: String? = "temporarily_unavailable",
+        retryAfter: String? = nil,
+        delay: Double = 0
+    ) throws {
+        var query = "count=\(count)&status=\(status)&error=\(Self.formEncode(error ?? ""))&delay=\(delay)"
+        if let retryAfter { query += "&retry_after=\(Self.formEncode(retryAfter))" }
+        _ = try json(request("POST", "/_test/fail-next?\(query)"))
+    }
+
+    /// `POST /_test/clear-faults`: drops queued `failNextTokenRequests` answers.
+    public func clearFaults() throws {
+        _ = try json(request("POST", "/_test/clear-faults"))
+    }
+
+    /// `POST /_test/configure`: changes the start-up settings for later token requests.
+    public func configure(tokenLifetime: Int? = nil, rotateRefreshTokens: Bool? = nil, graceSeconds: Int? = nil) throws {
+        var parts: [String] = []
+        if let tokenLifetime { parts.append("token_lifetime=\(tokenLifetime)") }
+        if let rotateRefreshTokens { parts.append("rotate_refresh_tokens=\(rotateRefreshTokens ? 1 : 0)") }
+        if let graceSeconds { parts.append("grace_seconds=\(graceSeconds)") }
+        _ = try json(request("POST", "/_test/configure?" + parts.joined(separator: "&")))
     }
 
     // MARK: - Plain HTTP helpers

@@ -47,6 +47,14 @@ Test hooks (NOT OAuth; only answered to 127.0.0.1 peers):
     POST /_test/issue-refresh-token?client_id=cli&user=alice
                                                  mint a refresh token (JSON token response without
                                                  an access token), e.g. to seed refresh_token_file
+    POST /_test/fail-next?count=1&status=503&error=temporarily_unavailable&retry_after=2&delay=0
+                                                 the next `count` token requests (any grant) get
+                                                 `status` with {"error": error} (empty `error`: body
+                                                 `{}`), a Retry-After header when given, after
+                                                 sleeping `delay` seconds. Counted in stats.
+    POST /_test/clear-faults                     drop queued faults
+    POST /_test/configure?token_lifetime=N&grace_seconds=N&rotate_refresh_tokens=0|1
+                                                 change the flags below at run time
 
 Flags:
     --token-lifetime SECONDS   expires_in of every access token (default 3600). 0 omits
@@ -233,7 +241,7 @@ class Stats:
         self.reset()
 
     def reset(self):
-        with getattr(self, "lock", threading.Lock()):
+        with self.lock:
             self.token_requests = 0
             self.by_grant = {}
             self.by_client = {}
@@ -243,6 +251,7 @@ class Stats:
             self.revocations = 0
             self.api_requests = 0
             self.api_rejected = 0
+            self.injected_faults = 0
 
     def snapshot(self):
         with self.lock:
@@ -256,11 +265,58 @@ class Stats:
                 "revocations": self.revocations,
                 "api_requests": self.api_requests,
                 "api_rejected": self.api_rejected,
+                "injected_faults": self.injected_faults,
             }
+
+
+class Fault:
+    """One scripted token-endpoint answer from `/_test/fail-next`."""
+
+    def __init__(self, status, error, retry_after, delay):
+        self.status = status
+        self.error = error
+        self.retry_after = retry_after
+        self.delay = delay
+
+    def response(self):
+        if self.delay > 0:
+            time.sleep(self.delay)
+        body = {"error": self.error, "error_description": "injected by /_test/fail-next"} if self.error else {}
+        resp = jsonify(body)
+        resp.status_code = self.status
+        resp.headers["Cache-Control"] = "no-store"
+        if self.retry_after is not None:
+            resp.headers["Retry-After"] = self.retry_after
+        with STATS.lock:
+            STATS.injected_faults += 1
+            if self.error:
+                _bump(STATS.token_errors, self.error)
+        return resp
+
+
+class Faults:
+    """Queue of scripted token-endpoint answers, consumed one per token request. Guarded by `lock`."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.queue = []
+
+    def add(self, fault, count):
+        with self.lock:
+            self.queue.extend([fault] * count)
+
+    def take(self):
+        with self.lock:
+            return self.queue.pop(0) if self.queue else None
+
+    def clear(self):
+        with self.lock:
+            self.queue.clear()
 
 
 STORE = Store()
 STATS = Stats()
+FAULTS = Faults()
 
 
 def _bump(d, key):
@@ -463,6 +519,9 @@ def create_app():
             STATS.token_requests += 1
             _bump(STATS.by_grant, grant)
             _bump(STATS.by_client, cid)
+        fault = FAULTS.take()
+        if fault is not None:
+            return fault.response()
         with STORE.lock:
             resp = server.create_token_response()
         if resp.status_code != 200:
@@ -536,6 +595,42 @@ def create_app():
     def hook_reset_stats():
         STATS.reset()
         return jsonify(ok=True)
+
+    @app.post("/_test/fail-next")
+    def hook_fail_next():
+        a = request.args
+        try:
+            count = int(a.get("count", "1"))
+            status = int(a.get("status", "503"))
+            delay = float(a.get("delay", "0"))
+        except ValueError:
+            return jsonify(error="bad_parameters"), 400
+        error = a.get("error", "temporarily_unavailable")
+        FAULTS.add(Fault(status, error, a.get("retry_after"), delay), count)
+        return jsonify(queued=count)
+
+    @app.post("/_test/clear-faults")
+    def hook_clear_faults():
+        FAULTS.clear()
+        return jsonify(ok=True)
+
+    @app.post("/_test/configure")
+    def hook_configure():
+        a = request.args
+        try:
+            if "token_lifetime" in a:
+                Config.token_lifetime = int(a["token_lifetime"])
+            if "grace_seconds" in a:
+                Config.grace_seconds = int(a["grace_seconds"])
+            if "rotate_refresh_tokens" in a:
+                Config.rotate_refresh_tokens = a["rotate_refresh_tokens"] in ("1", "true", "yes")
+        except ValueError:
+            return jsonify(error="bad_parameters"), 400
+        return jsonify(
+            token_lifetime=Config.token_lifetime,
+            grace_seconds=Config.grace_seconds,
+            rotate_refresh_tokens=Config.rotate_refresh_tokens,
+        )
 
     @app.post("/_test/issue-refresh-token")
     def hook_issue_refresh_token():

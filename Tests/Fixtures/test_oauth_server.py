@@ -301,6 +301,35 @@ def test_stats():
         assert st["token_requests"] == 0 and st["by_grant"] == {} and st["api_requests"] == 0, st
 
 
+def test_fail_next_and_configure():
+    with Server() as s:
+        assert s.request("POST", "/_test/fail-next?count=2&status=503&retry_after=1")[0] == 200
+        creds = ("svc", "svc-secret")
+        for _ in range(2):
+            status, hdrs, body = s.token({"grant_type": "client_credentials"}, basic=creds)
+            assert status == 503 and hdrs["Retry-After"] == "1" and body["error"] == "temporarily_unavailable", body
+        ok_token(s.token({"grant_type": "client_credentials"}, basic=creds))
+        s.request("POST", "/_test/fail-next?status=200&error=")
+        status, _, body = s.token({"grant_type": "client_credentials"}, basic=creds)
+        assert status == 200 and body == {}, body
+        s.request("POST", "/_test/fail-next?status=400&error=invalid_client&delay=0.3")
+        t0 = time.time()
+        status, _, body = s.token({"grant_type": "client_credentials"}, basic=creds)
+        assert status == 400 and body["error"] == "invalid_client" and time.time() - t0 >= 0.3
+        s.request("POST", "/_test/fail-next?count=5")
+        s.request("POST", "/_test/clear-faults")
+        ok_token(s.token({"grant_type": "client_credentials"}, basic=creds))
+        st = s.request("GET", "/_test/stats")[2]
+        assert st["injected_faults"] == 4 and st["token_errors"] == {"temporarily_unavailable": 2, "invalid_client": 1}, st
+
+        status, _, cfg = s.request("POST", "/_test/configure?token_lifetime=7&rotate_refresh_tokens=1")
+        assert status == 200 and cfg["token_lifetime"] == 7 and cfg["rotate_refresh_tokens"] is True, cfg
+        t = ok_token(s.token({"grant_type": "password", "client_id": "cli", "username": "bob", "password": "builder"}))
+        assert t["expires_in"] == 7
+        r = ok_token(s.token({"grant_type": "refresh_token", "client_id": "cli", "refresh_token": t["refresh_token"]}))
+        assert r["refresh_token"] != t["refresh_token"]
+
+
 def test_keep_alive_http11():
     import http.client
 
