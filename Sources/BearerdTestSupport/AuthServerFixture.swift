@@ -112,7 +112,7 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
         try fm.createDirectory(at: dir, withIntermediateDirectories: true)
         let portFile = dir.appendingPathComponent("port").path
         let logFile = dir.appendingPathComponent("stderr.log")
-        fm.createFile(atPath: logFile.path, contents: nil)
+        _ = fm.createFile(atPath: logFile.path, contents: nil)
         let log = try FileHandle(forWritingTo: logFile)
         defer { try? log.close() }
 
