@@ -1,0 +1,711 @@
+#!/usr/bin/env python3
+"""A real OAuth 2.0 authorization server (plus a protected test API) for bearerd's
+end-to-end tests, built on Authlib's Flask integration. TEST FIXTURE ONLY.
+
+Run:
+    python3 oauth_server.py --port 0 --port-file /tmp/as.port [--token-lifetime 3600]
+        [--rotate-refresh-tokens] [--grace-seconds 10] [--verbose]
+
+Binds 127.0.0.1 only. All state is in memory and lost on exit.
+
+Fixed clients (RFC 6749 §2.3.1 client authentication):
+
+    client_id   secret          token_endpoint_auth_method  grants
+    ---------   -------------   --------------------------  -------------------------------------
+    svc         svc-secret      client_secret_basic         client_credentials
+    svc-post    post-secret     client_secret_post          client_credentials
+    app         app-secret      client_secret_basic         password, refresh_token
+    cli         (none)          none (public client)        password, refresh_token
+    we:ird      p@ss w+rd/:     client_secret_basic         client_credentials
+
+    `we:ird` tests the rule of RFC 6749 §2.3.1 that client_id and secret are each
+    form-urlencoded (application/x-www-form-urlencoded, space as `+`) BEFORE being joined
+    with `:` and base64-encoded. A client that skips the encoding fails: the raw `:` in the
+    id splits it wrongly, and a raw `+` decodes to a space. (Authlib's stock basic parser
+    uses `unquote`, which keeps `+`; this fixture replaces it with a strict
+    form-urldecoding one, `_authenticate_basic_form_decoded` below.)
+
+Users (password grant): alice / wonderland, bob / builder.
+
+Scopes: every client may ask for any subset of "read write admin"; no scope asked means
+"read write". Asking for anything else is `invalid_scope`.
+
+Endpoints:
+    POST /oauth/token      grant_type client_credentials | password | refresh_token
+    POST /oauth/revoke     RFC 7009 revocation (same client authentication as the token endpoint)
+    ANY  /api/<path>       protected by Authlib's ResourceProtector + RFC 6750 BearerTokenValidator.
+                           200 JSON {"path", "method", "client_id", "user", "scope", "query",
+                           "body_sha256", "body_length"}; the body is streamed and hashed, any size.
+                           Invalid/expired/revoked token: 401 and
+                           `WWW-Authenticate: Bearer error="invalid_token", ...`.
+                           Same for a missing or non-Bearer Authorization header (see `Protector`).
+
+Test hooks (NOT OAuth; only answered to 127.0.0.1 peers):
+    POST /_test/revoke-all                       revoke every access token issued so far
+    GET  /_test/stats                            JSON counters (see `Stats.snapshot`)
+    POST /_test/reset-stats                      zero the counters
+    POST /_test/issue-refresh-token?client_id=cli&user=alice
+                                                 mint a refresh token (JSON token response without
+                                                 an access token), e.g. to seed refresh_token_file
+    POST /_test/fail-next?count=1&status=503&error=temporarily_unavailable&retry_after=2&delay=0
+                                                 the next `count` token requests (any grant) get
+                                                 `status` with {"error": error} (empty `error`: body
+                                                 `{}`), a Retry-After header when given, after
+                                                 sleeping `delay` seconds. Counted in stats.
+    POST /_test/clear-faults                     drop queued faults
+    POST /_test/configure?token_lifetime=N&grace_seconds=N&rotate_refresh_tokens=0|1
+                                                 change the flags below at run time
+
+Flags:
+    --token-lifetime SECONDS   expires_in of every access token (default 3600). 0 omits
+                               expires_in from responses and the tokens never expire.
+    --rotate-refresh-tokens    refresh_token grant returns a new refresh token and revokes the
+                               presented one (RFC 6749 §6, RFC 9700 §4.14.2).
+    --grace-seconds N          with rotation: the SAME old refresh token presented again within N
+                               seconds (default 10; 0 disables) gets the SAME new pair back instead
+                               of invalid_grant. An imitation of the grace windows of real servers
+                               (Okta, Auth0, Keycloak...) that protect clients whose response was
+                               lost in transit.
+    --verbose                  werkzeug request log and Authlib debug log on stderr.
+    --parent-pid PID           exit as soon as PID is no longer the parent process.
+"""
+
+import argparse
+import base64
+import hashlib
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+from urllib.parse import unquote_plus
+
+from flask import Flask, jsonify, request
+
+from authlib.integrations.flask_oauth2 import AuthorizationServer, ResourceProtector
+from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
+from authlib.oauth2.rfc6749.errors import InvalidGrantError, MissingAuthorizationError, UnsupportedTokenTypeError
+from authlib.oauth2.rfc6750 import BearerTokenGenerator, BearerTokenValidator, InvalidTokenError
+from authlib.oauth2.rfc7009 import RevocationEndpoint
+from werkzeug.serving import make_server
+
+ALL_AUTH_METHODS = ["client_secret_basic", "client_secret_post", "none"]
+SCOPES_SUPPORTED = {"read", "write", "admin"}
+DEFAULT_SCOPE = "read write"
+
+
+class Config:
+    """Runtime configuration from the command line (set once in `main`)."""
+
+    token_lifetime = 3600
+    rotate_refresh_tokens = False
+    grace_seconds = 10
+
+
+# ---------------------------------------------------------------------------------------
+# Models (in memory)
+# ---------------------------------------------------------------------------------------
+
+
+class Client(ClientMixin):
+    """A registered client. Immutable after start-up."""
+
+    def __init__(self, client_id, secret, auth_method, grant_types):
+        self.client_id = client_id
+        self.client_secret = secret
+        self.auth_method = auth_method
+        self.grant_types = set(grant_types)
+
+    def get_client_id(self):
+        return self.client_id
+
+    def get_default_redirect_uri(self):
+        return None
+
+    def get_allowed_scope(self, scope):
+        if not scope:
+            return DEFAULT_SCOPE
+        asked = scope.split()
+        if any(s not in SCOPES_SUPPORTED for s in asked):
+            return None  # -> invalid_scope
+        return " ".join(asked)
+
+    def check_redirect_uri(self, redirect_uri):
+        return False
+
+    def check_client_secret(self, client_secret):
+        return self.client_secret is not None and secrets.compare_digest(
+            self.client_secret.encode(), client_secret.encode()
+        )
+
+    def check_endpoint_auth_method(self, method, endpoint):
+        return method == self.auth_method
+
+    def check_response_type(self, response_type):
+        return False
+
+    def check_grant_type(self, grant_type):
+        return grant_type in self.grant_types
+
+
+CLIENTS = {
+    c.client_id: c
+    for c in [
+        Client("svc", "svc-secret", "client_secret_basic", ["client_credentials"]),
+        Client("svc-post", "post-secret", "client_secret_post", ["client_credentials"]),
+        Client("app", "app-secret", "client_secret_basic", ["password", "refresh_token"]),
+        Client("cli", None, "none", ["password", "refresh_token"]),
+        Client("we:ird", "p@ss w+rd/:", "client_secret_basic", ["client_credentials"]),
+    ]
+}
+
+USERS = {"alice": "wonderland", "bob": "builder"}
+
+
+class Token(TokenMixin):
+    """One token response as issued: an access token and/or a refresh token.
+
+    `rotated_to` is set when the refresh token was rotated: it is the response that
+    replaced it (returned again within the grace window) and `rotated_at` its time.
+    """
+
+    def __init__(self, client_id, user, scope, access_token, refresh_token, expires_in):
+        self.client_id = client_id
+        self.user = user
+        self.scope = scope
+        self.access_token = access_token
+        self.refresh_token = refresh_token
+        self.expires_in = expires_in or 0
+        self.issued_at = time.time()
+        self.access_revoked = False
+        self.refresh_revoked = False
+        self.rotated_to = None
+        self.rotated_at = None
+
+    def check_client(self, client):
+        return self.client_id == client.get_client_id()
+
+    def get_scope(self):
+        return self.scope
+
+    def get_expires_in(self):
+        return self.expires_in
+
+    def is_expired(self):
+        return self.expires_in > 0 and time.time() >= self.issued_at + self.expires_in
+
+    def is_revoked(self):
+        return self.access_revoked
+
+    def get_user(self):
+        return self.user
+
+    def get_client(self):
+        return CLIENTS.get(self.client_id)
+
+
+class Store:
+    """All tokens, indexed by access and by refresh token. Guarded by `lock` (the server
+    is threaded); the token and revocation endpoints hold it for the whole request so
+    refreshes are serialized like in a database transaction."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.by_access = {}
+        self.by_refresh = {}
+
+    def add(self, token):
+        with self.lock:
+            if token.access_token:
+                self.by_access[token.access_token] = token
+            if token.refresh_token:
+                self.by_refresh[token.refresh_token] = token
+
+    def revoke_all_access(self):
+        with self.lock:
+            n = 0
+            for t in self.by_access.values():
+                if not t.access_revoked:
+                    t.access_revoked = True
+                    n += 1
+            return n
+
+
+class Stats:
+    """Counters for test assertions. Guarded by its own lock."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        with self.lock:
+            self.token_requests = 0
+            self.by_grant = {}
+            self.by_client = {}
+            self.token_errors = {}
+            self.tokens_issued = 0
+            self.grace_replays = 0
+            self.revocations = 0
+            self.api_requests = 0
+            self.api_rejected = 0
+            self.injected_faults = 0
+
+    def snapshot(self):
+        with self.lock:
+            return {
+                "token_requests": self.token_requests,
+                "by_grant": dict(self.by_grant),
+                "by_client": dict(self.by_client),
+                "token_errors": dict(self.token_errors),
+                "tokens_issued": self.tokens_issued,
+                "grace_replays": self.grace_replays,
+                "revocations": self.revocations,
+                "api_requests": self.api_requests,
+                "api_rejected": self.api_rejected,
+                "injected_faults": self.injected_faults,
+            }
+
+
+class Fault:
+    """One scripted token-endpoint answer from `/_test/fail-next`."""
+
+    def __init__(self, status, error, retry_after, delay):
+        self.status = status
+        self.error = error
+        self.retry_after = retry_after
+        self.delay = delay
+
+    def response(self):
+        if self.delay > 0:
+            time.sleep(self.delay)
+        body = {"error": self.error, "error_description": "injected by /_test/fail-next"} if self.error else {}
+        resp = jsonify(body)
+        resp.status_code = self.status
+        resp.headers["Cache-Control"] = "no-store"
+        if self.retry_after is not None:
+            resp.headers["Retry-After"] = self.retry_after
+        with STATS.lock:
+            STATS.injected_faults += 1
+            if self.error:
+                _bump(STATS.token_errors, self.error)
+        return resp
+
+
+class Faults:
+    """Queue of scripted token-endpoint answers, consumed one per token request. Guarded by `lock`."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.queue = []
+
+    def add(self, fault, count):
+        with self.lock:
+            self.queue.extend([fault] * count)
+
+    def take(self):
+        with self.lock:
+            return self.queue.pop(0) if self.queue else None
+
+    def clear(self):
+        with self.lock:
+            self.queue.clear()
+
+
+STORE = Store()
+STATS = Stats()
+FAULTS = Faults()
+
+
+def _bump(d, key):
+    d[key] = d.get(key, 0) + 1
+
+
+# ---------------------------------------------------------------------------------------
+# Authorization server
+# ---------------------------------------------------------------------------------------
+
+
+def _split_basic(headers):
+    """RFC 6749 §2.3.1: base64(form_urlencode(id) ":" form_urlencode(secret))."""
+    auth = headers.get("Authorization")
+    if not auth or " " not in auth:
+        return None, None
+    scheme, value = auth.split(None, 1)
+    if scheme.lower() != "basic":
+        return None, None
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except Exception:
+        return None, None
+    if ":" not in decoded:
+        return None, None
+    cid, secret = decoded.split(":", 1)
+    return unquote_plus(cid), unquote_plus(secret)
+
+
+def _authenticate_basic_form_decoded(query_client, req):
+    """client_secret_basic with form-urldecoding (space as `+`), unlike Authlib's stock
+    parser which uses `unquote` and would turn an encoded space into a literal `+`."""
+    cid, secret = _split_basic(req.headers)
+    if cid and secret:
+        client = query_client(cid)
+        if client and client.check_client_secret(secret):
+            return client
+    return None
+
+
+def query_client(client_id):
+    return CLIENTS.get(client_id)
+
+
+def save_token(token, req):
+    user = getattr(req, "user", None)
+    client = req.client
+    t = Token(
+        client.get_client_id(),
+        user,
+        token.get("scope"),
+        token.get("access_token"),
+        token.get("refresh_token"),
+        token.get("expires_in"),
+    )
+    STORE.add(t)
+    with STATS.lock:
+        STATS.tokens_issued += 1
+    req._saved_token_record = t
+
+
+class ClientCredentialsGrant(grants.ClientCredentialsGrant):
+    TOKEN_ENDPOINT_AUTH_METHODS = ALL_AUTH_METHODS
+
+
+class PasswordGrant(grants.ResourceOwnerPasswordCredentialsGrant):
+    TOKEN_ENDPOINT_AUTH_METHODS = ALL_AUTH_METHODS
+
+    def authenticate_user(self, username, password):
+        expected = USERS.get(username)
+        if expected is not None and secrets.compare_digest(expected, password):
+            return username
+        return None
+
+
+class RefreshTokenGrant(grants.RefreshTokenGrant):
+    """RFC 6749 §6. Without rotation the refresh token stays valid and the response
+    carries no refresh_token; with rotation see `--rotate-refresh-tokens`."""
+
+    TOKEN_ENDPOINT_AUTH_METHODS = ALL_AUTH_METHODS
+
+    @property
+    def INCLUDE_NEW_REFRESH_TOKEN(self):  # noqa: N802 (Authlib's attribute name)
+        return Config.rotate_refresh_tokens
+
+    def authenticate_refresh_token(self, refresh_token):
+        t = STORE.by_refresh.get(refresh_token)
+        if t is None:
+            return None
+        if not t.refresh_revoked:
+            return t
+        # Grace window: a rotated token presented again soon gets the same new pair.
+        if (
+            t.rotated_to is not None
+            and Config.grace_seconds > 0
+            and time.time() - t.rotated_at <= Config.grace_seconds
+        ):
+            return t
+        return None
+
+    def authenticate_user(self, refresh_token):
+        return refresh_token.user
+
+    def create_token_response(self):
+        old = self.request.refresh_token
+        if old.refresh_revoked and old.rotated_to is not None:
+            if self.request.payload.scope:
+                raise InvalidGrantError("Rotated refresh token replayed with a different scope.")
+            with STATS.lock:
+                STATS.grace_replays += 1
+            return 200, dict(old.rotated_to), self.TOKEN_RESPONSE_HEADER
+        status, body, headers = super().create_token_response()
+        if Config.rotate_refresh_tokens and status == 200:
+            old.rotated_to = dict(body)
+            old.rotated_at = time.time()
+        return status, body, headers
+
+    def revoke_old_credential(self, refresh_token):
+        if Config.rotate_refresh_tokens:
+            refresh_token.refresh_revoked = True
+
+
+class Revocation(RevocationEndpoint):
+    """RFC 7009. Revoking an access token revokes only it; revoking a refresh token
+    revokes it and the access token issued with it (RFC 7009 §2.1 allows both)."""
+
+    CLIENT_AUTH_METHODS = ALL_AUTH_METHODS
+
+    def query_token(self, token_string, token_type_hint):
+        if token_type_hint == "refresh_token":
+            return STORE.by_refresh.get(token_string) or STORE.by_access.get(token_string)
+        return STORE.by_access.get(token_string) or STORE.by_refresh.get(token_string)
+
+    def revoke_token(self, token, req):
+        s = req.form.get("token")
+        token.access_revoked = True
+        if s is not None and s == token.refresh_token:
+            token.refresh_revoked = True
+            token.rotated_to = None
+        with STATS.lock:
+            STATS.revocations += 1
+
+
+class Protector(ResourceProtector):
+    """Authlib's ResourceProtector, except that a request with no (or a non-Bearer)
+    Authorization header also gets `401` + `WWW-Authenticate: Bearer error="invalid_token"`
+    (stock Authlib says `bearer error="missing_authorization"`; RFC 6750 §3.1 would send no
+    error code at all). Keeps every /api rejection uniform for the proxy's tests."""
+
+    def parse_request_authorization(self, req):
+        try:
+            return super().parse_request_authorization(req)
+        except (MissingAuthorizationError, UnsupportedTokenTypeError):
+            raise InvalidTokenError(description="Missing or non-Bearer Authorization header.") from None
+
+
+class BearerValidator(BearerTokenValidator):
+    def authenticate_token(self, token_string):
+        with STORE.lock:
+            return STORE.by_access.get(token_string)
+
+
+# ---------------------------------------------------------------------------------------
+# Flask app
+# ---------------------------------------------------------------------------------------
+
+
+def create_app():
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = None  # /api accepts bodies of any size
+    server = AuthorizationServer(app, query_client, save_token)
+    # Opaque random tokens; expires_in follows --token-lifetime for every grant
+    # (0: no expires_in member, see BearerTokenGenerator.generate).
+    server.register_token_generator(
+        "default",
+        BearerTokenGenerator(
+            lambda **kw: secrets.token_urlsafe(32),
+            lambda **kw: secrets.token_urlsafe(32),
+            lambda client, grant_type: Config.token_lifetime,
+        ),
+    )
+    server.register_client_auth_method("client_secret_basic", _authenticate_basic_form_decoded)
+    server.register_grant(ClientCredentialsGrant)
+    server.register_grant(PasswordGrant)
+    server.register_grant(RefreshTokenGrant)
+    server.register_endpoint(Revocation)
+
+    require_oauth = Protector()
+    require_oauth.register_token_validator(BearerValidator())
+
+    def claimed_client_id():
+        cid, _ = _split_basic(request.headers)
+        return cid or request.form.get("client_id") or "-"
+
+    @app.post("/oauth/token")
+    def issue_token():
+        grant = request.form.get("grant_type") or "-"
+        cid = claimed_client_id()
+        with STATS.lock:
+            STATS.token_requests += 1
+            _bump(STATS.by_grant, grant)
+            _bump(STATS.by_client, cid)
+        fault = FAULTS.take()
+        if fault is not None:
+            return fault.response()
+        with STORE.lock:
+            resp = server.create_token_response()
+        if resp.status_code != 200:
+            try:
+                err = (resp.get_json(silent=True) or {}).get("error", "unknown")
+            except Exception:
+                err = "unknown"
+            with STATS.lock:
+                _bump(STATS.token_errors, err)
+        return resp
+
+    @app.post("/oauth/revoke")
+    def revoke_token():
+        with STORE.lock:
+            return server.create_endpoint_response(Revocation.ENDPOINT_NAME)
+
+    @app.route(
+        "/api/",
+        defaults={"path": ""},
+        methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+    )
+    @app.route("/api/<path:path>", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+    def api(path):
+        with STATS.lock:
+            STATS.api_requests += 1
+        try:
+            with require_oauth.acquire() as token:
+                h = hashlib.sha256()
+                n = 0
+                stream = request.stream
+                while True:
+                    chunk = stream.read(65536)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    n += len(chunk)
+                return jsonify(
+                    path="/api/" + path,
+                    method=request.method,
+                    client_id=token.client_id,
+                    user=token.user,
+                    scope=token.scope,
+                    query=request.query_string.decode("latin-1"),
+                    body_sha256=h.hexdigest(),
+                    body_length=n,
+                )
+        except Exception as e:
+            # HTTPException raised by Authlib for 401/403: count it and pass it on.
+            if getattr(e, "code", None) in (401, 403):
+                with STATS.lock:
+                    STATS.api_rejected += 1
+            raise
+
+    # ---- test hooks (loopback only) ------------------------------------------------
+
+    @app.before_request
+    def loopback_only_for_hooks():
+        if request.path.startswith("/_test/") and request.remote_addr not in ("127.0.0.1", "::1"):
+            return jsonify(error="forbidden"), 403
+        return None
+
+    @app.post("/_test/revoke-all")
+    def hook_revoke_all():
+        return jsonify(revoked=STORE.revoke_all_access())
+
+    @app.get("/_test/stats")
+    def hook_stats():
+        return jsonify(STATS.snapshot())
+
+    @app.post("/_test/reset-stats")
+    def hook_reset_stats():
+        STATS.reset()
+        return jsonify(ok=True)
+
+    @app.post("/_test/fail-next")
+    def hook_fail_next():
+        a = request.args
+        try:
+            count = int(a.get("count", "1"))
+            status = int(a.get("status", "503"))
+            delay = float(a.get("delay", "0"))
+        except ValueError:
+            return jsonify(error="bad_parameters"), 400
+        error = a.get("error", "temporarily_unavailable")
+        FAULTS.add(Fault(status, error, a.get("retry_after"), delay), count)
+        return jsonify(queued=count)
+
+    @app.post("/_test/clear-faults")
+    def hook_clear_faults():
+        FAULTS.clear()
+        return jsonify(ok=True)
+
+    @app.post("/_test/configure")
+    def hook_configure():
+        a = request.args
+        try:
+            if "token_lifetime" in a:
+                Config.token_lifetime = int(a["token_lifetime"])
+            if "grace_seconds" in a:
+                Config.grace_seconds = int(a["grace_seconds"])
+            if "rotate_refresh_tokens" in a:
+                Config.rotate_refresh_tokens = a["rotate_refresh_tokens"] in ("1", "true", "yes")
+        except ValueError:
+            return jsonify(error="bad_parameters"), 400
+        return jsonify(
+            token_lifetime=Config.token_lifetime,
+            grace_seconds=Config.grace_seconds,
+            rotate_refresh_tokens=Config.rotate_refresh_tokens,
+        )
+
+    @app.post("/_test/issue-refresh-token")
+    def hook_issue_refresh_token():
+        cid = request.args.get("client_id", "cli")
+        user = request.args.get("user", "alice")
+        scope = request.args.get("scope", DEFAULT_SCOPE)
+        client = CLIENTS.get(cid)
+        if client is None or not client.check_grant_type("refresh_token"):
+            return jsonify(error="unknown_client_or_no_refresh_grant", client_id=cid), 400
+        if user not in USERS:
+            return jsonify(error="unknown_user", user=user), 400
+        rt = secrets.token_urlsafe(32)
+        STORE.add(Token(cid, user, scope, None, rt, 0))
+        return jsonify(refresh_token=rt, client_id=cid, user=user, scope=scope)
+
+    return app
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="OAuth 2.0 test authorization server (Authlib)")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--port-file", default=None)
+    p.add_argument("--token-lifetime", type=int, default=3600)
+    p.add_argument("--rotate-refresh-tokens", action="store_true")
+    p.add_argument("--grace-seconds", type=int, default=10)
+    p.add_argument("--verbose", action="store_true")
+    p.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="exit when this process is no longer our parent (a crashed test run leaves no server behind)",
+    )
+    args = p.parse_args(argv)
+
+    # A parent that blocks SIGTERM (e.g. a test runner's thread) passes the mask on through
+    # posix_spawn; unblock it so `terminate()` works, and exit at once on it.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+
+    if args.parent_pid is not None:
+
+        def watch_parent():
+            while os.getppid() == args.parent_pid:
+                time.sleep(0.5)
+            os._exit(0)
+
+        threading.Thread(target=watch_parent, daemon=True).start()
+
+    Config.token_lifetime = args.token_lifetime
+    Config.rotate_refresh_tokens = args.rotate_refresh_tokens
+    Config.grace_seconds = args.grace_seconds
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr)
+    if not args.verbose:
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    # Authlib refuses plain HTTP token endpoints unless told this is a test.
+    os.environ["AUTHLIB_INSECURE_TRANSPORT"] = "1"
+
+    app = create_app()
+    srv = make_server("127.0.0.1", args.port, app, threaded=True)
+    port = srv.server_port  # listening already: make_server binds and listens
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{port}\n")
+        os.replace(tmp, args.port_file)
+    print(f"oauth_server listening on 127.0.0.1:{port}", file=sys.stderr, flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
