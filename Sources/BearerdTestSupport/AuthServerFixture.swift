@@ -55,9 +55,13 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
         repositoryRoot.appendingPathComponent("Tests/Fixtures/oauth_server.py").path
     }
 
-    /// The interpreter: `$BEARERD_PYTHON` when set, else `python3` from `PATH`.
+    /// The interpreter: `$BEARERD_PYTHON` when set, else the repository's `.venv/bin/python3`
+    /// (made by the README's set-up command and by `.ci/run`), else `python3` from `PATH`.
     public static var python: String {
-        ProcessInfo.processInfo.environment["BEARERD_PYTHON"] ?? "python3"
+        if let p = ProcessInfo.processInfo.environment["BEARERD_PYTHON"] { return p }
+        let venv = repositoryRoot.appendingPathComponent(".venv/bin/python3").path
+        if FileManager.default.isExecutableFile(atPath: venv) { return venv }
+        return "python3"
     }
 
     /// True when the script exists and `python3 -c "import authlib, flask"` succeeds.
@@ -84,7 +88,7 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
             return "cannot run \(python): \(error)"
         }
         guard p.terminationStatus == 0 else {
-            return "\(python) cannot import authlib and flask; run `pip install -r Tests/Fixtures/requirements.txt`"
+            return "\(python) cannot import authlib and flask; run `python3 -m venv .venv && .venv/bin/pip install -r Tests/Fixtures/requirements.txt`"
         }
         return nil
     }()
