@@ -1,0 +1,204 @@
+import Foundation
+import Testing
+import BearerdHTTP
+import BearerdIO
+import BearerdOAuth
+import BearerdProxy
+import BearerdTestSupport
+
+/// Token sessions end to end: bearerd in front of a real Authlib authorization server whose
+/// Bearer-protected `/api/` is the upstream (it validates tokens and answers 401 with
+/// `WWW-Authenticate`), with its fault hooks for the token endpoint.
+@Suite("Sessions against a real authorization server", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+struct SessionProxyTests {
+    static func session(_ name: String = "s", grant: GrantType = .clientCredentials, auth: AuthServerFixture,
+                        clientID: String = "svc", secret: String? = "svc-secret", clientAuth: ClientAuthMethod = .clientSecretBasic,
+                        username: String? = nil, password: String? = nil, scope: String? = nil) -> SessionConfig {
+        SessionConfig(name: name, grant: grant,
+                      tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: auth.port, basePath: "/oauth/token"),
+                      clientID: clientID, clientSecret: secret.map { .literal(Secret($0)) }, clientAuth: clientAuth,
+                      scope: scope, username: username, password: password.map { .literal(Secret($0)) })
+    }
+
+    static func apiRoute(_ auth: AuthServerFixture, session: String = "s", replayBodyLimit: Int = 1 << 20) -> RouteConfig {
+        var r = route("/", origin: auth.port, basePath: "/api")
+        r.session = session
+        r.replayBodyLimit = replayBodyLimit
+        return r
+    }
+
+    static func json(_ r: TestClient.Response) -> [String: Any] {
+        (try? JSONSerialization.jsonObject(with: Data(r.body))) as? [String: Any] ?? [:]
+    }
+
+    static func count(_ stats: [String: Any], _ group: String, _ key: String) -> Int {
+        ((stats[group] as? [String: Any])?[key] as? Int) ?? 0
+    }
+
+    @Test(arguments: [
+        ("svc", "svc-secret", ClientAuthMethod.clientSecretBasic),
+        ("svc-post", "post-secret", ClientAuthMethod.clientSecretPost),
+        ("we:ird", "p@ss w+rd/:", ClientAuthMethod.clientSecretBasic),
+    ])
+    func clientCredentialsInjectsABearerToken(clientID: String, secret: String, method: ClientAuthMethod) throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let proxy = try TestProxy(routes: [Self.apiRoute(auth)],
+                                  sessions: [Self.session(auth: auth, clientID: clientID, secret: secret, clientAuth: method)])
+        defer { proxy.stop() }
+        let r = try TestClient.get(port: proxy.port, path: "/hello?x=1", headers: [("Authorization", "Bearer client-own-token")])
+        #expect(r.status == 200, "\(r.bodyText)")
+        #expect(Self.json(r)["client_id"] as? String == clientID)
+        #expect(Self.json(r)["path"] as? String == "hello")
+        #expect(Self.count(try auth.stats(), "by_grant", "client_credentials") == 1)
+        #expect(!proxy.logs.text.contains(secret))
+    }
+
+    @Test func passwordGrantWorks() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let proxy = try TestProxy(routes: [Self.apiRoute(auth)],
+                                  sessions: [Self.session(grant: .password, auth: auth, clientID: "app", secret: "app-secret",
+                                                          username: "alice", password: "wonderland", scope: "read")])
+        defer { proxy.stop() }
+        let r = try TestClient.get(port: proxy.port, path: "/me")
+        #expect(r.status == 200)
+        #expect(Self.json(r)["user"] as? String == "alice")
+        #expect(Self.json(r)["scope"] as? String == "read")
+        #expect(!proxy.logs.text.contains("wonderland"))
+    }
+
+    @Test func revocationLeadsToOneRefreshAndAReplayOfGetAndPost() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let proxy = try TestProxy(routes: [Self.apiRoute(auth)], sessions: [Self.session(auth: auth)])
+        defer { proxy.stop() }
+        #expect(try TestClient.get(port: proxy.port, path: "/warm").status == 200)
+        try auth.revokeAll()
+        let get = try TestClient.get(port: proxy.port, path: "/after-revoke")
+        #expect(get.status == 200)
+        #expect(Self.count(try auth.stats(), "by_grant", "client_credentials") == 2)
+
+        try auth.revokeAll()
+        let body = TestOrigin.pattern(256 * 1024, seed: 7)
+        let c = try TestClient(port: proxy.port)
+        try c.send(Array("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: \(body.count)\r\nContent-Type: application/octet-stream\r\n\r\n".utf8) + body)
+        let post = try c.readResponse(method: "POST")
+        #expect(post.status == 200)
+        let digest = BearerdOAuth.hex(SHA256.hash(body))
+        #expect(Self.json(post)["body_sha256"] as? String == digest)
+        #expect(Self.json(post)["body_length"] as? Int == body.count)
+        let stats = try auth.stats()
+        #expect(Self.count(stats, "by_grant", "client_credentials") == 3)
+        #expect(proxy.logs.text.contains("replaying rejected request"))
+    }
+
+    @Test func manyRequestsRejectedTogetherCauseOneRefresh() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let proxy = try TestProxy(routes: [Self.apiRoute(auth)], sessions: [Self.session(auth: auth)])
+        defer { proxy.stop() }
+        #expect(try TestClient.get(port: proxy.port, path: "/warm").status == 200)
+        // Open the client connections first, then revoke, then fire every request at once.
+        let n = 500
+        let clients = try (0..<n).map { _ in try TestClient(port: proxy.port, timeout: 60) }
+        try auth.revokeAll()
+        for (i, c) in clients.enumerated() { try c.send("GET /c/\(i) HTTP/1.1\r\nHost: x\r\n\r\n") }
+        var ok = 0
+        for c in clients where (try? c.readResponse())?.status == 200 { ok += 1 }
+        #expect(ok == n)
+        #expect(Self.count(try auth.stats(), "by_grant", "client_credentials") == 2)
+    }
+
+    @Test func largeStreamedBodyIsNotReplayedAndTheRejectionReachesTheClient() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let proxy = try TestProxy(routes: [Self.apiRoute(auth)], sessions: [Self.session(auth: auth)])
+        defer { proxy.stop() }
+        #expect(try TestClient.get(port: proxy.port, path: "/warm").status == 200)
+        try auth.revokeAll()
+        let body = TestOrigin.pattern(2 << 20)
+        let c = try TestClient(port: proxy.port, timeout: 30)
+        try c.send(Array("POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: \(body.count)\r\n\r\n".utf8) + body)
+        let r = try c.readResponse(method: "POST")
+        #expect(r.status == 401)
+        #expect(r["WWW-Authenticate"]?.contains("invalid_token") == true)
+        // The token was still refreshed for later requests.
+        Thread.sleep(forTimeInterval: 0.3)
+        #expect(Self.count(try auth.stats(), "by_grant", "client_credentials") == 2)
+        #expect(try TestClient.get(port: proxy.port, path: "/later").status == 200)
+    }
+
+    @Test func insufficientScopeIsNeverReplayed() throws {
+        let origin = try TestOrigin { _ in
+            .response(status: 401, headers: [("WWW-Authenticate", "Bearer error=\"insufficient_scope\", scope=\"admin\"")], body: Array("no".utf8))
+        }
+        defer { origin.stop() }
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        var r = route(origin: origin.port)
+        r.session = "s"
+        let proxy = try TestProxy(routes: [r], sessions: [Self.session(auth: auth)])
+        defer { proxy.stop() }
+        let resp = try TestClient.get(port: proxy.port, path: "/admin")
+        #expect(resp.status == 401)
+        #expect(origin.requests.count == 1)
+        #expect(origin.requests.first?.head.headers["Authorization"]?.hasPrefix("Bearer ") == true)
+        #expect(Self.count(try auth.stats(), "by_grant", "client_credentials") == 1)
+    }
+
+    @Test func tokenEndpointFailureWhileTheTokenIsValidFailsNoRequest() throws {
+        let auth = try AuthServerFixture.start(tokenLifetime: 3600)
+        defer { auth.stop() }
+        let proxy = try TestProxy(routes: [Self.apiRoute(auth)], sessions: [Self.session(auth: auth)])
+        defer { proxy.stop() }
+        #expect(try TestClient.get(port: proxy.port, path: "/warm").status == 200)
+        try auth.failNextTokenRequests(count: 100, status: 503, error: "temporarily_unavailable")
+        for i in 0..<20 {
+            #expect(try TestClient.get(port: proxy.port, path: "/still/\(i)").status == 200)
+        }
+        #expect(Self.count(try auth.stats(), "by_grant", "client_credentials") == 1)
+    }
+
+    @Test func noTokenGives503WithRetryAfterAndRecovers() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        try auth.failNextTokenRequests(count: 3, status: 503, error: "temporarily_unavailable", retryAfter: "1")
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        var r = route(origin: origin.port)
+        r.session = "s"
+        let proxy = try TestProxy(routes: [r], sessions: [Self.session(auth: auth)])
+        defer { proxy.stop() }
+        let first = try TestClient.get(port: proxy.port, path: "/x")
+        #expect(first.status == 503)
+        #expect(first["Retry-After"].flatMap(Int.init) != nil)
+        #expect(first["Content-Type"] == "application/json")
+        #expect(first.bodyText.contains("\"error\":\"token_unavailable\""))
+        #expect(first.bodyText.contains("\"session\":\"s\""))
+        #expect(first.bodyText.contains("temporarily_unavailable"))
+        #expect(origin.requests.isEmpty)
+        // The endpoint recovers (its scripted failures run out): within seconds requests pass.
+        var recovered = false
+        for _ in 0..<40 {
+            Thread.sleep(forTimeInterval: 0.5)
+            if (try? TestClient.get(port: proxy.port, path: "/y"))?.status == 200 { recovered = true; break }
+        }
+        #expect(recovered)
+        #expect(origin.requests.first?.head.headers["Authorization"]?.hasPrefix("Bearer ") == true)
+    }
+
+    @Test func invalidClientIsSurfacedInThe503AndLogs() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let proxy = try TestProxy(routes: [Self.apiRoute(auth)], sessions: [Self.session(auth: auth, secret: "wrong-secret")])
+        defer { proxy.stop() }
+        let r = try TestClient.get(port: proxy.port, path: "/x")
+        #expect(r.status == 503)
+        #expect(r.bodyText.contains("invalid_client"))
+        #expect(!r.bodyText.contains("wrong-secret"))
+        Thread.sleep(forTimeInterval: 0.2)
+        #expect(proxy.logs.text.contains("invalid_client"))
+        #expect(!proxy.logs.text.contains("wrong-secret"))
+    }
+}
