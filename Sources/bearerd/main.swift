@@ -154,24 +154,30 @@ struct Check: ParsableCommand {
 
 struct Demo: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Run bearerd on a built-in example: a local demo upstream on 127.0.0.1:9000 behind bearerd on 127.0.0.1:8080.")
+        abstract: "Run bearerd on a built-in example: a local token endpoint and protected API on 127.0.0.1:9000 behind bearerd on 127.0.0.1:8080.")
     @Option(help: "Port for bearerd.") var port: UInt16 = 8080
-    @Option(help: "Port for the demo upstream.") var upstreamPort: UInt16 = 9000
+    @Option(help: "Port for the demo authorization server and API.") var upstreamPort: UInt16 = 9000
     @OptionGroup var logOptions: LogOptions
 
     func run() throws {
         let logger = logOptions.makeLogger()
-        let upstreamConfig = BearerdConfig(file: "<demo>", listen: [.tcp(host: "127.0.0.1", port: upstreamPort)], loops: 1,
-                                           routes: [])
+        let upstreamConfig = BearerdConfig(file: "<demo>", listen: [.tcp(host: "127.0.0.1", port: upstreamPort)], loops: 1, routes: [])
         let upstream = try BearerdServer(config: upstreamConfig, logger: logOptions.makeLogger(label: "demo-upstream"),
-                                         accessLog: false, responder: EchoResponder())
+                                         accessLog: false, responder: DemoAuthority())
         try upstream.start()
         let yaml = """
         listen: [127.0.0.1:\(port)]
         loops: 1
+        sessions:
+          demo:
+            grant: client_credentials
+            token_url: http://127.0.0.1:\(upstreamPort)/oauth/token
+            client_id: \(DemoAuthority.clientID)
+            client_secret: \(DemoAuthority.clientSecret)
         routes:
           - match: /
-            upstream: http://127.0.0.1:\(upstreamPort)
+            upstream: http://127.0.0.1:\(upstreamPort)/api
+            session: demo
         """
         let config: BearerdConfig
         do {
@@ -182,9 +188,11 @@ struct Demo: ParsableCommand {
         }
         try serve(config: config, logger: logger, accessLog: !logOptions.noAccessLog, reloadPath: nil) {
             print("""
-            bearerd demo is running.
-              try:   curl -s http://127.0.0.1:\(port)/hello
-              stop:  Ctrl-C
+            bearerd demo is running: bearerd on 127.0.0.1:\(port), a demo token endpoint and protected API on 127.0.0.1:\(upstreamPort).
+              try:    curl -s http://127.0.0.1:\(port)/hello          (bearerd fetched a token and injected it)
+              revoke: curl -s -X POST http://127.0.0.1:\(upstreamPort)/demo/revoke   then the first curl again:
+                      the API answers 401, bearerd refreshes once and replays the request
+              stop:   Ctrl-C
             """)
         }
     }
