@@ -23,6 +23,8 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     private var closing = false
     private var headDeadlineArmed = false
     private var requests = 0
+    /// The client half-closed: close once the running exchange has answered.
+    private var closeAfterExchange = false
     var deadline: UInt64 = 0
     /// Pipelined bytes held while an exchange runs; more pauses reading.
     static let pipelineLimit = 64 * 1024
@@ -74,6 +76,9 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
                 }
             }
             // A client half-closing after a complete request still gets its response (RFC 9112 §9.6).
+            // Stop the read source: EOF stays readable and would fire again and again.
+            channel.pauseReading(.owner)
+            closeAfterExchange = true
             return
         }
         channel.close()
@@ -223,7 +228,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
             channel.close()
             return
         }
-        if !keepAlive || ctx.draining {
+        if !keepAlive || ctx.draining || closeAfterExchange {
             closing = true
             channel.closeAfterFlush()
             return

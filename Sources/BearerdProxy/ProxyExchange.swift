@@ -417,7 +417,7 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
         // A pooled connection the upstream closed while idle: retry once on a fresh one when
         // nothing of the request body is lost (RFC 9110 §9.2.2 idempotent replays).
         if let b, b.reused, !b.receivedResponseBytes, attempts == 1, framing == .none {
-            start()
+            connect()
             return
         }
         fail(error)

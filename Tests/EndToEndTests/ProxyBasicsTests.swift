@@ -177,3 +177,19 @@ struct ProxyBasicsTests {
         #expect(r.bodyText.contains("\"error\":\"no_route\""))
     }
 }
+
+@Suite("Half-closed clients")
+struct HalfCloseTests {
+    @Test func clientHalfCloseStillGetsTheResponse() throws {
+        let origin = try TestOrigin { r in .delayed(0.3, echoHandler(r)) }
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route(origin: origin.port)])
+        defer { proxy.stop() }
+        let c = try TestClient(port: proxy.port)
+        try c.send("GET /h HTTP/1.1\r\nHost: x\r\n\r\n")
+        c.shutdownWrite()
+        let r = try c.readResponse()
+        #expect(r.status == 200)
+        #expect(c.isClosedByPeer())
+    }
+}
