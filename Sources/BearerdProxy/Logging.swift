@@ -74,8 +74,14 @@ public struct BearerdLogHandler: LogHandler {
 
     public func log(level: Logger.Level, message: Logger.Message, metadata explicit: Logger.Metadata?,
                     source: String, file: String, function: String, line: UInt) {
-        var all = metadata
-        if let explicit { all.merge(explicit) { $1 } }
+        let all: Logger.Metadata
+        if metadata.isEmpty {
+            all = explicit ?? [:]
+        } else {
+            var m = metadata
+            if let explicit { m.merge(explicit) { $1 } }
+            all = m
+        }
         let ts = Self.timestamp()
         var out: String
         switch format {
