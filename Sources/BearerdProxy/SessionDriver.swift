@@ -473,7 +473,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         let durationMs = (monotonicNanos() &- startedAt) / 1_000_000
         switch result {
         case .success(let grant):
-            run(machine.fetchSucceeded(grant, sentAt: sentAt, now: now()))
+            // Logged before the actions run, so the line precedes the token's delivery.
+            let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
             logger.info(adopted ? "token adopted from the state file" : "token obtained", metadata: [
                 "token.reason": "\(request.reason.rawValue)",
                 "token.fingerprint": "\(grant.accessToken.fingerprint)",
@@ -483,6 +484,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 "duration_ms": "\(durationMs)",
                 "outcome": adopted ? "adopted" : "ok",
             ])
+            run(actions)
         case .failure(let failure):
             var m = failureMetadata(failure)
             m["token.reason"] = "\(request.reason.rawValue)"
