@@ -270,7 +270,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             let operatorChanged = newSettings.operatorFingerprint != settings.operatorFingerprint
             settings = newSettings
             if grant == .refreshToken, operatorChanged {
-                store?.unlock()
+                // A refresh in flight keeps the lock and finishes with the old lineage; the
+                // next one starts from the new file (its fingerprint differs from the state's).
                 own = chooseStartingState(stored: store?.readState())
             }
             // Re-sending a refresh token the server called dead, unchanged, would be pointless.
