@@ -114,11 +114,17 @@ final class TokenEndpointClient: ChannelDelegate {
     func channelActive(_ channel: SocketChannel) {
         guard completion != nil else { return }
         channel.write(requestBytes)
-        requestSent = true
+        // The write happens at the end of this event; if the socket took it (or holds it for
+        // a write source), the server may act on it. A refused connection fails that write
+        // first (channelError), and then nothing was sent.
+        loop.deferToEndOfEvent { [self] in
+            if completion != nil, !channel.isClosed { requestSent = true }
+        }
     }
 
     func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
         guard completion != nil else { return }
+        requestSent = true
         parser.feed(bytes)
         pump()
     }

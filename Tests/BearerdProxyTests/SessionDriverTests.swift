@@ -183,7 +183,7 @@ struct SessionDriverTests {
         }
         #expect(recovered)
         #expect(endpoint.count == 1)
-        #expect(logs.lines.contains { $0.contains("error.reason=token.transport") })
+        #expect(logs.lines.contains { $0.contains("error.reason=token.transport") && $0.contains("request_sent=false") })
     }
 
     @Test func permanentErrorIsNegativeCachedWithTheServersError() async throws {

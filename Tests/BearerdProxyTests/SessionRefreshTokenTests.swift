@@ -179,6 +179,28 @@ struct SessionRefreshTokenTests {
         #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
     }
 
+    @Test func transportFailureAfterSendingRetriesOnceAtOnceWithTheSameRefreshToken() async throws {
+        let server = RotatingServer()
+        let rotating = server.handler
+        // The first request is read, then the connection drops without an answer (the server
+        // may or may not have rotated: it did not here).
+        let endpoint = try ScriptedTokenEndpoint { request, n in n == 1 ? .close : rotating(request, n) }
+        defer { endpoint.stop() }
+        let f = Fixture(endpoint: endpoint)
+        defer { removeTree(f.root) }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let started = monotonicNanos()
+        let token = try await requestToken(try #require(manager.session(named: "me"))).get()
+        #expect(token.value == "access-AAA-1")
+        #expect(monotonicNanos() - started < 900_000_000)  // no backoff before the same-token retry
+        #expect(endpoint.received.map { $0.form["refresh_token"] ?? "" } == ["refresh-RRR-0", "refresh-RRR-0"])
+        #expect(logs.lines.contains { $0.contains("error.reason=token.transport") && $0.contains("request_sent=true") })
+        #expect(try f.stored().refreshToken.exposedValue == "refresh-RRR-1")
+        #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
+    }
+
     @Test func invalidGrantNeedsReauthenticationAndStopsTrafficUntilTheFileChanges() async throws {
         let server = RotatingServer(first: "refresh-RRR-valid-only-later")
         let endpoint = try ScriptedTokenEndpoint(handler: server.handler)
