@@ -162,6 +162,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private let publishLock = Lock()
     private var published: PublishedToken?
     private var publishedGeneration: UInt64 = 0
+    private var publishedStatus: TokenSession.Status = .idle
+    private var counters = SessionMetrics()
 
     // Session queue only.
     private var settings: SessionSettings
@@ -196,7 +198,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         queue = EventLoop(index: queueIndex, readBufferSize: 64 * 1024)
         if grant == .refreshToken {
             // Read once without the lock: the state is replaced by rename, never torn.
-            own = chooseStartingState(stored: store?.readState())
+            own = chooseStartingState(stored: readStoredState())
         }
     }
 
@@ -248,12 +250,19 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         publishLock.withLock { publishedGeneration }
     }
 
-    /// The session's coarse state, delivered on `loop` (for `/readyz`, `bearerd token` and tests).
-    public func status(on loop: EventLoop, _ completion: @escaping (TokenSession.Status) -> Void) {
-        queue.execute { [self] in
-            let s = machine.status
-            loop.execute { completion(s) }
-        }
+    /// The session's coarse state as of its last event (for `/readyz` and `bearerd check`:
+    /// `.needsReauthentication` means a new refresh token is needed). Thread-safe.
+    public var status: TokenSession.Status {
+        publishLock.withLock { publishedStatus }
+    }
+
+    /// The session's counters (for `/metrics`). Thread-safe.
+    public var metrics: SessionMetrics {
+        publishLock.withLock { counters }
+    }
+
+    private func count(_ body: (inout SessionMetrics) -> Void) {
+        publishLock.withLock { body(&counters) }
     }
 
     func start() {
@@ -272,7 +281,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             if grant == .refreshToken, operatorChanged {
                 // A refresh in flight keeps the lock and finishes with the old lineage; the
                 // next one starts from the new file (its fingerprint differs from the state's).
-                own = chooseStartingState(stored: store?.readState())
+                own = chooseStartingState(stored: readStoredState())
             }
             // Re-sending a refresh token the server called dead, unchanged, would be pointless.
             if changed || machine.status != .needsReauthentication {
@@ -317,6 +326,10 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     private func run(_ actions: [TokenSession.StateMachine.Action]) {
         guard !stopped else { return }
+        defer {
+            let s = machine.status
+            publishLock.withLock { publishedStatus = s }
+        }
         for action in actions {
             switch action {
             case .startFetch(let request):
@@ -342,6 +355,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             case .publish(let token):
                 publish(token)
             case .reportBreakerTripped(let until):
+                count { $0.breakerTrips += 1 }
                 logger.error("upstream rejections are not about our token: forced refreshes stop for a while and the rejections go to the clients", metadata: [
                     "breaker.open_for_s": "\(Int((until - now()).secondsDouble.rounded(.up)))",
                 ])
@@ -422,6 +436,9 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     private func performFetch(_ request: TokenSession.FetchRequest) {
         let startedAt = monotonicNanos()
+        if request.reason == .rejected && request.attempt == 1 && request.round == 1 && !request.isSameTokenRetry {
+            count { $0.forcedRefreshes += 1 }
+        }
         if grant == .refreshToken {
             performRefreshFetch(request, startedAt: startedAt)
             return
@@ -445,6 +462,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         }
         fetchSerial &+= 1
         let serial = fetchSerial
+        count { $0.tokenRequests += 1 }
         let sentAt = now()
         let parser = settings.responseParser
         let timeout = settings.config.requestTimeout
@@ -474,6 +492,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         let durationMs = (monotonicNanos() &- startedAt) / 1_000_000
         switch result {
         case .success(let grant):
+            count { if adopted { $0.tokensAdopted += 1 } else { $0.tokensObtained += 1 } }
             // Logged before the actions run, so the line precedes the token's delivery.
             let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
             logger.info(adopted ? "token adopted from the state file" : "token obtained", metadata: [
@@ -487,6 +506,13 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             ])
             run(actions)
         case .failure(let failure):
+            count {
+                switch failure.classification {
+                case .retryable: $0.failuresRetryable += 1
+                case .permanent: $0.failuresPermanent += 1
+                case .invalidGrant: $0.failuresInvalidGrant += 1
+                }
+            }
             var m = failureMetadata(failure)
             m["token.reason"] = "\(request.reason.rawValue)"
             m["attempt"] = "\(request.attempt)"
@@ -513,6 +539,19 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     }
 
     // MARK: Refresh tokens and the state file (session queue)
+
+    /// The state file's content; an unreadable file is logged and treated as absent (the
+    /// operator file is used instead).
+    private func readStoredState() -> PersistedSessionState? {
+        guard let store else { return nil }
+        switch store.read() {
+        case .missing: return nil
+        case .state(let s): return s
+        case .unreadable(let why):
+            logger.warning("ignoring an unreadable state file", metadata: ["path": "\(store.statePath)", "error": "\(why)"])
+            return nil
+        }
+    }
 
     /// Where a refresh_token session starts from (start-up, or the operator file changed):
     /// the state file if it descends from the current operator file, else the operator file.

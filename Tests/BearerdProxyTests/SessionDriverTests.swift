@@ -120,6 +120,9 @@ struct SessionDriverTests {
         #expect(driver.usableToken(now: monotonicNanos())?.value == "access-AAA-1")
         _ = try await requestToken(driver, on: testLoops[3]).get()
         #expect(endpoint.count == 1)
+        #expect(driver.metrics.tokenRequests == 1)
+        #expect(driver.metrics.tokensObtained == 1)
+        #expect(driver.status == .ready)
     }
 
     @Test func endpoint503WithRetryAfterThenRecovery() async throws {
@@ -267,6 +270,7 @@ struct SessionDriverTests {
             #expect(t.generation == 2)
         }
         #expect(driver.usableToken(now: monotonicNanos())?.generation == 2)
+        #expect(driver.metrics.forcedRefreshes == 1)
     }
 
     @Test func rejectionPassesThroughWhenTheRefreshFails() async throws {

@@ -118,9 +118,12 @@ struct SessionRefreshTokenTests {
 
         let second = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
         defer { second.stop() }
-        let t2 = try await requestToken(try #require(second.session(named: "me"))).get()
+        let d2 = try #require(second.session(named: "me"))
+        let t2 = try await requestToken(d2).get()
         #expect(t2.value == t1.value)
         #expect(endpoint.count == 1)
+        #expect(d2.metrics.tokensAdopted == 1)
+        #expect(d2.metrics.tokenRequests == 0)
         #expect(logs.lines.contains { $0.contains("token adopted from the state file") && $0.contains("outcome=adopted") })
         #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
     }
@@ -220,8 +223,9 @@ struct SessionRefreshTokenTests {
         #expect(u.detail.contains("invalid_grant"))
         #expect(u.detail.contains("refresh token expired or revoked"))
         guard case .failure = await requestToken(driver, on: testLoops[2]) else { Issue.record("expected TokenUnavailable"); return }
-        let status = await withCheckedContinuation { c in driver.status(on: testLoops[0]) { c.resume(returning: $0) } }
-        #expect(status == .needsReauthentication)
+        #expect(driver.status == .needsReauthentication)
+        #expect(driver.metrics.failuresInvalidGrant == 1)
+        #expect(driver.metrics.tokenRequests == 1)
         try await Task.sleep(nanoseconds: 300_000_000)
         #expect(endpoint.count == 1)
         #expect(logs.lines.contains { $0.hasPrefix("[error]") && $0.contains("session me needs a new refresh token: put one in \(f.refreshFile) and send SIGHUP") })
