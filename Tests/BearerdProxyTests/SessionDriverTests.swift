@@ -219,6 +219,56 @@ struct SessionDriverTests {
         #expect(u.detail.contains("token.response_too_large"))
     }
 
+    @Test func backgroundRefreshBeforeExpiryWithoutAnyCaller() async throws {
+        // L = 4 s: soft margin ≈ 2 s (min(300 s, L/2) × [0.9, 1]), hard margin 1 s (L/4).
+        let endpoint = try ScriptedTokenEndpoint { _, n in ScriptedTokenEndpoint.token("access-AAA-\(n)", expiresIn: 4) }
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+        manager.start()
+        #expect(await eventually(3) { driver.currentGeneration == 1 })
+        let first = try #require(driver.usableToken(now: monotonicNanos()))
+        #expect(first.value == "access-AAA-1")
+        // Usable without asking until the hard point (≈ 3 s after the request was sent).
+        #expect(first.usableUntil > monotonicNanos() + 2_000_000_000)
+        #expect(await eventually(5) { driver.currentGeneration == 2 })
+        #expect(driver.usableToken(now: monotonicNanos())?.value == "access-AAA-2")
+        #expect(logs.lines.contains { $0.contains("token.reason=soft") && $0.contains("token.generation=2") })
+    }
+
+    @Test func reloadAddsAndRemovesSessions() async throws {
+        let endpoint = try ScriptedTokenEndpoint(handler: Self.numbered)
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let partner = clientCredentials(endpoint.url)
+        var other = clientCredentials(endpoint.url)
+        other.name = "other"
+        let manager = try SessionManager(config: sessionConfig(partner), logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let old = try #require(manager.session(named: "partner"))
+        _ = try await requestToken(old).get()
+
+        var next = sessionConfig(other)
+        try manager.reload(next, environment: [:])
+        #expect(manager.session(named: "partner") == nil)
+        #expect(manager.sessionNames == ["other"])
+        guard case .failure(let u) = await requestToken(old) else { Issue.record("a removed session must not hand out tokens"); return }
+        #expect(u.detail == "token.session_stopped")
+        let added = try #require(manager.session(named: "other"))
+        #expect(try await requestToken(added).get().value == "access-AAA-2")
+
+        // A bad reload changes nothing.
+        next.sessions[0].clientSecret = .env("MISSING_SECRET_ENV")
+        #expect(throws: ConfigErrors.self) { try manager.reload(next, environment: [:]) }
+        #expect(manager.session(named: "other") === added)
+        // An unchanged session keeps its driver (the proxy may hold it) and its token.
+        try manager.reload(sessionConfig(other), environment: [:])
+        #expect(manager.session(named: "other") === added)
+        #expect(added.usableToken(now: monotonicNanos())?.value == "access-AAA-2")
+    }
+
     @Test func staleRejectionReplaysAtOnceWithoutARequest() async throws {
         let endpoint = try ScriptedTokenEndpoint(handler: Self.numbered)
         defer { endpoint.stop() }
