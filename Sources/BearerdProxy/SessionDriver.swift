@@ -1,21 +1,685 @@
-// STUB: replaced by the session driver work (owned by the session helper).
 import BearerdIO
+import BearerdOAuth
 import Logging
 
-/// All token sessions of a configuration.
-public final class SessionManager: @unchecked Sendable {
-    public init(config: BearerdConfig, logger: Logger, environment: [String: String]) throws(ConfigErrors) {}
-    public func session(named name: String) -> TokenSessionDriver? { nil }
-    public func start() {}
-    public func reload(_ config: BearerdConfig, environment: [String: String]) throws(ConfigErrors) {}
-    public func stop() {}
+/// All token sessions of a configuration (DESIGN §2.5, §6): one `TokenSessionDriver` per
+/// `sessions:` entry, each on its own serial queue.
+///
+/// Owns the drivers by name and the configuration they were built from. `drivers` is guarded
+/// by `lock` (read by `session(named:)` from any thread; replaced by `reload` on SIGHUP).
+/// Drivers survive a reload under the same name (the proxy may hold them): their settings are
+/// replaced in place. A removed session's driver is stopped.
+public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable state guarded by `lock`
+    private let lock = Lock()
+    private var drivers: [String: TokenSessionDriver] = [:]
+    private var config: BearerdConfig
+    private var started = false
+    private let logger: Logger
+    private let tunePolicy: (@Sendable (inout TokenSession.Policy) -> Void)?
+    private var nextQueueIndex = 0
+
+    /// Resolves every session's secrets, builds its TLS context and opens the state store of
+    /// refresh_token sessions (`state_dir` created 0700). Throws every problem found.
+    public convenience init(config: BearerdConfig, logger: Logger, environment: [String: String]) throws(ConfigErrors) {
+        try self.init(config: config, logger: logger, environment: environment, tunePolicy: nil)
+    }
+
+    /// `tunePolicy` adjusts the DESIGN §6 defaults (tests use shorter delays).
+    init(config: BearerdConfig, logger: Logger, environment: [String: String],
+         tunePolicy: (@Sendable (inout TokenSession.Policy) -> Void)?) throws(ConfigErrors) {
+        self.config = config
+        self.logger = logger
+        self.tunePolicy = tunePolicy
+        var errors: [ConfigError] = []
+        var built: [String: TokenSessionDriver] = [:]
+        for session in config.sessions {
+            do throws(ConfigErrors) {
+                built[session.name] = try makeDriver(session, in: config, environment: environment)
+            } catch {
+                errors += error.errors
+            }
+        }
+        guard errors.isEmpty else { throw ConfigErrors(errors) }
+        drivers = built
+    }
+
+    private func makeDriver(_ session: SessionConfig, in config: BearerdConfig,
+                            environment: [String: String]) throws(ConfigErrors) -> TokenSessionDriver {
+        let settings = try SessionSettings.resolve(session, in: config, environment: environment)
+        var store: StateStore?
+        if session.grant == .refreshToken {
+            guard let dir = config.stateDir else {
+                throw ConfigErrors([ConfigError(file: config.file, line: session.line, key: "state_dir",
+                                                message: "missing: session '\(session.name)' uses grant refresh_token, whose rotated refresh tokens are kept in state_dir")])
+            }
+            do throws(StateStoreError) {
+                store = try StateStore(directory: dir, session: session.name)
+            } catch {
+                throw ConfigErrors([ConfigError(file: config.file, line: 0, key: "state_dir", message: error.description)])
+            }
+        }
+        var policy = settings.policy
+        tunePolicy?(&policy)
+        nextQueueIndex += 1
+        return TokenSessionDriver(settings: settings, policy: policy, store: store, logger: logger,
+                                  queueIndex: 10_000 + nextQueueIndex)
+    }
+
+    /// The session of that name, nil if the configuration has none.
+    public func session(named name: String) -> TokenSessionDriver? {
+        lock.withLock { drivers[name] }
+    }
+
+    /// Names of the configured sessions, in file order.
+    public var sessionNames: [String] {
+        lock.withLock { config.sessions.map(\.name) }
+    }
+
+    /// Every session begins its initial fetch (reason `start`) in the background.
+    public func start() {
+        let all: [TokenSessionDriver] = lock.withLock {
+            started = true
+            return Array(drivers.values)
+        }
+        for d in all { d.start() }
+    }
+
+    /// SIGHUP: re-reads secrets and `refresh_token_file`s; sessions whose credentials or
+    /// settings changed get `credentialsChanged` (lifting a dead refresh token, the negative
+    /// cache and backoff); new sessions are added (and started), removed ones stopped. On any
+    /// error nothing changes and every problem is thrown.
+    ///
+    /// Note: `refresh_before` and `wait_timeout` of an existing session apply from its next
+    /// restart; every other setting applies to the next token request.
+    public func reload(_ newConfig: BearerdConfig, environment: [String: String]) throws(ConfigErrors) {
+        var errors: [ConfigError] = []
+        var settings: [String: SessionSettings] = [:]
+        for session in newConfig.sessions {
+            do throws(ConfigErrors) {
+                settings[session.name] = try SessionSettings.resolve(session, in: newConfig, environment: environment)
+            } catch {
+                errors += error.errors
+            }
+        }
+        guard errors.isEmpty else { throw ConfigErrors(errors) }
+
+        let existing: [String: TokenSessionDriver] = lock.withLock { drivers }
+        var next: [String: TokenSessionDriver] = [:]
+        var added: [TokenSessionDriver] = []
+        for session in newConfig.sessions {
+            if let driver = existing[session.name], driver.grant == session.grant,
+               driver.stateDirectory == (session.grant == .refreshToken ? newConfig.stateDir : nil) {
+                // Resolved above, so present.
+                driver.update(settings[session.name]!)
+                next[session.name] = driver
+            } else {
+                let driver = try makeDriver(session, in: newConfig, environment: environment)
+                next[session.name] = driver
+                added.append(driver)
+            }
+        }
+        let removed = existing.filter { next[$0.key] !== $0.value }.map(\.value)
+        let start: Bool = lock.withLock {
+            drivers = next
+            config = newConfig
+            return started
+        }
+        for d in removed { d.stop() }
+        if start { for d in added { d.start() } }
+    }
+
+    /// Stops every session: timers disarmed, the request in flight abandoned, waiters failed.
+    public func stop() {
+        let all: [TokenSessionDriver] = lock.withLock {
+            started = false
+            return Array(drivers.values)
+        }
+        for d in all { d.stop() }
+    }
 }
 
-/// One token session's driver.
-public final class TokenSessionDriver: @unchecked Sendable {
-    public let name: String = ""
-    public func usableToken(now: UInt64) -> PublishedToken? { nil }
-    public func requestToken(on loop: EventLoop, completion: @escaping (Result<PublishedToken, TokenUnavailable>) -> Void) {}
-    public func reportRejected(generation: UInt64, on loop: EventLoop, completion: @escaping (RejectionOutcome) -> Void) {}
-    public var currentGeneration: UInt64 { 0 }
+/// One token session's driver (DESIGN §2.5, §6): carries out `TokenSession.StateMachine`'s
+/// actions on the session's own serial queue (an `EventLoop`, which also runs the token
+/// request's socket), publishes the current token for the loops' fast path, and keeps the
+/// persisted state of refresh_token sessions.
+///
+/// Owns, on `queue`: the state machine, the waiters (each a caller's loop and completion),
+/// the session timer, the token request in flight, the settings and the state store.
+/// Owns, under `publishLock`: the published token (a pointer-sized copy for the hot path).
+///
+/// Invariants: every waiter handed to the machine is completed exactly once, with
+/// `loop.execute` on its own loop; at most one token request in flight (the machine's rule);
+/// a rotated refresh token is persisted before `fetchSucceeded` hands the access token out;
+/// no token, refresh token or secret is ever logged (only `fingerprint`s).
+public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: state confined to `queue`, `published` guarded by `publishLock`
+    public let name: String
+    let grant: GrantType
+    let stateDirectory: String?
+    let queue: EventLoop
+    private let logger: Logger
+
+    // Hot path (any thread), guarded by `publishLock`.
+    private let publishLock = Lock()
+    private var published: PublishedToken?
+    private var publishedGeneration: UInt64 = 0
+    private var publishedStatus: TokenSession.Status = .idle
+    private var counters = SessionMetrics()
+
+    // Session queue only.
+    private var settings: SessionSettings
+    private var machine: TokenSession.StateMachine
+    private let store: StateStore?
+    /// refresh_token sessions: the state our refresh token comes from (the state file's
+    /// content as we last wrote or adopted it, or the operator file's token).
+    private var own: PersistedSessionState?
+    private var waiters: [TokenSession.WaiterID: Waiter] = [:]
+    private var nextWaiterID: UInt64 = 0
+    private var timerSerial: UInt64 = 0
+    private var inFlight: TokenEndpointClient?
+    private var fetchSerial: UInt64 = 0
+    private var stopped = false
+    private var lastConverted: PublishedToken?
+
+    private enum Waiter {
+        case token(EventLoop, (Result<PublishedToken, TokenUnavailable>) -> Void)
+        case rejection(EventLoop, generation: UInt64, (RejectionOutcome) -> Void)
+    }
+
+    init(settings: SessionSettings, policy: TokenSession.Policy, store: StateStore?, logger: Logger, queueIndex: Int) {
+        name = settings.config.name
+        grant = settings.config.grant
+        stateDirectory = store?.directory
+        self.settings = settings
+        self.store = store
+        self.machine = TokenSession.StateMachine(policy: policy, random: SystemRandomNumberGenerator())
+        var l = logger
+        l[metadataKey: "session"] = "\(settings.config.name)"
+        self.logger = l
+        queue = EventLoop(index: queueIndex, readBufferSize: 64 * 1024)
+        if grant == .refreshToken {
+            // Read once without the lock: the state is replaced by rename, never torn.
+            own = chooseStartingState(stored: readStoredState())
+        }
+    }
+
+    // MARK: Public API
+
+    /// The published token if it may be used now without asking the session (before its hard
+    /// point, not rejected). Hot path: a lock held for a copy, no hop.
+    public func usableToken(now: UInt64) -> PublishedToken? {
+        let p = publishLock.withLock { published }
+        guard let p, now < p.usableUntil else { return nil }
+        return p
+    }
+
+    /// Slow path: the token once the session has one (joining the one fetch in flight), or why
+    /// none can be had. `completion` runs exactly once, with `loop.execute`.
+    public func requestToken(on loop: EventLoop, completion: @escaping (Result<PublishedToken, TokenUnavailable>) -> Void) {
+        queue.execute { [self] in
+            guard !stopped else {
+                loop.execute { completion(.failure(TokenUnavailable(session: self.name, retryAfterSeconds: 1, detail: "token.session_stopped"))) }
+                return
+            }
+            let id = allocateWaiter(.token(loop, completion))
+            run(machine.tokenRequested(waiter: id, now: now()))
+        }
+    }
+
+    /// The upstream rejected a request sent with `generation` (DESIGN §6 "401 → refresh →
+    /// replay once"). An older generation gets `.replay(current)` at once; the current one is
+    /// marked rejected (compare-and-swap in the state machine) and the one forced refresh is
+    /// joined or started; `.passThrough` when the breaker is open or no newer token could be had.
+    public func reportRejected(generation: UInt64, on loop: EventLoop, completion: @escaping (RejectionOutcome) -> Void) {
+        let current = publishLock.withLock { published }
+        if let current, generation < current.generation {
+            loop.execute { completion(.replay(current)) }
+            return
+        }
+        queue.execute { [self] in
+            guard !stopped else {
+                loop.execute { completion(.passThrough(reason: "token.session_stopped")) }
+                return
+            }
+            let id = allocateWaiter(.rejection(loop, generation: generation, completion))
+            run(machine.upstreamRejected(generation: generation, waiter: id, now: now()))
+        }
+    }
+
+    /// The generation of the published token (0 before the first). Thread-safe.
+    public var currentGeneration: UInt64 {
+        publishLock.withLock { publishedGeneration }
+    }
+
+    /// The session's coarse state as of its last event (for `/readyz` and `bearerd check`:
+    /// `.needsReauthentication` means a new refresh token is needed). Thread-safe.
+    public var status: TokenSession.Status {
+        publishLock.withLock { publishedStatus }
+    }
+
+    /// The session's counters (for `/metrics`). Thread-safe.
+    public var metrics: SessionMetrics {
+        publishLock.withLock { counters }
+    }
+
+    private func count(_ body: (inout SessionMetrics) -> Void) {
+        publishLock.withLock { body(&counters) }
+    }
+
+    func start() {
+        queue.execute { [self] in
+            guard !stopped else { return }
+            run(machine.start(now: now()))
+        }
+    }
+
+    func update(_ newSettings: SessionSettings) {
+        queue.execute { [self] in
+            guard !stopped else { return }
+            let changed = newSettings.credentialsDiffer(from: settings)
+            let operatorChanged = newSettings.operatorFingerprint != settings.operatorFingerprint
+            settings = newSettings
+            if grant == .refreshToken, operatorChanged {
+                // A refresh in flight keeps the lock and finishes with the old lineage; the
+                // next one starts from the new file (its fingerprint differs from the state's).
+                own = chooseStartingState(stored: readStoredState())
+            }
+            // Re-sending a refresh token the server called dead, unchanged, would be pointless.
+            if changed || machine.status != .needsReauthentication {
+                if changed { logger.info("session credentials reloaded") }
+                run(machine.credentialsChanged(now: now()))
+            }
+        }
+    }
+
+    func stop() {
+        queue.execute { [self] in
+            guard !stopped else { return }
+            stopped = true
+            timerSerial &+= 1
+            let pending = waiters
+            waiters = [:]
+            inFlight?.cancel(detail: "session stopped")
+            inFlight = nil
+            store?.unlock()
+            for (_, w) in pending {
+                switch w {
+                case .token(let loop, let completion):
+                    let failure = TokenUnavailable(session: name, retryAfterSeconds: 1, detail: "token.session_stopped")
+                    loop.execute { completion(.failure(failure)) }
+                case .rejection(let loop, _, let completion):
+                    loop.execute { completion(.passThrough(reason: "token.session_stopped")) }
+                }
+            }
+        }
+    }
+
+    // MARK: Carrying out actions (session queue)
+
+    private func now() -> MonotonicInstant { MonotonicInstant(nanoseconds: monotonicNanos()) }
+
+    private func allocateWaiter(_ w: Waiter) -> TokenSession.WaiterID {
+        nextWaiterID &+= 1
+        let id = TokenSession.WaiterID(nextWaiterID)
+        waiters[id] = w
+        return id
+    }
+
+    private func run(_ actions: [TokenSession.StateMachine.Action]) {
+        guard !stopped else { return }
+        defer {
+            let s = machine.status
+            publishLock.withLock { publishedStatus = s }
+        }
+        for action in actions {
+            switch action {
+            case .startFetch(let request):
+                // Asynchronously, so the rest of this batch is carried out first (a fetch may
+                // be answered at once from the state file).
+                queue.execute { [self] in
+                    guard !stopped else { return }
+                    performFetch(request)
+                }
+            case .resumeWaiters(let ids, let result):
+                for id in ids { resume(id, result) }
+            case .scheduleWaiterTimeout(let id, let at):
+                queue.schedule(after: max(.zero, at - now())) { [weak self] in
+                    guard let self, !self.stopped, self.waiters[id] != nil else { return }
+                    self.run(self.machine.waiterTimedOut(waiter: id, now: self.now()))
+                }
+            case .scheduleRefresh(let at):
+                armTimer(at: at, retry: false)
+            case .scheduleRetry(let at):
+                armTimer(at: at, retry: true)
+            case .cancelTimer:
+                timerSerial &+= 1
+            case .publish(let token):
+                publish(token)
+            case .reportBreakerTripped(let until):
+                count { $0.breakerTrips += 1 }
+                logger.error("upstream rejections are not about our token: forced refreshes stop for a while and the rejections go to the clients", metadata: [
+                    "breaker.open_for_s": "\(Int((until - now()).secondsDouble.rounded(.up)))",
+                ])
+            case .reportNeedsReauthentication(let failure):
+                let file = settings.config.refreshTokenFile ?? "refresh_token_file"
+                logger.error("session \(name) needs a new refresh token: put one in \(file) and send SIGHUP", metadata: failureMetadata(failure))
+            case .reportNegativeCached(let failure, let until):
+                var m = failureMetadata(failure)
+                m["retry_in_s"] = "\(Int((until - now()).secondsDouble.rounded(.up)))"
+                logger.error("token endpoint refused the session's credentials; not retried for a while", metadata: m)
+            }
+        }
+    }
+
+    /// One session timer: a new schedule replaces the old (a serial number makes older firings
+    /// no-ops). A firing that comes early (clock rounding) re-arms for the rest.
+    private func armTimer(at: MonotonicInstant, retry: Bool) {
+        timerSerial &+= 1
+        arm(serial: timerSerial, at: at, retry: retry)
+    }
+
+    private func arm(serial: UInt64, at: MonotonicInstant, retry: Bool) {
+        queue.schedule(after: max(.zero, at - now())) { [weak self] in
+            guard let self, !self.stopped, self.timerSerial == serial else { return }
+            let n = self.now()
+            if n < at { self.arm(serial: serial, at: at, retry: retry); return }
+            self.run(retry ? self.machine.retryTimerFired(now: n) : self.machine.refreshTimerFired(now: n))
+        }
+    }
+
+    private func publish(_ token: TokenSession.CurrentToken?) {
+        let p = token.map(convert)
+        publishLock.withLock {
+            published = p
+            if let p { publishedGeneration = p.generation }
+        }
+    }
+
+    private func convert(_ t: TokenSession.CurrentToken) -> PublishedToken {
+        let until = t.usableWithoutWaitingUntil.nanoseconds
+        if let last = lastConverted, last.generation == t.generation, last.usableUntil == until {
+            return last
+        }
+        let fp = lastConverted.flatMap { $0.generation == t.generation ? $0.fingerprint : nil } ?? t.accessToken.fingerprint
+        let p = PublishedToken(value: t.accessToken.exposedValue, generation: t.generation, fingerprint: fp, usableUntil: until)
+        lastConverted = p
+        return p
+    }
+
+    private func resume(_ id: TokenSession.WaiterID, _ result: TokenSession.WaiterResult) {
+        guard let w = waiters.removeValue(forKey: id) else { return }
+        switch w {
+        case .token(let loop, let completion):
+            switch result {
+            case .token(let t):
+                let p = convert(t)
+                loop.execute { completion(.success(p)) }
+            case .failure(let u):
+                let failure = TokenUnavailable(session: name, retryAfterSeconds: u.retryAfterSeconds, detail: u.detail)
+                loop.execute { completion(.failure(failure)) }
+            }
+        case .rejection(let loop, let generation, let completion):
+            switch result {
+            case .token(let t) where t.generation > generation:
+                let p = convert(t)
+                loop.execute { completion(.replay(p)) }
+            case .token:
+                // The forced refresh failed and the rejected token is all there is.
+                loop.execute { completion(.passThrough(reason: "token.refresh_failed")) }
+            case .failure(let u):
+                let reason = u.detail
+                loop.execute { completion(.passThrough(reason: reason)) }
+            }
+        }
+    }
+
+    // MARK: Fetching (session queue)
+
+    private func performFetch(_ request: TokenSession.FetchRequest) {
+        let startedAt = monotonicNanos()
+        if request.reason == .rejected && request.attempt == 1 && request.round == 1 && !request.isSameTokenRetry {
+            count { $0.forcedRefreshes += 1 }
+        }
+        if grant == .refreshToken {
+            performRefreshFetch(request, startedAt: startedAt)
+            return
+        }
+        send(settings.tokenRequest(refreshToken: nil), request) { [self] sentAt, result, requestSent in
+            finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: requestSent, adopted: false)
+        }
+    }
+
+    /// Sends one token request; `done` gets the instant it was handed to the transport, the
+    /// classified result and whether it was (possibly) received.
+    private func send(_ tokenRequest: TokenRequest, _ request: TokenSession.FetchRequest,
+                      done: @escaping (MonotonicInstant, Result<TokenGrant, TokenEndpointFailure>, Bool) -> Void) {
+        let encoded: EncodedTokenRequest
+        do throws(TokenRequest.EncodingError) {
+            encoded = try tokenRequest.encode()
+        } catch {
+            done(now(), .failure(TokenEndpointFailure(classification: .permanent, reason: error.reason,
+                                                      errorDescription: error.detail)), false)
+            return
+        }
+        fetchSerial &+= 1
+        let serial = fetchSerial
+        count { $0.tokenRequests += 1 }
+        let sentAt = now()
+        let parser = settings.responseParser
+        let timeout = settings.config.requestTimeout
+        let client = TokenEndpointClient.post(encoded, to: settings.config.tokenURL, tls: settings.tlsContext, on: queue) { [self] outcome in
+            if fetchSerial == serial { inFlight = nil }
+            guard !stopped else { return }
+            switch outcome {
+            case .response(let status, let headers, let body):
+                done(sentAt, parser.parse(status: status, headers: headers, body: body, wallClockNow: wallClockSeconds()), true)
+            case .tooLarge(let status):
+                let retryable = status == 408 || status == 429 || (500...599).contains(status)
+                done(sentAt, .failure(TokenEndpointFailure(classification: retryable ? .retryable : .permanent,
+                                                           reason: "token.response_too_large", status: status)), true)
+            case .transportFailure(let detail, let requestSent):
+                done(sentAt, .failure(.transport(detail)), requestSent)
+            }
+        }
+        inFlight = client
+        queue.schedule(after: timeout) { [weak client] in
+            client?.cancel(detail: "token request timed out after \(timeout)")
+        }
+    }
+
+    private func finishFetch(_ request: TokenSession.FetchRequest, startedAt: UInt64, sentAt: MonotonicInstant,
+                             result: Result<TokenGrant, TokenEndpointFailure>, requestSent: Bool, adopted: Bool) {
+        guard !stopped else { return }
+        let durationMs = (monotonicNanos() &- startedAt) / 1_000_000
+        switch result {
+        case .success(let grant):
+            count { if adopted { $0.tokensAdopted += 1 } else { $0.tokensObtained += 1 } }
+            // Logged before the actions run, so the line precedes the token's delivery.
+            let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
+            logger.info(adopted ? "token adopted from the state file" : "token obtained", metadata: [
+                "token.reason": "\(request.reason.rawValue)",
+                "token.fingerprint": "\(grant.accessToken.fingerprint)",
+                "token.generation": "\(machine.currentGeneration)",
+                "token.lifetime_s": "\(Int(grant.lifetime.secondsDouble))",
+                "token.lifetime_source": "\(grant.lifetimeSource.rawValue)",
+                "duration_ms": "\(durationMs)",
+                "outcome": adopted ? "adopted" : "ok",
+            ])
+            run(actions)
+        case .failure(let failure):
+            count {
+                switch failure.classification {
+                case .retryable: $0.failuresRetryable += 1
+                case .permanent: $0.failuresPermanent += 1
+                case .invalidGrant: $0.failuresInvalidGrant += 1
+                }
+            }
+            var m = failureMetadata(failure)
+            m["token.reason"] = "\(request.reason.rawValue)"
+            m["attempt"] = "\(request.attempt)"
+            m["round"] = "\(request.round)"
+            m["request_sent"] = "\(requestSent)"
+            m["duration_ms"] = "\(durationMs)"
+            m["outcome"] = "failed"
+            if failure.classification == .retryable {
+                logger.warning("token request failed", metadata: m)
+            } else {
+                logger.error("token request failed", metadata: m)
+            }
+            run(machine.fetchFailed(failure, requestSent: requestSent, now: now()))
+        }
+    }
+
+    private func failureMetadata(_ f: TokenEndpointFailure) -> Logger.Metadata {
+        var m: Logger.Metadata = ["error.reason": "\(f.reason)", "error.class": "\(f.classification.rawValue)"]
+        if let s = f.status { m["http.status"] = "\(s)" }
+        if let e = f.oauthError { m["oauth.error"] = "\(e)" }
+        if let d = f.errorDescription { m["oauth.error_description"] = "\(d)" }
+        if let r = f.retryAfter { m["retry_after_s"] = "\(Int(r.secondsDouble.rounded(.up)))" }
+        return m
+    }
+
+    // MARK: Refresh tokens and the state file (session queue)
+
+    /// The state file's content; an unreadable file is logged and treated as absent (the
+    /// operator file is used instead).
+    private func readStoredState() -> PersistedSessionState? {
+        guard let store else { return nil }
+        switch store.read() {
+        case .missing: return nil
+        case .state(let s): return s
+        case .unreadable(let why):
+            logger.warning("ignoring an unreadable state file", metadata: ["path": "\(store.statePath)", "error": "\(why)"])
+            return nil
+        }
+    }
+
+    /// Where a refresh_token session starts from (start-up, or the operator file changed):
+    /// the state file if it descends from the current operator file, else the operator file.
+    private func chooseStartingState(stored: PersistedSessionState?) -> PersistedSessionState? {
+        switch RefreshTokenAdoption.startingSource(operatorFileFingerprint: settings.operatorFingerprint, stored: stored) {
+        case .stateFile:
+            return stored
+        case .operatorFile:
+            // Only reached with an operator token (its fingerprint was non-nil).
+            guard let token = settings.operatorRefreshToken else { return stored }
+            if stored != nil { logger.info("refresh_token_file changed since the state was written: using it") }
+            return PersistedSessionState(refreshToken: token, updatedAt: 0, sourceFingerprint: token.fingerprint)
+        case .none:
+            return nil
+        }
+    }
+
+    /// DESIGN §6 "Rotation durability": under the `flock`, re-read the state; adopt what
+    /// another process already rotated (without calling the server when its access token is
+    /// still good); else refresh, persist the new refresh token, then hand the token out.
+    private func performRefreshFetch(_ request: TokenSession.FetchRequest, startedAt: UInt64) {
+        if let store {
+            do throws(StateStoreError) {
+                try store.lock()
+            } catch {
+                finishFetch(request, startedAt: startedAt, sentAt: now(), result: .failure(TokenEndpointFailure(
+                    classification: .retryable, reason: error.reason, errorDescription: error.description)),
+                    requestSent: false, adopted: false)
+                return
+            }
+            adoptNewerStoredState(store.readState())
+        }
+        guard let state = own else {
+            store?.unlock()
+            let problem = settings.operatorFileProblem.map { ": \($0)" } ?? ""
+            finishFetch(request, startedAt: startedAt, sentAt: now(), result: .failure(TokenEndpointFailure(
+                classification: .invalidGrant, reason: "token.no_refresh_token",
+                errorDescription: "no refresh token in refresh_token_file or the state file\(problem)")),
+                requestSent: false, adopted: false)
+            return
+        }
+        if let grant = adoptableGrant(state) {
+            store?.unlock()
+            finishFetch(request, startedAt: startedAt, sentAt: now(), result: .success(grant), requestSent: false, adopted: true)
+            return
+        }
+        sendRefresh(using: state, request, startedAt: startedAt, rereadOnInvalidGrant: true)
+    }
+
+    /// The state's access token, if it is not the one we already have and has enough life left.
+    private func adoptableGrant(_ state: PersistedSessionState) -> TokenGrant? {
+        guard let grant = state.adoptableGrant(wallClockNow: wallClockSeconds()) else { return nil }
+        if let current = machine.currentToken, current.accessToken == grant.accessToken { return nil }
+        return grant
+    }
+
+    private func adoptNewerStoredState(_ stored: PersistedSessionState?) {
+        guard let own, let stored else { return }
+        if RefreshTokenAdoption.underLock(stored: stored, own: own) == .adoptStored {
+            logger.info("adopting the state another process rotated", metadata: [
+                "refresh_token.fingerprint": "\(stored.refreshToken.fingerprint)",
+            ])
+            self.own = stored
+        }
+    }
+
+    private func sendRefresh(using state: PersistedSessionState, _ request: TokenSession.FetchRequest,
+                             startedAt: UInt64, rereadOnInvalidGrant: Bool) {
+        let usedRefreshToken = state.refreshToken
+        let wallAtSend = wallClockSeconds()
+        send(settings.tokenRequest(refreshToken: usedRefreshToken), request) { [self] sentAt, result, requestSent in
+            switch result {
+            case .success(var grant):
+                grant = grant.keepingRefreshToken(usedRefreshToken)
+                let lifetimeSeconds = Int64(grant.lifetime.secondsDouble)
+                let newState = PersistedSessionState(
+                    refreshToken: grant.refreshToken ?? usedRefreshToken,
+                    accessToken: .init(token: grant.accessToken, expiresAt: wallAtSend + lifetimeSeconds,
+                                       generation: machine.currentGeneration + 1),
+                    updatedAt: max(wallClockSeconds(), (own?.updatedAt ?? 0) + 1),
+                    sourceFingerprint: state.sourceFingerprint)
+                persist(newState, rotated: grant.refreshToken != usedRefreshToken)
+                own = newState
+                store?.unlock()
+                finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: .success(grant),
+                            requestSent: requestSent, adopted: false)
+
+            case .failure(let failure) where failure.classification == .invalidGrant && rereadOnInvalidGrant:
+                // Re-read once: another process may have rotated the token we just used.
+                if let store, let stored = store.readState(), stored.refreshToken != usedRefreshToken {
+                    logger.info("refresh token refused; adopting the newer one in the state file", metadata: [
+                        "refresh_token.fingerprint": "\(stored.refreshToken.fingerprint)",
+                    ])
+                    own = stored
+                    if let grant = adoptableGrant(stored) {
+                        store.unlock()
+                        finishFetch(request, startedAt: startedAt, sentAt: now(), result: .success(grant),
+                                    requestSent: false, adopted: true)
+                    } else {
+                        sendRefresh(using: stored, request, startedAt: startedAt, rereadOnInvalidGrant: false)
+                    }
+                    return
+                }
+                store?.unlock()
+                finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: requestSent, adopted: false)
+
+            case .failure:
+                store?.unlock()
+                finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: requestSent, adopted: false)
+            }
+        }
+    }
+
+    /// Writes the state durably before the token is handed out. A failure is logged: the
+    /// session keeps the new refresh token in memory (the old one on disk may be dead now).
+    private func persist(_ state: PersistedSessionState, rotated: Bool) {
+        guard let store else { return }
+        do throws(StateStoreError) {
+            try store.write(state)
+            logger.debug("state persisted", metadata: [
+                "refresh_token.fingerprint": "\(state.refreshToken.fingerprint)",
+                "refresh_token.rotated": "\(rotated)",
+            ])
+        } catch {
+            logger.error("cannot persist the session state; a restart may need a new refresh token", metadata: [
+                "error": "\(error.description)",
+                "refresh_token.rotated": "\(rotated)",
+            ])
+        }
+    }
 }

@@ -1,0 +1,109 @@
+import BearerdIO
+import BearerdOAuth
+
+/// One session's configuration with its secrets read and its TLS context built: everything a
+/// `TokenSessionDriver` needs to make a token request. Built off the loops (start-up, SIGHUP,
+/// `bearerd token`); replaced whole on reload.
+///
+/// Holds secrets only as `OAuthSecret` (prints redacted).
+struct SessionSettings {
+    var config: SessionConfig
+    var clientSecret: OAuthSecret?
+    var password: OAuthSecret?
+    /// For `https` token URLs: verification as for upstreams (DESIGN §2.3), ALPN `http/1.1`.
+    var tlsContext: TLSContext?
+    /// refresh_token sessions: the current content of `refresh_token_file` (nil when the file
+    /// cannot be read: the state file may still hold a rotated token).
+    var operatorRefreshToken: OAuthSecret?
+    /// Why `operatorRefreshToken` is nil although a file is configured (for logs).
+    var operatorFileProblem: String?
+
+    var operatorFingerprint: String? { operatorRefreshToken?.fingerprint }
+
+    var grantKind: TokenSession.GrantKind {
+        switch config.grant {
+        case .clientCredentials: .clientCredentials
+        case .refreshToken: .refreshToken
+        case .password: .password
+        }
+    }
+
+    /// `SessionConfig` → the state machine's policy: `refresh_before`, `wait_timeout`,
+    /// `request_timeout` (the shared request's own timeout); every other number is DESIGN §6's default.
+    var policy: TokenSession.Policy {
+        var p = TokenSession.Policy(grant: grantKind, refreshBefore: config.refreshBefore)
+        p.waitTimeout = config.waitTimeout
+        p.fetchTimeout = config.requestTimeout
+        return p
+    }
+
+    /// `default_lifetime` for responses without `expires_in` and without a JWT `exp`.
+    var responseParser: TokenResponseParser {
+        TokenResponseParser(defaultLifetime: config.defaultLifetime, maxBodyBytes: TokenEndpointClient.maxBodyBytes)
+    }
+
+    /// The token request of this session's grant (RFC 6749 §4.3.2, §4.4.2, §6).
+    func tokenRequest(refreshToken: OAuthSecret?) -> TokenRequest {
+        let grant: TokenRequest.Grant
+        switch config.grant {
+        case .clientCredentials: grant = .clientCredentials
+        case .refreshToken: grant = .refreshToken(refreshToken ?? OAuthSecret(""))
+        case .password: grant = .password(username: config.username ?? "", password: password ?? OAuthSecret(""))
+        }
+        let auth: ClientAuthentication
+        switch config.clientAuth {
+        case .clientSecretBasic: auth = .clientSecretBasic
+        case .clientSecretPost: auth = .clientSecretPost
+        case .none: auth = .none
+        }
+        return TokenRequest(grant: grant, clientID: config.clientID, clientSecret: clientSecret,
+                            clientAuthentication: auth, scope: config.scope, extraParameters: config.params)
+    }
+
+    /// True when a reload changed anything that could change the server's answer.
+    func credentialsDiffer(from other: SessionSettings) -> Bool {
+        config != other.config || clientSecret != other.clientSecret || password != other.password
+            || operatorFingerprint != other.operatorFingerprint
+    }
+
+    /// Reads the session's secrets now (client secret, password, refresh token file) and builds
+    /// its TLS context. Errors are located like the loader's (`FILE:LINE: key: what is wrong`)
+    /// and never carry a secret.
+    static func resolve(_ session: SessionConfig, in config: BearerdConfig,
+                        environment: [String: String]) throws(ConfigErrors) -> SessionSettings {
+        var errors: [ConfigError] = []
+        var clientSecret: OAuthSecret?
+        var password: OAuthSecret?
+        do throws(ConfigErrors) {
+            let secrets = try ConfigLoader.resolveSecrets(of: session, in: config, environment: environment)
+            clientSecret = secrets.clientSecret.map { OAuthSecret($0.value) }
+            password = secrets.password.map { OAuthSecret($0.value) }
+        } catch {
+            errors += error.errors
+        }
+        var tlsContext: TLSContext?
+        if session.tokenURL.isTLS {
+            do throws(TLSError) {
+                tlsContext = try TLSContext.client(caFile: session.tls?.caFile, clientCert: session.tls?.clientCert,
+                                                   clientKey: session.tls?.clientKey, alpn: ["http/1.1"])
+            } catch {
+                errors.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).tls",
+                                          message: error.message))
+            }
+        }
+        var operatorToken: OAuthSecret?
+        var problem: String?
+        if session.grant == .refreshToken, let path = session.refreshTokenFile {
+            do throws(ConfigError) {
+                operatorToken = OAuthSecret(try ConfigLoader.resolveSecret(.file(path), environment: environment).value)
+            } catch {
+                // Not fatal: the state file may hold a rotated refresh token. The driver says
+                // so if neither is usable.
+                problem = error.message
+            }
+        }
+        guard errors.isEmpty else { throw ConfigErrors(errors) }
+        return SessionSettings(config: session, clientSecret: clientSecret, password: password, tlsContext: tlsContext,
+                               operatorRefreshToken: operatorToken, operatorFileProblem: problem)
+    }
+}

@@ -1,0 +1,180 @@
+import BearerdOAuth
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Why the state store could not do what was asked. Never carries a token.
+public struct StateStoreError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// Stable dotted reason: `state.mkdir`, `state.not_a_directory`, `state.open`, `state.write`,
+    /// `state.fsync`, `state.rename`, `state.lock`, `state.read`.
+    public let reason: String
+    public let path: String
+    public let errno: Int32
+
+    public init(reason: String, path: String, errno: Int32) {
+        self.reason = reason
+        self.path = path
+        self.errno = errno
+    }
+
+    public var description: String {
+        errno == 0 ? "\(reason): \(path)" : "\(reason): \(path): \(String(cString: strerror(errno)))"
+    }
+}
+
+/// The persisted state of one refresh_token session (DESIGN §6 "Rotation durability"):
+/// `<state_dir>/<session>.json` (mode 0600) holding a `PersistedSessionState`, and
+/// `<state_dir>/<session>.lock`, the `flock` that serialises refresh-and-persist between every
+/// process sharing the directory (`bearerd run`, `bearerd token`).
+///
+/// Owns the lock file descriptor while the lock is held. Blocking file I/O: use it only on a
+/// session queue or a command's own thread, never on a proxy loop. Not thread-safe; its owner
+/// (one `TokenSessionDriver`) touches it only on its session queue.
+///
+/// Invariants: the state file is only ever replaced whole (temp file in the same directory,
+/// write, fsync, rename, fsync the directory), so a reader sees the old or the new state, never
+/// a torn one; `lockFD >= 0` exactly while the lock is held.
+final class StateStore {
+    let directory: String
+    let session: String
+    let statePath: String
+    let lockPath: String
+    private var lockFD: Int32 = -1
+
+    /// Creates `directory` (0700) if it does not exist. Session names are restricted by the
+    /// config loader to letters, digits, `.`, `_`, `-` (no leading `.`), so they are safe file names.
+    init(directory: String, session: String) throws(StateStoreError) {
+        self.directory = directory
+        self.session = session
+        statePath = directory + "/" + session + ".json"
+        lockPath = directory + "/" + session + ".lock"
+        try StateStore.ensureDirectory(directory)
+    }
+
+    deinit { unlock() }
+
+    static func ensureDirectory(_ path: String) throws(StateStoreError) {
+        var st = stat()
+        if stat(path, &st) == 0 {
+            guard (st.st_mode & S_IFMT) == S_IFDIR else {
+                throw StateStoreError(reason: "state.not_a_directory", path: path, errno: 0)
+            }
+            return
+        }
+        guard mkdir(path, 0o700) == 0 || errno == EEXIST else {
+            throw StateStoreError(reason: "state.mkdir", path: path, errno: errno)
+        }
+        // mkdir is subject to the umask; make sure of 0700.
+        _ = chmod(path, 0o700)
+    }
+
+    // MARK: Lock
+
+    /// Takes the exclusive lock, blocking until any other holder (another process, or another
+    /// store object on the same files) releases it. Re-entrant calls are no-ops.
+    func lock() throws(StateStoreError) {
+        guard lockFD < 0 else { return }
+        let fd = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw StateStoreError(reason: "state.open", path: lockPath, errno: errno) }
+        while flock(fd, LOCK_EX) != 0 {
+            if errno == EINTR { continue }
+            let e = errno
+            close(fd)
+            throw StateStoreError(reason: "state.lock", path: lockPath, errno: e)
+        }
+        lockFD = fd
+    }
+
+    /// Releases the lock (closing the descriptor releases the `flock`).
+    func unlock() {
+        guard lockFD >= 0 else { return }
+        _ = flock(lockFD, LOCK_UN)
+        close(lockFD)
+        lockFD = -1
+    }
+
+    var isLocked: Bool { lockFD >= 0 }
+
+    // MARK: Read / write
+
+    /// What was found on disk.
+    enum ReadResult {
+        case missing
+        case state(PersistedSessionState)
+        /// The file exists but could not be read or decoded (`state.*` reason).
+        case unreadable(String)
+    }
+
+    /// Reads and decodes the state file.
+    func read() -> ReadResult {
+        let fd = open(statePath, O_RDONLY | O_CLOEXEC)
+        if fd < 0 {
+            return errno == ENOENT ? .missing : .unreadable("state.read: \(String(cString: strerror(errno)))")
+        }
+        defer { close(fd) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16 * 1024)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                return .unreadable("state.read: \(String(cString: strerror(errno)))")
+            }
+            if n == 0 { break }
+            bytes.append(contentsOf: chunk[0..<n])
+            if bytes.count > 64 * 1024 { return .unreadable("state.too_large") }
+        }
+        do throws(PersistedSessionState.DecodingError) {
+            return .state(try PersistedSessionState.decode(bytes))
+        } catch {
+            return .unreadable(error.field.map { "\(error.reason) (\($0))" } ?? error.reason)
+        }
+    }
+
+    /// The decoded state, nil when missing or unreadable.
+    func readState() -> PersistedSessionState? {
+        if case .state(let s) = read() { return s }
+        return nil
+    }
+
+    /// Replaces the state file durably: temp file (0600) in the same directory, write, fsync,
+    /// rename over the state file, fsync the directory.
+    func write(_ state: PersistedSessionState) throws(StateStoreError) {
+        let bytes = state.encode()
+        let tempPath = directory + "/." + session + ".json.tmp." + String(getpid())
+        let fd = open(tempPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw StateStoreError(reason: "state.open", path: tempPath, errno: errno) }
+        var failure: StateStoreError?
+        _ = fchmod(fd, 0o600)
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, bytes.count - offset) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                failure = StateStoreError(reason: "state.write", path: tempPath, errno: errno)
+                break
+            }
+            offset += n
+        }
+        if failure == nil, fsync(fd) != 0 { failure = StateStoreError(reason: "state.fsync", path: tempPath, errno: errno) }
+        close(fd)
+        if let failure {
+            unlink(tempPath)
+            throw failure
+        }
+        guard rename(tempPath, statePath) == 0 else {
+            let e = errno
+            unlink(tempPath)
+            throw StateStoreError(reason: "state.rename", path: statePath, errno: e)
+        }
+        let dfd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dfd >= 0 else { throw StateStoreError(reason: "state.open", path: directory, errno: errno) }
+        defer { close(dfd) }
+        guard fsync(dfd) == 0 else { throw StateStoreError(reason: "state.fsync", path: directory, errno: errno) }
+    }
+}
+
+/// Wall-clock Unix seconds (persisted expiry times only; every deadline uses the monotonic clock).
+func wallClockSeconds() -> Int64 {
+    Int64(time(nil))
+}

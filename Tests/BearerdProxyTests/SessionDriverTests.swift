@@ -1,0 +1,342 @@
+import BearerdIO
+import BearerdOAuth
+import Foundation
+import Testing
+@testable import BearerdProxy
+
+/// The session driver against a real token endpoint on 127.0.0.1: grants and client
+/// authentication on the wire, coalescing, an endpoint that is down then back, rejections.
+@Suite(.serialized)
+struct SessionDriverTests {
+    static let secret = "s3cr3t:&+client-secret-value"
+
+    func clientCredentials(_ url: UpstreamURL, auth: ClientAuthMethod = .clientSecretBasic,
+                           waitTimeout: Duration = .seconds(10)) -> SessionConfig {
+        SessionConfig(name: "partner", grant: .clientCredentials, tokenURL: url, clientID: "my service",
+                      clientSecret: .literal(Secret(Self.secret)), clientAuth: auth, scope: "read write",
+                      params: [("audience", "https://api.example.com")], waitTimeout: waitTimeout)
+    }
+
+    /// Every access token the endpoint issues is distinct: `access-AAA-<n>` for the n-th request.
+    static let numbered: ScriptedTokenEndpoint.Handler = { _, n in ScriptedTokenEndpoint.token("access-AAA-\(n)") }
+
+    @Test func clientSecretBasicOnTheWire() async throws {
+        let endpoint = try ScriptedTokenEndpoint(handler: Self.numbered)
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+
+        let token = try await requestToken(driver).get()
+        #expect(token.value == "access-AAA-1")
+        #expect(token.generation == 1)
+        #expect(token.fingerprint == OAuthSecret("access-AAA-1").fingerprint)
+        #expect(driver.currentGeneration == 1)
+        #expect(driver.usableToken(now: monotonicNanos()) == token)
+
+        let received = endpoint.received
+        #expect(received.count == 1)
+        let r = try #require(received.first)
+        #expect(r.head.method == "POST")
+        #expect(r.head.target == "/oauth/token")
+        #expect(r.head.headers["host"] == "127.0.0.1:\(endpoint.port)")
+        #expect(r.head.headers["content-type"] == "application/x-www-form-urlencoded")
+        let credentials = "my+service:s3cr3t%3A%26%2Bclient-secret-value"  // RFC 6749 §2.3.1: form-encoded, then Basic
+        #expect(r.authorization == "Basic " + Data(credentials.utf8).base64EncodedString())
+        #expect(r.body == "grant_type=client_credentials&scope=read+write&audience=https%3A%2F%2Fapi.example.com")
+        #expect(logs.lines(containingAnyOf: [Self.secret, "access-AAA-1", "s3cr3t"]).isEmpty)
+        #expect(logs.lines.contains { $0.contains("token obtained") && $0.contains("token.fingerprint=\(token.fingerprint)") && $0.contains("token.generation=1") })
+    }
+
+    @Test func clientSecretPostOnTheWire() async throws {
+        let endpoint = try ScriptedTokenEndpoint(handler: Self.numbered)
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url, auth: .clientSecretPost)),
+                                         logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let token = try await requestToken(try #require(manager.session(named: "partner"))).get()
+        #expect(token.value == "access-AAA-1")
+        let r = try #require(endpoint.received.first)
+        #expect(r.authorization == nil)
+        #expect(r.body == "grant_type=client_credentials&scope=read+write&client_id=my+service"
+                + "&client_secret=s3cr3t%3A%26%2Bclient-secret-value&audience=https%3A%2F%2Fapi.example.com")
+        #expect(r.form["client_secret"] == Self.secret)
+        #expect(logs.lines(containingAnyOf: [Self.secret, "access-AAA-1"]).isEmpty)
+    }
+
+    @Test func passwordGrantWithSecretsFromEnvironment() async throws {
+        let endpoint = try ScriptedTokenEndpoint(handler: Self.numbered)
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let session = SessionConfig(name: "legacy", grant: .password, tokenURL: endpoint.url, clientID: "app",
+                                    clientSecret: .env("APP_SECRET"), clientAuth: .clientSecretBasic,
+                                    username: "svc-user", password: .env("SVC_PASSWORD"))
+        let manager = try SessionManager(config: sessionConfig(session), logger: logs.logger,
+                                         environment: ["APP_SECRET": "app-secret-XYZ", "SVC_PASSWORD": "p@ss word-PPP"])
+        defer { manager.stop() }
+        let token = try await requestToken(try #require(manager.session(named: "legacy"))).get()
+        #expect(token.value == "access-AAA-1")
+        let r = try #require(endpoint.received.first)
+        #expect(r.body == "grant_type=password&username=svc-user&password=p%40ss+word-PPP")
+        #expect(r.authorization == "Basic " + Data("app:app-secret-XYZ".utf8).base64EncodedString())
+        #expect(logs.lines(containingAnyOf: ["app-secret-XYZ", "p@ss word-PPP", "access-AAA-1"]).isEmpty)
+    }
+
+    @Test func missingSecretIsAConfigError() throws {
+        let session = SessionConfig(name: "legacy", grant: .password, tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: 1, basePath: "/t"),
+                                    clientID: "app", clientSecret: .env("NOPE_SECRET"), username: "u", password: .env("NOPE_PASSWORD"), line: 7)
+        do {
+            _ = try SessionManager(config: sessionConfig(session), logger: CapturedLogs().logger, environment: [:])
+            Issue.record("expected ConfigErrors")
+        } catch {
+            let text = error.description
+            #expect(text.contains("test.yaml:7: sessions.legacy.client_secret_env: environment variable NOPE_SECRET is not set"))
+            #expect(text.contains("sessions.legacy.password_env"))
+        }
+    }
+
+    @Test func concurrentRequestsFromSeveralLoopsShareOneTokenRequest() async throws {
+        let endpoint = try ScriptedTokenEndpoint { _, n in .delayed(0.3, ScriptedTokenEndpoint.token("access-AAA-\(n)")) }
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+
+        let results = await withTaskGroup(of: Result<PublishedToken, TokenUnavailable>.self) { group in
+            for i in 0..<200 {
+                group.addTask { await requestToken(driver, on: testLoops[i % testLoops.count]) }
+            }
+            var all: [Result<PublishedToken, TokenUnavailable>] = []
+            for await r in group { all.append(r) }
+            return all
+        }
+        #expect(results.count == 200)
+        #expect(results.allSatisfy { (try? $0.get().value) == "access-AAA-1" })
+        #expect(endpoint.count == 1)
+        // Served from the published token afterwards: still one request.
+        #expect(driver.usableToken(now: monotonicNanos())?.value == "access-AAA-1")
+        _ = try await requestToken(driver, on: testLoops[3]).get()
+        #expect(endpoint.count == 1)
+        #expect(driver.metrics.tokenRequests == 1)
+        #expect(driver.metrics.tokensObtained == 1)
+        #expect(driver.status == .ready)
+    }
+
+    @Test func endpoint503WithRetryAfterThenRecovery() async throws {
+        let endpoint = try ScriptedTokenEndpoint { _, _ in
+            ScriptedTokenEndpoint.error(503, "temporarily_unavailable", "down for maintenance", headers: [("Retry-After", "2")])
+        }
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url, waitTimeout: .milliseconds(500))),
+                                         logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+
+        let first = await requestToken(driver)
+        guard case .failure(let unavailable) = first else {
+            Issue.record("expected TokenUnavailable, got \(first)")
+            return
+        }
+        #expect(unavailable.session == "partner")
+        #expect((1...3).contains(unavailable.retryAfterSeconds))
+        #expect(unavailable.detail.contains("temporarily_unavailable"))
+        #expect(unavailable.detail.contains("down for maintenance"))
+        #expect(endpoint.count == 1)
+        #expect(logs.lines.contains { $0.contains("[warning] token request failed") && $0.contains("oauth.error=temporarily_unavailable")
+            && $0.contains("oauth.error_description=down for maintenance") && $0.contains("http.status=503") })
+
+        // The endpoint comes back: the retry (after Retry-After) gets a token.
+        endpoint.handler = Self.numbered
+        let recovered = await eventually(8) {
+            if case .success(let t) = await requestToken(driver) { return t.value.hasPrefix("access-AAA-") }
+            return false
+        }
+        #expect(recovered)
+        #expect(logs.lines(containingAnyOf: [Self.secret, "access-AAA-"]).isEmpty)
+    }
+
+    @Test func connectionRefusedThenEndpointComesBack() async throws {
+        let port = unusedPort()
+        let url = UpstreamURL(scheme: "http", host: "127.0.0.1", port: port, basePath: "/oauth/token")
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(url, waitTimeout: .milliseconds(500))),
+                                         logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+        manager.start()
+
+        let first = await requestToken(driver)
+        guard case .failure(let unavailable) = first else {
+            Issue.record("expected TokenUnavailable, got \(first)")
+            return
+        }
+        #expect(unavailable.retryAfterSeconds >= 1 && unavailable.retryAfterSeconds <= 30)
+        #expect(unavailable.detail.hasPrefix("token."))
+        #expect(driver.usableToken(now: monotonicNanos()) == nil)
+
+        let endpoint = try ScriptedTokenEndpoint(port: port, handler: Self.numbered)
+        defer { endpoint.stop() }
+        let recovered = await eventually(12) {
+            if case .success = await requestToken(driver) { return true }
+            return false
+        }
+        #expect(recovered)
+        #expect(endpoint.count == 1)
+        #expect(logs.lines.contains { $0.contains("error.reason=token.transport") && $0.contains("request_sent=false") })
+    }
+
+    @Test func permanentErrorIsNegativeCachedWithTheServersError() async throws {
+        let endpoint = try ScriptedTokenEndpoint { _, _ in ScriptedTokenEndpoint.error(401, "invalid_client", "unknown client") }
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+        guard case .failure(let u) = await requestToken(driver) else { Issue.record("expected a failure"); return }
+        #expect(u.detail.contains("invalid_client"))
+        #expect(u.detail.contains("unknown client"))
+        #expect(u.retryAfterSeconds >= 50)
+        guard case .failure = await requestToken(driver) else { Issue.record("expected a failure"); return }
+        #expect(endpoint.count == 1)
+        #expect(logs.lines.contains { $0.hasPrefix("[error]") && $0.contains("oauth.error=invalid_client") })
+    }
+
+    @Test func oversizedResponseIsRefused() async throws {
+        let big = String(repeating: "x", count: (1 << 20) + 10)
+        let endpoint = try ScriptedTokenEndpoint { _, _ in .json(status: 200, body: "{\"access_token\":\"\(big)\"}") }
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        guard case .failure(let u) = await requestToken(try #require(manager.session(named: "partner"))) else {
+            Issue.record("expected a failure")
+            return
+        }
+        #expect(u.detail.contains("token.response_too_large"))
+    }
+
+    @Test func backgroundRefreshBeforeExpiryWithoutAnyCaller() async throws {
+        // L = 4 s: soft margin ≈ 2 s (min(300 s, L/2) × [0.9, 1]), hard margin 1 s (L/4).
+        let endpoint = try ScriptedTokenEndpoint { _, n in ScriptedTokenEndpoint.token("access-AAA-\(n)", expiresIn: 4) }
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+        manager.start()
+        #expect(await eventually(3) { driver.currentGeneration == 1 })
+        let first = try #require(driver.usableToken(now: monotonicNanos()))
+        #expect(first.value == "access-AAA-1")
+        // Usable without asking until the hard point (≈ 3 s after the request was sent).
+        #expect(first.usableUntil > monotonicNanos() + 2_000_000_000)
+        #expect(await eventually(5) { driver.currentGeneration == 2 })
+        #expect(driver.usableToken(now: monotonicNanos())?.value == "access-AAA-2")
+        #expect(logs.lines.contains { $0.contains("token.reason=soft") && $0.contains("token.generation=2") })
+    }
+
+    @Test func reloadAddsAndRemovesSessions() async throws {
+        let endpoint = try ScriptedTokenEndpoint(handler: Self.numbered)
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let partner = clientCredentials(endpoint.url)
+        var other = clientCredentials(endpoint.url)
+        other.name = "other"
+        let manager = try SessionManager(config: sessionConfig(partner), logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let old = try #require(manager.session(named: "partner"))
+        _ = try await requestToken(old).get()
+
+        var next = sessionConfig(other)
+        try manager.reload(next, environment: [:])
+        #expect(manager.session(named: "partner") == nil)
+        #expect(manager.sessionNames == ["other"])
+        guard case .failure(let u) = await requestToken(old) else { Issue.record("a removed session must not hand out tokens"); return }
+        #expect(u.detail == "token.session_stopped")
+        let added = try #require(manager.session(named: "other"))
+        #expect(try await requestToken(added).get().value == "access-AAA-2")
+
+        // A bad reload changes nothing.
+        next.sessions[0].clientSecret = .env("MISSING_SECRET_ENV")
+        #expect(throws: ConfigErrors.self) { try manager.reload(next, environment: [:]) }
+        #expect(manager.session(named: "other") === added)
+        // An unchanged session keeps its driver (the proxy may hold it) and its token.
+        try manager.reload(sessionConfig(other), environment: [:])
+        #expect(manager.session(named: "other") === added)
+        #expect(added.usableToken(now: monotonicNanos())?.value == "access-AAA-2")
+    }
+
+    @Test func staleRejectionReplaysAtOnceWithoutARequest() async throws {
+        let endpoint = try ScriptedTokenEndpoint(handler: Self.numbered)
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+        let first = try await requestToken(driver).get()
+        #expect(first.generation == 1)
+
+        // Rejection of the current generation: one forced refresh, replay with the new token.
+        guard case .replay(let second) = await reportRejected(driver, generation: 1) else { Issue.record("expected replay"); return }
+        #expect(second.value == "access-AAA-2")
+        #expect(second.generation == 2)
+        #expect(endpoint.count == 2)
+        #expect(driver.currentGeneration == 2)
+
+        // A late rejection of generation 1 is stale: replay with the current token, no request.
+        guard case .replay(let again) = await reportRejected(driver, generation: 1, on: testLoops[2]) else { Issue.record("expected replay"); return }
+        #expect(again == second)
+        #expect(endpoint.count == 2)
+        #expect(logs.lines.contains { $0.contains("token.reason=rejected") && $0.contains("token.generation=2") })
+    }
+
+    @Test func fiftyConcurrentRejectionsOfTheCurrentGenerationShareOneRefresh() async throws {
+        let endpoint = try ScriptedTokenEndpoint { _, n in
+            n == 1 ? ScriptedTokenEndpoint.token("access-AAA-1") : .delayed(0.3, ScriptedTokenEndpoint.token("access-AAA-\(n)"))
+        }
+        defer { endpoint.stop() }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+        let first = try await requestToken(driver).get()
+
+        let outcomes = await withTaskGroup(of: RejectionOutcome.self) { group in
+            for i in 0..<50 {
+                group.addTask { await reportRejected(driver, generation: first.generation, on: testLoops[i % testLoops.count]) }
+            }
+            var all: [RejectionOutcome] = []
+            for await o in group { all.append(o) }
+            return all
+        }
+        #expect(outcomes.count == 50)
+        #expect(endpoint.count == 2)
+        for o in outcomes {
+            guard case .replay(let t) = o else { Issue.record("expected replay, got \(o)"); continue }
+            #expect(t.value == "access-AAA-2")
+            #expect(t.generation == 2)
+        }
+        #expect(driver.usableToken(now: monotonicNanos())?.generation == 2)
+        #expect(driver.metrics.forcedRefreshes == 1)
+    }
+
+    @Test func rejectionPassesThroughWhenTheRefreshFails() async throws {
+        let endpoint = try ScriptedTokenEndpoint { _, n in
+            n == 1 ? ScriptedTokenEndpoint.token("access-AAA-1") : ScriptedTokenEndpoint.error(400, "invalid_scope", "no")
+        }
+        defer { endpoint.stop() }
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: CapturedLogs().logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+        let first = try await requestToken(driver).get()
+        guard case .passThrough(let reason) = await reportRejected(driver, generation: first.generation) else {
+            Issue.record("expected passThrough")
+            return
+        }
+        #expect(reason.hasPrefix("token."))
+        #expect(endpoint.count == 2)
+    }
+}

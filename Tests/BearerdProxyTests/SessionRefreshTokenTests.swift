@@ -1,0 +1,251 @@
+import BearerdIO
+import BearerdOAuth
+import Foundation
+import Testing
+@testable import BearerdProxy
+
+/// refresh_token sessions (DESIGN §6 "Rotation durability"): the endpoint rotates refresh
+/// tokens and accepts only the newest; the state file must hold the newest before the access
+/// token is handed out, survive a restart, be shared by two managers (two processes), and a
+/// dead refresh token must stop all traffic until the operator file changes.
+@Suite(.serialized)
+struct SessionRefreshTokenTests {
+    /// A rotating authorization server: `refresh-RRR-<n>` is valid until used once; using it
+    /// issues `access-AAA-<n+1>` and `refresh-RRR-<n+1>`. Anything else is `invalid_grant`.
+    final class RotatingServer: @unchecked Sendable {  // @unchecked: `valid`/`issued` guarded by `lock`
+        private let lock = NSLock()
+        private var valid: String
+        private var issued = 0
+        let expiresIn: Int
+        init(first: String = "refresh-RRR-0", expiresIn: Int = 3600) {
+            valid = first
+            self.expiresIn = expiresIn
+        }
+        /// Makes `token` the valid refresh token (the operator got a new one).
+        func accept(_ token: String) { lock.withLock { valid = token } }
+        var handler: ScriptedTokenEndpoint.Handler {
+            { [self] request, _ in
+                lock.withLock {
+                    guard request.form["grant_type"] == "refresh_token", request.form["refresh_token"] == valid else {
+                        return ScriptedTokenEndpoint.error(400, "invalid_grant", "refresh token expired or revoked")
+                    }
+                    issued += 1
+                    valid = "refresh-RRR-\(issued)"
+                    return ScriptedTokenEndpoint.token("access-AAA-\(issued)", expiresIn: expiresIn, refresh: valid)
+                }
+            }
+        }
+    }
+
+    struct Fixture {
+        let root: String
+        let stateDir: String
+        let refreshFile: String
+        let config: BearerdConfig
+        var statePath: String { stateDir + "/me.json" }
+
+        init(endpoint: ScriptedTokenEndpoint, initialRefreshToken: String = "refresh-RRR-0") {
+            root = temporaryDirectory()
+            stateDir = root + "/state"
+            refreshFile = root + "/me.refresh"
+            writeFile(refreshFile, initialRefreshToken + "\n")
+            let session = SessionConfig(name: "me", grant: .refreshToken, tokenURL: endpoint.url, clientID: "cli",
+                                        clientAuth: .none, refreshTokenFile: refreshFile)
+            config = sessionConfig(session, stateDir: stateDir)
+        }
+
+        func stored() throws -> PersistedSessionState {
+            let bytes = try #require(FileManager.default.contents(atPath: statePath))
+            return try PersistedSessionState.decode(Array(bytes))
+        }
+    }
+
+    static let secrets = ["access-AAA-", "refresh-RRR-"]
+
+    @Test func rotatedRefreshTokenIsPersistedBeforeTheAccessTokenIsHandedOut() async throws {
+        let server = RotatingServer()
+        let endpoint = try ScriptedTokenEndpoint(handler: server.handler)
+        defer { endpoint.stop() }
+        let f = Fixture(endpoint: endpoint)
+        defer { removeTree(f.root) }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "me"))
+        #expect(fileMode(f.stateDir) == 0o700)
+
+        // Read the state file at the very moment the token is delivered.
+        let statePath = f.statePath
+        let (result, storedAtDelivery) = await withCheckedContinuation { c in
+            driver.requestToken(on: testLoops[1]) { result in
+                let bytes = FileManager.default.contents(atPath: statePath).map { Array($0) }
+                c.resume(returning: (result, bytes.flatMap { try? PersistedSessionState.decode($0) }))
+            }
+        }
+        let token = try result.get()
+        #expect(token.value == "access-AAA-1")
+        let stored = try #require(storedAtDelivery)
+        #expect(stored.refreshToken.exposedValue == "refresh-RRR-1")
+        #expect(stored.accessToken?.token.exposedValue == "access-AAA-1")
+        #expect(stored.sourceFingerprint == OAuthSecret("refresh-RRR-0").fingerprint)
+        #expect(fileMode(f.statePath) == 0o600)
+        #expect(fileMode(f.stateDir) == 0o700)
+        #expect(endpoint.received.first?.body == "grant_type=refresh_token&refresh_token=refresh-RRR-0&client_id=cli")
+
+        // A forced refresh rotates again, and the file follows.
+        guard case .replay(let second) = await reportRejected(driver, generation: token.generation) else {
+            Issue.record("expected replay")
+            return
+        }
+        #expect(second.value == "access-AAA-2")
+        #expect(try f.stored().refreshToken.exposedValue == "refresh-RRR-2")
+        #expect(endpoint.received.last?.form["refresh_token"] == "refresh-RRR-1")
+        #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
+    }
+
+    @Test func restartAdoptsAValidPersistedAccessTokenWithoutCallingTheServer() async throws {
+        let server = RotatingServer()
+        let endpoint = try ScriptedTokenEndpoint(handler: server.handler)
+        defer { endpoint.stop() }
+        let f = Fixture(endpoint: endpoint)
+        defer { removeTree(f.root) }
+        let logs = CapturedLogs()
+
+        let first = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        let t1 = try await requestToken(try #require(first.session(named: "me"))).get()
+        first.stop()
+        #expect(endpoint.count == 1)
+
+        let second = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        defer { second.stop() }
+        let d2 = try #require(second.session(named: "me"))
+        let t2 = try await requestToken(d2).get()
+        #expect(t2.value == t1.value)
+        #expect(endpoint.count == 1)
+        #expect(d2.metrics.tokensAdopted == 1)
+        #expect(d2.metrics.tokenRequests == 0)
+        #expect(logs.lines.contains { $0.contains("token adopted from the state file") && $0.contains("outcome=adopted") })
+        #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
+    }
+
+    @Test func restartWithAnExpiringAccessTokenRefreshesWithTheNewestRefreshToken() async throws {
+        let server = RotatingServer(expiresIn: 30)  // less than the 60 s an adopted token must have left
+        let endpoint = try ScriptedTokenEndpoint(handler: server.handler)
+        defer { endpoint.stop() }
+        let f = Fixture(endpoint: endpoint)
+        defer { removeTree(f.root) }
+        let logs = CapturedLogs()
+
+        let first = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        _ = try await requestToken(try #require(first.session(named: "me"))).get()
+        first.stop()
+
+        let second = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        defer { second.stop() }
+        let t = try await requestToken(try #require(second.session(named: "me"))).get()
+        #expect(t.value == "access-AAA-2")
+        #expect(endpoint.count == 2)
+        #expect(endpoint.received.last?.form["refresh_token"] == "refresh-RRR-1")
+        #expect(try f.stored().refreshToken.exposedValue == "refresh-RRR-2")
+        #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
+    }
+
+    @Test func twoProcessesShareTheStateUnderTheLock() async throws {
+        let server = RotatingServer()
+        let endpoint = try ScriptedTokenEndpoint(handler: server.handler)
+        defer { endpoint.stop() }
+        let f = Fixture(endpoint: endpoint)
+        defer { removeTree(f.root) }
+        let logs = CapturedLogs()
+        let a = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        let b = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        defer { a.stop(); b.stop() }
+        let da = try #require(a.session(named: "me")), db = try #require(b.session(named: "me"))
+
+        // A refreshes first (refresh-RRR-0 → 1); B, which also started from the operator file,
+        // finds the rotation under the lock and adopts it instead of sending a dead token.
+        let ta = try await requestToken(da).get()
+        let tb = try await requestToken(db).get()
+        #expect(ta.value == "access-AAA-1")
+        #expect(tb.value == "access-AAA-1")
+        #expect(endpoint.count == 1)
+
+        // B is forced to refresh (rotating to refresh-RRR-2); then A's forced refresh adopts
+        // B's newer access token from the state file without calling the server.
+        guard case .replay(let tb2) = await reportRejected(db, generation: tb.generation) else { Issue.record("expected replay"); return }
+        #expect(tb2.value == "access-AAA-2")
+        #expect(endpoint.count == 2)
+        guard case .replay(let ta2) = await reportRejected(da, generation: ta.generation) else { Issue.record("expected replay"); return }
+        #expect(ta2.value == "access-AAA-2")
+        #expect(endpoint.count == 2)
+        #expect(endpoint.received.map { $0.form["refresh_token"] ?? "" } == ["refresh-RRR-0", "refresh-RRR-1"])
+        #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
+    }
+
+    @Test func transportFailureAfterSendingRetriesOnceAtOnceWithTheSameRefreshToken() async throws {
+        let server = RotatingServer()
+        let rotating = server.handler
+        // The first request is read, then the connection drops without an answer (the server
+        // may or may not have rotated: it did not here).
+        let endpoint = try ScriptedTokenEndpoint { request, n in n == 1 ? .close : rotating(request, n) }
+        defer { endpoint.stop() }
+        let f = Fixture(endpoint: endpoint)
+        defer { removeTree(f.root) }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let started = monotonicNanos()
+        let token = try await requestToken(try #require(manager.session(named: "me"))).get()
+        #expect(token.value == "access-AAA-1")
+        #expect(monotonicNanos() - started < 900_000_000)  // no backoff before the same-token retry
+        #expect(endpoint.received.map { $0.form["refresh_token"] ?? "" } == ["refresh-RRR-0", "refresh-RRR-0"])
+        #expect(logs.lines.contains { $0.contains("error.reason=token.transport") && $0.contains("request_sent=true") })
+        #expect(try f.stored().refreshToken.exposedValue == "refresh-RRR-1")
+        #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
+    }
+
+    @Test func invalidGrantNeedsReauthenticationAndStopsTrafficUntilTheFileChanges() async throws {
+        let server = RotatingServer(first: "refresh-RRR-valid-only-later")
+        let endpoint = try ScriptedTokenEndpoint(handler: server.handler)
+        defer { endpoint.stop() }
+        let f = Fixture(endpoint: endpoint, initialRefreshToken: "refresh-RRR-dead")
+        defer { removeTree(f.root) }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "me"))
+        manager.start()
+
+        let failed = await eventually(5) { endpoint.count >= 1 }
+        #expect(failed)
+        guard case .failure(let u) = await requestToken(driver) else { Issue.record("expected TokenUnavailable"); return }
+        #expect(u.detail.contains("token.needs_reauthentication"))
+        #expect(u.detail.contains("invalid_grant"))
+        #expect(u.detail.contains("refresh token expired or revoked"))
+        guard case .failure = await requestToken(driver, on: testLoops[2]) else { Issue.record("expected TokenUnavailable"); return }
+        #expect(driver.status == .needsReauthentication)
+        #expect(driver.metrics.failuresInvalidGrant == 1)
+        #expect(driver.metrics.tokenRequests == 1)
+        try await Task.sleep(nanoseconds: 300_000_000)
+        #expect(endpoint.count == 1)
+        #expect(logs.lines.contains { $0.hasPrefix("[error]") && $0.contains("session me needs a new refresh token: put one in \(f.refreshFile) and send SIGHUP") })
+
+        // A SIGHUP with the file unchanged sends nothing.
+        try manager.reload(f.config, environment: [:])
+        try await Task.sleep(nanoseconds: 300_000_000)
+        #expect(endpoint.count == 1)
+
+        // The operator puts a new refresh token in the file and sends SIGHUP.
+        server.accept("refresh-RRR-new")
+        writeFile(f.refreshFile, "refresh-RRR-new\n")
+        try manager.reload(f.config, environment: [:])
+        let recovered = await eventually(5) {
+            if case .success = await requestToken(driver) { return true }
+            return false
+        }
+        #expect(recovered)
+        #expect(endpoint.received.last?.form["refresh_token"] == "refresh-RRR-new")
+        #expect(try f.stored().sourceFingerprint == OAuthSecret("refresh-RRR-new").fingerprint)
+        #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
+    }
+}
