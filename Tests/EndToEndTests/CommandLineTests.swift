@@ -91,7 +91,7 @@ struct CommandLineTests {
 
     @Test func checkAcceptsAValidFile() throws {
         let path = try Self.tempFile("bearerd.yaml", """
-        listen: [127.0.0.1:0]
+        listen: [127.0.0.1:18999]
         routes:
           - match: /
             upstream: http://127.0.0.1:9
