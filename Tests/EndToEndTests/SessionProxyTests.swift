@@ -201,4 +201,33 @@ struct SessionProxyTests {
         #expect(proxy.logs.text.contains("invalid_client"))
         #expect(!proxy.logs.text.contains("wrong-secret"))
     }
+
+    @Test func afterExpiryWithTheEndpointDownRequestsGet503AndTheUpstreamIsNotCalled() throws {
+        let auth = try AuthServerFixture.start(tokenLifetime: 3)
+        defer { auth.stop() }
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        var r = route(origin: origin.port)
+        r.session = "s"
+        let proxy = try TestProxy(routes: [r], sessions: [Self.session(auth: auth)])
+        defer { proxy.stop() }
+        #expect(try TestClient.get(port: proxy.port, path: "/valid").status == 200)
+        try auth.failNextTokenRequests(count: 1000, status: 500, error: "server_error")
+        // While the token is valid every request passes, even with the endpoint failing.
+        #expect(try TestClient.get(port: proxy.port, path: "/still-valid").status == 200)
+        Thread.sleep(forTimeInterval: 3.5)
+        let before = origin.requests.count
+        let expired = try TestClient.get(port: proxy.port, path: "/expired")
+        #expect(expired.status == 503)
+        #expect((expired["Retry-After"].flatMap(Int.init) ?? 0) >= 1)
+        #expect(expired.bodyText.contains("server_error"))
+        #expect(origin.requests.count == before)
+        try auth.clearFaults()
+        var recovered = false
+        for _ in 0..<60 {
+            if (try? TestClient.get(port: proxy.port, path: "/back"))?.status == 200 { recovered = true; break }
+            Thread.sleep(forTimeInterval: 0.5)
+        }
+        #expect(recovered, "no recovery within 30 s after the endpoint came back")
+    }
 }
