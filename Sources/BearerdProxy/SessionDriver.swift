@@ -527,7 +527,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 "outcome": adopted ? "adopted" : "ok",
             ])
             run(actions)
-        case .failure(let failure):
+        case .failure(let serverFailure):
+            let failure = scrubbed(serverFailure)
             count {
                 switch failure.classification {
                 case .retryable: $0.failuresRetryable += 1
@@ -549,6 +550,25 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             }
             run(machine.fetchFailed(failure, requestSent: requestSent, now: now()))
         }
+    }
+
+    /// The failure with any secret of this session that the server echoed back (in `error`,
+    /// `error_description` or `error_uri`) replaced by `<redacted>`: that text goes to logs and
+    /// to clients' 503 bodies.
+    private func scrubbed(_ failure: TokenEndpointFailure) -> TokenEndpointFailure {
+        let secrets = [settings.clientSecret, settings.password, settings.operatorRefreshToken, own?.refreshToken,
+                       machine.currentToken?.accessToken].compactMap { $0?.exposedValue }.filter { $0.count >= 4 }
+        guard !secrets.isEmpty else { return failure }
+        func scrub(_ text: String?) -> String? {
+            guard var text else { return nil }
+            for s in secrets where text.contains(s) { text = text.replacingAll(s, with: "<redacted>") }
+            return text
+        }
+        var f = failure
+        f.oauthError = scrub(f.oauthError)
+        f.errorDescription = scrub(f.errorDescription)
+        f.errorURI = scrub(f.errorURI)
+        return f
     }
 
     private func failureMetadata(_ f: TokenEndpointFailure) -> Logger.Metadata {
