@@ -152,6 +152,7 @@ final class StateStore {
         _ = fchmod(fd, 0o600)
         var offset = 0
         while offset < bytes.count {
+            // Non-empty here (offset < count), so the base address exists.
             let n = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, bytes.count - offset) }
             if n < 0 {
                 if errno == EINTR { continue }
