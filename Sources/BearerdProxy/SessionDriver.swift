@@ -128,6 +128,26 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         if start { for d in added { d.start() } }
     }
 
+    /// For `bearerd check` (DESIGN §6): refresh_token sessions whose refresh token the server
+    /// refused (`invalid_grant`) while their `refresh_token_file` still holds the same content,
+    /// as `FILE:LINE: sessions.NAME.refresh_token_file: …` errors. Reads only: creates nothing.
+    public static func reauthenticationProblems(config: BearerdConfig,
+                                                environment: [String: String]) -> [ConfigError] {
+        guard let dir = config.stateDir else { return [] }
+        var problems: [ConfigError] = []
+        for session in config.sessions where session.grant == .refreshToken {
+            let fingerprint = session.refreshTokenFile.flatMap { path in
+                try? ConfigLoader.resolveSecret(.file(path), environment: environment)
+            }.map { OAuthSecret($0.value).fingerprint }
+            if StateStore.needsReauthentication(directory: dir, session: session.name, operatorFingerprint: fingerprint) {
+                let file = session.refreshTokenFile ?? "refresh_token_file"
+                problems.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).refresh_token_file",
+                                            message: "the token endpoint refused the refresh token (invalid_grant): put a new one in \(file) and send SIGHUP"))
+            }
+        }
+        return problems
+    }
+
     /// Stops every session: timers disarmed, the request in flight abandoned, waiters failed.
     public func stop() {
         let all: [TokenSessionDriver] = lock.withLock {
@@ -360,6 +380,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                     "breaker.open_for_s": "\(Int((until - now()).secondsDouble.rounded(.up)))",
                 ])
             case .reportNeedsReauthentication(let failure):
+                store?.markNeedsReauthentication(operatorFingerprint: settings.operatorFingerprint)
                 let file = settings.config.refreshTokenFile ?? "refresh_token_file"
                 logger.error("session \(name) needs a new refresh token: put one in \(file) and send SIGHUP", metadata: failureMetadata(failure))
             case .reportNegativeCached(let failure, let until):
@@ -493,6 +514,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         switch result {
         case .success(let grant):
             count { if adopted { $0.tokensAdopted += 1 } else { $0.tokensObtained += 1 } }
+            if self.grant == .refreshToken { store?.clearNeedsReauthentication() }
             // Logged before the actions run, so the line precedes the token's delivery.
             let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
             logger.info(adopted ? "token adopted from the state file" : "token obtained", metadata: [
@@ -505,7 +527,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 "outcome": adopted ? "adopted" : "ok",
             ])
             run(actions)
-        case .failure(let failure):
+        case .failure(let serverFailure):
+            let failure = scrubbed(serverFailure)
             count {
                 switch failure.classification {
                 case .retryable: $0.failuresRetryable += 1
@@ -527,6 +550,25 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             }
             run(machine.fetchFailed(failure, requestSent: requestSent, now: now()))
         }
+    }
+
+    /// The failure with any secret of this session that the server echoed back (in `error`,
+    /// `error_description` or `error_uri`) replaced by `<redacted>`: that text goes to logs and
+    /// to clients' 503 bodies.
+    private func scrubbed(_ failure: TokenEndpointFailure) -> TokenEndpointFailure {
+        let secrets = [settings.clientSecret, settings.password, settings.operatorRefreshToken, own?.refreshToken,
+                       machine.currentToken?.accessToken].compactMap { $0?.exposedValue }.filter { $0.count >= 4 }
+        guard !secrets.isEmpty else { return failure }
+        func scrub(_ text: String?) -> String? {
+            guard var text else { return nil }
+            for s in secrets where text.contains(s) { text = text.replacingAll(s, with: "<redacted>") }
+            return text
+        }
+        var f = failure
+        f.oauthError = scrub(f.oauthError)
+        f.errorDescription = scrub(f.errorDescription)
+        f.errorURI = scrub(f.errorURI)
+        return f
     }
 
     private func failureMetadata(_ f: TokenEndpointFailure) -> Logger.Metadata {

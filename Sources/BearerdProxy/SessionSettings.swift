@@ -107,3 +107,18 @@ struct SessionSettings {
                                operatorRefreshToken: operatorToken, operatorFileProblem: problem)
     }
 }
+
+extension String {
+    /// Every occurrence of `target` (non-empty) replaced by `replacement`; stdlib only.
+    func replacingAll(_ target: String, with replacement: String) -> String {
+        guard !target.isEmpty else { return self }
+        var out = ""
+        var rest = Substring(self)
+        while let r = rest.firstRange(of: target) {
+            out += rest[..<r.lowerBound]
+            out += replacement
+            rest = rest[r.upperBound...]
+        }
+        return out + rest
+    }
+}

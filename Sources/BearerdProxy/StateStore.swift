@@ -25,7 +25,9 @@ public struct StateStoreError: Error, Sendable, Equatable, CustomStringConvertib
 /// The persisted state of one refresh_token session (DESIGN §6 "Rotation durability"):
 /// `<state_dir>/<session>.json` (mode 0600) holding a `PersistedSessionState`, and
 /// `<state_dir>/<session>.lock`, the `flock` that serialises refresh-and-persist between every
-/// process sharing the directory (`bearerd run`, `bearerd token`).
+/// process sharing the directory (`bearerd run`, `bearerd token`), and, while the server calls
+/// the refresh token dead, `<state_dir>/<session>.reauth` (fingerprints only) so that
+/// `bearerd check` can say a new refresh token is needed.
 ///
 /// Owns the lock file descriptor while the lock is held. Blocking file I/O: use it only on a
 /// session queue or a command's own thread, never on a proxy loop. Not thread-safe; its owner
@@ -39,6 +41,7 @@ final class StateStore {
     let session: String
     let statePath: String
     let lockPath: String
+    let reauthPath: String
     private var lockFD: Int32 = -1
 
     /// Creates `directory` (0700) if it does not exist. Session names are restricted by the
@@ -48,6 +51,7 @@ final class StateStore {
         self.session = session
         statePath = directory + "/" + session + ".json"
         lockPath = directory + "/" + session + ".lock"
+        reauthPath = StateStore.reauthPath(directory: directory, session: session)
         try StateStore.ensureDirectory(directory)
     }
 
@@ -148,6 +152,7 @@ final class StateStore {
         _ = fchmod(fd, 0o600)
         var offset = 0
         while offset < bytes.count {
+            // Non-empty here (offset < count), so the base address exists.
             let n = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, bytes.count - offset) }
             if n < 0 {
                 if errno == EINTR { continue }
@@ -171,6 +176,40 @@ final class StateStore {
         guard dfd >= 0 else { throw StateStoreError(reason: "state.open", path: directory, errno: errno) }
         defer { close(dfd) }
         guard fsync(dfd) == 0 else { throw StateStoreError(reason: "state.fsync", path: directory, errno: errno) }
+    }
+}
+
+extension StateStore {
+    static func reauthPath(directory: String, session: String) -> String {
+        directory + "/" + session + ".reauth"
+    }
+
+    /// Records that the server refused the refresh token descending from the operator file
+    /// with fingerprint `operatorFingerprint` (`-` when none). Best effort.
+    func markNeedsReauthentication(operatorFingerprint: String?) {
+        let text = "operator_file=\(operatorFingerprint ?? "-")\n"
+        let fd = open(reauthPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return }
+        _ = text.utf8CString.withUnsafeBufferPointer { Glibc.write(fd, $0.baseAddress, $0.count - 1) }
+        close(fd)
+    }
+
+    func clearNeedsReauthentication() {
+        unlink(reauthPath)
+    }
+
+    /// True when `<directory>/<session>.reauth` says the refresh token descending from the
+    /// operator file with this fingerprint was refused (so that file still needs replacing).
+    /// Reads only; creates nothing.
+    static func needsReauthentication(directory: String, session: String, operatorFingerprint: String?) -> Bool {
+        let fd = open(reauthPath(directory: directory, session: session), O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var buf = [UInt8](repeating: 0, count: 256)
+        let n = buf.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+        guard n > 0 else { return false }
+        let text = String(decoding: buf[0..<n], as: UTF8.self)
+        return text == "operator_file=\(operatorFingerprint ?? "-")\n"
     }
 }
 

@@ -230,6 +230,10 @@ struct SessionRefreshTokenTests {
         #expect(endpoint.count == 1)
         #expect(logs.lines.contains { $0.hasPrefix("[error]") && $0.contains("session me needs a new refresh token: put one in \(f.refreshFile) and send SIGHUP") })
 
+        let problems = SessionManager.reauthenticationProblems(config: f.config, environment: [:])
+        #expect(problems.map(\.key) == ["sessions.me.refresh_token_file"])
+        #expect(problems.first?.message.contains("put a new one in \(f.refreshFile)") == true)
+
         // A SIGHUP with the file unchanged sends nothing.
         try manager.reload(f.config, environment: [:])
         try await Task.sleep(nanoseconds: 300_000_000)
@@ -246,6 +250,7 @@ struct SessionRefreshTokenTests {
         #expect(recovered)
         #expect(endpoint.received.last?.form["refresh_token"] == "refresh-RRR-new")
         #expect(try f.stored().sourceFingerprint == OAuthSecret("refresh-RRR-new").fingerprint)
+        #expect(SessionManager.reauthenticationProblems(config: f.config, environment: [:]).isEmpty)
         #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
     }
 }
