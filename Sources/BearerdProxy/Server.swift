@@ -180,16 +180,59 @@ final class AdminResponder: LocalResponder, @unchecked Sendable {  // @unchecked
         case "/healthz":
             text(200, "ok\n")
         case "/readyz":
-            text(200, "ready\n")
+            // Ready when every session can hand out a token now (DESIGN §4 admin).
+            guard let server else { text(503, "shutting down\n"); return }
+            let now = monotonicNanos()
+            var notReady: [String] = []
+            for name in server.sessions.sessionNames {
+                guard let d = server.sessions.session(named: name) else { continue }
+                if d.usableToken(now: now) == nil && d.status != .ready { notReady.append("\(name): \(d.status)") }
+            }
+            if notReady.isEmpty {
+                text(200, "ready\n")
+            } else {
+                text(503, "not ready\n" + notReady.joined(separator: "\n") + "\n")
+            }
         case "/metrics":
             guard let server else { text(503, "shutting down\n"); return }
+            let sessionLines = AdminResponder.sessionMetrics(server.sessions)
             server.collectMetrics { m in
-                let body = AdminResponder.prometheus(m)
+                let body = AdminResponder.prometheus(m) + sessionLines
                 loop.execute { text(200, body, type: "text/plain; version=0.0.4") }
             }
         default:
             text(404, "not found\n")
         }
+    }
+
+    static func sessionMetrics(_ sessions: SessionManager) -> String {
+        var s = ""
+        let names = sessions.sessionNames
+        guard !names.isEmpty else { return s }
+        let series: [(String, String, (SessionMetrics) -> UInt64)] = [
+            ("bearerd_token_requests_total", "Token endpoint requests sent.", { $0.tokenRequests }),
+            ("bearerd_tokens_obtained_total", "Access tokens obtained from the token endpoint.", { $0.tokensObtained }),
+            ("bearerd_tokens_adopted_total", "Tokens adopted from the state file.", { $0.tokensAdopted }),
+            ("bearerd_token_failures_retryable_total", "Token requests failed transiently.", { $0.failuresRetryable }),
+            ("bearerd_token_failures_permanent_total", "Token requests failed permanently.", { $0.failuresPermanent }),
+            ("bearerd_token_failures_invalid_grant_total", "Refresh tokens refused (invalid_grant).", { $0.failuresInvalidGrant }),
+            ("bearerd_forced_refreshes_total", "Refreshes triggered by upstream rejections.", { $0.forcedRefreshes }),
+            ("bearerd_breaker_trips_total", "Times the rejection breaker opened.", { $0.breakerTrips }),
+        ]
+        for (metric, help, value) in series {
+            s += "# HELP \(metric) \(help)\n# TYPE \(metric) counter\n"
+            for name in names {
+                guard let d = sessions.session(named: name) else { continue }
+                s += "\(metric){session=\"\(name)\"} \(value(d.metrics))\n"
+            }
+        }
+        s += "# HELP bearerd_session_ready Whether the session can hand out a token now.\n# TYPE bearerd_session_ready gauge\n"
+        let now = monotonicNanos()
+        for name in names {
+            guard let d = sessions.session(named: name) else { continue }
+            s += "bearerd_session_ready{session=\"\(name)\"} \(d.usableToken(now: now) != nil ? 1 : 0)\n"
+        }
+        return s
     }
 
     static func prometheus(_ m: LoopMetrics) -> String {

@@ -140,12 +140,18 @@ struct Check: ParsableCommand {
             printErrors(error)
             throw ExitCode(1)
         }
-        do {
-            let quiet = Logger(label: "check") { _ in SwiftLogNoOpLogHandler() }
-            let sessions = try SessionManager(config: config, logger: quiet, environment: ProcessInfo.processInfo.environment)
-            _ = try ProxyRuntime(config: config, logger: quiet, sessions: sessions)
-        } catch {
-            printErrors(error)
+        // Everything a start would refuse, without starting anything (no state_dir is created).
+        var problems: [ConfigError] = []
+        for (i, r) in config.routes.enumerated() {
+            do {
+                _ = try UpstreamTarget(url: r.upstream, tls: r.tls, timeouts: r.timeouts)
+            } catch {
+                problems.append(ConfigError(file: config.file, line: r.line, key: "routes[\(i)].tls", message: error.message))
+            }
+        }
+        problems += SessionManager.reauthenticationProblems(config: config, environment: ProcessInfo.processInfo.environment)
+        if !problems.isEmpty {
+            printErrors(ConfigErrors(problems))
             throw ExitCode(1)
         }
         print("\(configOption.path): OK (\(config.listen.count) listener(s), \(config.sessions.count) session(s), \(config.routes.count) route(s))")

@@ -59,7 +59,7 @@ func route(_ match: String = "/", origin: UInt16, scheme: String = "http", host:
                 upstream: UpstreamURL(scheme: scheme, host: host, port: origin, basePath: basePath), tls: tls, timeouts: timeouts)
 }
 
-func echoHandler(_ r: TestOrigin.Request) -> TestOrigin.Reply {
+@Sendable func echoHandler(_ r: TestOrigin.Request) -> TestOrigin.Reply {
     var lines = "method=\(r.head.method)\ntarget=\(r.head.target)\nbody=\(r.bodyCount)\n"
     for f in r.head.headers { lines += "\(f.name.lowercased()): \(f.value)\n" }
     return .response(status: 200, headers: [("Content-Type", "text/plain")], body: Array(lines.utf8))

@@ -230,4 +230,22 @@ struct SessionProxyTests {
         }
         #expect(recovered, "no recovery within 30 s after the endpoint came back")
     }
+
+    @Test func adminReportsSessionReadinessAndCounters() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let proxy = try TestProxy(routes: [Self.apiRoute(auth)], sessions: [Self.session(auth: auth)], admin: true)
+        defer { proxy.stop() }
+        let admin = try #require(proxy.server.adminAddress).port
+        var ready = false
+        for _ in 0..<50 {
+            if (try? TestClient.get(port: admin, path: "/readyz"))?.status == 200 { ready = true; break }
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        #expect(ready)
+        #expect(try TestClient.get(port: proxy.port, path: "/x").status == 200)
+        let m = try TestClient.get(port: admin, path: "/metrics").bodyText
+        #expect(m.contains("bearerd_token_requests_total{session=\"s\"} 1"))
+        #expect(m.contains("bearerd_session_ready{session=\"s\"} 1"))
+    }
 }
