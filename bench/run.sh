@@ -29,6 +29,7 @@
 #                     client_credentials session whose token endpoint is the origin's /token,
 #                     so it does what nginx does (add an Authorization header); none: plain
 #                     proxying route without a session
+#   BEARERD_ACCESS_LOG=1   keep bearerd's per-request log line (off by default, as nginx's is)
 #   PROXY_CPUS, LOAD_CPUS   taskset CPU lists (default 0 and 1-(N-1))
 #   KEEP=1            keep the temporary directory (configs, logs, raw wrk output)
 #
@@ -328,7 +329,11 @@ if wants nginx; then
 fi
 if wants bearerd; then
     "$BEARERD" check -c "$WORK/bearerd.yaml" >&2 || die "bearerd check rejected $WORK/bearerd.yaml"
-    start_bg BEARERD_PID "$WORK/bearerd.log" "${PIN_PROXY[@]}" "$BEARERD" run -c "$WORK/bearerd.yaml"
+    # Like the nginx proxy (access_log off), bearerd writes no per-request log line here;
+    # BEARERD_ACCESS_LOG=1 keeps it, to measure its cost.
+    access_flag=(--no-access-log)
+    [ "${BEARERD_ACCESS_LOG:-0}" = 1 ] && access_flag=()
+    start_bg BEARERD_PID "$WORK/bearerd.log" "${PIN_PROXY[@]}" "$BEARERD" run -c "$WORK/bearerd.yaml" "${access_flag[@]}"
     wait_ready bearerd "$BEARERD_PORT" "$BEARERD_PID" "$WORK/bearerd.log"
 fi
 
