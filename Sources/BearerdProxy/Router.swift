@@ -60,9 +60,24 @@ public enum RequestTarget {
     public static func hasDotSegment(_ path: Substring) -> Bool {
         var segmentStart = path.startIndex
         var i = path.startIndex
+        /// "." or "..", each dot raw or as %2e (either case), without allocating.
         func isDot(_ s: Substring) -> Bool {
-            let l = s.lowercased()
-            return l == "." || l == ".." || l == "%2e" || l == "%2e%2e" || l == ".%2e" || l == "%2e."
+            var u = s.utf8[...]
+            var dots = 0
+            while let c = u.first {
+                if c == UInt8(ascii: ".") {
+                    u = u.dropFirst()
+                } else if c == UInt8(ascii: "%"), u.count >= 3,
+                          u[u.index(u.startIndex, offsetBy: 1)] == UInt8(ascii: "2"),
+                          u[u.index(u.startIndex, offsetBy: 2)] | 0x20 == UInt8(ascii: "e") {
+                    u = u.dropFirst(3)
+                } else {
+                    return false
+                }
+                dots += 1
+                if dots > 2 { return false }
+            }
+            return dots == 1 || dots == 2
         }
         while i < path.endIndex {
             if path[i] == "/" {

@@ -136,4 +136,49 @@ struct CommandLineTests {
         #expect(logs.contains("path=/x"))
         #expect(logs.contains("stopped"))
     }
+
+    @Test func sighupReloadsAndABadConfigKeepsTheRunningOne() throws {
+        let a = try TestOrigin { _ in .response(status: 200, headers: [], body: Array("a".utf8)) }
+        let b = try TestOrigin { _ in .response(status: 200, headers: [], body: Array("b".utf8)) }
+        defer { a.stop(); b.stop() }
+        let probe = try TestOrigin { _ in .close }
+        let port = probe.port
+        probe.stop()
+        func yaml(_ upstream: UInt16) -> String {
+            "listen: [127.0.0.1:\(port)]\nloops: 1\nroutes:\n  - match: /\n    upstream: http://127.0.0.1:\(upstream)\n"
+        }
+        let path = try Self.tempFile("bearerd.yaml", yaml(a.port))
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: Self.binary)
+        p.arguments = ["run", "-c", path]
+        let err = Pipe()
+        p.standardError = err
+        try p.run()
+        defer { if p.isRunning { p.terminate() } }
+        var first: String?
+        for _ in 0..<50 {
+            if let r = try? TestClient.get(port: port, path: "/") { first = r.bodyText; break }
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        #expect(first == "a")
+        // A broken file: reported, the running configuration stays.
+        try "routes: [oops".write(toFile: path, atomically: true, encoding: .utf8)
+        kill(p.processIdentifier, SIGHUP)
+        Thread.sleep(forTimeInterval: 0.5)
+        #expect(try TestClient.get(port: port, path: "/").bodyText == "a")
+        // A good file: the new route is used.
+        try yaml(b.port).write(toFile: path, atomically: true, encoding: .utf8)
+        kill(p.processIdentifier, SIGHUP)
+        var switched = false
+        for _ in 0..<30 {
+            if (try? TestClient.get(port: port, path: "/"))?.bodyText == "b" { switched = true; break }
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        #expect(switched)
+        kill(p.processIdentifier, SIGTERM)
+        p.waitUntilExit()
+        let logs = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(logs.contains("reload failed; keeping the running configuration"))
+        #expect(logs.contains("configuration reloaded"))
+    }
 }
