@@ -169,7 +169,7 @@ final class AdminResponder: LocalResponder, @unchecked Sendable {  // @unchecked
 
     func respond(to head: HTTPRequestHead, body: [UInt8], loop: EventLoop, reply: @escaping (HTTPResponseHead, [UInt8]) -> Void) {
         let path = head.target.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.target
-        func text(_ status: Int, _ s: String, type: String = "text/plain; charset=utf-8") {
+        @Sendable func text(_ status: Int, _ s: String, type: String = "text/plain; charset=utf-8") {
             reply(HTTPResponseHead(status: status, reason: ErrorResponse.reasonPhrase(status), headers: ["Content-Type": type]), Array(s.utf8))
         }
         guard head.method == "GET" || head.method == "HEAD" else {
