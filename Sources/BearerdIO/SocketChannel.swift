@@ -63,14 +63,19 @@ public struct ReadPauseReasons: OptionSet, Sendable {
 /// Lives on `loop` only. Invariants: the fd is closed only in the sources' cancel handler, after
 /// both sources are cancelled; each source's suspend count is tracked so cancel can resume it;
 /// output is written directly, and the write source is armed only after EAGAIN.
-public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unchecked: confined to `loop`
+public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendable {  // @unchecked: confined to `loop`
     public let loop: EventLoop
     public let fd: Int32
     public weak var delegate: ChannelDelegate?
     public var peerAddress: SocketAddress?
 
-    private let readSource: DispatchSourceRead
-    private let writeSource: DispatchSourceWrite
+    /// Per-socket sources (`IOMode.socketSources`); nil when the loop poller serves this socket.
+    private let readSource: DispatchSourceRead?
+    private let writeSource: DispatchSourceWrite?
+    private var polled: Bool { readSource == nil }
+    /// Poller mode: the peer's FIN (or an error) arrived; a short read no longer means "nothing
+    /// more", because edge-triggered polling will not report the EOF again.
+    private var peerHungUp = false
     private var readSuspended = false
     private var writeArmed = false
     private var pauseReasons: ReadPauseReasons = []
@@ -94,8 +99,15 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
     public init(fd: Int32, loop: EventLoop) {
         self.fd = fd
         self.loop = loop
-        readSource = DispatchSource.makeReadSource(fileDescriptor: fd, queue: loop.queue)
-        writeSource = DispatchSource.makeWriteSource(fileDescriptor: fd, queue: loop.queue)
+        guard loop.ioMode == .socketSources else {
+            readSource = nil
+            writeSource = nil
+            return
+        }
+        let readSource = DispatchSource.makeReadSource(fileDescriptor: fd, queue: loop.queue)
+        let writeSource = DispatchSource.makeWriteSource(fileDescriptor: fd, queue: loop.queue)
+        self.readSource = readSource
+        self.writeSource = writeSource
         // Strong capture on purpose: the channel stays alive until both cancel handlers ran
         // (libdispatch releases the handlers after cancellation, breaking the cycle).
         let closeFD: () -> Void = { [fd] in
@@ -109,6 +121,10 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
     /// Starts reading. Call once, on the loop, after setting the delegate.
     public func start() {
         loop.assertInEventLoop()
+        guard let readSource, let writeSource else {
+            loop.registerPollable(fd: fd, self)
+            return
+        }
         readSource.setEventHandler { [unowned self] in
             self.loop.runEvent { self.handleReadable() }
         }
@@ -151,7 +167,7 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
         pauseReasons.insert(reason)
         if !readSuspended {
             readSuspended = true
-            readSource.suspend()
+            readSource?.suspend()
         }
     }
 
@@ -160,7 +176,12 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
         pauseReasons.remove(reason)
         if pauseReasons.isEmpty && readSuspended {
             readSuspended = false
-            readSource.resume()
+            if let readSource {
+                readSource.resume()
+            } else {
+                // Edge-triggered: data that arrived while paused raised no new event.
+                loop.deferToEndOfEvent { [weak self] in self?.handleReadable() }
+            }
         }
     }
 
@@ -176,7 +197,12 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
         let buf = loop.readBuffer
         // Drain until EAGAIN (DESIGN §2.2), bounded so one busy peer cannot starve the loop.
         var rounds = 0
-        while !isClosed && pauseReasons.isEmpty && rounds < 16 {
+        while !isClosed && pauseReasons.isEmpty {
+            if rounds == 16 {
+                // Edge-triggered polling raises no new event for data left behind: come back.
+                if polled { loop.execute { [weak self] in self?.handleReadable() } }
+                return
+            }
             rounds += 1
             let result: Sys.IOResult
             do {
@@ -207,7 +233,7 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
                 } else {
                     delegate?.channelRead(self, chunk)
                 }
-                if n < buf.count { return }  // a short read means the socket is drained
+                if n < buf.count && !peerHungUp { return }  // a short read means the socket is drained
             }
         }
     }
@@ -357,15 +383,22 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
     private func armWrite() {
         if !writeArmed {
             writeArmed = true
-            writeSource.resume()
+            writeSource?.resume()
         }
     }
 
     private func disarmWrite() {
         if writeArmed {
             writeArmed = false
-            writeSource.suspend()
+            writeSource?.suspend()
         }
+    }
+
+    /// Loop poller readiness (edge-triggered).
+    public func pollerEvent(readable: Bool, writable: Bool, hangup: Bool) {
+        if hangup { peerHungUp = true }
+        if writable && (connecting || writeArmed) { handleWritable() }
+        if readable && !isClosed && pauseReasons.isEmpty { handleReadable() }
     }
 
     private func handleWritable() {
@@ -427,7 +460,11 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
         pauseReasons = []
         if readSuspended {
             readSuspended = false
-            readSource.resume()
+            if let readSource {
+                readSource.resume()
+            } else {
+                loop.deferToEndOfEvent { [weak self] in self?.handleReadable() }
+            }
         }
         // Bound the linger: at most 2 s more.
         loop.schedule(after: .seconds(2)) { [weak self] in self?.close() }
@@ -437,10 +474,16 @@ public final class SocketChannel: LoopFlushable, @unchecked Sendable {  // @unch
     public func close() {
         guard !isClosed else { return }
         isClosed = true
-        readSource.cancel()
-        writeSource.cancel()
-        if readSuspended { readSuspended = false; readSource.resume() }
-        if !writeArmed { writeArmed = true; writeSource.resume() }
+        if let readSource, let writeSource {
+            readSource.cancel()
+            writeSource.cancel()
+            if readSuspended { readSuspended = false; readSource.resume() }
+            if !writeArmed { writeArmed = true; writeSource.resume() }
+        } else {
+            // Poller mode has no cancel handler: leave the epoll set, then close.
+            loop.unregisterPollable(fd: fd)
+            Glibc.close(fd)
+        }
         let d = delegate
         delegate = nil
         d?.channelClosed(self)

@@ -121,7 +121,7 @@ public enum ConfigLoader {
 /// documented extensions). The loader rejects any other key; the example-file test checks
 /// that every key listed here is documented in `config.example.yaml`.
 enum ConfigKeys {
-    static let top = ["listen", "admin", "state_dir", "loops", "limits", "timeouts", "sessions", "routes"]
+    static let top = ["listen", "admin", "state_dir", "loops", "io", "limits", "timeouts", "sessions", "routes"]
     static let limits = ["header_bytes", "request_target", "headers"]
     static let frontendTimeouts = ["header_read", "idle", "shutdown_grace"]
     static let session = [

@@ -1,4 +1,5 @@
 import BearerdHTTP
+import BearerdIO
 
 /// The validated configuration (shared/DESIGN.md §4). Produced by `ConfigLoader`; immutable
 /// once loaded. Every value here has already been checked: ports in range, durations positive,
@@ -11,6 +12,8 @@ public struct BearerdConfig: Sendable {
     public var stateDir: String?
     /// Number of event loops; default one per core.
     public var loops: Int?
+    /// How sockets get readiness events (`io:`; extension). nil: `$BEARERD_IO`, else per-socket sources.
+    public var ioMode: EventLoop.IOMode?
     /// Frontend limits (`limits:`; extension of DESIGN §4, defaults of issue 2).
     public var limits: HTTP1Limits
     /// Frontend timeouts (`timeouts:` at top level).

@@ -1,4 +1,5 @@
 import BearerdHTTP
+import BearerdIO
 import Yams
 
 /// The walk over the sections of DESIGN §4: top level, `sessions:`, `routes:`, then the checks
@@ -32,6 +33,7 @@ extension ConfigBuilder {
             if kind.exists, !kind.isDirectory { fail(entry.valueLine, "state_dir", "\(stateDir) exists and is not a directory") }
         }
         let loops = integer(top, "loops", range: 1...1024)
+        let ioMode = choice(top, "io", EventLoop.IOMode.self)
         let limits = top["limits"].flatMap { limitsSection($0) } ?? HTTP1Limits()
         let timeouts = top["timeouts"].flatMap { frontendTimeouts($0) } ?? FrontendTimeouts()
 
@@ -83,8 +85,10 @@ extension ConfigBuilder {
         }
         checkShadowedRoutes(Array(zip(routeIndices, routes)))
 
-        return BearerdConfig(file: file, listen: listen, admin: admin, stateDir: stateDir, loops: loops,
-                             limits: limits, frontendTimeouts: timeouts, sessions: sessions, routes: routes)
+        var config = BearerdConfig(file: file, listen: listen, admin: admin, stateDir: stateDir, loops: loops,
+                                   limits: limits, frontendTimeouts: timeouts, sessions: sessions, routes: routes)
+        config.ioMode = ioMode
+        return config
     }
 
     // MARK: - Top level

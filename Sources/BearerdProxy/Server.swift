@@ -30,7 +30,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         runtime = try ProxyRuntime(config: config, logger: logger, accessLog: accessLog, sessions: sessions)
         self.logger = logger
         extraResponder = responder
-        group = EventLoopGroup(count: config.loops ?? EventLoopGroup.coreCount)
+        group = EventLoopGroup(count: config.loops ?? EventLoopGroup.coreCount, ioMode: config.ioMode ?? .fromEnvironment)
         contexts = group.loops.map { LoopContext(loop: $0, runtime: runtime) }
     }
 
