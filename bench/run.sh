@@ -30,6 +30,8 @@
 #                     so it does what nginx does (add an Authorization header); none: plain
 #                     proxying route without a session
 #   BEARERD_ACCESS_LOG=1   keep bearerd's per-request log line (off by default, as nginx's is)
+#   BEARERD_IO=sources|poller   bearerd's `io:` mode (default sources: a Dispatch source per
+#                     socket; poller: one epoll set per loop behind one Dispatch source)
 #   PROXY_CPUS, LOAD_CPUS   taskset CPU lists (default 0 and 1-(N-1))
 #   KEEP=1            keep the temporary directory (configs, logs, raw wrk output)
 #
@@ -42,6 +44,7 @@ DURATION=${DURATION:-5}
 TARGETS=${TARGETS:-origin nginx bearerd}
 BEARERD=${BEARERD:-}
 BEARERD_AUTH=${BEARERD_AUTH:-session}
+BEARERD_IO=${BEARERD_IO:-sources}
 KEEP=${KEEP:-0}
 
 ORIGIN_PORT=18081
@@ -280,6 +283,7 @@ EOF
     cat <<EOF
 listen: [127.0.0.1:$BEARERD_PORT]
 loops: 1
+io: $BEARERD_IO
 state_dir: $WORK/bearerd-state
 EOF
     if [ "$BEARERD_AUTH" = session ]; then
@@ -453,7 +457,7 @@ fmt_row() { # LABEL METRIC COLUMN SCENARIO KIND(higher|lower)
 SUMMARY=$OUT_DIR/bench-$STAMP.txt
 {
     echo "bearerd benchmark $STAMP  commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
-    echo "rounds=$ROUNDS duration=${DURATION}s cores=$NCPU proxy_cpus=$PROXY_CPUS load_cpus=$LOAD_CPUS bearerd_auth=$BEARERD_AUTH"
+    echo "rounds=$ROUNDS duration=${DURATION}s cores=$NCPU proxy_cpus=$PROXY_CPUS load_cpus=$LOAD_CPUS bearerd_auth=$BEARERD_AUTH bearerd_io=$BEARERD_IO"
     echo "medians across rounds; bearerd/nginx > 1 is better for req/s and MiB/s, < 1 is better for latency"
     echo
     printf '%-22s %-8s %12s %12s %12s   %s\n' scenario metric origin nginx bearerd bearerd/nginx
