@@ -95,7 +95,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
             epfd = bearerd_epoll_create()
             precondition(epfd >= 0, "epoll_create1 failed")  // out of descriptors at start-up: nothing can run
             let src = DispatchSource.makeReadSource(fileDescriptor: epfd, queue: queue)
-            src.setEventHandler { [unowned self] in self.runEvent { self.pollOnce() } }
+            src.setEventHandler { [unowned self] in self.pollerFired() }
             src.setCancelHandler { [epfd] in Glibc.close(epfd) }
             src.resume()
             pollerSource = src
@@ -116,19 +116,38 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         _ = bearerd_epoll_del(epfd, fd)
     }
 
-    private func pollOnce() {
+    /// The epoll fd is readable: serve every ready socket, flush, then linger in epoll_wait for
+    /// up to 1 ms at a time while events keep coming, so a busy loop's next event (typically the
+    /// upstream's answer to the request just sent) is served without another Dispatch wake-up.
+    /// Bounded (16 rounds) so work queued on the loop with `execute` waits at most a few ms.
+    private func pollerFired() {
+        runEvent { pollOnce(timeoutMs: 0) }
+        for _ in 0..<16 {
+            var served = false
+            runEvent { served = pollOnce(timeoutMs: 1) }
+            if !served { return }
+        }
+    }
+
+    /// Serves ready sockets; true when there were any. Output is flushed by the enclosing `runEvent`.
+    @discardableResult
+    private func pollOnce(timeoutMs: Int32) -> Bool {
+        var served = false
+        var timeout = timeoutMs
         while true {
             let n = pollFDs.withUnsafeMutableBufferPointer { fds in
                 pollFlags.withUnsafeMutableBufferPointer { fl in
-                    bearerd_epoll_poll(epfd, fds.baseAddress, fl.baseAddress, Int32(fds.count))
+                    bearerd_epoll_poll(epfd, fds.baseAddress, fl.baseAddress, Int32(fds.count), timeout)
                 }
             }
-            if n <= 0 { return }
+            if n <= 0 { return served }
+            served = true
+            timeout = 0
             for i in 0..<Int(n) {
                 let f = pollFlags[i]
                 pollables[pollFDs[i]]?.pollerEvent(readable: f & 1 != 0, writable: f & 2 != 0, hangup: f & 4 != 0)
             }
-            if Int(n) < pollFDs.count { return }
+            if Int(n) < pollFDs.count { return served }
         }
     }
 

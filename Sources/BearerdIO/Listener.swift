@@ -7,10 +7,12 @@ import Glibc
 /// A listening socket. Accepts on `acceptLoop` (draining the backlog on each event) and hands
 /// each new non-blocking fd to the next loop of `group`, where `onAccept` runs.
 /// Lives on `acceptLoop`; the fd is closed only in the accept source's cancel handler.
-public final class Listener: @unchecked Sendable {  // @unchecked: confined to `acceptLoop`
+public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked: confined to `acceptLoop`
     public let fd: Int32
     public let localAddress: SocketAddress
-    private let source: DispatchSourceRead
+    /// The accept source; nil when the loop poller serves the listening socket.
+    private var source: DispatchSourceRead?
+    private let onAccept: (Int32, SocketAddress, EventLoop) -> Void
     private let acceptLoop: EventLoop
     private let group: EventLoopGroup
     private var unixPath: String?
@@ -70,17 +72,31 @@ public final class Listener: @unchecked Sendable {  // @unchecked: confined to `
         self.unixPath = unixPath
         self.group = group
         self.acceptLoop = group.loops[0]
-        source = DispatchSource.makeReadSource(fileDescriptor: fd, queue: acceptLoop.queue)
+        self.onAccept = onAccept
+        if acceptLoop.ioMode == .loopPoller {
+            acceptLoop.execute { [self] in acceptLoop.registerPollable(fd: fd, self) }
+            return
+        }
+        let source = DispatchSource.makeReadSource(fileDescriptor: fd, queue: acceptLoop.queue)
         source.setCancelHandler { [fd] in Glibc.close(fd) }
         source.setEventHandler { [unowned self] in
             self.acceptAll(onAccept)
         }
         source.resume()
+        self.source = source
+    }
+
+    public func pollerEvent(readable: Bool, writable: Bool, hangup: Bool) {
+        if readable && !stopped { acceptAll(onAccept) }
     }
 
     private func acceptAll(_ onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) {
-        // Drain the backlog (bounded per event).
-        for _ in 0..<256 {
+        // Drain the backlog (bounded per event; edge-triggered polling needs a second look then).
+        for round in 0..<257 {
+            if round == 256 {
+                if source == nil { acceptLoop.execute { [weak self] in self.map { $0.acceptAll($0.onAccept) } } }
+                return
+            }
             var storage = sockaddr_storage()
             var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
             let cfd = withUnsafeMutablePointer(to: &storage) { p in
@@ -93,10 +109,10 @@ public final class Listener: @unchecked Sendable {  // @unchecked: confined to `
                 if e == EINTR || e == ECONNABORTED { continue }
                 if e == EMFILE || e == ENFILE {
                     // Out of descriptors: pause accepting briefly instead of spinning.
-                    source.suspend()
+                    source?.suspend()
                     acceptLoop.schedule(after: .milliseconds(100)) { [weak self] in
                         guard let self, !self.stopped else { return }
-                        self.source.resume()
+                        if let source = self.source { source.resume() } else { self.acceptAll(self.onAccept) }
                     }
                 }
                 return
@@ -117,7 +133,12 @@ public final class Listener: @unchecked Sendable {  // @unchecked: confined to `
         acceptLoop.execute { [self] in
             guard !stopped else { return }
             stopped = true
-            source.cancel()
+            if let source {
+                source.cancel()
+            } else {
+                acceptLoop.unregisterPollable(fd: fd)
+                Glibc.close(fd)
+            }
             if let unixPath { unlink(unixPath) }
         }
     }

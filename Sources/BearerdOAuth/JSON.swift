@@ -251,9 +251,11 @@ public struct JSONParser: Sendable {
     }
 }
 
-/// Minimal JSON writer for the persisted state (object of strings, integers and nulls).
-enum JSONWriter {
-    static func quote(_ s: String) -> String {
+/// Minimal JSON writer for the persisted state (object of strings, integers and nulls) and
+/// for the JSON bodies and log lines the shell writes.
+public enum JSONWriter {
+    /// `s` as a JSON string literal (RFC 8259 §7), quotes included.
+    public static func quote(_ s: String) -> String {
         var out = "\""
         for scalar in s.unicodeScalars {
             switch scalar {

@@ -121,7 +121,7 @@ public struct UpstreamURL: Sendable, Equatable, CustomStringConvertible {
     public var defaultPort: UInt16 { isTLS ? 443 : 80 }
     /// Host header value: host, plus port when not the default.
     public var authority: String {
-        let h = host.contains(":") ? "[\(host)]" : host
+        let h = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]" : host
         return port == defaultPort ? h : "\(h):\(port)"
     }
     public var description: String { "\(scheme)://\(authority)\(basePath)" }

@@ -1,4 +1,5 @@
 import BearerdHTTP
+import BearerdOAuth
 
 /// The JSON error bodies bearerd itself answers with (DESIGN §5), built in one place.
 public enum ErrorResponse {
@@ -22,24 +23,7 @@ public enum ErrorResponse {
     }
 
     public static func jsonString(_ s: String) -> String {
-        var out = "\""
-        for u in s.unicodeScalars {
-            switch u {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            default:
-                if u.value < 0x20 {
-                    let hex = String(u.value, radix: 16)
-                    out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-                } else {
-                    out.unicodeScalars.append(u)
-                }
-            }
-        }
-        return out + "\""
+        JSONWriter.quote(s)
     }
 
     public static func reasonPhrase(_ status: Int) -> String {

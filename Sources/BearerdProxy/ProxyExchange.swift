@@ -59,7 +59,6 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
     private let route: RouteConfig
     /// The token the current attempt carries.
     private var token: PublishedToken?
-    private var waitingForToken = false
     /// The request body, kept while it fits `replay_body_limit` so a rejection can be replayed.
     private var kept: [UInt8] = []
     private var keeping: Bool
@@ -101,10 +100,8 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
             connect()
             return
         }
-        waitingForToken = true
         session.requestToken(on: ctx.loop) { [weak self] result in
             guard let self, !self.finished else { return }
-            self.waitingForToken = false
             switch result {
             case .success(let t):
                 self.token = t

@@ -17,11 +17,11 @@ int bearerd_epoll_del(int epfd, int fd) {
     return epoll_ctl(epfd, EPOLL_CTL_DEL, fd, &ev);
 }
 
-int bearerd_epoll_poll(int epfd, int32_t *fds, uint32_t *flags, int max) {
+int bearerd_epoll_poll(int epfd, int32_t *fds, uint32_t *flags, int max, int timeout_ms) {
     struct epoll_event events[512];
     if (max > 512) max = 512;
     int n;
-    do { n = epoll_wait(epfd, events, max, 0); } while (n < 0 && errno == EINTR);
+    do { n = epoll_wait(epfd, events, max, timeout_ms); } while (n < 0 && errno == EINTR);
     for (int i = 0; i < n; i++) {
         uint32_t e = events[i].events, f = 0;
         if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) f |= 1;

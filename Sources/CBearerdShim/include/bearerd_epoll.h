@@ -7,7 +7,7 @@ int bearerd_epoll_create(void);
 /* Registers fd edge-triggered for input, output, peer half-close and errors. */
 int bearerd_epoll_add(int epfd, int fd);
 int bearerd_epoll_del(int epfd, int fd);
-/* Non-blocking wait: fills fds[i] and flags[i] (bit 0 readable or hang-up/error, bit 1 writable,
+/* Waits up to timeout_ms (0: just look): fills fds[i] and flags[i] (bit 0 readable or hang-up/error, bit 1 writable,
    bit 2 the peer closed or the socket failed: read on to EOF). */
-int bearerd_epoll_poll(int epfd, int32_t *fds, uint32_t *flags, int max);
+int bearerd_epoll_poll(int epfd, int32_t *fds, uint32_t *flags, int max, int timeout_ms);
 #endif
