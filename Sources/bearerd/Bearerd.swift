@@ -200,6 +200,7 @@ struct Demo: ParsableCommand {
                       the API answers 401, bearerd refreshes once and replays the request
               stop:   Ctrl-C
             """)
+            fflush(stdout)
         }
     }
 }
