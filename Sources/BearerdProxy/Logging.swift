@@ -46,6 +46,55 @@ public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` guard
     }
 }
 
+/// One access-log line (DESIGN: method, path without query, route, status, upstream time,
+/// bytes), logged as the single metadata value `access` so the handler can write it without
+/// building a dictionary of strings. Other handlers print its `description` (logfmt).
+public struct AccessRecord: CustomStringConvertible, Sendable {
+    public var method: String
+    public var path: String
+    public var route: String
+    public var status: Int
+    /// Time to the upstream's response head; -1 when there was none.
+    public var upstreamMicros: Int
+    public var totalMicros: Int
+    public var bytes: UInt64
+    public var outcome: String?
+    public var session: String?
+    public var generation: UInt64?
+    public var replayed: Bool
+
+    public var description: String { logfmt }
+
+    static func millis(_ micros: Int) -> String {
+        if micros < 0 { return "-" }
+        let frac = micros % 1000
+        return "\(micros / 1000)." + (frac < 10 ? "00" : frac < 100 ? "0" : "") + String(frac)
+    }
+
+    public var logfmt: String {
+        var s = "method=" + method + " path=" + BearerdLogHandler.quoteIfNeeded(path) + " route=" + BearerdLogHandler.quoteIfNeeded(route)
+        s += " status=" + String(status) + " upstream_ms=" + Self.millis(upstreamMicros) + " total_ms=" + Self.millis(totalMicros)
+        s += " bytes=" + String(bytes)
+        if let outcome { s += " outcome=" + outcome }
+        if let session { s += " session=" + session }
+        if let generation { s += " token.generation=" + String(generation) }
+        if replayed { s += " replayed=1" }
+        return s
+    }
+
+    public var jsonFields: String {
+        var s = "\"method\":" + ErrorResponse.jsonString(method) + ",\"path\":" + ErrorResponse.jsonString(path)
+        s += ",\"route\":" + ErrorResponse.jsonString(route) + ",\"status\":" + String(status)
+        s += ",\"upstream_ms\":" + (upstreamMicros < 0 ? "null" : Self.millis(upstreamMicros))
+        s += ",\"total_ms\":" + Self.millis(totalMicros) + ",\"bytes\":" + String(bytes)
+        if let outcome { s += ",\"outcome\":" + ErrorResponse.jsonString(outcome) }
+        if let session { s += ",\"session\":" + ErrorResponse.jsonString(session) }
+        if let generation { s += ",\"token.generation\":" + String(generation) }
+        if replayed { s += ",\"replayed\":true" }
+        return s
+    }
+}
+
 /// Output format of log lines.
 public enum LogFormat: String, Sendable, CaseIterable {
     case text, json
@@ -74,6 +123,13 @@ public struct BearerdLogHandler: LogHandler {
 
     public func log(level: Logger.Level, message: Logger.Message, metadata explicit: Logger.Metadata?,
                     source: String, file: String, function: String, line: UInt) {
+        // Fast path for the per-request line: fields in a fixed order, no dictionary walk or sort.
+        if metadata.isEmpty, let explicit, explicit.count == 1,
+           case .stringConvertible(let value)? = explicit["access"], let record = value as? AccessRecord {
+            let head = format == .text ? "\(Self.timestamp()) \(level) \(message) " : "{\"ts\":\"\(Self.timestamp())\",\"level\":\"\(level)\",\"msg\":\"\(message)\","
+            sink.write(head + (format == .text ? record.logfmt : record.jsonFields + "}"), urgent: false)
+            return
+        }
         let all: Logger.Metadata
         if metadata.isEmpty {
             all = explicit ?? [:]

@@ -467,24 +467,12 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
         ctx.metrics.requests[status, default: 0] += 1
         ctx.metrics.responseBytes &+= bodyBytes
         guard runtime.accessLog else { return }
-        let now = monotonicNanos()
-        let upstreamMs = upstreamHeadAt > 0 ? Double(upstreamHeadAt - upstreamStarted) / 1e6 : -1
-        var md: Logger.Metadata = [
-            "method": .string(head.method),
-            "path": .string(String(logPath)),
-            "route": .string(runtime.config.routes[routeIndex].match),
-            "status": .string(String(status)),
-            "upstream_ms": .string(upstreamMs < 0 ? "-" : String(Double(Int(upstreamMs * 1000)) / 1000)),
-            "total_ms": .string(String(Double(Int(Double(now - started) / 1e3)) / 1000)),
-            "bytes": .string(String(bodyBytes)),
-        ]
-        if let outcome { md["outcome"] = .string(outcome) }
-        if let session {
-            md["session"] = .string(session.name)
-            if let token { md["token.generation"] = .string(String(token.generation)) }
-            if replays > 0 { md["replayed"] = "1" }
-        }
-        runtime.logger.info("request", metadata: md)
+        let record = AccessRecord(
+            method: head.method, path: String(logPath), route: runtime.config.routes[routeIndex].match, status: status,
+            upstreamMicros: upstreamHeadAt > 0 ? Int((upstreamHeadAt - upstreamStarted) / 1000) : -1,
+            totalMicros: Int((monotonicNanos() - started) / 1000), bytes: bodyBytes, outcome: outcome,
+            session: session?.name, generation: session == nil ? nil : token?.generation, replayed: replays > 0)
+        runtime.logger.info("request", metadata: ["access": .stringConvertible(record)])
     }
 }
 
