@@ -62,13 +62,13 @@ let package = Package(
         ),
         .target(
             name: "BearerdTestSupport",
-            dependencies: ["BearerdIO", "COpenSSL", "CBearerdShim"],
+            dependencies: ["BearerdIO", "COpenSSL", "CBearerdShim", .product(name: "Logging", package: "swift-log")],
             swiftSettings: shellSettings
         ),
         .testTarget(name: "BearerdHTTPTests", dependencies: ["BearerdHTTP"]),
         .testTarget(name: "BearerdOAuthTests", dependencies: ["BearerdOAuth"]),
         .testTarget(name: "BearerdIOTests", dependencies: ["BearerdIO", "BearerdTestSupport"], swiftSettings: shellSettings),
-        .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy"], swiftSettings: shellSettings),
+        .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(
             name: "EndToEndTests",
             dependencies: ["bearerd", "BearerdProxy", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],

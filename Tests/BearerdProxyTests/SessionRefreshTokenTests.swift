@@ -1,6 +1,7 @@
 import BearerdIO
 import BearerdOAuth
 import Foundation
+import BearerdTestSupport
 import Testing
 @testable import BearerdProxy
 

@@ -3,6 +3,7 @@ import BearerdIO
 import Dispatch
 import Foundation
 import Logging
+import BearerdTestSupport
 @testable import BearerdProxy
 #if canImport(Glibc)
 import Glibc
@@ -303,41 +304,6 @@ func unusedPort() -> UInt16 {
     var len = socklen_t(MemoryLayout<sockaddr_in>.size)
     _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
     return UInt16(bigEndian: addr.sin_port)
-}
-
-/// Collects every log line (message and metadata rendered as text) for the "no secret in the
-/// logs" assertions. Lines guarded by `lock`.
-final class CapturedLogs: @unchecked Sendable {  // @unchecked: `lines` guarded by `lock`
-    private let lock = NSLock()
-    private var _lines: [String] = []
-    var lines: [String] { lock.withLock { _lines } }
-    func append(_ line: String) { lock.withLock { _lines.append(line) } }
-
-    var logger: Logger {
-        Logger(label: "test") { _ in CapturingLogHandler(sink: self) }
-    }
-
-    /// Fails (returns the offending lines) if any secret appears in any line.
-    func lines(containingAnyOf secrets: [String]) -> [String] {
-        lines.filter { line in secrets.contains { !$0.isEmpty && line.contains($0) } }
-    }
-}
-
-struct CapturingLogHandler: LogHandler {
-    let sink: CapturedLogs
-    var logLevel: Logger.Level = .trace
-    var metadata: Logger.Metadata = [:]
-    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-        get { metadata[key] }
-        set { metadata[key] = newValue }
-    }
-    func log(level: Logger.Level, message: Logger.Message, metadata explicit: Logger.Metadata?,
-             source: String, file: String, function: String, line: UInt) {
-        var all = metadata
-        if let explicit { all.merge(explicit) { $1 } }
-        let meta = all.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
-        sink.append("[\(level)] \(message) \(meta)")
-    }
 }
 
 /// Loops standing in for the proxy's event loops.

@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import Testing
 import BearerdHTTP
 import BearerdIO
@@ -11,7 +12,7 @@ import BearerdTestSupport
 struct DemoTests {
     @Test func demoFlowInjectsRefreshesAndReplays() throws {
         let upstreamConfig = BearerdConfig(file: "<demo>", listen: [.tcp(host: "127.0.0.1", port: 0)], loops: 1, routes: [])
-        let authority = try BearerdServer(config: upstreamConfig, logger: .init(label: "t") { _ in SwiftLogNoOpLogHandlerShim() },
+        let authority = try BearerdServer(config: upstreamConfig, logger: .init(label: "t") { _ in SwiftLogNoOpLogHandler() },
                                           accessLog: false, responder: DemoAuthority())
         try authority.start()
         defer {

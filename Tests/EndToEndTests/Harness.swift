@@ -5,30 +5,6 @@ import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
 
-/// Collects log lines in memory so tests can assert on them (and scan them for secrets).
-final class CapturedLogs: @unchecked Sendable {  // @unchecked: guarded by `lock`
-    private let lock = NSLock()
-    private var _lines: [String] = []
-    func append(_ s: String) { lock.withLock { _lines.append(s) } }
-    var lines: [String] { lock.withLock { _lines } }
-    var text: String { lines.joined(separator: "\n") }
-}
-
-struct CapturingLogHandler: LogHandler {
-    let sink: CapturedLogs
-    var logLevel: Logger.Level = .trace
-    var metadata: Logger.Metadata = [:]
-    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-        get { metadata[key] }
-        set { metadata[key] = newValue }
-    }
-    func log(level: Logger.Level, message: Logger.Message, metadata explicit: Logger.Metadata?, source: String, file: String, function: String, line: UInt) {
-        var all = metadata
-        if let explicit { all.merge(explicit) { $1 } }
-        sink.append("\(level) \(message) " + all.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
-    }
-}
-
 /// bearerd running in-process on 127.0.0.1 with an ephemeral port.
 final class TestProxy {
     let server: BearerdServer
@@ -41,7 +17,7 @@ final class TestProxy {
                                    admin: admin ? .tcp(host: "127.0.0.1", port: 0) : nil, loops: loops,
                                    limits: limits, frontendTimeouts: timeouts, sessions: sessions, routes: routes)
         let logs = self.logs
-        let logger = Logger(label: "test") { _ in CapturingLogHandler(sink: logs) }
+        let logger = logs.logger
         server = try BearerdServer(config: config, logger: logger)
         try server.start()
     }

@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import Testing
 import BearerdHTTP
 import BearerdIO
@@ -47,7 +48,7 @@ struct LifecycleTests {
         defer { origin.stop() }
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("bearerd-\(UUID().uuidString.prefix(8)).sock").path
         let config = BearerdConfig(file: "<test>", listen: [.unix(path: path)], loops: 1, routes: [route(origin: origin.port)])
-        let server = try BearerdServer(config: config, logger: .init(label: "t") { _ in SwiftLogNoOpLogHandlerShim() })
+        let server = try BearerdServer(config: config, logger: .init(label: "t") { _ in SwiftLogNoOpLogHandler() })
         try server.start()
         defer {
             let d = DispatchSemaphore(value: 0)
@@ -80,10 +81,3 @@ struct LifecycleTests {
     }
 }
 
-import Logging
-struct SwiftLogNoOpLogHandlerShim: LogHandler {
-    var logLevel: Logger.Level = .critical
-    var metadata: Logger.Metadata = [:]
-    subscript(metadataKey key: String) -> Logger.Metadata.Value? { get { nil } set {} }
-    func log(level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String, file: String, function: String, line: UInt) {}
-}
