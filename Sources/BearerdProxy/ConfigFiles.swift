@@ -15,12 +15,8 @@ enum ConfigFiles {
 
     /// Reads a whole regular file, refusing directories and files over `limit` bytes.
     static func readAll(_ path: String, limit: Int) throws(Failure) -> [UInt8] {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw Failure(reason: errnoText()) }
+        let fd = try openForReading(path)
         defer { close(fd) }
-        var info = stat()
-        guard fstat(fd, &info) == 0 else { throw Failure(reason: errnoText()) }
-        if (info.st_mode & S_IFMT) == S_IFDIR { throw Failure(reason: "is a directory") }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16 * 1024)
         while true {
@@ -38,12 +34,24 @@ enum ConfigFiles {
 
     /// Checks that `path` can be opened for reading and is not a directory.
     static func checkReadable(_ path: String) throws(Failure) {
+        close(try openForReading(path))
+    }
+
+    /// Opens `path` read-only, refusing directories; the caller closes the descriptor.
+    private static func openForReading(_ path: String) throws(Failure) -> Int32 {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw Failure(reason: errnoText()) }
-        defer { close(fd) }
         var info = stat()
-        guard fstat(fd, &info) == 0 else { throw Failure(reason: errnoText()) }
-        if (info.st_mode & S_IFMT) == S_IFDIR { throw Failure(reason: "is a directory") }
+        guard fstat(fd, &info) == 0 else {
+            let failure = Failure(reason: errnoText())
+            close(fd)
+            throw failure
+        }
+        if (info.st_mode & S_IFMT) == S_IFDIR {
+            close(fd)
+            throw Failure(reason: "is a directory")
+        }
+        return fd
     }
 
     /// Whether `path` exists, and if so whether it is a directory.

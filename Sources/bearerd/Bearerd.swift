@@ -23,6 +23,16 @@ struct ConfigOption: ParsableArguments {
     var path: String {
         config ?? ProcessInfo.processInfo.environment["BEARERD_CONFIG"] ?? "bearerd.yaml"
     }
+
+    /// Loads and validates the file; on errors prints them (`FILE:LINE: key: …`) and exits with `code`.
+    func load(orExit code: Int32) throws -> BearerdConfig {
+        do {
+            return try ConfigLoader.load(path: path)
+        } catch {
+            printErrors(error)
+            throw ExitCode(code)
+        }
+    }
 }
 
 struct LogOptions: ParsableArguments {
@@ -63,13 +73,7 @@ struct Run: ParsableCommand {
 
     func run() throws {
         let logger = logOptions.makeLogger()
-        let config: BearerdConfig
-        do {
-            config = try ConfigLoader.load(path: configOption.path)
-        } catch {
-            printErrors(error)
-            throw ExitCode(2)
-        }
+        let config = try configOption.load(orExit: 2)
         try serve(config: config, logger: logger, accessLog: !logOptions.noAccessLog, reloadPath: configOption.path)
     }
 }
@@ -133,13 +137,7 @@ struct Check: ParsableCommand {
     @OptionGroup var configOption: ConfigOption
 
     func run() throws {
-        let config: BearerdConfig
-        do {
-            config = try ConfigLoader.load(path: configOption.path)
-        } catch {
-            printErrors(error)
-            throw ExitCode(1)
-        }
+        let config = try configOption.load(orExit: 1)
         // Everything a start would refuse, without starting anything (no state_dir is created).
         var problems: [ConfigError] = []
         for (i, r) in config.routes.enumerated() {

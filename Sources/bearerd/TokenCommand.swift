@@ -20,13 +20,7 @@ struct Token: ParsableCommand {
 
     func run() throws {
         var stderr = FileHandle.standardError
-        let config: BearerdConfig
-        do {
-            config = try ConfigLoader.load(path: configOption.path)
-        } catch {
-            printErrors(error)
-            throw ExitCode(2)
-        }
+        let config = try configOption.load(orExit: 2)
         guard config.session(named: session) != nil else {
             let known = config.sessions.map(\.name)
             print("\(configOption.path): no session named '\(session)'"
