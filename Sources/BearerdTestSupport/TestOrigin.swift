@@ -51,7 +51,8 @@ public final class TestOrigin: @unchecked Sendable {  // @unchecked: mutable sta
     public let storeBodies: Bool
     private var _checksums: [UInt64] = []
 
-    public init(tls: TLSContext? = nil, storeBodies: Bool = true, handler: @escaping Handler) throws {
+    /// `port` 0 picks a free one; a fixed port lets a test bring a server "back" where it was.
+    public init(port: UInt16 = 0, tls: TLSContext? = nil, storeBodies: Bool = true, handler: @escaping Handler) throws {
         self.handler = handler
         self.tls = tls
         self.storeBodies = storeBodies
@@ -61,12 +62,16 @@ public final class TestOrigin: @unchecked Sendable {  // @unchecked: mutable sta
         var addr = sockaddr_in()
         addr.sin_family = sa_family_t(AF_INET)
         addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        addr.sin_port = 0
+        addr.sin_port = port.bigEndian
         let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
-        guard rc == 0, listen(fd, 128) == 0 else { throw IOError("bind test origin", errno) }
+        guard rc == 0, listen(fd, 256) == 0 else {
+            let e = errno
+            close(fd)
+            throw IOError("bind test origin", e)
+        }
         var len = socklen_t(MemoryLayout<sockaddr_in>.size)
         _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
-        port = UInt16(bigEndian: addr.sin_port)
+        self.port = UInt16(bigEndian: addr.sin_port)
         listenFD = fd
         Thread.detachNewThread { [self] in acceptLoop() }
     }

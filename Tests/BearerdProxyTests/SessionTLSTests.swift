@@ -16,7 +16,7 @@ struct SessionTLSTests {
     }
 
     @Test func httpsTokenEndpointWithCAFile() async throws {
-        let certs = try TestCertificates()
+        let certs = try TestPKI.generate()
         defer { removeTree(certs.directory) }
         let endpoint = try ScriptedTokenEndpoint(tls: try certs.serverContext()) { _, n in ScriptedTokenEndpoint.token("access-AAA-tls-\(n)") }
         defer { endpoint.stop() }
@@ -31,7 +31,7 @@ struct SessionTLSTests {
     }
 
     @Test func unknownCAIsRefused() async throws {
-        let certs = try TestCertificates()
+        let certs = try TestPKI.generate()
         defer { removeTree(certs.directory) }
         let endpoint = try ScriptedTokenEndpoint(tls: try certs.serverContext()) { _, n in ScriptedTokenEndpoint.token("access-AAA-tls-\(n)") }
         defer { endpoint.stop() }
