@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of the pure cores with libFuzzer (swiftc -sanitize=fuzzer,address).
+#   bash Tests/Fuzz/run.sh [http1|oauth|all] [seconds]      default: all, 30 s each
+# Crashing inputs are written to Tests/Fuzz/FailCases/<target>/ (keep them: they are replayed
+# as regression inputs on every run before fuzzing starts). The corpus grows in a temporary
+# directory seeded from Tests/Fuzz/corpus/<target>/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+which=${1:-all}
+seconds=${2:-30}
+out=$(mktemp -d "${TMPDIR:-/tmp}/bearerd-fuzz.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+
+build() {  # name, sources...
+    local name=$1; shift
+    swiftc -sanitize=fuzzer,address -parse-as-library -O -module-name "Fuzz_$name" "$@" -o "$out/$name" \
+        2>"$out/build-$name.log" || { grep -v "ld.gold: warning" "$out/build-$name.log"; exit 1; }
+}
+
+fuzz() {  # name
+    local name=$1 fails="Tests/Fuzz/FailCases/$1"
+    mkdir -p "$fails" "$out/corpus-$name"
+    cp -r "Tests/Fuzz/corpus/$name/." "$out/corpus-$name/" 2>/dev/null || true
+    # Regression: every stored failure must pass now.
+    if compgen -G "$fails/*" >/dev/null; then
+        "$out/$name" -runs=0 "$fails"/* >/dev/null 2>&1 || { echo "fuzz $name: a stored failure case fails again"; exit 1; }
+    fi
+    echo "fuzz $name: ${seconds}s"
+    "$out/$name" -max_total_time="$seconds" -max_len=4096 -timeout=5 -artifact_prefix="$fails/" \
+        -print_final_stats=1 "$out/corpus-$name" 2>"$out/$name.log" \
+        || { tail -40 "$out/$name.log"; echo "fuzz $name: FAILED (input saved in $fails/)"; exit 1; }
+    grep -E "stat::number_of_executed_units|cov:" "$out/$name.log" | tail -2
+}
+
+if [ "$which" = all ] || [ "$which" = http1 ]; then
+    build http1 Sources/BearerdHTTP/*.swift Tests/Fuzz/HTTP1Fuzz.swift
+    fuzz http1
+fi
+if [ "$which" = all ] || [ "$which" = oauth ]; then
+    build oauth Sources/BearerdOAuth/*.swift Tests/Fuzz/OAuthFuzz.swift
+    fuzz oauth
+fi
