@@ -3,23 +3,26 @@
 // rest is the byte stream. Oracle: no crash, and the same events or the same error whether the
 // stream arrives whole or in two pieces (the property the unit tests check on known inputs).
 
-/// Events with adjacent body pieces merged, so different splits compare equal.
+/// Events with adjacent body pieces merged (as bytes: a split may cut a UTF-8 sequence), so
+/// different splits compare equal.
 struct Outcome: Equatable {
     var events: [String] = []
+    var body: [UInt8] = []
     var error: String?
 
     mutating func add(_ e: HTTP1Event) {
-        switch e {
-        case .body(let b):
-            let text = "body:" + String(decoding: b, as: UTF8.self)
-            if let last = events.last, last.hasPrefix("body:") {
-                events[events.count - 1] = last + String(decoding: b, as: UTF8.self)
-            } else {
-                events.append(text)
-            }
-        default:
-            events.append("\(e)")
+        if case .body(let b) = e {
+            body.append(contentsOf: b)
+            return
         }
+        flushBody()
+        events.append("\(e)")
+    }
+
+    mutating func flushBody() {
+        guard !body.isEmpty else { return }
+        events.append("body:" + body.map { String($0, radix: 16) }.joined(separator: " "))
+        body.removeAll()
     }
 }
 
@@ -35,6 +38,7 @@ func run(_ role: HTTP1Parser.Role, _ pieces: [ArraySlice<UInt8>], eof: Bool) -> 
                 guard let e = try parser.next() else { return true }
                 out.add(e)
             } catch {
+                out.flushBody()
                 out.error = error.reason + "@" + String(error.offset)
                 return false
             }
@@ -48,6 +52,7 @@ func run(_ role: HTTP1Parser.Role, _ pieces: [ArraySlice<UInt8>], eof: Bool) -> 
         parser.feedEOF()
         _ = drain()
     }
+    out.flushBody()
     return out
 }
 

@@ -5,6 +5,8 @@
 # as regression inputs on every run before fuzzing starts). The corpus grows in a temporary
 # directory seeded from Tests/Fuzz/corpus/<target>/.
 set -euo pipefail
+# Crashes go to libFuzzer's report; Swift's own backtracer would only slow them down.
+export SWIFT_BACKTRACE=enable=no
 cd "$(dirname "$0")/../.."
 which=${1:-all}
 seconds=${2:-30}
