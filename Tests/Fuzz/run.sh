@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of the pure cores with libFuzzer (swiftc -sanitize=fuzzer,address).
 #   bash Tests/Fuzz/run.sh [http1|oauth|all] [seconds]      default: all, 30 s each
+#   FUZZ_RUNS=N: instead of a time limit, N executions from a fixed seed (reproducible; CI)
 # Crashing inputs are written to Tests/Fuzz/FailCases/<target>/ (keep them: they are replayed
 # as regression inputs on every run before fuzzing starts). The corpus grows in a temporary
 # directory seeded from Tests/Fuzz/corpus/<target>/.
@@ -27,8 +28,10 @@ fuzz() {  # name
     if compgen -G "$fails/*" >/dev/null; then
         "$out/$name" -runs=0 "$fails"/* >/dev/null 2>&1 || { echo "fuzz $name: a stored failure case fails again"; exit 1; }
     fi
-    echo "fuzz $name: ${seconds}s"
-    "$out/$name" -max_total_time="$seconds" -max_len=4096 -timeout=5 -artifact_prefix="$fails/" \
+    local limit=(-max_total_time="$seconds")
+    if [ -n "${FUZZ_RUNS:-}" ]; then limit=(-runs="$FUZZ_RUNS" -seed=1); fi
+    echo "fuzz $name: ${limit[*]}"
+    "$out/$name" "${limit[@]}" -max_len=4096 -timeout=5 -artifact_prefix="$fails/" \
         -print_final_stats=1 "$out/corpus-$name" 2>"$out/$name.log" \
         || { tail -40 "$out/$name.log"; echo "fuzz $name: FAILED (input saved in $fails/)"; exit 1; }
     grep -E "stat::number_of_executed_units|cov:" "$out/$name.log" | tail -2
