@@ -244,10 +244,14 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
 
     private func handleParseError(_ error: HTTP1Error) {
         if let ex = exchange {
+            let started = ex.responseStarted
             ex.abort()
             exchange = nil
-            if ex is ProxyExchange || ex is LocalExchange {
-                // If nothing was sent yet we can still answer; otherwise just close.
+            if started {
+                // A response is already on the wire: a 400 after it would corrupt the stream.
+                closing = true
+                channel.close()
+                return
             }
         }
         respondError(status: error.status, reason: error.reason, message: error.message)
@@ -278,6 +282,7 @@ final class SentExchange: FrontendExchange {
     func requestEnd(trailers: HTTPHeaders?) { requestComplete = true }
     func abort() {}
     func frontendWritable() {}
+    var responseStarted: Bool { true }
 }
 
 /// A request answered by a `LocalResponder`: collects the body (up to 1 MiB, else 413), then replies.
@@ -340,4 +345,5 @@ final class LocalExchange: FrontendExchange {
 
     func abort() { done = true }
     func frontendWritable() {}
+    var responseStarted: Bool { done }
 }

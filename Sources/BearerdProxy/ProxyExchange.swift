@@ -16,6 +16,8 @@ protocol FrontendExchange: AnyObject {
     func abort()
     /// The client's output drained below the low-water mark.
     func frontendWritable()
+    /// Some of the response has been written to the client: an error can no longer be answered.
+    var responseStarted: Bool { get }
 }
 
 /// One proxied request: from the client's head to the last byte of the upstream's response.
@@ -89,6 +91,7 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
     }
 
     var wantsBody: Bool { !bodyPaused }
+    var responseStarted: Bool { responseHeadSent || finished }
 
     func start() {
         guard let session else {
