@@ -121,7 +121,10 @@ public enum ConfigLoader {
 /// documented extensions). The loader rejects any other key; the example-file test checks
 /// that every key listed here is documented in `config.example.yaml`.
 enum ConfigKeys {
-    static let top = ["listen", "admin", "state_dir", "loops", "io", "limits", "timeouts", "sessions", "routes"]
+    static let top = ["listen", "admin", "allow_remote", "allowed_hosts", "state_dir", "loops", "io", "limits", "timeouts",
+                      "shutdown_grace", "startup_timeout", "log", "sessions", "routes"]
+    static let listener = ["address", "unix", "name", "mode", "owner", "group", "allow_uids", "allow_gids", "allow_remote", "allowed_hosts"]
+    static let log = ["format", "level", "access"]
     static let limits = ["header_bytes", "request_target", "headers"]
     static let frontendTimeouts = ["header_read", "idle", "shutdown_grace"]
     static let session = [
@@ -138,7 +141,7 @@ enum ConfigKeys {
 
     /// Every section with its dotted location pattern, for documentation checks.
     static let sections: [(section: String, keys: [String])] = [
-        ("(top level)", top), ("limits", limits), ("timeouts", frontendTimeouts), ("sessions.NAME", session),
+        ("(top level)", top), ("listen[N]", listener), ("log", log), ("limits", limits), ("timeouts", frontendTimeouts), ("sessions.NAME", session),
         ("sessions.NAME.tls", tls), ("routes[N]", route), ("routes[N].tls", tls), ("routes[N].timeouts", routeTimeouts),
     ]
 

@@ -7,7 +7,10 @@ import BearerdIO
 public struct BearerdConfig: Sendable {
     /// Path of the file this configuration was read from (for messages).
     public var file: String
-    public var listen: [ListenAddress]
+    /// The client listeners with their access-control settings.
+    public var listeners: [ListenerConfig]
+    /// Their addresses, in file order.
+    public var listen: [ListenAddress] { listeners.map(\.address) }
     public var admin: ListenAddress?
     public var stateDir: String?
     /// Number of event loops; default one per core.
@@ -18,6 +21,11 @@ public struct BearerdConfig: Sendable {
     public var limits: HTTP1Limits
     /// Frontend timeouts (`timeouts:` at top level).
     public var frontendTimeouts: FrontendTimeouts
+    /// `log:` (format, level, access line).
+    public var log: LogConfig = LogConfig()
+    /// Longest wait at start for every session's first token before systemd hears READY=1
+    /// anyway (with a STATUS= naming what is missing). Default 30 s.
+    public var startupTimeout: Duration = .seconds(30)
     /// Sessions by name, in file order.
     public var sessions: [SessionConfig]
     /// Routes in file order; first match wins.
@@ -27,7 +35,7 @@ public struct BearerdConfig: Sendable {
                 loops: Int? = nil, limits: HTTP1Limits = HTTP1Limits(), frontendTimeouts: FrontendTimeouts = FrontendTimeouts(),
                 sessions: [SessionConfig] = [], routes: [RouteConfig] = []) {
         self.file = file
-        self.listen = listen
+        self.listeners = listen.map { ListenerConfig(address: $0) }
         self.admin = admin
         self.stateDir = stateDir
         self.loops = loops

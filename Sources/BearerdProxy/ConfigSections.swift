@@ -21,10 +21,12 @@ extension ConfigBuilder {
         guard let top = fields(root, path: "", line: 1, known: ConfigKeys.top,
                                expected: "a mapping of settings (listen, sessions, routes, …)") else { return nil }
 
-        var listen = [ListenAddress.tcp(host: "127.0.0.1", port: 8080)]
-        if let entry = top["listen"] { listen = listenAddresses(entry) }
+        let allowRemote = bool(top, "allow_remote") ?? false
+        let allowedHosts = top["allowed_hosts"].flatMap { hostList($0, key: "allowed_hosts") } ?? []
+        var listeners = [ListenerConfig(address: .tcp(host: "127.0.0.1", port: 8080), allowedHosts: allowedHosts, line: 0)]
+        if let entry = top["listen"] { listeners = self.listeners(entry, allowRemote: allowRemote, allowedHosts: allowedHosts) }
         let admin = top["admin"].flatMap { address($0.value, key: "admin") }
-        if let admin, listen.contains(admin), let entry = top["admin"] {
+        if let admin, listeners.contains(where: { $0.address == admin }), let entry = top["admin"] {
             fail(entry.valueLine, "admin", "\(admin) is also a listen address; the admin endpoints need their own")
         }
         let stateDir = path(top, "state_dir", mustRead: false)
@@ -35,7 +37,18 @@ extension ConfigBuilder {
         let loops = integer(top, "loops", range: 1...1024)
         let ioMode = choice(top, "io", EventLoop.IOMode.self)
         let limits = top["limits"].flatMap { limitsSection($0) } ?? HTTP1Limits()
-        let timeouts = top["timeouts"].flatMap { frontendTimeouts($0) } ?? FrontendTimeouts()
+        var timeouts = top["timeouts"].flatMap { frontendTimeouts($0) } ?? FrontendTimeouts()
+        if let grace = duration(top, "shutdown_grace") {
+            if let nested = top["timeouts"].flatMap({ e -> Int? in
+                guard case .mapping(let m) = e.value else { return nil }
+                return m.keys.first { if case .scalar(let k) = $0 { return k.string == "shutdown_grace" } else { return false } }?.mark?.line
+            }) {
+                fail(top["shutdown_grace"]!.keyLine, "shutdown_grace", "also set as timeouts.shutdown_grace (line \(nested)); keep one")
+            }
+            timeouts.shutdownGrace = grace
+        }
+        let startupTimeout = duration(top, "startup_timeout")
+        let log = top["log"].flatMap { logSection($0) }
 
         var sessions: [SessionConfig] = []
         var sessionNames: [String] = []
@@ -85,32 +98,16 @@ extension ConfigBuilder {
         }
         checkShadowedRoutes(Array(zip(routeIndices, routes)))
 
-        var config = BearerdConfig(file: file, listen: listen, admin: admin, stateDir: stateDir, loops: loops,
+        var config = BearerdConfig(file: file, listen: [], admin: admin, stateDir: stateDir, loops: loops,
                                    limits: limits, frontendTimeouts: timeouts, sessions: sessions, routes: routes)
+        config.listeners = listeners
         config.ioMode = ioMode
+        if let log { config.log = log }
+        if let startupTimeout { config.startupTimeout = startupTimeout }
         return config
     }
 
     // MARK: - Top level
-
-    private func listenAddresses(_ entry: Entry) -> [ListenAddress] {
-        var result: [ListenAddress] = []
-        switch entry.value {
-        case .sequence(let items):
-            if items.isEmpty { fail(entry.valueLine, "listen", "expected at least one address") }
-            for (index, item) in items.enumerated() {
-                guard let address = address(item, key: "listen[\(index)]") else { continue }
-                if result.contains(address) {
-                    fail(Self.line(item), "listen[\(index)]", "\(address) is listed twice")
-                } else {
-                    result.append(address)
-                }
-            }
-        default:
-            if let address = address(entry.value, key: "listen") { result.append(address) }
-        }
-        return result
-    }
 
     private func limitsSection(_ entry: Entry) -> HTTP1Limits? {
         guard let f = fields(entry.value, path: "limits", line: entry.keyLine, known: ConfigKeys.limits,

@@ -1,0 +1,272 @@
+import Foundation
+import Yams
+
+/// One entry of `listen:` with its access-control settings (issue 4).
+///
+/// A plain address (`127.0.0.1:8080`, `unix:/run/bearerd/api.sock`) gets the defaults; the
+/// mapping form adds, for `unix:` sockets, the socket file's `mode`/`owner`/`group` and the peers
+/// allowed in (`allow_uids`/`allow_gids`, checked with SO_PEERCRED), and for TCP `allow_remote`
+/// (required for a non-loopback address) and `allowed_hosts` (the Host allowlist of loopback
+/// listeners, against DNS rebinding). `name` matches a socket-activated fd (`LISTEN_FDNAMES`).
+/// Equality ignores `line`, so a reload sees an unchanged listener as unchanged.
+public struct ListenerConfig: Sendable, Equatable, CustomStringConvertible {
+    public var address: ListenAddress
+    /// Name given by `name:`; matched against `LISTEN_FDNAMES` under socket activation.
+    public var name: String?
+    /// Unix sockets: file mode of the socket (default 0660).
+    public var mode: UInt32
+    /// Unix sockets: owner and group of the socket file (numeric, resolved from names at load).
+    public var owner: UInt32?
+    public var group: UInt32?
+    /// Unix sockets: peers let in, by uid or primary gid (SO_PEERCRED). Both nil: anyone who can
+    /// open the socket file (its mode decides).
+    public var allowUIDs: [UInt32]?
+    public var allowGIDs: [UInt32]?
+    /// TCP: a non-loopback address is refused at load unless this is true.
+    public var allowRemote: Bool
+    /// TCP: Host names (lower-case, no port) allowed besides the defaults; `*` allows any.
+    public var allowedHosts: [String]
+    /// Source line of the entry, for messages.
+    public var line: Int
+
+    public init(address: ListenAddress, name: String? = nil, mode: UInt32 = 0o660, owner: UInt32? = nil, group: UInt32? = nil,
+                allowUIDs: [UInt32]? = nil, allowGIDs: [UInt32]? = nil, allowRemote: Bool = false,
+                allowedHosts: [String] = [], line: Int = 0) {
+        self.address = address
+        self.name = name
+        self.mode = mode
+        self.owner = owner
+        self.group = group
+        self.allowUIDs = allowUIDs
+        self.allowGIDs = allowGIDs
+        self.allowRemote = allowRemote
+        self.allowedHosts = allowedHosts
+        self.line = line
+    }
+
+    public var description: String { address.description }
+
+    /// True for TCP listeners on a loopback address (127.0.0.0/8, ::1, localhost).
+    public var isLoopback: Bool {
+        guard case .tcp(let host, _) = address else { return false }
+        return ListenerConfig.isLoopbackHost(host)
+    }
+
+    /// Whether the Host header of requests must be checked (loopback TCP listeners, unless `*`).
+    public var checksHost: Bool { isLoopback && !allowedHosts.contains("*") }
+
+    /// Whether a peer with these credentials may use this listener (unix sockets; TCP: always).
+    public func admits(uid: UInt32, gid: UInt32) -> Bool {
+        if allowUIDs == nil && allowGIDs == nil { return true }
+        return (allowUIDs?.contains(uid) ?? false) || (allowGIDs?.contains(gid) ?? false)
+    }
+
+    public static func isLoopbackHost(_ host: String) -> Bool {
+        let h = host.lowercased()
+        if h == "localhost" || h.hasSuffix(".localhost") || h == "::1" || h == "0:0:0:0:0:0:0:1" { return true }
+        if h.hasPrefix("::ffff:") { return isLoopbackHost(String(h.dropFirst(7))) }
+        let parts = h.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4 && parts[0] == "127" && parts.allSatisfy { p in UInt8(p) != nil }
+    }
+
+    public static func == (a: ListenerConfig, b: ListenerConfig) -> Bool {
+        a.address == b.address && a.name == b.name && a.mode == b.mode && a.owner == b.owner && a.group == b.group
+            && a.allowUIDs == b.allowUIDs && a.allowGIDs == b.allowGIDs && a.allowRemote == b.allowRemote
+            && a.allowedHosts == b.allowedHosts
+    }
+}
+
+/// `log:` — format and level of the log, and the per-request access line.
+public struct LogConfig: Sendable, Equatable {
+    public enum Format: String, Sendable, CaseIterable { case text, json }
+    public enum Level: String, Sendable, CaseIterable { case trace, debug, info, notice, warning, error, critical }
+    public var format: Format = .text
+    public var level: Level = .info
+    /// One line per request (default true).
+    public var access: Bool = true
+    /// Which keys the file set (so the command line and environment know what to override).
+    public var formatSet = false
+    public var levelSet = false
+    public init() {}
+}
+
+extension ConfigBuilder {
+    /// `listen:` — one address or a list; each item a string or a mapping (ListenerConfig).
+    /// `defaults` carries the top-level `allow_remote` and `allowed_hosts`.
+    func listeners(_ entry: Entry, allowRemote: Bool, allowedHosts: [String]) -> [ListenerConfig] {
+        var result: [ListenerConfig] = []
+        func add(_ node: Node, key: String) {
+            guard let l = listener(node, key: key, allowRemote: allowRemote, allowedHosts: allowedHosts) else { return }
+            if result.contains(where: { $0.address == l.address }) {
+                fail(l.line, key, "\(l.address) is listed twice")
+            } else if let name = l.name, result.contains(where: { $0.name == name }) {
+                fail(l.line, key + ".name", "'\(name)' names another listener already")
+            } else {
+                result.append(l)
+            }
+        }
+        switch entry.value {
+        case .sequence(let items):
+            if items.isEmpty { fail(entry.valueLine, "listen", "expected at least one address") }
+            for (index, item) in items.enumerated() { add(item, key: "listen[\(index)]") }
+        default:
+            add(entry.value, key: "listen")
+        }
+        return result
+    }
+
+    private func listener(_ node: Node, key: String, allowRemote: Bool, allowedHosts: [String]) -> ListenerConfig? {
+        let line = Self.line(node)
+        var config: ListenerConfig
+        if case .mapping = node {
+            guard let f = fields(node, path: key, line: line, known: ConfigKeys.listener,
+                                 expected: "an address or a mapping (address, mode, owner, group, allow_uids, allow_gids, allow_remote, allowed_hosts, name)")
+            else { return nil }
+            let address: ListenAddress?
+            switch (f["address"], f["unix"]) {
+            case (let a?, nil):
+                address = self.address(a.value, key: f.key("address"))
+            case (nil, let u?):
+                guard let raw = text(u, in: f, expected: "an absolute socket path") else { return nil }
+                do throws(ConfigValues.Problem) {
+                    address = try ConfigValues.address(raw.hasPrefix("unix:") ? raw : "unix:" + raw)
+                } catch {
+                    fail(u.valueLine, f.key("unix"), error.message)
+                    address = nil
+                }
+            case (_?, _?):
+                fail(line, key, "give either address: or unix:, not both")
+                return nil
+            case (nil, nil):
+                missing(f, "address", "e.g. address: unix:/run/bearerd/api.sock or address: 127.0.0.1:8080")
+                return nil
+            }
+            guard let address else { return nil }
+            config = ListenerConfig(address: address, allowRemote: allowRemote, allowedHosts: allowedHosts, line: line)
+            if let n = text(f, "name") {
+                if n.contains(":") || n.utf8.count > 255 || n.contains(where: { $0.isWhitespace }) {
+                    fail(f["name"]!.valueLine, f.key("name"), "a listener name may not hold ':' or spaces (systemd's FileDescriptorName= rules)")
+                }
+                config.name = n
+            }
+            let isUnix: Bool
+            if case .unix = address { isUnix = true } else { isUnix = false }
+            for k in ["mode", "owner", "group", "allow_uids", "allow_gids"] where !isUnix {
+                if let e = f[k] { fail(e.keyLine, f.key(k), "applies to unix: listeners only") }
+            }
+            for k in ["allow_remote", "allowed_hosts"] where isUnix {
+                if let e = f[k] { fail(e.keyLine, f.key(k), "applies to TCP listeners only") }
+            }
+            if isUnix {
+                if let m = parsed(f, "mode", expected: "an octal file mode such as 0660", ConfigValues.fileMode) { config.mode = m }
+                if let e = f["owner"], let raw = text(e, in: f, expected: "a user name or uid") {
+                    config.owner = resolveID(raw, kind: .user, line: e.valueLine, key: f.key("owner"))
+                }
+                if let e = f["group"], let raw = text(e, in: f, expected: "a group name or gid") {
+                    config.group = resolveID(raw, kind: .group, line: e.valueLine, key: f.key("group"))
+                }
+                config.allowUIDs = f["allow_uids"].flatMap { idList($0, in: f, kind: .user) }
+                config.allowGIDs = f["allow_gids"].flatMap { idList($0, in: f, kind: .group) }
+            } else {
+                if let b = bool(f, "allow_remote") { config.allowRemote = b }
+                if let e = f["allowed_hosts"], let hosts = hostList(e, key: f.key("allowed_hosts")) { config.allowedHosts = hosts }
+            }
+        } else {
+            guard let address = address(node, key: key) else { return nil }
+            config = ListenerConfig(address: address, allowRemote: allowRemote, allowedHosts: allowedHosts, line: line)
+        }
+        if case .tcp(let host, _) = config.address, !config.isLoopback, !config.allowRemote {
+            let shown = host.contains(":") ? "\"\(config.address)\"" : config.address.description
+            fail(line, key, "\(config.address) is not a loopback address, so anyone who reaches it could spend bearerd's tokens: "
+                 + "listen on 127.0.0.1 or [::1], or, if the network in front is trusted, write {address: \(shown), allow_remote: true} (or allow_remote: true at the top level)")
+        }
+        return config
+    }
+
+    enum IDKind { case user, group }
+
+    /// A uid or gid from a number or a name looked up in the system's user/group database.
+    func resolveID(_ raw: String, kind: IDKind, line: Int, key: String) -> UInt32? {
+        if let n = UInt32(raw) { return n }
+        switch kind {
+        case .user:
+            if let pw = getpwnam(raw) { return pw.pointee.pw_uid }
+            fail(line, key, "no user named '\(raw)' on this system")
+        case .group:
+            if let gr = getgrnam(raw) { return gr.pointee.gr_gid }
+            fail(line, key, "no group named '\(raw)' on this system")
+        }
+        return nil
+    }
+
+    private func idList(_ entry: Entry, in f: Fields, kind: IDKind) -> [UInt32]? {
+        let key = f.key(entry.name)
+        let items: [Node]
+        switch entry.value {
+        case .sequence(let s): items = Array(s)
+        case .scalar where !Self.isNull(entry.value): items = [entry.value]
+        default:
+            fail(entry.valueLine, key, "expected a list of \(kind == .user ? "user names or uids" : "group names or gids"), got \(Self.describe(entry.value))")
+            return nil
+        }
+        var ids: [UInt32] = []
+        for (i, item) in items.enumerated() {
+            guard case .scalar(let s) = item, !Self.isNull(item), !s.string.isEmpty else {
+                fail(Self.line(item), "\(key)[\(i)]", "expected a \(kind == .user ? "user name or uid" : "group name or gid"), got \(Self.describe(item))")
+                continue
+            }
+            if let id = resolveID(s.string, kind: kind, line: Self.line(item), key: "\(key)[\(i)]") { ids.append(id) }
+        }
+        return ids
+    }
+
+    /// `allowed_hosts:` — host names (no port; `*` for any), stored lower-case.
+    func hostList(_ entry: Entry, key: String) -> [String]? {
+        let items: [Node]
+        switch entry.value {
+        case .sequence(let s): items = Array(s)
+        case .scalar where !Self.isNull(entry.value): items = [entry.value]
+        default:
+            fail(entry.valueLine, key, "expected a list of host names, got \(Self.describe(entry.value))")
+            return nil
+        }
+        var hosts: [String] = []
+        for (i, item) in items.enumerated() {
+            guard case .scalar(let s) = item, !Self.isNull(item) else {
+                fail(Self.line(item), "\(key)[\(i)]", "expected a host name, got \(Self.describe(item))")
+                continue
+            }
+            var h = s.string.lowercased()
+            if h.hasPrefix("[") && h.hasSuffix("]") { h = String(h.dropFirst().dropLast()) }
+            guard h == "*" || ConfigValues.isHostName(h) || ConfigValues.isIPv6Literal(h) else {
+                fail(Self.line(item), "\(key)[\(i)]", "expected a host name without port (or * for any), got \(ConfigValues.quoted(s.string))")
+                continue
+            }
+            hosts.append(h)
+        }
+        return hosts
+    }
+
+    /// `log:` — format, level, access.
+    func logSection(_ entry: Entry) -> LogConfig? {
+        guard let f = fields(entry.value, path: "log", line: entry.keyLine, known: ConfigKeys.log,
+                             expected: "a mapping (format, level, access)") else { return nil }
+        var log = LogConfig()
+        if let v = choice(f, "format", LogConfig.Format.self) { log.format = v; log.formatSet = true }
+        if let v = choice(f, "level", LogConfig.Level.self) { log.level = v; log.levelSet = true }
+        if let v = bool(f, "access") { log.access = v }
+        return log
+    }
+}
+
+extension ConfigValues {
+    /// An octal file mode: `0660`, `660`, `0o660`; at most 0777.
+    static func fileMode(_ text: String) throws(Problem) -> UInt32 {
+        var digits = Substring(text)
+        if digits.hasPrefix("0o") || digits.hasPrefix("0O") { digits = digits.dropFirst(2) }
+        guard !digits.isEmpty, digits.allSatisfy({ ("0"..."7").contains($0) }), let v = UInt32(digits, radix: 8), v <= 0o777 else {
+            throw Problem("expected an octal file mode such as 0660 (at most 0777), got \(quoted(text))")
+        }
+        return v
+    }
+}
