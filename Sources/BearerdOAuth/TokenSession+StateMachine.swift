@@ -470,7 +470,10 @@ extension TokenSession {
         /// The configuration or the credentials (client secret, password, refresh token file)
         /// were reloaded (SIGHUP, or a newer operator file). Lifts `needsReauthentication`,
         /// the negative cache and any backoff, resets the breaker, and fetches at once.
-        public mutating func credentialsChanged(now: MonotonicInstant) -> [Action] {
+        /// `reissue`: what the token was issued for changed (token URL, client, scope, params):
+        /// a ready session fetches a new token at once (the current one serves meanwhile);
+        /// otherwise (a rotated secret) a valid token is kept until its normal refresh.
+        public mutating func credentialsChanged(now: MonotonicInstant, reissue: Bool = false) -> [Action] {
             breaker.reset()
             switch phase {
             case .fetching(var f):
@@ -478,7 +481,7 @@ extension TokenSession {
                 phase = .fetching(f)
                 return []
             case .ready:
-                return []
+                return reissue ? [.cancelTimer, beginFetch(.start, attempt: 1, round: 1, waiters: [])] : []
             case .idle, .negativeCached, .needsReauthentication:
                 return [.cancelTimer, beginFetch(.start, attempt: 1, round: 1, waiters: [])]
             case .backingOff(let b):

@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import Yams
 
 /// One entry of `listen:` with its access-control settings (issue 4).
@@ -78,10 +79,8 @@ public struct ListenerConfig: Sendable, Equatable, CustomStringConvertible {
 
 /// `log:` — format and level of the log, and the per-request access line.
 public struct LogConfig: Sendable, Equatable {
-    public enum Format: String, Sendable, CaseIterable { case text, json }
-    public enum Level: String, Sendable, CaseIterable { case trace, debug, info, notice, warning, error, critical }
-    public var format: Format = .text
-    public var level: Level = .info
+    public var format: LogFormat = .text
+    public var level: Logger.Level = .info
     /// One line per request (default true).
     public var access: Bool = true
     /// Which keys the file set (so the command line and environment know what to override).
@@ -252,8 +251,8 @@ extension ConfigBuilder {
         guard let f = fields(entry.value, path: "log", line: entry.keyLine, known: ConfigKeys.log,
                              expected: "a mapping (format, level, access)") else { return nil }
         var log = LogConfig()
-        if let v = choice(f, "format", LogConfig.Format.self) { log.format = v; log.formatSet = true }
-        if let v = choice(f, "level", LogConfig.Level.self) { log.level = v; log.levelSet = true }
+        if let v = choice(f, "format", LogFormat.self) { log.format = v; log.formatSet = true }
+        if let v = choice(f, "level", Logger.Level.self) { log.level = v; log.levelSet = true }
         if let v = bool(f, "access") { log.access = v }
         return log
     }

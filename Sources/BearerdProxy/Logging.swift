@@ -1,7 +1,33 @@
 import Dispatch
 import Foundation
 import Logging
+import Synchronization
 import BearerdIO
+
+/// The process's log level and format, shared by every `BearerdLogHandler` made with it so a
+/// SIGHUP can change them for loggers already handed out. Lock-free reads (one atomic load per
+/// log call).
+public final class LogSettings: Sendable {
+    private let levelIndex: Atomic<Int>
+    private let formatIndex: Atomic<Int>
+    private static let levels = Logger.Level.allCases
+    private static let formats = LogFormat.allCases
+
+    public init(level: Logger.Level, format: LogFormat) {
+        levelIndex = Atomic(Self.levels.firstIndex(of: level) ?? 2)
+        formatIndex = Atomic(Self.formats.firstIndex(of: format) ?? 0)
+    }
+
+    public var level: Logger.Level {
+        get { Self.levels[levelIndex.load(ordering: .relaxed)] }
+        set { levelIndex.store(Self.levels.firstIndex(of: newValue) ?? 2, ordering: .relaxed) }
+    }
+
+    public var format: LogFormat {
+        get { Self.formats[formatIndex.load(ordering: .relaxed)] }
+        set { formatIndex.store(Self.formats.firstIndex(of: newValue) ?? 0, ordering: .relaxed) }
+    }
+}
 
 /// A buffered writer for log lines: lines are appended under a lock and written to the fd by a
 /// 100 ms timer, when 64 KiB are pending, or at once for warnings and errors. One per process.
@@ -103,16 +129,26 @@ public enum LogFormat: String, Sendable, CaseIterable {
 /// swift-log handler writing one line per message, `text` (logfmt-like) or `json`.
 /// Never give it a secret: callers log fingerprints (DESIGN §5).
 public struct BearerdLogHandler: LogHandler {
-    public var logLevel: Logger.Level
+    /// The level: the shared settings' (changed on SIGHUP) unless set on this handler.
+    public var logLevel: Logger.Level {
+        get { ownLevel ?? settings.level }
+        set { ownLevel = newValue }
+    }
     public var metadata: Logger.Metadata = [:]
     private let label: String
-    private let format: LogFormat
+    private let settings: LogSettings
+    private var ownLevel: Logger.Level?
+    private var format: LogFormat { settings.format }
     private let sink: LogSink
 
     public init(label: String, level: Logger.Level, format: LogFormat, sink: LogSink = .stderr) {
+        self.init(label: label, settings: LogSettings(level: level, format: format), sink: sink)
+    }
+
+    /// A handler following `settings` (level and format changeable at run time).
+    public init(label: String, settings: LogSettings, sink: LogSink = .stderr) {
         self.label = label
-        self.logLevel = level
-        self.format = format
+        self.settings = settings
         self.sink = sink
     }
 
@@ -127,7 +163,7 @@ public struct BearerdLogHandler: LogHandler {
         if metadata.isEmpty, let explicit, explicit.count == 1,
            case .stringConvertible(let value)? = explicit["access"], let record = value as? AccessRecord {
             let head = format == .text ? "\(Self.timestamp()) \(level) \(message) " : "{\"ts\":\"\(Self.timestamp())\",\"level\":\"\(level)\",\"msg\":\"\(message)\","
-            sink.write(head + (format == .text ? record.logfmt : record.jsonFields + "}"), urgent: false)
+            sink.write(Redaction.scrub(head + (format == .text ? record.logfmt : record.jsonFields + "}")), urgent: false)
             return
         }
         let all: Logger.Metadata
@@ -153,7 +189,7 @@ public struct BearerdLogHandler: LogHandler {
             }
             out += "}"
         }
-        sink.write(out, urgent: level >= .warning)
+        sink.write(Redaction.scrub(out), urgent: level >= .warning)
     }
 
     static func quoteIfNeeded(_ s: String) -> String {

@@ -149,6 +149,11 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
             // Set, never add: the client's own Authorization never reaches the upstream (DESIGN §5).
             h.headers.set("Authorization", "Bearer " + token.value)
         }
+        if runtime.logger.logLevel <= .trace {
+            runtime.logger.trace("upstream request", metadata: [
+                "http.method": "\(h.method)", "http.target": "\(Redaction.target(h.target))",
+                "http.headers": "\(Redaction.describe(h.headers))", "token.generation": "\(token?.generation ?? 0)"])
+        }
         conn.sendHead(h)
         if replays > 0 {
             // A replay: the whole body was kept; send it again byte for byte.
@@ -266,6 +271,10 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
         }
         upstreamHeadAt = monotonicNanos()
         status = upstream.status
+        if runtime.logger.logLevel <= .trace {
+            runtime.logger.trace("upstream response", metadata: [
+                "http.status": "\(upstream.status)", "http.headers": "\(Redaction.describe(upstream.headers))"])
+        }
         if let session, let token, route.rejectStatuses.contains(upstream.status) {
             let decision = ReplayPolicy.decide(ReplayPolicy.Input(
                 status: upstream.status, rejectStatuses: Set(route.rejectStatuses),

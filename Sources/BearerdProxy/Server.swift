@@ -74,9 +74,11 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     }
 
     /// Installs a new configuration (SIGHUP). Listener changes need a restart and are reported.
-    public func reload(_ config: BearerdConfig, environment: [String: String] = ProcessInfo.processInfo.environment) throws(ConfigErrors) {
+    /// `accessLog`: whether to write access lines from now on (nil: as before).
+    public func reload(_ config: BearerdConfig, accessLog: Bool? = nil,
+                       environment: [String: String] = ProcessInfo.processInfo.environment) throws(ConfigErrors) {
         try sessions.reload(config, environment: environment)
-        let next = try ProxyRuntime(config: config, logger: logger, accessLog: runtime.accessLog, sessions: sessions)
+        let next = try ProxyRuntime(config: config, logger: logger, accessLog: accessLog ?? runtime.accessLog, sessions: sessions)
         if config.listen != runtime.config.listen || config.admin != runtime.config.admin {
             logger.warning("listen/admin changes take effect after a restart")
         }

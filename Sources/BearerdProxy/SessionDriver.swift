@@ -296,6 +296,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         queue.execute { [self] in
             guard !stopped else { return }
             let changed = newSettings.credentialsDiffer(from: settings)
+            let reissue = newSettings.identityDiffers(from: settings)
             let operatorChanged = newSettings.operatorFingerprint != settings.operatorFingerprint
             settings = newSettings
             if grant == .refreshToken, operatorChanged {
@@ -305,8 +306,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             }
             // Re-sending a refresh token the server called dead, unchanged, would be pointless.
             if changed || machine.status != .needsReauthentication {
-                if changed { logger.info("session credentials reloaded") }
-                run(machine.credentialsChanged(now: now()))
+                if changed { logger.info("session credentials reloaded", metadata: ["token.reissue": "\(reissue)"]) }
+                run(machine.credentialsChanged(now: now(), reissue: reissue))
             }
         }
     }

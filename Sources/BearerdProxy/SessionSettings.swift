@@ -66,6 +66,15 @@ struct SessionSettings {
             || operatorFingerprint != other.operatorFingerprint
     }
 
+    /// True when what a token is issued for changed (so a held token no longer fits): token
+    /// URL, client, client authentication, scope, extra parameters, user name or TLS settings.
+    /// Refresh timing and secrets alone do not count.
+    func identityDiffers(from other: SessionSettings) -> Bool {
+        let a = config, b = other.config
+        return a.tokenURL != b.tokenURL || a.clientID != b.clientID || a.clientAuth != b.clientAuth || a.scope != b.scope
+            || !a.params.elementsEqual(b.params, by: { $0 == $1 }) || a.username != b.username || a.tls != b.tls
+    }
+
     /// Reads the session's secrets now (client secret, password, refresh token file) and builds
     /// its TLS context. Errors are located like the loader's (`FILE:LINE: key: what is wrong`)
     /// and never carry a secret.

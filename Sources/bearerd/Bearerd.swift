@@ -36,24 +36,49 @@ struct ConfigOption: ParsableArguments {
 }
 
 struct LogOptions: ParsableArguments {
-    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
-    var logLevel: String = ProcessInfo.processInfo.environment["BEARERD_LOG_LEVEL"] ?? "info"
+    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical (default: $BEARERD_LOG_LEVEL, then the config's log.level, then info).")
+    var logLevel: String?
 
-    @Option(help: "Log format: text or json.")
-    var logFormat: String = ProcessInfo.processInfo.environment["BEARERD_LOG_FORMAT"] ?? "text"
+    @Option(help: "Log format: text or json (default: $BEARERD_LOG_FORMAT, then the config's log.format, then text).")
+    var logFormat: String?
 
-    @Flag(help: "Do not write one line per request.")
+    @Flag(help: "Do not write one line per request (overrides the config's log.access).")
     var noAccessLog = false
 
+    private var env: [String: String] { ProcessInfo.processInfo.environment }
+
+    /// The level set outside the config file (flag, then environment), if any.
+    var levelOverride: Logger.Level? { (logLevel ?? env["BEARERD_LOG_LEVEL"]).flatMap { Logger.Level(rawValue: $0) } }
+    var formatOverride: LogFormat? { (logFormat ?? env["BEARERD_LOG_FORMAT"]).flatMap { LogFormat(rawValue: $0) } }
+
     func validate() throws {
-        guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("unknown log level '\(logLevel)'") }
-        guard LogFormat(rawValue: logFormat) != nil else { throw ValidationError("unknown log format '\(logFormat)' (text or json)") }
+        if let l = logLevel ?? env["BEARERD_LOG_LEVEL"], Logger.Level(rawValue: l) == nil {
+            throw ValidationError("unknown log level '\(l)' (trace, debug, info, notice, warning, error, critical)")
+        }
+        if let f = logFormat ?? env["BEARERD_LOG_FORMAT"], LogFormat(rawValue: f) == nil {
+            throw ValidationError("unknown log format '\(f)' (text or json)")
+        }
+    }
+
+    /// Shared settings: the command line and environment win over the config's `log:`.
+    func settings(for config: BearerdConfig?) -> LogSettings {
+        LogSettings(level: levelOverride ?? config?.log.level ?? .info, format: formatOverride ?? config?.log.format ?? .text)
+    }
+
+    /// Applies a reloaded config's `log:` where nothing outside the file overrides it.
+    func apply(_ config: BearerdConfig, to settings: LogSettings) {
+        if levelOverride == nil { settings.level = config.log.level }
+        if formatOverride == nil { settings.format = config.log.format }
+    }
+
+    func accessLog(for config: BearerdConfig) -> Bool { !noAccessLog && config.log.access }
+
+    func makeLogger(label: String = "bearerd", settings: LogSettings) -> Logger {
+        Logger(label: label) { l in BearerdLogHandler(label: l, settings: settings) }
     }
 
     func makeLogger(label: String = "bearerd") -> Logger {
-        let level = Logger.Level(rawValue: logLevel) ?? .info
-        let format = LogFormat(rawValue: logFormat) ?? .text
-        return Logger(label: label) { l in BearerdLogHandler(label: l, level: level, format: format) }
+        makeLogger(label: label, settings: settings(for: nil))
     }
 }
 
@@ -72,17 +97,20 @@ struct Run: ParsableCommand {
     @OptionGroup var logOptions: LogOptions
 
     func run() throws {
-        let logger = logOptions.makeLogger()
         let config = try configOption.load(orExit: 2)
-        try serve(config: config, logger: logger, accessLog: !logOptions.noAccessLog, reloadPath: configOption.path)
+        let settings = logOptions.settings(for: config)
+        let logger = logOptions.makeLogger(settings: settings)
+        try serve(config: config, logger: logger, logOptions: logOptions, logSettings: settings, reloadPath: configOption.path)
     }
 }
 
-/// Runs a server until SIGTERM/SIGINT; SIGHUP re-reads `reloadPath` when given.
-func serve(config: BearerdConfig, logger: Logger, accessLog: Bool, reloadPath: String?, before: (() throws -> Void)? = nil) throws -> Never {
+/// Runs a server until SIGTERM/SIGINT; SIGHUP re-reads `reloadPath` when given (and applies its
+/// `log:` to `logSettings` unless the command line or environment set them).
+func serve(config: BearerdConfig, logger: Logger, logOptions: LogOptions, logSettings: LogSettings, reloadPath: String?,
+           before: (() throws -> Void)? = nil) throws -> Never {
     let server: BearerdServer
     do {
-        server = try BearerdServer(config: config, logger: logger, accessLog: accessLog)
+        server = try BearerdServer(config: config, logger: logger, accessLog: logOptions.accessLog(for: config))
         try server.start()
     } catch let e as ConfigErrors {
         printErrors(e)
@@ -100,7 +128,8 @@ func serve(config: BearerdConfig, logger: Logger, accessLog: Bool, reloadPath: S
             guard let reloadPath else { return }
             do {
                 let next = try ConfigLoader.load(path: reloadPath)
-                try server.reload(next)
+                try server.reload(next, accessLog: logOptions.accessLog(for: next))
+                logOptions.apply(next, to: logSettings)
             } catch let e as ConfigErrors {
                 logger.error("reload failed; keeping the running configuration", metadata: ["errors": "\(e.description)"])
             } catch {
@@ -164,7 +193,8 @@ struct Demo: ParsableCommand {
     @OptionGroup var logOptions: LogOptions
 
     func run() throws {
-        let logger = logOptions.makeLogger()
+        let settings = logOptions.settings(for: nil)
+        let logger = logOptions.makeLogger(settings: settings)
         let upstreamConfig = BearerdConfig(file: "<demo>", listen: [.tcp(host: "127.0.0.1", port: upstreamPort)], loops: 1, routes: [])
         let upstream = try BearerdServer(config: upstreamConfig, logger: logOptions.makeLogger(label: "demo-upstream"),
                                          accessLog: false, responder: DemoAuthority())
@@ -190,7 +220,7 @@ struct Demo: ParsableCommand {
             printErrors(error)
             throw ExitCode(2)
         }
-        try serve(config: config, logger: logger, accessLog: !logOptions.noAccessLog, reloadPath: nil) {
+        try serve(config: config, logger: logger, logOptions: logOptions, logSettings: settings, reloadPath: nil) {
             print("""
             bearerd demo is running: bearerd on 127.0.0.1:\(port), a demo token endpoint and protected API on 127.0.0.1:\(upstreamPort).
               try:    curl -s http://127.0.0.1:\(port)/hello          (bearerd fetched a token and injected it)

@@ -33,7 +33,7 @@ struct Token: ParsableCommand {
         single.routes = []
         let manager: SessionManager
         do {
-            manager = try SessionManager(config: single, logger: logOptions.makeLogger(label: "bearerd.token"),
+            manager = try SessionManager(config: single, logger: logOptions.makeLogger(label: "bearerd.token", settings: logOptions.settings(for: config)),
                                          environment: ProcessInfo.processInfo.environment)
         } catch {
             printErrors(error)

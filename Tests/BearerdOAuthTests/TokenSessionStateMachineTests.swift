@@ -331,6 +331,19 @@ extension UInt64 {
         #expect(m.waiterCount == 1)
     }
 
+    @Test func reloadKeepsAValidTokenUnlessWhatItIsForChanged() throws {
+        // A rotated secret: the held token stays, no request to the server.
+        var (m, _) = readyMachine(lifetime: 3600)
+        #expect(m.credentialsChanged(now: t(10)).isEmpty)
+        #expect(m.tokenRequested(waiter: WaiterID(1), now: t(11)).resumedTokens.first?.generation == 1)
+        // A new scope or token URL: fetch at once, and the current token serves meanwhile.
+        let a = m.credentialsChanged(now: t(12), reissue: true)
+        #expect(a.fetches.map(\.reason) == [.start])
+        #expect(m.tokenRequested(waiter: WaiterID(2), now: t(13)).resumedTokens.first?.generation == 1)
+        _ = m.fetchSucceeded(tokenGrant("B", lifetime: 3600), sentAt: t(12), now: t(14))
+        #expect(m.tokenRequested(waiter: WaiterID(3), now: t(15)).resumedTokens.first?.generation == 2)
+    }
+
     @Test func backoffLiftedByCredentialsChange() {
         var m = makeMachine()
         _ = m.start(now: t(0))
