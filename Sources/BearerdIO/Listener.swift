@@ -83,7 +83,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         if let path = unixPath {
             let dir = path.lastIndex(of: "/").map { path[..<$0].isEmpty ? "/" : String(path[..<$0]) } ?? "."
             switch e {
-            case ENOENT: return "the directory \(dir) does not exist: create it first (systemd: RuntimeDirectory=)"
+            case ENOENT: return "the directory \(dir) does not exist: create it first, e.g. with systemd's RuntimeDirectory="
             case EACCES, EPERM: return "uid \(getuid()) may not create files in \(dir)"
             case ENOTDIR: return "a component of \(dir) is not a directory"
             case EROFS: return "\(dir) is on a read-only file system"

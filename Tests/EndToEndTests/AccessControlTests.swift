@@ -204,7 +204,61 @@ struct AccessControlTests {
         #expect(origin.requests.count == 1)
     }
 
+    @Test(.enabled(if: getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"), "needs root and /usr/bin/setpriv"))
+    func unprivilegedStartErrorsNameThePath() throws {
+        // `bearerd run` as uid 65534: first in a directory it may not write, then in its own
+        // directory but asked to give the socket to root.
+        let dir = try Self.tempDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let binary = dir + "/bearerd"
+        try FileManager.default.copyItem(atPath: CommandLineTests.binary, toPath: binary)
+        let socketDir = dir + "/run"
+        try FileManager.default.createDirectory(atPath: socketDir, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o755])
+        let path = socketDir + "/api.sock"
+        let config = dir + "/bearerd.yaml"
+        try """
+        listen:
+          - address: unix:\(path)
+            owner: 0
+        loops: 1
+        routes:
+          - match: /
+            upstream: http://127.0.0.1:9
+        """.write(toFile: config, atomically: false, encoding: .utf8)
+        #expect(chmod(config, 0o644) == 0)
+
+        let denied = try Self.runAsNobody([binary, "run", "-c", config])
+        #expect(denied.status != 0)
+        #expect(denied.stderr.contains("bind unix:\(path): Permission denied (uid 65534 may not create files in \(socketDir))"), "\(denied.stderr)")
+
+        #expect(chown(socketDir, 65534, 65534) == 0)
+        let chownRefused = try Self.runAsNobody([binary, "run", "-c", config])
+        #expect(chownRefused.status != 0)
+        #expect(chownRefused.stderr.contains("chown unix:\(path) to owner uid 0: Operation not permitted"), "\(chownRefused.stderr)")
+        #expect(chownRefused.stderr.contains("only root (CAP_CHOWN) may give a file away"))
+        #expect(!FileManager.default.fileExists(atPath: path))  // not left behind
+    }
+
     // MARK: helpers
+
+    /// Runs `command` as uid 65534 gid 65534 (no supplementary groups); killed after 10 s.
+    static func runAsNobody(_ command: [String]) throws -> (status: Int32, stderr: String) {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        p.arguments = ["--reuid=65534", "--regid=65534", "--clear-groups"] + command
+        p.environment = ["PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"]
+        p.currentDirectoryURL = URL(fileURLWithPath: "/")
+        let err = Pipe()
+        p.standardOutput = FileHandle.nullDevice
+        p.standardError = err
+        try p.run()
+        let killer = DispatchWorkItem { if p.isRunning { p.terminate() } }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 10, execute: killer)
+        let text = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        p.waitUntilExit()
+        killer.cancel()
+        return (p.terminationStatus, text)
+    }
 
     static let tools = FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") && FileManager.default.isExecutableFile(atPath: "/usr/bin/python3")
 
