@@ -58,21 +58,27 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     /// Binds one listener; `policy` (nil for admin) carries its access control (unix file mode,
     /// owner, SO_PEERCRED allowlist; Host allowlist) to every connection it accepts.
     private func bind(_ address: ListenAddress, policy: ListenerPolicy?, responder: LocalResponder?) throws(IOError) -> Listener {
-        let contexts = self.contexts
-        let accept: (Int32, SocketAddress, EventLoop) -> Void = { fd, peer, loop in
-            let ctx = contexts[loop.index]
-            loop.runEvent {
-                let channel = SocketChannel(fd: fd, loop: loop)
-                let conn = FrontendConnection(channel: channel, ctx: ctx, peer: peer, local: responder, policy: policy)
-                conn.start()
-            }
-        }
+        let accept = acceptHandler(policy: policy, responder: responder)
         switch address {
         case .tcp(let host, let port):
             return try Listener.bind(host: host, port: port, group: group, onAccept: accept)
         case .unix(let path):
             let c = policy?.config
             return try Listener.bindUnix(path: path, mode: c?.mode ?? 0o660, owner: c?.owner, fileGroup: c?.group, group: group, onAccept: accept)
+        }
+    }
+
+    /// What a listener runs for each accepted fd: a `FrontendConnection` on the loop it was
+    /// handed to, under `policy` (SO_PEERCRED and Host checks; nil: none, as for admin).
+    func acceptHandler(policy: ListenerPolicy?, responder: LocalResponder?) -> (Int32, SocketAddress, EventLoop) -> Void {
+        let contexts = self.contexts
+        return { fd, peer, loop in
+            let ctx = contexts[loop.index]
+            loop.runEvent {
+                let channel = SocketChannel(fd: fd, loop: loop)
+                let conn = FrontendConnection(channel: channel, ctx: ctx, peer: peer, local: responder, policy: policy)
+                conn.start()
+            }
         }
     }
 
