@@ -25,19 +25,80 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         guard let addr = SocketAddress.numeric(host, port: port) ?? Resolver.resolveBlocking(host: host, port: port).first else {
             throw IOError("resolve \(host)", EINVAL)
         }
-        return try make(address: addr, unixPath: nil, group: group, onAccept: onAccept)
+        return try make(address: addr, unixFile: nil, group: group, onAccept: onAccept)
     }
 
-    public static func bindUnix(path: String, group: EventLoopGroup,
+    /// Binds and listens on a unix stream socket at `path` (unix(7)).
+    ///
+    /// The socket file never exists with a mode wider than `mode`: the socket's inode mode is
+    /// cleared with `fchmod` before `bind` (Linux creates the file with that mode masked by the
+    /// umask), the file is given `owner`/`fileGroup` (each nil: unchanged), then `mode`, and only
+    /// then does `listen` let anyone connect. A stale socket file of an earlier run is removed;
+    /// a live one (something accepts on it) or a file that is not a socket is an error.
+    /// Errors name the path and say what to do (missing directory, no permission, chown refused).
+    public static func bindUnix(path: String, mode: UInt32 = 0o660, owner: UInt32? = nil, fileGroup: UInt32? = nil,
+                                group: EventLoopGroup,
                                 onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) throws(IOError) -> Listener {
-        guard let addr = SocketAddress.unix(path) else { throw IOError("unix path too long", ENAMETOOLONG) }
-        // Remove a stale socket file left by a previous run (only if it is a socket).
-        var st = stat()
-        if lstat(path, &st) == 0 && (st.st_mode & S_IFMT) == S_IFSOCK { unlink(path) }
-        return try make(address: addr, unixPath: path, group: group, onAccept: onAccept)
+        let shown = "unix:" + path
+        guard let addr = SocketAddress.unix(path) else {
+            throw IOError("bind \(shown)", ENAMETOOLONG, hint: "a unix socket path holds at most 107 bytes")
+        }
+        try removeStaleSocket(path)
+        let file = UnixFileSettings(path: path, mode: mode, owner: owner, group: fileGroup)
+        return try make(address: addr, unixFile: file, group: group, onAccept: onAccept)
     }
 
-    private static func make(address: SocketAddress, unixPath: String?, group: EventLoopGroup,
+    /// Mode and ownership a unix socket file gets between `bind` and `listen`.
+    struct UnixFileSettings {
+        var path: String
+        var mode: UInt32
+        var owner: UInt32?
+        var group: UInt32?
+    }
+
+    /// Removes a socket file left by an earlier run; refuses to touch anything else.
+    private static func removeStaleSocket(_ path: String) throws(IOError) {
+        var st = stat()
+        guard lstat(path, &st) == 0 else { return }
+        guard (st.st_mode & S_IFMT) == S_IFSOCK else {
+            throw IOError("bind unix:\(path)", EADDRINUSE, hint: "\(path) exists and is not a socket; bearerd will not remove it")
+        }
+        // Something still accepting there (another bearerd?) must not lose its socket.
+        if let addr = SocketAddress.unix(path) {
+            let probe = bearerd_stream_socket(AF_UNIX)
+            if probe >= 0 {
+                let rc = addr.withSockAddr { Glibc.connect(probe, $0, $1) }
+                let e = errno
+                Glibc.close(probe)
+                if rc == 0 || e == EAGAIN || e == EINPROGRESS {
+                    throw IOError("bind unix:\(path)", EADDRINUSE, hint: "another process is listening on \(path)")
+                }
+            }
+        }
+        unlink(path)
+    }
+
+    /// The operator-facing reason a bind failed.
+    private static func bindHint(_ address: SocketAddress, unixPath: String?, errno e: Int32) -> String? {
+        if let path = unixPath {
+            let dir = path.lastIndex(of: "/").map { path[..<$0].isEmpty ? "/" : String(path[..<$0]) } ?? "."
+            switch e {
+            case ENOENT: return "the directory \(dir) does not exist: create it first, e.g. with systemd's RuntimeDirectory="
+            case EACCES, EPERM: return "uid \(getuid()) may not create files in \(dir)"
+            case ENOTDIR: return "a component of \(dir) is not a directory"
+            case EROFS: return "\(dir) is on a read-only file system"
+            default: return nil
+            }
+        }
+        switch e {
+        case EADDRINUSE: return "another process is listening on \(address)"
+        case EACCES: return "ports below 1024 need CAP_NET_BIND_SERVICE"
+        case EADDRNOTAVAIL: return "no local interface has this address"
+        default: return nil
+        }
+    }
+
+    private static func make(address: SocketAddress, unixFile: UnixFileSettings?, group: EventLoopGroup,
                              onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) throws(IOError) -> Listener {
         let fd = bearerd_stream_socket(address.family)
         if fd < 0 { throw IOError("socket", errno) }
@@ -45,15 +106,32 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
             Sys.setOption(fd, SOL_SOCKET, SO_REUSEADDR, 1)
             if address.family == AF_INET6 { Sys.setOption(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, 1) }
         }
-        if address.withSockAddr({ Glibc.bind(fd, $0, $1) }) < 0 {
-            let e = errno
-            Glibc.close(fd)
-            throw IOError("bind \(address)", e)
+        var savedMask: mode_t?
+        if unixFile != nil && fchmod(fd, 0) != 0 {
+            // Kernels that refuse fchmod on a socket: a process-wide umask for the bind instead.
+            savedMask = umask(0o777)
         }
-        if let unixPath { chmod(unixPath, 0o660) }
+        let rc = address.withSockAddr { Glibc.bind(fd, $0, $1) }
+        let bindErrno = errno
+        if let savedMask { umask(savedMask) }
+        if rc < 0 {
+            Glibc.close(fd)
+            let shown = unixFile.map { "unix:" + $0.path } ?? address.description
+            throw IOError("bind \(shown)", bindErrno, hint: bindHint(address, unixPath: unixFile?.path, errno: bindErrno))
+        }
+        if let file = unixFile {
+            do throws(IOError) {
+                try applyFileSettings(file)
+            } catch {
+                Glibc.close(fd)
+                unlink(file.path)
+                throw error
+            }
+        }
         if Glibc.listen(fd, 1024) < 0 {
             let e = errno
             Glibc.close(fd)
+            if let file = unixFile { unlink(file.path) }
             throw IOError("listen", e)
         }
         var storage = sockaddr_storage()
@@ -62,7 +140,28 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
             p.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
         }
         let local = address.family == AF_UNIX ? address : SocketAddress(storage: storage, length: len)
-        return Listener(fd: fd, local: local, unixPath: unixPath, group: group, onAccept: onAccept)
+        return Listener(fd: fd, local: local, unixPath: unixFile?.path, group: group, onAccept: onAccept)
+    }
+
+    /// Owner, group, then mode of a freshly bound socket file (still mode 0, not yet listening).
+    private static func applyFileSettings(_ file: UnixFileSettings) throws(IOError) {
+        let shown = "unix:" + file.path
+        var st = stat()
+        guard lstat(file.path, &st) == 0, (st.st_mode & S_IFMT) == S_IFSOCK else {
+            throw IOError("bind \(shown)", EEXIST, hint: "\(file.path) was replaced while bearerd set it up")
+        }
+        if file.owner != nil || file.group != nil {
+            // -1 (UInt32.max) leaves that id unchanged (chown(2)).
+            if lchown(file.path, file.owner ?? UInt32.max, file.group ?? UInt32.max) != 0 {
+                let e = errno
+                let who = [file.owner.map { "owner uid \($0)" }, file.group.map { "group gid \($0)" }].compactMap { $0 }.joined(separator: ", ")
+                throw IOError("chown \(shown) to \(who)", e,
+                              hint: e == EPERM ? "only root (CAP_CHOWN) may give a file away; a process may set the group only to one of its own groups" : nil)
+            }
+        }
+        if chmod(file.path, mode_t(file.mode)) != 0 {
+            throw IOError("chmod \(shown) to \(String(file.mode, radix: 8))", errno)
+        }
     }
 
     private init(fd: Int32, local: SocketAddress, unixPath: String?, group: EventLoopGroup,

@@ -1,3 +1,4 @@
+import CBearerdShim
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -8,11 +9,30 @@ import Darwin
 public struct IOError: Error, Sendable, CustomStringConvertible {
     public var call: String
     public var errno: Int32
-    public init(_ call: String, _ errno: Int32) {
+    /// What the operator can do about it (e.g. "create the directory /run/bearerd first").
+    public var hint: String?
+    public init(_ call: String, _ errno: Int32, hint: String? = nil) {
         self.call = call
         self.errno = errno
+        self.hint = hint
     }
-    public var description: String { "\(call): \(String(cString: strerror(errno)))" }
+    public var description: String {
+        let base = "\(call): \(String(cString: strerror(errno)))"
+        return hint.map { base + " (\($0))" } ?? base
+    }
+}
+
+/// The credentials of the process at the other end of a unix socket, as the kernel recorded
+/// them at connect (SO_PEERCRED, unix(7)).
+public struct PeerCredentials: Sendable, Equatable {
+    public var pid: Int32
+    public var uid: UInt32
+    public var gid: UInt32
+    public init(pid: Int32, uid: UInt32, gid: UInt32) {
+        self.pid = pid
+        self.uid = uid
+        self.gid = gid
+    }
 }
 
 /// The system calls the shell uses, behind one typed wrapper. EINTR is retried here and nowhere else.
@@ -64,6 +84,15 @@ public enum Sys {
         var len = socklen_t(MemoryLayout<Int32>.size)
         if getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 { return errno }
         return err
+    }
+
+    /// SO_PEERCRED of a connected unix socket.
+    public static func peerCredentials(_ fd: Int32) throws(IOError) -> PeerCredentials {
+        var pid: Int32 = 0
+        var uid: UInt32 = 0
+        var gid: UInt32 = 0
+        if bearerd_peer_credentials(fd, &pid, &uid, &gid) != 0 { throw IOError("getsockopt(SO_PEERCRED)", errno) }
+        return PeerCredentials(pid: pid, uid: uid, gid: gid)
     }
 
     /// Ignore SIGPIPE process-wide (writes use MSG_NOSIGNAL too; TLS and pipes may not).

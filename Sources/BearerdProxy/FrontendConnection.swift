@@ -13,11 +13,22 @@ public protocol LocalResponder: AnyObject, Sendable {
 /// requests in order: bytes of the next request stay in the parser until the current exchange
 /// has finished (bounded by pausing reads). Deadlines: `header_read` from the first byte of a
 /// head (408 on expiry), `idle` between requests (silent close).
+///
+/// Access control (issue 4) comes from the listener's `policy`: a unix peer refused by
+/// SO_PEERCRED gets 403 for its first request, a Host outside the loopback allowlist gets 421;
+/// either way nothing is forwarded and the connection closes.
 final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     let channel: SocketChannel
     let ctx: LoopContext
     let clientAddress: String
     let local: LocalResponder?
+    /// What the listener enforces; nil for the admin listener.
+    let policy: ListenerPolicy?
+    /// Set at accept when the unix peer is not admitted: the detail of the 403 its request gets.
+    private var peerRefusal: String?
+    /// The Host allowlist of `policy` under `allowlistRuntime` (looked up again after a reload).
+    private var allowlist: HostAllowlist?
+    private var allowlistRuntime: ProxyRuntime?
     private var parser: HTTP1Parser
     private var exchange: FrontendExchange?
     private var closing = false
@@ -29,10 +40,11 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     /// Pipelined bytes held while an exchange runs; more pauses reading.
     static let pipelineLimit = 64 * 1024
 
-    init(channel: SocketChannel, ctx: LoopContext, peer: SocketAddress, local: LocalResponder?) {
+    init(channel: SocketChannel, ctx: LoopContext, peer: SocketAddress, local: LocalResponder?, policy: ListenerPolicy? = nil) {
         self.channel = channel
         self.ctx = ctx
         self.local = local
+        self.policy = policy
         clientAddress = peer.family == 1 /* AF_UNIX */ ? "unix" : peer.host
         parser = HTTP1Parser(role: .server, limits: ctx.runtime.config.limits)
         channel.delegate = self
@@ -44,7 +56,55 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         ctx.loop.register(self)
         deadline = monotonicNanos() &+ ctx.runtime.headerReadTimeout
         headDeadlineArmed = true
+        if let policy, policy.checksPeer { checkPeer(policy) }
         channel.start()
+    }
+
+    /// SO_PEERCRED against `allow_uids`/`allow_gids` (unix(7)). A refused peer's first request
+    /// is answered 403 (reading it first, so the client sees an HTTP answer, not a reset).
+    private func checkPeer(_ policy: ListenerPolicy) {
+        let creds: PeerCredentials
+        do {
+            creds = try Sys.peerCredentials(channel.fd)
+        } catch {
+            peerRefusal = "the peer's credentials could not be read (\(error)); \(policy.label) admits only allow_uids/allow_gids"
+            ctx.runtime.logger.warning("peer refused", metadata: ["listener": "\(policy.label)", "reason": "\(error)"])
+            return
+        }
+        if policy.config.admits(uid: creds.uid, gid: creds.gid) { return }
+        peerRefusal = "uid \(creds.uid) gid \(creds.gid) is not in allow_uids/allow_gids of \(policy.label)"
+        ctx.runtime.logger.warning("peer refused", metadata: [
+            "listener": "\(policy.label)", "peer.uid": "\(creds.uid)", "peer.gid": "\(creds.gid)", "peer.pid": "\(creds.pid)",
+        ])
+    }
+
+    /// The Host check of loopback listeners (DNS rebinding). True when the request may go on;
+    /// otherwise the 421 has been written and the connection is closing.
+    private func hostAdmitted(_ head: HTTPRequestHead, _ policy: ListenerPolicy) -> Bool {
+        let runtime = ctx.runtime
+        if allowlistRuntime !== runtime {
+            allowlist = runtime.hostAllowlist(for: policy.config)
+            allowlistRuntime = runtime
+        }
+        let authority = HostAllowlist.requestAuthority(target: head.target, hostField: head.headers["Host"])
+        // Force unwrap: set just above.
+        if allowlist!.admits(authority) { return true }
+        let shown = authority.map { HostAllowlist.hostPart($0).map(String.init) ?? String($0) } ?? ""
+        runtime.logger.warning("host refused", metadata: ["client": "\(clientAddress)", "listener": "\(policy.label)", "host": "\(shown)"])
+        let detail = authority == nil
+            ? "the request names no host; \(policy.label) needs a Host header naming it"
+            : "\(policy.label) answers only localhost, loopback addresses, its routes' hosts and allowed_hosts; add \(shown) to allowed_hosts if it is meant to reach bearerd"
+        refuse(status: 421, bytes: ErrorResponse.make(status: 421, error: "host_not_allowed", detail: detail, fields: [("host", shown)], close: true))
+        return false
+    }
+
+    /// Writes a refusal (403, 421) and closes: counted like other local errors, nothing forwarded.
+    private func refuse(status: Int, bytes: [UInt8]) {
+        ctx.metrics.requests[status, default: 0] += 1
+        channel.write(bytes)
+        exchange = nil
+        closing = true
+        channel.closeAfterFlush()
     }
 
     // MARK: output used by exchanges
@@ -171,6 +231,11 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         requests += 1
         headDeadlineArmed = false
         deadline = 0
+        if let refusal = peerRefusal {
+            refuse(status: 403, bytes: ErrorResponse.make(status: 403, error: "peer_not_allowed", detail: refusal, close: true))
+            return
+        }
+        if let policy, policy.checksHost, !hostAdmitted(head, policy) { return }
         let keepAlive = HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers) && !ctx.draining
         if let local {
             let ex = LocalExchange(frontend: self, responder: local, head: head, framing: framing, keepAlive: keepAlive)

@@ -16,6 +16,9 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
     public let accessLog: Bool
     let headerReadTimeout: UInt64
     let idleTimeout: UInt64
+    /// The Host allowlist of each configured listener under this configuration (its routes'
+    /// hosts included), built once here so requests only look names up.
+    let hostAllowlists: [(address: ListenAddress, allowlist: HostAllowlist)]
 
     public init(config: BearerdConfig, logger: Logger, accessLog: Bool = true, sessions: SessionManager? = nil) throws(ConfigErrors) {
         self.config = config
@@ -46,6 +49,15 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
         self.routeSessions = routeSessions
         headerReadTimeout = config.frontendTimeouts.headerRead.nanoseconds
         idleTimeout = config.frontendTimeouts.idle.nanoseconds
+        let routeHosts = config.routes.compactMap(\.host)
+        hostAllowlists = config.listeners.map { ($0.address, HostAllowlist(listener: $0, routeHosts: routeHosts)) }
+    }
+
+    /// The Host allowlist of `listener` under this configuration (built here if the listener is
+    /// not one of this configuration's, e.g. one a reload removed that still has connections).
+    func hostAllowlist(for listener: ListenerConfig) -> HostAllowlist {
+        if let entry = hostAllowlists.first(where: { $0.address == listener.address }) { return entry.allowlist }
+        return HostAllowlist(listener: listener, routeHosts: config.routes.compactMap(\.host))
     }
 }
 

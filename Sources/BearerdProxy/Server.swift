@@ -38,13 +38,13 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     public func start() throws(IOError) {
         Sys.ignoreSIGPIPE()
         sessions.start()
-        for address in runtime.config.listen {
-            let l = try bind(address, responder: extraResponder)
+        for listener in runtime.config.listeners {
+            let l = try bind(listener.address, policy: ListenerPolicy(listener), responder: extraResponder)
             listeners.append(l)
             boundAddresses.append(l.localAddress)
         }
         if let admin = runtime.config.admin {
-            let l = try bind(admin, responder: AdminResponder(server: self))
+            let l = try bind(admin, policy: nil, responder: AdminResponder(server: self))
             adminListener = l
             adminAddress = l.localAddress
         }
@@ -55,21 +55,30 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         ])
     }
 
-    private func bind(_ address: ListenAddress, responder: LocalResponder?) throws(IOError) -> Listener {
-        let contexts = self.contexts
-        let accept: (Int32, SocketAddress, EventLoop) -> Void = { fd, peer, loop in
-            let ctx = contexts[loop.index]
-            loop.runEvent {
-                let channel = SocketChannel(fd: fd, loop: loop)
-                let conn = FrontendConnection(channel: channel, ctx: ctx, peer: peer, local: responder)
-                conn.start()
-            }
-        }
+    /// Binds one listener; `policy` (nil for admin) carries its access control (unix file mode,
+    /// owner, SO_PEERCRED allowlist; Host allowlist) to every connection it accepts.
+    private func bind(_ address: ListenAddress, policy: ListenerPolicy?, responder: LocalResponder?) throws(IOError) -> Listener {
+        let accept = acceptHandler(policy: policy, responder: responder)
         switch address {
         case .tcp(let host, let port):
             return try Listener.bind(host: host, port: port, group: group, onAccept: accept)
         case .unix(let path):
-            return try Listener.bindUnix(path: path, group: group, onAccept: accept)
+            let c = policy?.config
+            return try Listener.bindUnix(path: path, mode: c?.mode ?? 0o660, owner: c?.owner, fileGroup: c?.group, group: group, onAccept: accept)
+        }
+    }
+
+    /// What a listener runs for each accepted fd: a `FrontendConnection` on the loop it was
+    /// handed to, under `policy` (SO_PEERCRED and Host checks; nil: none, as for admin).
+    func acceptHandler(policy: ListenerPolicy?, responder: LocalResponder?) -> (Int32, SocketAddress, EventLoop) -> Void {
+        let contexts = self.contexts
+        return { fd, peer, loop in
+            let ctx = contexts[loop.index]
+            loop.runEvent {
+                let channel = SocketChannel(fd: fd, loop: loop)
+                let conn = FrontendConnection(channel: channel, ctx: ctx, peer: peer, local: responder, policy: policy)
+                conn.start()
+            }
         }
     }
 

@@ -1,7 +1,18 @@
 #define _GNU_SOURCE
 #include <sys/socket.h>
+#include <errno.h>
 #include "bearerd_sys.h"
 int bearerd_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) { return accept4(fd, addr, len, flags); }
 int bearerd_stream_socket(int family) { return socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0); }
 int bearerd_SOCK_STREAM(void) { return SOCK_STREAM; }
 int bearerd_accept_flags(void) { return SOCK_NONBLOCK | SOCK_CLOEXEC; }
+int bearerd_peer_credentials(int fd, int *pid, unsigned int *uid, unsigned int *gid) {
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return -1;
+    if (len != sizeof(cred)) { errno = EINVAL; return -1; }
+    *pid = cred.pid;
+    *uid = cred.uid;
+    *gid = cred.gid;
+    return 0;
+}

@@ -34,7 +34,7 @@ struct DemoTests {
         #expect(first.status == 200)
         #expect(first.bodyText.contains("fingerprint"))
         let c = try TestClient(port: port)
-        try c.send("POST /demo/revoke HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        try c.send("POST /demo/revoke HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n")
         #expect(try c.readResponse(method: "POST").status == 200)
         let second = try TestClient.get(port: proxy.port, path: "/hello")
         #expect(second.status == 200)

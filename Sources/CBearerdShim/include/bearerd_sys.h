@@ -8,4 +8,6 @@ int bearerd_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags);
 int bearerd_stream_socket(int family);
 int bearerd_SOCK_STREAM(void);
 int bearerd_accept_flags(void);
+/* SO_PEERCRED of a connected unix socket (struct ucred needs _GNU_SOURCE). 0, or -1 with errno. */
+int bearerd_peer_credentials(int fd, int *pid, unsigned int *uid, unsigned int *gid);
 #endif
