@@ -39,10 +39,13 @@ public struct HostAllowlist: Sendable {
     }
 
     /// Whether a request whose Host (or absolute-form authority) is `authority` may be served.
-    /// A missing or malformed authority is refused.
+    /// A malformed authority is refused. A missing one (only HTTP/1.0 may omit Host; the parser
+    /// refuses HTTP/1.1 without it) is admitted: browsers, the only DNS-rebinding vector, always
+    /// send Host, and legacy HTTP/1.0 clients are the users bearerd is for.
     public func admits(_ authority: Substring?) -> Bool {
         if allowsAny { return true }
-        guard let authority, let host = HostAllowlist.hostPart(authority) else { return false }
+        guard let authority else { return true }
+        guard let host = HostAllowlist.hostPart(authority) else { return false }
         return HostAllowlist.isBuiltInLoopbackName(host) || names.contains(HostKey(host))
     }
 
