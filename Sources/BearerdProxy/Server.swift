@@ -14,6 +14,8 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     public let group: EventLoopGroup
     /// The token sessions (DESIGN §6), each on its own serial queue.
     public let sessions: SessionManager
+    /// Starting, serving or shutting down (for `/readyz`).
+    public let lifecycle = ServerLifecycle()
     private var contexts: [LoopContext] = []
     private var listeners: [Listener] = []
     private var adminListener: Listener?
@@ -48,6 +50,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             adminListener = l
             adminAddress = l.localAddress
         }
+        lifecycle.phase = .serving
         logger.info("bearerd started", metadata: [
             "listen": "\(boundAddresses.map(\.description).joined(separator: ","))",
             "loops": "\(group.loops.count)",
@@ -90,6 +93,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     /// Stops accepting, lets in-flight exchanges finish for up to `grace`, then calls `completion`
     /// (on an arbitrary queue).
     public func shutdown(grace: Duration, completion: @escaping @Sendable () -> Void) {
+        lifecycle.phase = .shuttingDown
         for l in listeners { l.stop() }
         adminListener?.stop()
         let deadline = monotonicNanos() + grace.nanoseconds
@@ -137,8 +141,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         for ctx in contexts {
             group.enter()
             ctx.loop.execute {
-                var m = ctx.metrics
-                m.openConnections = ctx.frontends.count
+                let m = ctx.metricsSnapshot()
                 lock.withLock { box.total.merge(m) }
                 group.leave()
             }
