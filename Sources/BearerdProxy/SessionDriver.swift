@@ -451,6 +451,9 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     private func resume(_ id: TokenSession.WaiterID, _ result: TokenSession.WaiterResult, afterWaiterTimeout: Bool) {
         guard let w = waiters.removeValue(forKey: id) else { return }
+        // Before the completion runs, so a caller that has its answer never sees itself counted.
+        let remaining = waiters.count
+        publishLock.withLock { publishedWaiters = remaining }
         switch w {
         case .token(let loop, let completion):
             switch result {
