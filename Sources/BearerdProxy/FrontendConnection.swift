@@ -242,6 +242,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     }
 
     private func handleParseError(_ error: HTTP1Error) {
+        let aborted = exchange != nil
         if let ex = exchange {
             let started = ex.responseStarted
             ex.abort()
@@ -253,11 +254,12 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
                 return
             }
         }
-        respondError(status: error.status, reason: error.reason, message: error.message)
+        // A request whose body was malformed was already counted on its route by its exchange.
+        respondError(status: error.status, reason: error.reason, message: error.message, counted: aborted)
     }
 
-    private func respondError(status: Int, reason: String, message: String, allow: Bool = false) {
-        ctx.metrics.countRequest(slot: 0, status: status)  // route="none": answered before routing
+    private func respondError(status: Int, reason: String, message: String, allow: Bool = false, counted: Bool = false) {
+        if !counted { ctx.metrics.countRequest(slot: 0, status: status) }  // route="none": answered before routing
         ctx.runtime.logger.info("bad request", metadata: ["client": "\(clientAddress)", "status": "\(status)", "reason": "\(reason)"])
         channel.write(ErrorResponse.make(status: status, error: reason, detail: message,
                                          extra: allow ? [("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")] : [], close: true))

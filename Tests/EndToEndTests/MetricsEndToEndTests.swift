@@ -56,7 +56,8 @@ struct MetricsEndToEndTests {
         func stop() { origin.stop() }
     }
 
-    /// An upstream that answers 401 `invalid_token` to revoked tokens and 200 otherwise.
+    /// An upstream that answers 401 `invalid_token` to revoked tokens and on paths under
+    /// `/always/`, and 200 otherwise.
     final class Upstream: @unchecked Sendable {  // @unchecked: state guarded by `lock`
         private let lock = NSLock()
         private var revoked: Set<String> = []
@@ -65,7 +66,7 @@ struct MetricsEndToEndTests {
         init() throws {
             origin = try TestOrigin { [unowned self] r in
                 let auth = r.head.headers["Authorization"] ?? ""
-                if self.lock.withLock({ self.revoked.contains(auth) }) {
+                if r.head.target.hasPrefix("/always/") || self.lock.withLock({ self.revoked.contains(auth) }) {
                     return .response(status: 401, headers: [("WWW-Authenticate", "Bearer error=\"invalid_token\"")],
                                      body: Array("revoked".utf8))
                 }
@@ -209,6 +210,50 @@ struct MetricsEndToEndTests {
         #expect((m.value("bearerd_response_body_bytes_total", [:]) ?? 0) > 0)
         #expect(tokens.count == 3)
         _ = kept
+    }
+
+    /// Rejections that are not about our token: each replay is rejected again, the sixth
+    /// forced refresh in 30 s trips the breaker, a body over `replay_body_limit` and a method
+    /// outside `replay_methods` are not replayed.
+    @Test func rejectedAgainBreakerAndUnreplayableRequests() throws {
+        let tokens = try TokenEndpoint()
+        defer { tokens.stop() }
+        let upstream = try Upstream()
+        defer { upstream.stop() }
+        var limited = Self.sessionRoute("/always/", upstream, session: "s")
+        limited.replayBodyLimit = 16
+        limited.replayMethods = .only(["GET", "POST"])
+        let proxy = try TestProxy(routes: [limited], sessions: [tokens.session("s")], admin: true)
+        defer { proxy.stop() }
+        let admin = try #require(proxy.server.adminAddress).port
+        for _ in 0..<100 where (try? TestClient.get(port: admin, path: "/readyz"))?.status != 200 {
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        for i in 0..<6 {
+            #expect(try TestClient.get(port: proxy.port, path: "/always/\(i)").status == 401)
+        }
+        let c = try TestClient(port: proxy.port)
+        let body = String(repeating: "x", count: 100)
+        try c.send("POST /always/big HTTP/1.1\r\nHost: x\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
+        #expect(try c.readResponse().status == 401)
+        try c.send("DELETE /always/gone HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(try c.readResponse().status == 401)
+
+        let m = try PrometheusParser.parse(try TestClient.get(port: admin, path: "/metrics").bodyText)
+        func replays(_ outcome: String) -> Double? { m.value("bearerd_replays_total", ["route": "/always/", "outcome": outcome]) }
+        #expect(replays("replayed_after_refresh") == 5)
+        #expect(replays("rejected_again") == 5)
+        #expect(replays("breaker_open") == 1)
+        #expect(replays("not_replayable") == 1)
+        #expect(replays("method_not_allowed") == 1)
+        #expect(replays("refresh_failed") == 0)
+        #expect(m.value("bearerd_breaker_trips_total", ["session": "s"]) == 1)
+        #expect(m.value("bearerd_forced_refreshes_total", ["session": "s"]) == 5)
+        #expect(m.value("bearerd_token_refreshes_total", ["session": "s", "reason": "rejected", "outcome": "success", "error": ""]) == 5)
+        #expect(m.value("bearerd_requests_total", ["route": "/always/", "status": "401"]) == 8)
+        // 6 first attempts, 5 replays, the POST and the DELETE.
+        #expect(m.value("bearerd_upstream_response_seconds_count", ["route": "/always/"]) == 13)
+        #expect(tokens.count == 6)
     }
 
     @Test func coalescedWaitersThenReady() throws {
