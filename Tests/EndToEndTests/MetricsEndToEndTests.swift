@@ -317,6 +317,31 @@ struct MetricsEndToEndTests {
         #expect(tokens.count == 1)
     }
 
+    /// A SIGHUP-style reload that reorders and adds routes: counters stay with their route label.
+    @Test func countersFollowRouteLabelsAcrossAReload() throws {
+        let upstream = try Upstream()
+        defer { upstream.stop() }
+        let proxy = try TestProxy(routes: [route("/a/", origin: upstream.origin.port)], admin: true)
+        defer { proxy.stop() }
+        let admin = try #require(proxy.server.adminAddress).port
+        #expect(try TestClient.get(port: proxy.port, path: "/a/1").status == 200)
+        let config = BearerdConfig(file: "<test>", listen: proxy.server.runtime.config.listen, admin: proxy.server.runtime.config.admin,
+                                   loops: 1, routes: [route("/b/", origin: upstream.origin.port), route("/a/", origin: upstream.origin.port)])
+        try proxy.server.reload(config)
+        var reloaded = false
+        for _ in 0..<100 {
+            if (try? TestClient.get(port: proxy.port, path: "/b/1"))?.status == 200 { reloaded = true; break }
+            Thread.sleep(forTimeInterval: 0.02)
+        }
+        #expect(reloaded)
+        #expect(try TestClient.get(port: proxy.port, path: "/a/2").status == 200)
+        let m = try PrometheusParser.parse(try TestClient.get(port: admin, path: "/metrics").bodyText)
+        #expect(m.value("bearerd_requests_total", ["route": "/a/", "status": "200"]) == 2)
+        #expect(m.value("bearerd_requests_total", ["route": "/b/", "status": "200"]) == 1)
+        #expect(m.value("bearerd_upstream_response_seconds_count", ["route": "/a/"]) == 2)
+        #expect(m.value("bearerd_upstream_response_seconds_count", ["route": "/b/"]) == 1)
+    }
+
     @Test func healthzAnswersJSON() throws {
         let upstream = try Upstream()
         defer { upstream.stop() }
