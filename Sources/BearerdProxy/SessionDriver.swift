@@ -165,7 +165,8 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
 ///
 /// Owns, on `queue`: the state machine, the waiters (each a caller's loop and completion),
 /// the session timer, the token request in flight, the settings and the state store.
-/// Owns, under `publishLock`: the published token (a pointer-sized copy for the hot path).
+/// Owns, under `publishLock`: the published token (a pointer-sized copy for the hot path),
+/// and what the admin endpoints read: status, expiry, waiter count, last failure, counters.
 ///
 /// Invariants: every waiter handed to the machine is completed exactly once, with
 /// `loop.execute` on its own loop; at most one token request in flight (the machine's rule);
