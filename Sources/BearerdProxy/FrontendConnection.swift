@@ -52,7 +52,6 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
 
     func start() {
         ctx.frontends[ObjectIdentifier(self)] = self
-        ctx.metrics.openConnections += 1
         ctx.loop.register(self)
         deadline = monotonicNanos() &+ ctx.runtime.headerReadTimeout
         headDeadlineArmed = true
@@ -100,7 +99,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
 
     /// Writes a refusal (403, 421) and closes: counted like other local errors, nothing forwarded.
     private func refuse(status: Int, bytes: [UInt8]) {
-        ctx.metrics.requests[status, default: 0] += 1
+        ctx.metrics.countRequest(slot: 0, status: status)  // route="none": refused before routing
         channel.write(bytes)
         exchange = nil
         closing = true
@@ -160,7 +159,6 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         deadline = 0
         ctx.loop.unregister(self)
         ctx.frontends.removeValue(forKey: ObjectIdentifier(self))
-        ctx.metrics.openConnections -= 1
     }
 
     func deadlineExpired(now: UInt64) {
@@ -259,6 +257,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         guard let routeIndex = runtime.router.match(path: parts.path, host: host) else {
             let bytes = ErrorResponse.make(status: 404, error: "no_route", detail: "no route matches \(parts.path)",
                                            close: !keepAlive || framing != .none)
+            ctx.metrics.countRequest(slot: 0, status: 404)  // route="none"
             exchange = SentExchange(framing: framing)
             channel.write(bytes)
             finishWithoutExchange(keepAlive: keepAlive && framing == .none)
@@ -308,6 +307,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     }
 
     private func handleParseError(_ error: HTTP1Error) {
+        let aborted = exchange != nil
         if let ex = exchange {
             let started = ex.responseStarted
             ex.abort()
@@ -319,11 +319,12 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
                 return
             }
         }
-        respondError(status: error.status, reason: error.reason, message: error.message)
+        // A request whose body was malformed was already counted on its route by its exchange.
+        respondError(status: error.status, reason: error.reason, message: error.message, counted: aborted)
     }
 
-    private func respondError(status: Int, reason: String, message: String, allow: Bool = false) {
-        ctx.metrics.requests[status, default: 0] += 1
+    private func respondError(status: Int, reason: String, message: String, allow: Bool = false, counted: Bool = false) {
+        if !counted { ctx.metrics.countRequest(slot: 0, status: status) }  // route="none": answered before routing
         ctx.runtime.logger.info("bad request", metadata: ["client": "\(clientAddress)", "status": "\(status)", "reason": "\(reason)"])
         channel.write(ErrorResponse.make(status: status, error: reason, detail: message,
                                          extra: allow ? [("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")] : [], close: true))

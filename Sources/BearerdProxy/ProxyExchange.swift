@@ -34,6 +34,8 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
     let head: HTTPRequestHead
     let framing: HTTP1BodyFraming
     let routeIndex: Int
+    /// This route's slot in `ctx.metrics.routes`, fixed at start (see `LoopContext.routeSlots`).
+    let metricsSlot: Int
     let target: UpstreamTarget
     let upstreamHead: HTTPRequestHead
     let logPath: Substring
@@ -54,6 +56,8 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
     private let started: UInt64
     private var upstreamStarted: UInt64 = 0
     private var upstreamHeadAt: UInt64 = 0
+    /// When the current attempt's request head was handed to the upstream connection.
+    private var headSentAt: UInt64 = 0
     private var bodyPaused = false
 
     // Token session (DESIGN §6). `session` is nil on routes without credentials.
@@ -79,6 +83,7 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
         self.head = head
         self.framing = framing
         self.routeIndex = routeIndex
+        self.metricsSlot = ctx.routeSlots[routeIndex]
         self.target = ctx.runtime.targets[routeIndex]
         self.upstreamHead = upstreamHead
         self.logPath = logPath
@@ -118,7 +123,7 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
     /// DESIGN §5: 503 JSON with Retry-After; the upstream is not called.
     private func tokenUnavailable(_ u: TokenUnavailable) {
         status = 503
-        ctx.metrics.upstreamErrors["token_unavailable", default: 0] += 1
+        ctx.metrics.countUpstreamError(slot: metricsSlot, .tokenUnavailable)
         if !requestComplete || ctx.draining { clientKeepAlive = false }
         frontend.writeRaw(ErrorResponse.make(status: 503, error: "token_unavailable", detail: u.detail,
                                              extra: [("Retry-After", String(u.retryAfterSeconds))],
@@ -154,6 +159,7 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
                 "http.method": "\(h.method)", "http.target": "\(Redaction.target(h.target))",
                 "http.headers": "\(Redaction.describe(h.headers))", "token.generation": "\(token?.generation ?? 0)"])
         }
+        headSentAt = monotonicNanos()
         conn.sendHead(h)
         if replays > 0 {
             // A replay: the whole body was kept; send it again byte for byte.
@@ -270,18 +276,25 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
             return
         }
         upstreamHeadAt = monotonicNanos()
+        if headSentAt > 0 {
+            ctx.metrics.observeUpstreamLatency(slot: metricsSlot, nanoseconds: upstreamHeadAt &- headSentAt)
+        }
         status = upstream.status
         if runtime.logger.logLevel <= .trace {
             runtime.logger.trace("upstream response", metadata: [
                 "http.status": "\(upstream.status)", "http.headers": "\(Redaction.describe(upstream.headers))"])
         }
         if let session, let token, route.rejectStatuses.contains(upstream.status) {
-            let decision = ReplayPolicy.decide(ReplayPolicy.Input(
+            let input = ReplayPolicy.Input(
                 status: upstream.status, rejectStatuses: Set(route.rejectStatuses),
                 wwwAuthenticate: upstream.headers.values("WWW-Authenticate"),
                 requestGeneration: token.generation, currentGeneration: session.currentGeneration,
                 bodyFullyKept: requestComplete && (framing == .none || keeping),
-                methodAllowed: route.replayMethods.allows(head.method), alreadyReplayed: replays > 0))
+                methodAllowed: route.replayMethods.allows(head.method), alreadyReplayed: replays > 0)
+            let decision = ReplayPolicy.decide(input)
+            if let outcome = ReplayOutcome.atDecision(input, decision) {
+                ctx.metrics.countReplay(slot: metricsSlot, outcome)
+            }
             switch decision {
             case .passThrough:
                 break
@@ -318,6 +331,7 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
                 return
             }
             // Too large to hold: give up the replay, relay the rejection, keep the token fresh.
+            ctx.metrics.countReplay(slot: metricsSlot, .rejectionTooLarge)
             releaseHeld(refresh: true)
         }
         bodyBytes &+= UInt64(bytes.count)
@@ -371,6 +385,8 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
         guard let session, let rejected = token, let h = held else { return }
         let replayWith: (PublishedToken) -> Void = { [weak self] t in
             guard let self, !self.finished else { return }
+            self.ctx.metrics.countReplay(slot: self.metricsSlot,
+                                         self.heldDecision == .replayNow ? .replayedCurrentToken : .replayedAfterRefresh)
             self.held = nil
             self.replays += 1
             self.token = t
@@ -384,6 +400,7 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
         }
         let passThrough: (String) -> Void = { [weak self] reason in
             guard let self, !self.finished, let h = self.held else { return }
+            self.ctx.metrics.countReplay(slot: self.metricsSlot, ReplayOutcome.abandoned(reason: reason))
             self.held = nil
             self.runtime.logger.warning("not replaying rejected request", metadata: ["session": "\(session.name)", "reason": "\(reason)"])
             self.sendResponseHead(h.head, framing: h.framing)
@@ -434,14 +451,15 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
 
     private func fail(_ error: ChannelError) {
         guard !finished else { return }
-        let (st, code): (Int, String)
+        let (st, kind): (Int, UpstreamErrorKind)
         switch error {
-        case .timeout: (st, code) = (504, "upstream_timeout")
-        case .tls: (st, code) = (502, "upstream_tls")
-        case .protocolError: (st, code) = (502, "upstream_invalid_response")
-        case .connect, .io: (st, code) = (502, "upstream_unreachable")
+        case .timeout: (st, kind) = (504, .upstreamTimeout)
+        case .tls: (st, kind) = (502, .upstreamTLS)
+        case .protocolError: (st, kind) = (502, .upstreamInvalidResponse)
+        case .connect, .io: (st, kind) = (502, .upstreamUnreachable)
         }
-        ctx.metrics.upstreamErrors[code, default: 0] += 1
+        let code = kind.label
+        ctx.metrics.countUpstreamError(slot: metricsSlot, kind)
         status = st
         if !requestComplete { clientKeepAlive = false }
         if ctx.draining { clientKeepAlive = false }
@@ -476,7 +494,7 @@ final class ProxyExchange: FrontendExchange, BackendConnectionDelegate {
     }
 
     private func log(outcome: String?) {
-        ctx.metrics.requests[status, default: 0] += 1
+        ctx.metrics.countRequest(slot: metricsSlot, status: status)
         ctx.metrics.responseBytes &+= bodyBytes
         guard runtime.accessLog else { return }
         let record = AccessRecord(

@@ -39,19 +39,14 @@ public enum Redaction {
         return out
     }
 
-    /// Query parameter names whose values are credentials.
-    static let sensitiveParams: [String] = [
-        "access_token", "refresh_token", "id_token", "token", "client_secret", "password", "code", "api_key", "apikey", "key", "sig", "signature",
-    ]
-
-    /// A request target with credential query values replaced by `<redacted>`.
+    /// A request target with every query value replaced by `<redacted>` (names kept): queries
+    /// carry credentials and personal data as often as not.
     public static func target(_ target: String) -> String {
         guard let q = target.firstIndex(of: "?") else { return target }
         let path = target[..<q]
         let params = target[target.index(after: q)...].split(separator: "&", omittingEmptySubsequences: false).map { p -> String in
             guard let eq = p.firstIndex(of: "=") else { return String(p) }
-            let name = p[..<eq].lowercased()
-            return sensitiveParams.contains(name) ? "\(p[..<eq])=<redacted>" : String(p)
+            return "\(p[..<eq])=<redacted>"
         }
         return path + "?" + params.joined(separator: "&")
     }

@@ -61,29 +61,21 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
     }
 }
 
-/// Per-loop counters, read by the admin `/metrics` endpoint by hopping onto each loop.
-public struct LoopMetrics: Sendable {
-    public var requests: [Int: UInt64] = [:]
-    public var upstreamErrors: [String: UInt64] = [:]
-    public var responseBytes: UInt64 = 0
-    public var openConnections: Int = 0
-
-    mutating func merge(_ o: LoopMetrics) {
-        for (k, v) in o.requests { requests[k, default: 0] += v }
-        for (k, v) in o.upstreamErrors { upstreamErrors[k, default: 0] += v }
-        responseBytes += o.responseBytes
-        openConnections += o.openConnections
-    }
-}
-
 /// The state one loop owns: its upstream pool, its frontend connections, its copy of the
 /// runtime, its metrics. Touched only on `loop`.
+///
+/// Invariant: `routeSlots[i]` is the `metrics.routes` slot of route `i` of `runtime`
+/// (recomputed whenever `runtime` is replaced; slots are never removed, so an exchange that
+/// keeps the slot it started with stays correct across a reload).
 final class LoopContext {
     let loop: EventLoop
     let pool: BackendPool
-    var runtime: ProxyRuntime
+    var runtime: ProxyRuntime {
+        didSet { if runtime !== oldValue { assignRouteSlots() } }
+    }
     var frontends: [ObjectIdentifier: FrontendConnection] = [:]
     var metrics = LoopMetrics()
+    private(set) var routeSlots: [Int] = []
     /// Set on shutdown: finish in-flight exchanges, keep no connection alive.
     var draining = false
 
@@ -91,5 +83,18 @@ final class LoopContext {
         self.loop = loop
         self.runtime = runtime
         pool = BackendPool(loop: loop)
+        assignRouteSlots()
+    }
+
+    private func assignRouteSlots() {
+        routeSlots = runtime.config.routes.map { metrics.slot(for: RouteMetrics.label(for: $0)) }
+    }
+
+    /// A copy of the counters with the gauges filled in (`/metrics`). On `loop`.
+    func metricsSnapshot() -> LoopMetrics {
+        var m = metrics
+        m.openConnections = frontends.values.reduce(0) { $0 + ($1.local is AdminResponder ? 0 : 1) }
+        m.idleUpstreamConnections = pool.idleCount
+        return m
     }
 }

@@ -165,7 +165,8 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
 ///
 /// Owns, on `queue`: the state machine, the waiters (each a caller's loop and completion),
 /// the session timer, the token request in flight, the settings and the state store.
-/// Owns, under `publishLock`: the published token (a pointer-sized copy for the hot path).
+/// Owns, under `publishLock`: the published token (a pointer-sized copy for the hot path),
+/// and what the admin endpoints read: status, expiry, waiter count, last failure, counters.
 ///
 /// Invariants: every waiter handed to the machine is completed exactly once, with
 /// `loop.execute` on its own loop; at most one token request in flight (the machine's rule);
@@ -183,6 +184,9 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private var published: PublishedToken?
     private var publishedGeneration: UInt64 = 0
     private var publishedStatus: TokenSession.Status = .idle
+    private var publishedExpiresAt: UInt64?
+    private var publishedWaiters = 0
+    private var lastFailureDetail: String?
     private var counters = SessionMetrics()
 
     // Session queue only.
@@ -281,6 +285,15 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         publishLock.withLock { counters }
     }
 
+    /// Counters, gauges and readiness facts in one consistent read (for `/metrics` and
+    /// `/readyz`). Thread-safe; carries no token.
+    public var snapshot: SessionSnapshot {
+        publishLock.withLock {
+            SessionSnapshot(name: name, counters: counters, status: publishedStatus, generation: publishedGeneration,
+                            expiresAt: publishedExpiresAt, waiters: publishedWaiters, lastFailure: lastFailureDetail)
+        }
+    }
+
     private func count(_ body: (inout SessionMetrics) -> Void) {
         publishLock.withLock { body(&counters) }
     }
@@ -319,6 +332,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             timerSerial &+= 1
             let pending = waiters
             waiters = [:]
+            publishLock.withLock { publishedWaiters = 0 }
             inFlight?.cancel(detail: "session stopped")
             inFlight = nil
             store?.unlock()
@@ -345,11 +359,17 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         return id
     }
 
-    private func run(_ actions: [TokenSession.StateMachine.Action]) {
+    /// - Parameter afterWaiterTimeout: the actions answer `waiterTimedOut` (a token given to a
+    ///   waiter then is counted as a `wait_timeout` stale serve).
+    private func run(_ actions: [TokenSession.StateMachine.Action], afterWaiterTimeout: Bool = false) {
         guard !stopped else { return }
         defer {
             let s = machine.status
-            publishLock.withLock { publishedStatus = s }
+            let w = waiters.count
+            publishLock.withLock {
+                publishedStatus = s
+                publishedWaiters = w
+            }
         }
         for action in actions {
             switch action {
@@ -361,11 +381,13 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                     performFetch(request)
                 }
             case .resumeWaiters(let ids, let result):
-                for id in ids { resume(id, result) }
+                for id in ids { resume(id, result, afterWaiterTimeout: afterWaiterTimeout) }
             case .scheduleWaiterTimeout(let id, let at):
+                // Only a waiter that is kept waiting gets a timeout: one who waits for the shared fetch.
+                count { $0.waits += 1 }
                 queue.schedule(after: max(.zero, at - now())) { [weak self] in
                     guard let self, !self.stopped, self.waiters[id] != nil else { return }
-                    self.run(self.machine.waiterTimedOut(waiter: id, now: self.now()))
+                    self.run(self.machine.waiterTimedOut(waiter: id, now: self.now()), afterWaiterTimeout: true)
                 }
             case .scheduleRefresh(let at):
                 armTimer(at: at, retry: false)
@@ -410,8 +432,10 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     private func publish(_ token: TokenSession.CurrentToken?) {
         let p = token.map(convert)
+        let expiresAt = token?.expiresAt.nanoseconds
         publishLock.withLock {
             published = p
+            publishedExpiresAt = expiresAt
             if let p { publishedGeneration = p.generation }
         }
     }
@@ -427,12 +451,21 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         return p
     }
 
-    private func resume(_ id: TokenSession.WaiterID, _ result: TokenSession.WaiterResult) {
+    private func resume(_ id: TokenSession.WaiterID, _ result: TokenSession.WaiterResult, afterWaiterTimeout: Bool) {
         guard let w = waiters.removeValue(forKey: id) else { return }
+        // Before the completion runs, so a caller that has its answer never sees itself counted.
+        let remaining = waiters.count
+        publishLock.withLock { publishedWaiters = remaining }
         switch w {
         case .token(let loop, let completion):
             switch result {
             case .token(let t):
+                if !t.isUsableWithoutWaiting(at: now()) {
+                    // Past its hard point or rejected, still before expiry (DESIGN §6 "Hard margin").
+                    let reason: StaleTokenReason = afterWaiterTimeout ? .waitTimeout
+                        : (machine.status == .ready ? .noProgress : .refreshFailed)
+                    count { $0.staleServes[reason.rawValue] += 1 }
+                }
                 let p = convert(t)
                 loop.execute { completion(.success(p)) }
             case .failure(let u):
@@ -514,7 +547,11 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         let durationMs = (monotonicNanos() &- startedAt) / 1_000_000
         switch result {
         case .success(let grant):
-            count { if adopted { $0.tokensAdopted += 1 } else { $0.tokensObtained += 1 } }
+            count {
+                if adopted { $0.tokensAdopted += 1 } else { $0.tokensObtained += 1 }
+                $0.refreshes[TokenRefreshKey(reason: request.reason.rawValue, outcome: adopted ? "adopted" : "success", error: ""), default: 0] += 1
+            }
+            publishLock.withLock { lastFailureDetail = nil }
             if self.grant == .refreshToken { store?.clearNeedsReauthentication() }
             // Logged before the actions run, so the line precedes the token's delivery.
             let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
@@ -530,12 +567,16 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             run(actions)
         case .failure(let serverFailure):
             let failure = scrubbed(serverFailure)
-            count {
+            let key = TokenRefreshKey(reason: request.reason.rawValue, outcome: "failure",
+                                      error: TokenRefreshKey.errorLabel(for: failure))
+            publishLock.withLock {
                 switch failure.classification {
-                case .retryable: $0.failuresRetryable += 1
-                case .permanent: $0.failuresPermanent += 1
-                case .invalidGrant: $0.failuresInvalidGrant += 1
+                case .retryable: counters.failuresRetryable += 1
+                case .permanent: counters.failuresPermanent += 1
+                case .invalidGrant: counters.failuresInvalidGrant += 1
                 }
+                counters.refreshes[key, default: 0] += 1
+                lastFailureDetail = failure.detail
             }
             var m = failureMetadata(failure)
             m["token.reason"] = "\(request.reason.rawValue)"

@@ -2,7 +2,7 @@ import BearerdOAuth
 
 /// Counters of one token session, for `/metrics` (one counter per outcome, failures
 /// classified). Monotonic since the session was created. A value snapshot: read it with
-/// `TokenSessionDriver.metrics`.
+/// `TokenSessionDriver.metrics` or `TokenSessionDriver.snapshot`.
 public struct SessionMetrics: Sendable, Equatable {
     /// Token requests sent to the token endpoint (attempts, retries included).
     public var tokenRequests: UInt64 = 0
@@ -20,6 +20,103 @@ public struct SessionMetrics: Sendable, Equatable {
     public var forcedRefreshes: UInt64 = 0
     /// Times the rejection breaker opened.
     public var breakerTrips: UInt64 = 0
+    /// Every finished token fetch attempt, by what triggered it, how it ended and why.
+    public var refreshes: [TokenRefreshKey: UInt64] = [:]
+    /// Callers (requests, or rejected requests waiting to replay) that waited for a shared fetch.
+    public var waits: UInt64 = 0
+    /// Tokens handed to waiting callers although past their hard point or rejected (but not
+    /// expired), indexed by `StaleTokenReason.rawValue`.
+    public var staleServes: [UInt64] = Array(repeating: 0, count: StaleTokenReason.allCases.count)
 
     public init() {}
+}
+
+/// The labels of `bearerd_token_refreshes_total`: one finished token fetch attempt.
+public struct TokenRefreshKey: Sendable, Hashable {
+    /// `TokenSession.FetchRequest.Reason`: `start`, `soft`, `hard`, `rejected`.
+    public var reason: String
+    /// `success` (from the token endpoint), `adopted` (from the state file), `failure`.
+    public var outcome: String
+    /// `""` on success; else `errorLabel(for:)`.
+    public var error: String
+
+    public init(reason: String, outcome: String, error: String) {
+        self.reason = reason
+        self.outcome = outcome
+        self.error = error
+    }
+
+    /// RFC 6749 §5.2 token endpoint error codes, and the two of §4.1.2.1 that token endpoints also send.
+    static let oauthErrors: Set<String> = [
+        "invalid_request", "invalid_client", "invalid_grant", "unauthorized_client", "unsupported_grant_type",
+        "invalid_scope", "server_error", "temporarily_unavailable",
+    ]
+
+    /// The `error` label of a failure, from a bounded vocabulary (a server cannot make up
+    /// label values): the RFC 6749 `error` when it is a registered code, `other_oauth_error`
+    /// for any other `error`, `transport` when no HTTP response came, `http_4xx` / `http_5xx`
+    /// for an error status without an `error` member, else bearerd's own reason without its
+    /// `token.` prefix (`malformed_json`, `missing_access_token`, `unsupported_token_type`,
+    /// `response_too_large`, `no_refresh_token`, …).
+    public static func errorLabel(for f: TokenEndpointFailure) -> String {
+        if let code = f.oauthError {
+            return oauthErrors.contains(code) ? code : "other_oauth_error"
+        }
+        if f.isTransport { return "transport" }
+        if let status = f.status, f.reason == "token.http_\(status)" {
+            return "http_\(status / 100)xx"
+        }
+        return f.reason.hasPrefix("token.") ? String(f.reason.dropFirst(6)) : f.reason
+    }
+}
+
+/// Why a waiting caller was given a token that is no longer served without waiting.
+public enum StaleTokenReason: Int, CaseIterable, Sendable {
+    /// The refresh failed (retry pending, negative-cached, or a new refresh token is needed).
+    case refreshFailed
+    /// The caller's wait bound ran out (`Policy.serveValidTokenOnWaitTimeout`).
+    case waitTimeout
+    /// The server returned no newer token and the no-progress guard holds the next refresh back.
+    case noProgress
+
+    public var label: String {
+        switch self {
+        case .refreshFailed: "refresh_failed"
+        case .waitTimeout: "wait_timeout"
+        case .noProgress: "no_progress"
+        }
+    }
+}
+
+/// One consistent read of a session for the admin endpoints (`TokenSessionDriver.snapshot`).
+/// Carries no token: only its generation and expiry.
+public struct SessionSnapshot: Sendable {
+    public var name: String
+    public var counters: SessionMetrics
+    public var status: TokenSession.Status
+    /// Generation of the current token, 0 before the first.
+    public var generation: UInt64
+    /// Monotonic nanoseconds at which the current token expires; nil while the session has none.
+    public var expiresAt: UInt64?
+    /// Callers waiting for the session now.
+    public var waiters: Int
+    /// The last token endpoint failure (scrubbed of secrets, as in the 503 bodies), cleared by a success.
+    public var lastFailure: String?
+
+    public init(name: String, counters: SessionMetrics = SessionMetrics(), status: TokenSession.Status = .idle,
+                generation: UInt64 = 0, expiresAt: UInt64? = nil, waiters: Int = 0, lastFailure: String? = nil) {
+        self.name = name
+        self.counters = counters
+        self.status = status
+        self.generation = generation
+        self.expiresAt = expiresAt
+        self.waiters = waiters
+        self.lastFailure = lastFailure
+    }
+
+    /// The session holds a token that has not expired at `now` (monotonic nanoseconds).
+    public func holdsValidToken(now: UInt64) -> Bool {
+        guard let expiresAt else { return false }
+        return now < expiresAt
+    }
 }

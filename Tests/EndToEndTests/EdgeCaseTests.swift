@@ -161,6 +161,6 @@ struct EdgeCaseTests {
         #expect(try TestClient.get(port: adminPort, path: "/readyz").status == 200)
         let m = try TestClient.get(port: adminPort, path: "/metrics")
         #expect(m.status == 200)
-        #expect(m.bodyText.contains("bearerd_requests_total{status=\"200\"} 1"))
+        #expect(m.bodyText.contains("bearerd_requests_total{route=\"/\",status=\"200\"} 1"))
     }
 }

@@ -1,0 +1,212 @@
+import BearerdHTTP
+import BearerdIO
+import BearerdOAuth
+
+/// Where the server is in its life, for `/readyz`: `starting` until `start()` has bound every
+/// listener, `serving`, then `shuttingDown` from the moment `shutdown` is called.
+///
+/// Owns the phase; written by the controlling thread, read by the admin responder on any
+/// loop, guarded by `lock`.
+public final class ServerLifecycle: @unchecked Sendable {  // @unchecked: `current` is guarded by `lock`
+    public enum Phase: Sendable, Equatable {
+        case starting, serving, shuttingDown
+    }
+
+    private let lock = Lock()
+    private var current = Phase.starting
+
+    public init() {}
+
+    public var phase: Phase {
+        get { lock.withLock { current } }
+        set { lock.withLock { current = newValue } }
+    }
+}
+
+/// The admin endpoints (README "Metrics"):
+/// - `GET /healthz`: 200 `{"status":"ok"}` while the process serves (also while shutting down).
+/// - `GET /readyz`: 200 `{"status":"ready"}` once the listeners are bound and every session
+///   holds an unexpired token; otherwise 503 with a JSON body saying what is missing.
+/// - `GET /metrics`: the Prometheus text format 0.0.4.
+///
+/// Holds only a weak reference to the server; every answer is built from snapshots (the
+/// loops' counters are gathered by hopping onto each loop, the sessions' under their locks).
+final class AdminResponder: LocalResponder, @unchecked Sendable {  // @unchecked: `server` is weak and only read
+    weak var server: BearerdServer?
+    init(server: BearerdServer) { self.server = server }
+
+    static let jsonType = "application/json"
+    static let metricsType = "text/plain; version=0.0.4; charset=utf-8"
+
+    func respond(to head: HTTPRequestHead, body: [UInt8], loop: EventLoop, reply: @escaping (HTTPResponseHead, [UInt8]) -> Void) {
+        let path = head.target.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.target
+        @Sendable func send(_ status: Int, _ s: String, type: String) {
+            var headers = HTTPHeaders()
+            headers.add("Content-Type", type)
+            headers.add("Cache-Control", "no-store")
+            reply(HTTPResponseHead(status: status, reason: ErrorResponse.reasonPhrase(status), headers: headers), Array(s.utf8))
+        }
+        guard head.method == "GET" || head.method == "HEAD" else {
+            send(405, "{\"error\":\"method_not_allowed\"}\n", type: Self.jsonType)
+            return
+        }
+        switch path {
+        case "/healthz":
+            send(200, "{\"status\":\"ok\"}\n", type: Self.jsonType)
+        case "/readyz":
+            let r = Self.readiness(phase: server?.lifecycle.phase ?? .shuttingDown,
+                                   sessions: server.map(Self.sessionSnapshots) ?? [], now: monotonicNanos())
+            send(r.status, r.body, type: Self.jsonType)
+        case "/metrics":
+            guard let server else {
+                send(503, "{\"status\":\"shutting_down\"}\n", type: Self.jsonType)
+                return
+            }
+            server.collectMetrics { [weak server] m in
+                let sessions = server.map(Self.sessionSnapshots) ?? []
+                let text = Self.renderMetrics(m, sessions: sessions, now: monotonicNanos())
+                loop.execute { send(200, text, type: Self.metricsType) }
+            }
+        default:
+            send(404, "{\"error\":\"not_found\"}\n", type: Self.jsonType)
+        }
+    }
+
+    static func sessionSnapshots(_ server: BearerdServer) -> [SessionSnapshot] {
+        server.sessions.sessionNames.compactMap { server.sessions.session(named: $0)?.snapshot }
+    }
+
+    // MARK: /readyz
+
+    /// The `/readyz` answer. 200 `{"status":"ready"}`; else 503 with `{"status":"starting"}`,
+    /// `{"status":"shutting_down"}`, or `{"status":"not_ready","missing":[…]}` with one entry
+    /// per session without an unexpired token: `session`, `state` (`idle`, `fetching`,
+    /// `backing_off`, `negative_cached`, `needs_reauthentication`, `expired`), `retry_in_s`
+    /// when a retry is scheduled, and `detail` (the last token endpoint failure as in the 503
+    /// bodies, scrubbed of secrets, else why there is no token yet).
+    static func readiness(phase: ServerLifecycle.Phase, sessions: [SessionSnapshot], now: UInt64) -> (status: Int, body: String) {
+        switch phase {
+        case .starting: return (503, "{\"status\":\"starting\"}\n")
+        case .shuttingDown: return (503, "{\"status\":\"shutting_down\"}\n")
+        case .serving: break
+        }
+        var missing: [String] = []
+        for s in sessions where !s.holdsValidToken(now: now) {
+            var retryAt: UInt64?
+            let state: String
+            switch s.status {
+            case .idle: state = "idle"
+            case .fetching: state = "fetching"
+            case .ready: state = "expired"
+            case .backingOff(let until): state = "backing_off"; retryAt = until.nanoseconds
+            case .negativeCached(let until): state = "negative_cached"; retryAt = until.nanoseconds
+            case .needsReauthentication: state = "needs_reauthentication"
+            }
+            var entry = "{\"session\":" + ErrorResponse.jsonString(s.name) + ",\"state\":" + ErrorResponse.jsonString(state)
+            if let retryAt {
+                let ns = retryAt > now ? retryAt - now : 0
+                entry += ",\"retry_in_s\":" + String((ns + 999_999_999) / 1_000_000_000)
+            }
+            let detail = s.lastFailure ?? (s.expiresAt == nil ? "no token yet" : "the token has expired")
+            entry += ",\"detail\":" + ErrorResponse.jsonString(detail) + "}"
+            missing.append(entry)
+        }
+        if missing.isEmpty { return (200, "{\"status\":\"ready\"}\n") }
+        return (503, "{\"status\":\"not_ready\",\"missing\":[" + missing.joined(separator: ",") + "]}\n")
+    }
+
+    // MARK: /metrics
+
+    /// The whole exposition: proxy families from the loops' summed counters, then session
+    /// families. Every family documented in README "Metrics"; names are stable.
+    static func renderMetrics(_ m: LoopMetrics, sessions: [SessionSnapshot], now: UInt64) -> String {
+        var w = PrometheusText()
+        w.family("bearerd_build_info", .gauge, help: "Always 1; the version label says which bearerd runs.")
+        w.sample("bearerd_build_info", [("version", BearerdVersion.string)], 1)
+
+        // Routes in slot order: "none" first, then configuration order (routes a reload
+        // removed keep their series until restart).
+        let routes = m.routes
+
+        w.family("bearerd_requests_total", .counter,
+                 help: "Requests answered to clients, by route and status (route=\"none\": no route matched or answered before routing; status=\"0\": the client left before a response).")
+        for r in routes {
+            for (status, n) in r.statuses.sorted(by: { $0.key < $1.key }) {
+                w.sample("bearerd_requests_total", [("route", r.label), ("status", String(status))], n)
+            }
+        }
+
+        w.family("bearerd_upstream_errors_total", .counter,
+                 help: "Routed requests answered by bearerd with an error instead of an upstream response, by route and error.")
+        for r in routes where r.upstreamErrors.contains(where: { $0 > 0 }) {
+            for kind in UpstreamErrorKind.allCases {
+                w.sample("bearerd_upstream_errors_total", [("route", r.label), ("error", kind.label)], r.upstreamErrors[kind.rawValue])
+            }
+        }
+
+        w.family("bearerd_upstream_response_seconds", .histogram,
+                 help: "Time from sending the request head upstream to the upstream's final response head, by route.")
+        for r in routes where r.label != RouteMetrics.noRoute {
+            w.histogram("bearerd_upstream_response_seconds", [("route", r.label)], r.upstreamLatency)
+        }
+
+        w.family("bearerd_replays_total", .counter,
+                 help: "Upstream rejections (reject_statuses) by route and what became of them (replayed or why not).")
+        for r in routes where r.replays.contains(where: { $0 > 0 }) {
+            for outcome in ReplayOutcome.allCases {
+                w.sample("bearerd_replays_total", [("route", r.label), ("outcome", outcome.label)], r.replays[outcome.rawValue])
+            }
+        }
+
+        w.family("bearerd_response_body_bytes_total", .counter, help: "Response body bytes relayed to clients.")
+        w.sample("bearerd_response_body_bytes_total", [], m.responseBytes)
+        w.family("bearerd_open_connections", .gauge, help: "Client connections open now on the proxy listeners.")
+        w.sample("bearerd_open_connections", [], m.openConnections)
+        w.family("bearerd_upstream_idle_connections", .gauge, help: "Idle keep-alive upstream connections in the pools.")
+        w.sample("bearerd_upstream_idle_connections", [], m.idleUpstreamConnections)
+
+        guard !sessions.isEmpty else { return w.text }
+        func perSession(_ name: String, _ kind: PrometheusText.Kind, _ help: String, _ value: (SessionSnapshot) -> UInt64) {
+            w.family(name, kind, help: help)
+            for s in sessions { w.sample(name, [("session", s.name)], value(s)) }
+        }
+        perSession("bearerd_token_requests_total", .counter, "Token endpoint requests sent (retries included).") { $0.counters.tokenRequests }
+
+        w.family("bearerd_token_refreshes_total", .counter,
+                 help: "Finished token fetch attempts by session, reason (start, soft, hard, rejected), outcome (success, adopted, failure) and error.")
+        for s in sessions {
+            let keys = s.counters.refreshes.keys.sorted { ($0.reason, $0.outcome, $0.error) < ($1.reason, $1.outcome, $1.error) }
+            for k in keys {
+                w.sample("bearerd_token_refreshes_total",
+                         [("session", s.name), ("reason", k.reason), ("outcome", k.outcome), ("error", k.error)],
+                         s.counters.refreshes[k] ?? 0)
+            }
+        }
+        perSession("bearerd_forced_refreshes_total", .counter, "Refreshes started because an upstream rejected the current token.") { $0.counters.forcedRefreshes }
+        perSession("bearerd_breaker_trips_total", .counter, "Times the rejection breaker opened.") { $0.counters.breakerTrips }
+        perSession("bearerd_token_waits_total", .counter, "Callers that waited for a shared token fetch.") { $0.counters.waits }
+        w.family("bearerd_token_waiters", .gauge, help: "Callers waiting for a shared token fetch now.")
+        for s in sessions { w.sample("bearerd_token_waiters", [("session", s.name)], s.waiters) }
+
+        w.family("bearerd_stale_token_serves_total", .counter,
+                 help: "Tokens handed to waiting callers past their hard point or after a rejection (but before expiry), by reason.")
+        for s in sessions {
+            for reason in StaleTokenReason.allCases {
+                w.sample("bearerd_stale_token_serves_total", [("session", s.name), ("reason", reason.label)],
+                         s.counters.staleServes[reason.rawValue])
+            }
+        }
+
+        w.family("bearerd_token_expiry_seconds", .gauge,
+                 help: "Seconds until the session's current token expires (0 once expired; absent while the session has no token).")
+        for s in sessions {
+            guard let expiresAt = s.expiresAt else { continue }
+            let seconds = expiresAt > now ? Double(expiresAt - now) / 1e9 : 0
+            w.sample("bearerd_token_expiry_seconds", [("session", s.name)], (seconds * 1000).rounded() / 1000)
+        }
+        perSession("bearerd_token_generation", .gauge, "Generation of the session's current token (0 before the first).") { $0.generation }
+        w.family("bearerd_session_ready", .gauge, help: "1 when the session holds an unexpired token, else 0.")
+        for s in sessions { w.sample("bearerd_session_ready", [("session", s.name)], s.holdsValidToken(now: now) ? 1 : 0) }
+        return w.text
+    }
+}
