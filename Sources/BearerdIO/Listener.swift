@@ -143,6 +143,11 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         return Listener(fd: fd, local: local, unixPath: unixFile?.path, group: group, onAccept: onAccept)
     }
 
+    /// Gives a listening socket file a new owner, group and mode (a reload changed them).
+    public static func applyUnixPermissions(path: String, mode: UInt32, owner: UInt32?, group: UInt32?) throws(IOError) {
+        try applyFileSettings(UnixFileSettings(path: path, mode: mode, owner: owner, group: group))
+    }
+
     /// Owner, group, then mode of a freshly bound socket file (still mode 0, not yet listening).
     private static func applyFileSettings(_ file: UnixFileSettings) throws(IOError) {
         let shown = "unix:" + file.path

@@ -17,13 +17,17 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     /// Starting, serving or shutting down (for `/readyz`).
     public let lifecycle = ServerLifecycle()
     private var contexts: [LoopContext] = []
-    private var listeners: [Listener] = []
+    /// The proxy listeners in force, in `runtime.config.listeners` order.
+    private var running: [RunningListener] = []
     private var adminListener: Listener?
     public private(set) var boundAddresses: [SocketAddress] = []
     public private(set) var adminAddress: SocketAddress?
     private let logger: Logger
     private let extraResponder: LocalResponder?
     private var adminContexts: [LoopContext] = []
+    /// Where scrapes and the shutdown poll gather the loops' answers: a queue of our own, so a
+    /// busy global pool (DNS lookups block threads there) cannot stall /metrics or a drain.
+    private let controlQueue = DispatchQueue(label: "bearerd.control")
 
     /// - Parameter responder: when set, every listener answers locally instead of proxying (demo and test upstreams).
     public init(config: BearerdConfig, logger: Logger, accessLog: Bool = true, responder: LocalResponder? = nil,
@@ -41,12 +45,13 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         Sys.ignoreSIGPIPE()
         sessions.start()
         for listener in runtime.config.listeners {
-            let l = try bind(listener.address, policy: ListenerPolicy(listener), responder: extraResponder)
-            listeners.append(l)
-            boundAddresses.append(l.localAddress)
+            let box = PolicyBox(ListenerPolicy(listener))
+            let l = try bind(listener.address, policy: box, responder: extraResponder)
+            running.append(RunningListener(config: listener, listener: l, policy: box))
         }
+        boundAddresses = running.map(\.listener.localAddress)
         if let admin = runtime.config.admin {
-            let l = try bind(admin, policy: nil, responder: AdminResponder(server: self))
+            let l = try bind(admin, policy: PolicyBox(nil), responder: AdminResponder(server: self))
             adminListener = l
             adminAddress = l.localAddress
         }
@@ -60,23 +65,24 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
 
     /// Binds one listener; `policy` (nil for admin) carries its access control (unix file mode,
     /// owner, SO_PEERCRED allowlist; Host allowlist) to every connection it accepts.
-    private func bind(_ address: ListenAddress, policy: ListenerPolicy?, responder: LocalResponder?) throws(IOError) -> Listener {
+    private func bind(_ address: ListenAddress, policy: PolicyBox, responder: LocalResponder?) throws(IOError) -> Listener {
         let accept = acceptHandler(policy: policy, responder: responder)
         switch address {
         case .tcp(let host, let port):
             return try Listener.bind(host: host, port: port, group: group, onAccept: accept)
         case .unix(let path):
-            let c = policy?.config
+            let c = policy.policy?.config
             return try Listener.bindUnix(path: path, mode: c?.mode ?? 0o660, owner: c?.owner, fileGroup: c?.group, group: group, onAccept: accept)
         }
     }
 
     /// What a listener runs for each accepted fd: a `FrontendConnection` on the loop it was
     /// handed to, under `policy` (SO_PEERCRED and Host checks; nil: none, as for admin).
-    func acceptHandler(policy: ListenerPolicy?, responder: LocalResponder?) -> (Int32, SocketAddress, EventLoop) -> Void {
+    func acceptHandler(policy box: PolicyBox, responder: LocalResponder?) -> (Int32, SocketAddress, EventLoop) -> Void {
         let contexts = self.contexts
         return { fd, peer, loop in
             let ctx = contexts[loop.index]
+            let policy = box.policy  // as of the accept: a reload may change it
             loop.runEvent {
                 let channel = SocketChannel(fd: fd, loop: loop)
                 let conn = FrontendConnection(channel: channel, ctx: ctx, peer: peer, local: responder, policy: policy)
@@ -85,27 +91,90 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         }
     }
 
-    /// Installs a new configuration (SIGHUP). Listener changes need a restart and are reported.
+    /// Installs a new configuration (SIGHUP): sessions, routes and limits for the next request
+    /// on every connection; listeners added are bound and listeners removed stop accepting
+    /// (their open connections finish); a listener kept gets its new access control. If a new
+    /// listener cannot be bound, nothing changes and the error says which (`listen[i]`).
     /// `accessLog`: whether to write access lines from now on (nil: as before).
     public func reload(_ config: BearerdConfig, accessLog: Bool? = nil,
                        environment: [String: String] = ProcessInfo.processInfo.environment) throws(ConfigErrors) {
-        try sessions.reload(config, environment: environment)
-        let next = try ProxyRuntime(config: config, logger: logger, accessLog: accessLog ?? runtime.accessLog, sessions: sessions)
-        if config.listen != runtime.config.listen || config.admin != runtime.config.admin {
-            logger.warning("listen/admin changes take effect after a restart")
+        let oldAdmin = runtime.config.admin
+        // 1. Bind what is new first: a failure here leaves everything as it was.
+        var added: [RunningListener] = []
+        func undo() { for a in added { a.listener.stop() } }
+        for (i, l) in config.listeners.enumerated() where !running.contains(where: { $0.config.address == l.address }) {
+            let box = PolicyBox(ListenerPolicy(l))
+            do throws(IOError) {
+                added.append(RunningListener(config: l, listener: try bind(l.address, policy: box, responder: extraResponder), policy: box))
+            } catch {
+                undo()
+                throw ConfigErrors([ConfigError(file: config.file, line: l.line, key: "listen[\(i)]", message: "cannot listen on \(l.address): \(error)")])
+            }
+        }
+        var newAdmin: Listener?
+        if let admin = config.admin, admin != oldAdmin {
+            do throws(IOError) {
+                newAdmin = try bind(admin, policy: PolicyBox(nil), responder: AdminResponder(server: self))
+            } catch {
+                undo()
+                throw ConfigErrors([ConfigError(file: config.file, line: 0, key: "admin", message: "cannot listen on \(admin): \(error)")])
+            }
+        }
+        // 2. Sessions and the runtime.
+        let next: ProxyRuntime
+        do throws(ConfigErrors) {
+            try sessions.reload(config, environment: environment)
+            next = try ProxyRuntime(config: config, logger: logger, accessLog: accessLog ?? runtime.accessLog, sessions: sessions)
+        } catch {
+            undo()
+            newAdmin?.stop()
+            throw error
         }
         runtime = next
         for ctx in contexts {
             ctx.loop.execute { ctx.runtime = next }
         }
-        logger.info("configuration reloaded", metadata: ["routes": "\(config.routes.count)"])
+        // 3. Listeners: keep (with new settings), add, remove.
+        var kept: [RunningListener] = []
+        for l in config.listeners {
+            if let a = added.first(where: { $0.config.address == l.address }) {
+                kept.append(a)
+                logger.info("listener added", metadata: ["listen": "\(a.listener.localAddress)"])
+            } else if var r = running.first(where: { $0.config.address == l.address }) {
+                if r.config != l {
+                    r.policy.policy = ListenerPolicy(l)
+                    if case .unix(let path) = l.address, l.mode != r.config.mode || l.owner != r.config.owner || l.group != r.config.group {
+                        do throws(IOError) {
+                            try Listener.applyUnixPermissions(path: path, mode: l.mode, owner: l.owner, group: l.group)
+                        } catch {
+                            logger.error("cannot change the socket file's owner or mode", metadata: ["listen": "\(l.address)", "error": "\(error)"])
+                        }
+                    }
+                    r.config = l
+                }
+                kept.append(r)
+            }
+        }
+        for r in running where !config.listeners.contains(where: { $0.address == r.config.address }) {
+            r.listener.stop()
+            logger.info("listener removed; its open connections finish", metadata: ["listen": "\(r.listener.localAddress)"])
+        }
+        running = kept
+        boundAddresses = running.map(\.listener.localAddress)
+        if config.admin != oldAdmin {
+            adminListener?.stop()
+            adminListener = newAdmin
+            adminAddress = newAdmin?.localAddress
+            logger.info("admin listener moved", metadata: ["admin": "\(adminAddress.map { "\($0)" } ?? "none")"])
+        }
+        logger.info("configuration reloaded", metadata: ["routes": "\(config.routes.count)", "listeners": "\(running.count)"])
     }
 
     /// Stops accepting, lets in-flight exchanges finish for up to `grace`, then calls `completion`
     /// (on an arbitrary queue).
     public func shutdown(grace: Duration, completion: @escaping @Sendable () -> Void) {
         lifecycle.phase = .shuttingDown
-        for l in listeners { l.stop() }
+        for r in running { r.listener.stop() }
         adminListener?.stop()
         let deadline = monotonicNanos() + grace.nanoseconds
         for ctx in contexts {
@@ -116,6 +185,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         }
         let contexts = self.contexts
         let sessions = self.sessions
+        let controlQueue = self.controlQueue
         @Sendable func poll() {
             let group = DispatchGroup()
             let counter = Counter()
@@ -126,7 +196,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
                     group.leave()
                 }
             }
-            group.notify(queue: .global()) {
+            group.notify(queue: controlQueue) {
                 if counter.value == 0 || monotonicNanos() >= deadline {
                     for ctx in contexts {
                         ctx.loop.execute {
@@ -135,9 +205,9 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
                         }
                     }
                     sessions.stop()
-                    DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) { completion() }
+                    controlQueue.asyncAfter(deadline: .now() + .milliseconds(50)) { completion() }
                 } else {
-                    DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) { poll() }
+                    controlQueue.asyncAfter(deadline: .now() + .milliseconds(50)) { poll() }
                 }
             }
         }
@@ -157,7 +227,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
                 group.leave()
             }
         }
-        group.notify(queue: .global()) {
+        group.notify(queue: controlQueue) {
             completion(lock.withLock { box.total })
         }
     }
@@ -174,4 +244,24 @@ final class Counter: @unchecked Sendable {  // @unchecked: guarded by `lock`
     private var v = 0
     func add(_ n: Int) { lock.withLock { v += n } }
     var value: Int { lock.withLock { v } }
+}
+
+/// One proxy listener in force: its configuration, its socket and the access-control policy
+/// its accept handler reads (swapped by a reload). Owned by `BearerdServer`'s controlling thread.
+struct RunningListener {
+    var config: ListenerConfig
+    let listener: Listener
+    let policy: PolicyBox
+}
+
+/// The policy a listener's accept handler applies to each new connection; a reload replaces it.
+/// Read on the accepting loop, written on the controlling thread, under `lock`.
+final class PolicyBox: @unchecked Sendable {  // @unchecked: `value` guarded by `lock`
+    private let lock = Lock()
+    private var value: ListenerPolicy?
+    init(_ policy: ListenerPolicy?) { value = policy }
+    var policy: ListenerPolicy? {
+        get { lock.withLock { value } }
+        set { lock.withLock { value = newValue } }
+    }
 }

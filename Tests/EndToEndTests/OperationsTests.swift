@@ -203,6 +203,33 @@ struct OperationsTests {
         #expect(b.logs.contains("invalid_client"))
     }
 
+    @Test func sighupMovesTheListenerWithoutDroppingOpenConnections() throws {
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        let dir = try RunningBearerd.tempDir("relisten")
+        let first = try RunningBearerd.freePort(), second = try RunningBearerd.freePort()
+        func yaml(_ ports: [UInt16]) -> String {
+            "listen: [\(ports.map { "127.0.0.1:\($0)" }.joined(separator: ", "))]\nloops: 1\nroutes:\n  - match: /\n    upstream: http://127.0.0.1:\(origin.port)\n"
+        }
+        let b = try RunningBearerd(config: yaml([first]), dir: dir)
+        defer { _ = b.stop() }
+        #expect(b.waitServing(port: first)?.status == 200)
+        let open = try TestClient(port: first)
+        try open.send("GET /a HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        #expect(try open.readResponse().status == 200)
+
+        try b.rewrite(yaml([second]))
+        b.signal(SIGHUP)
+        #expect(b.waitLog("listener removed"))
+        #expect(b.waitServing(port: second)?.status == 200)
+        #expect((try? TestClient.get(port: first, path: "/gone")) == nil)
+        // The connection accepted on the removed listener still works.
+        try open.send("GET /b HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        let r = try open.readResponse()
+        #expect(r.status == 200 && r.bodyText.contains("target=/b"))
+        #expect(b.stop() == 0)
+    }
+
     @Test func sigtermLetsSlowRequestsInFlightFinish() throws {
         let origin = try TestOrigin { r in .delayed(1.0, .response(status: 200, headers: [], body: Array("slow \(r.head.target)".utf8))) }
         defer { origin.stop() }
