@@ -131,8 +131,16 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             throw error
         }
         runtime = next
+        // Every loop takes the new runtime before listeners change, so a connection accepted
+        // under a new policy meets the runtime that goes with it. (Loops never wait for the
+        // controlling thread, so waiting here cannot deadlock.)
+        let applied = DispatchGroup()
         for ctx in contexts {
-            ctx.loop.execute { ctx.runtime = next }
+            applied.enter()
+            ctx.loop.execute { ctx.runtime = next; applied.leave() }
+        }
+        if applied.wait(timeout: .now() + 5) == .timedOut {
+            logger.warning("an event loop took over 5 s to take the new configuration")
         }
         // 3. Listeners: keep (with new settings), add, remove.
         var kept: [RunningListener] = []

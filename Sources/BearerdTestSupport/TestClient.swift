@@ -36,9 +36,10 @@ public final class TestClient {
         addr.sin_port = port.bigEndian
         let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
         if rc != 0 {
-            let e = errno
-            close(fd)
-            throw IOError("connect", e)
+            // No close here: a class whose stored properties are all set runs `deinit` when its
+            // init throws, and deinit closes `fd`. Closing twice could close a descriptor another
+            // thread has just been given the same number (seen: a bearerd listener under test).
+            throw IOError("connect", errno)
         }
         setTimeout(timeout)
     }

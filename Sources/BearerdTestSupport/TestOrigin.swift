@@ -91,8 +91,10 @@ public final class TestOrigin: @unchecked Sendable {  // @unchecked: mutable sta
             return true
         }
         guard first else { return }
+        // Shut down only: the accept thread closes the fd when accept fails. Closing it here
+        // could let that thread, if it had not reached accept yet, accept on whatever socket
+        // reuses the number next (seen: it took a connection meant for a bearerd listener).
         shutdown(listenFD, Int32(SHUT_RDWR))
-        close(listenFD)
     }
 
     deinit { stop() }
@@ -102,13 +104,16 @@ public final class TestOrigin: @unchecked Sendable {  // @unchecked: mutable sta
             let c = accept(listenFD, nil, nil)
             if c < 0 {
                 if errno == EINTR { continue }
+                close(listenFD)
                 return
             }
-            let id: Int = lock.withLock {
+            let id: Int? = lock.withLock {
+                if stopped { return nil }
                 _connections += 1
                 clientFDs.append(c)
                 return _connections
             }
+            guard let id else { close(c); continue }
             Thread.detachNewThread { [self] in serve(fd: c, id: id) }
         }
     }

@@ -42,7 +42,7 @@ struct LifecycleTests {
         next.listeners.append(ListenerConfig(address: .tcp(host: "127.0.0.1", port: second)))
         try proxy.server.reload(next)
         #expect(proxy.server.boundAddresses.map(\.port) == [first, second])
-        #expect(try TestClient.get(port: second, path: "/2").status == 200)
+        do { #expect(try TestClient.get(port: second, path: "/2").status == 200) } catch { print("LOGS:\n" + proxy.logs.text); throw error }
         try kept.send("GET /3 HTTP/1.1\r\nHost: x\r\n\r\n")
         #expect(try kept.readResponse().status == 200)
 
