@@ -75,9 +75,14 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
         guard FileManager.default.fileExists(atPath: scriptPath) else {
             return "OAuth fixture not found at \(scriptPath)"
         }
+        return pythonMissing(modules: ["authlib", "flask"])
+    }()
+
+    /// Nil when the test interpreter (`python`) imports every module; else why not, with the fix.
+    public static func pythonMissing(modules: [String]) -> String? {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        p.arguments = [python, "-c", "import authlib, flask"]
+        p.arguments = [python, "-c", "import " + modules.joined(separator: ", ")]
         p.standardInput = FileHandle.nullDevice
         p.standardOutput = FileHandle.nullDevice
         p.standardError = FileHandle.nullDevice
@@ -88,10 +93,10 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
             return "cannot run \(python): \(error)"
         }
         guard p.terminationStatus == 0 else {
-            return "\(python) cannot import authlib and flask; run `python3 -m venv .venv && .venv/bin/pip install -r Tests/Fixtures/requirements.txt`"
+            return "\(python) cannot import \(modules.joined(separator: ", ")); run `python3 -m venv .venv && .venv/bin/pip install -r Tests/Fixtures/requirements.txt`"
         }
         return nil
-    }()
+    }
 
     // MARK: - Life cycle
 

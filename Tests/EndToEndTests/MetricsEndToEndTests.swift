@@ -428,22 +428,5 @@ struct PrometheusParser {
     static var isAvailable: Bool { availability == nil }
     static var unavailableReason: String? { availability }
 
-    private static let availability: String? = {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        p.arguments = [AuthServerFixture.python, "-c", "import prometheus_client.parser"]
-        p.standardInput = FileHandle.nullDevice
-        p.standardOutput = FileHandle.nullDevice
-        p.standardError = FileHandle.nullDevice
-        do {
-            try p.run()
-            p.waitUntilExit()
-        } catch {
-            return "cannot run \(AuthServerFixture.python): \(error)"
-        }
-        guard p.terminationStatus == 0 else {
-            return "\(AuthServerFixture.python) cannot import prometheus_client; run `.venv/bin/pip install -r Tests/Fixtures/requirements.txt`"
-        }
-        return nil
-    }()
+    private static let availability: String? = AuthServerFixture.pythonMissing(modules: ["prometheus_client.parser"])
 }
