@@ -34,17 +34,24 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         contexts = group.loops.map { LoopContext(loop: $0, runtime: runtime) }
     }
 
-    /// Binds every listener; throws on the first one that cannot be bound.
-    public func start() throws(IOError) {
+    /// Binds every listener; throws on the first one that cannot be bound. Listeners matched by
+    /// a socket-activated fd in `inherited` (`SocketActivation.match`) use it instead of binding;
+    /// inherited fds that match no listener are logged and closed.
+    public func start(inheriting inherited: [SocketActivation.Inherited] = []) throws(IOError) {
         Sys.ignoreSIGPIPE()
         sessions.start()
-        for address in runtime.config.listen {
-            let l = try bind(address, responder: extraResponder)
+        let activation = SocketActivation.match(inherited, listeners: runtime.config.listeners, admin: runtime.config.admin)
+        for s in activation.unmatched {
+            logger.warning("closing an inherited socket that matches no configured listener", metadata: ["socket": "\(s)"])
+            close(s.fd)
+        }
+        for (index, address) in runtime.config.listen.enumerated() {
+            let l = try bind(address, responder: extraResponder, inherited: activation.listeners[index])
             listeners.append(l)
             boundAddresses.append(l.localAddress)
         }
         if let admin = runtime.config.admin {
-            let l = try bind(admin, responder: AdminResponder(server: self))
+            let l = try bind(admin, responder: AdminResponder(server: self), inherited: activation.admin)
             adminListener = l
             adminAddress = l.localAddress
         }
@@ -55,7 +62,8 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         ])
     }
 
-    private func bind(_ address: ListenAddress, responder: LocalResponder?) throws(IOError) -> Listener {
+    /// `inherited`: a socket-activated fd to accept on instead of binding `address`.
+    private func bind(_ address: ListenAddress, responder: LocalResponder?, inherited: Int32? = nil) throws(IOError) -> Listener {
         let contexts = self.contexts
         let accept: (Int32, SocketAddress, EventLoop) -> Void = { fd, peer, loop in
             let ctx = contexts[loop.index]
@@ -64,6 +72,10 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
                 let conn = FrontendConnection(channel: channel, ctx: ctx, peer: peer, local: responder)
                 conn.start()
             }
+        }
+        if let inherited {
+            logger.info("using a socket-activated listener", metadata: ["listen": "\(address)", "fd": "\(inherited)"])
+            return try Listener.adopt(fd: inherited, group: group, onAccept: accept)
         }
         switch address {
         case .tcp(let host, let port):

@@ -183,6 +183,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private var published: PublishedToken?
     private var publishedGeneration: UInt64 = 0
     private var publishedStatus: TokenSession.Status = .idle
+    private var publishedFailure: String?
     private var counters = SessionMetrics()
 
     // Session queue only.
@@ -274,6 +275,13 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// `.needsReauthentication` means a new refresh token is needed). Thread-safe.
     public var status: TokenSession.Status {
         publishLock.withLock { publishedStatus }
+    }
+
+    /// The detail of the last failed token request (`invalid_client (HTTP 401): …`, scrubbed of
+    /// this session's secrets), nil once a token was obtained since. For systemd's STATUS=.
+    /// Thread-safe.
+    public var lastFailureDetail: String? {
+        publishLock.withLock { publishedFailure }
     }
 
     /// The session's counters (for `/metrics`). Thread-safe.
@@ -514,6 +522,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         switch result {
         case .success(let grant):
             count { if adopted { $0.tokensAdopted += 1 } else { $0.tokensObtained += 1 } }
+            publishLock.withLock { publishedFailure = nil }
             if self.grant == .refreshToken { store?.clearNeedsReauthentication() }
             // Logged before the actions run, so the line precedes the token's delivery.
             let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
@@ -529,6 +538,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             run(actions)
         case .failure(let serverFailure):
             let failure = scrubbed(serverFailure)
+            publishLock.withLock { publishedFailure = failure.detail }
             count {
                 switch failure.classification {
                 case .retryable: $0.failuresRetryable += 1
