@@ -7,49 +7,6 @@ import Logging
 import Testing
 @testable import BearerdProxy
 
-/// A datagram socket standing in for systemd's notification socket: bound at a fresh path (or
-/// an abstract name), it collects every message sent to it.
-final class NotifyReceiver {
-    let fd: Int32
-    let address: String
-
-    init(abstract: Bool = false) throws {
-        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw IOError("socket", errno) }
-        let name = "bearerd-notify-\(UUID().uuidString.prefix(8))"
-        address = abstract ? "@" + name : NSTemporaryDirectory() + name + ".sock"
-        guard let parsed = NotifySocketAddress.parse(address) else { throw IOError("address", EINVAL) }
-        let rc = parsed.withSockAddr { Glibc.bind(fd, $0, $1) }
-        guard rc == 0 else { throw IOError("bind \(address)", errno) }
-    }
-
-    deinit {
-        close(fd)
-        if !address.hasPrefix("@") { unlink(address) }
-    }
-
-    /// The next message, or nil after `timeout`.
-    func receive(timeout: Duration = .seconds(5)) -> String? {
-        var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        guard poll(&pfd, 1, Int32(timeout.nanoseconds / 1_000_000)) == 1 else { return nil }
-        var buf = [UInt8](repeating: 0, count: 4096)
-        let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-        return n >= 0 ? String(decoding: buf[0..<n], as: UTF8.self) : nil
-    }
-
-    /// Messages until one satisfies `stop` (included) or `timeout` passes.
-    func receive(until stop: (String) -> Bool, timeout: Duration = .seconds(10)) -> [String] {
-        var got: [String] = []
-        let deadline = monotonicNanos() + timeout.nanoseconds
-        while monotonicNanos() < deadline {
-            guard let m = receive(timeout: .nanoseconds(Int64(deadline - monotonicNanos()))) else { break }
-            got.append(m)
-            if stop(m) { break }
-        }
-        return got
-    }
-}
-
 @Suite("systemd notify protocol")
 struct SystemdNotifyTests {
     @Test func notifySocketAddresses() {
@@ -222,6 +179,14 @@ struct SocketActivationTests {
                 == .fds([(3, "api"), (4, "admin"), (5, nil)], warning: nil))
         #expect(SocketActivation.parse(environment: ["LISTEN_FDS": "2", "LISTEN_PID": "10", "LISTEN_FDNAMES": "api"], pid: 10)
                 == .fds([(3, nil), (4, nil)], warning: "LISTEN_FDNAMES has 1 name(s) for 2 fd(s); matching by address only"))
+    }
+
+    @Test func takingFromTheEnvironmentUnsetsTheVariables() {
+        setenv("LISTEN_PID", "\(getpid())", 1)
+        setenv("LISTEN_FDS", "0", 1)
+        setenv("LISTEN_FDNAMES", "", 1)
+        #expect(SocketActivation.takeFromEnvironment(logger: Logger(label: "t")).isEmpty)
+        #expect(getenv("LISTEN_PID") == nil && getenv("LISTEN_FDS") == nil && getenv("LISTEN_FDNAMES") == nil)
     }
 
     typealias Inherited = SocketActivation.Inherited
