@@ -383,6 +383,7 @@ public final class SystemdService: @unchecked Sendable {  // @unchecked: mutable
     private var loopsWedged = false
 
     /// How often the STATUS= summary is recomputed once ready, and readiness polled before.
+    /// Set before `started` (read on `queue` afterwards).
     public var statusInterval: Duration = .seconds(1)
     public var readinessPollInterval: Duration = .milliseconds(50)
 
