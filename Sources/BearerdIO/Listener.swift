@@ -98,6 +98,35 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         }
     }
 
+    /// Takes over a listening stream socket inherited from the service manager (socket
+    /// activation, sd_listen_fds(3)): checks it is a listening stream socket, sets it
+    /// non-blocking and close-on-exec, and accepts on it like a bound one. The socket file of an
+    /// inherited unix socket belongs to the manager: `stop()` closes the fd but never unlinks it.
+    public static func adopt(fd: Int32, group: EventLoopGroup,
+                             onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) throws(IOError) -> Listener {
+        var value: Int32 = 0
+        var len = socklen_t(MemoryLayout<Int32>.size)
+        guard getsockopt(fd, SOL_SOCKET, SO_TYPE, &value, &len) == 0 else { throw IOError("getsockopt(SO_TYPE) on fd \(fd)", errno) }
+        guard value == bearerd_SOCK_STREAM() else { throw IOError("fd \(fd) is not a stream socket", ENOTSUP) }
+        len = socklen_t(MemoryLayout<Int32>.size)
+        guard getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &value, &len) == 0 else { throw IOError("getsockopt(SO_ACCEPTCONN) on fd \(fd)", errno) }
+        guard value != 0 else { throw IOError("fd \(fd) is not listening (Accept=yes is not supported)", EINVAL) }
+        guard let local = boundAddress(fd: fd) else { throw IOError("getsockname on fd \(fd)", errno) }
+        try Sys.setNonBlocking(fd)
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        return Listener(fd: fd, local: local, unixPath: nil, group: group, onAccept: onAccept)
+    }
+
+    /// The address a socket is bound to (getsockname), nil on error.
+    public static func boundAddress(fd: Int32) -> SocketAddress? {
+        var storage = sockaddr_storage()
+        var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let rc = withUnsafeMutablePointer(to: &storage) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
+        }
+        return rc == 0 ? SocketAddress(storage: storage, length: len) : nil
+    }
+
     private static func make(address: SocketAddress, unixFile: UnixFileSettings?, group: EventLoopGroup,
                              onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) throws(IOError) -> Listener {
         let fd = bearerd_stream_socket(address.family)

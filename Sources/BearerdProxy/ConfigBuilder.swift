@@ -359,9 +359,12 @@ final class ConfigBuilder {
 
     /// A file path, made absolute relative to the configuration file's directory; with
     /// `checkFiles`, `mustRead` requires it to be readable.
+    /// `*_file` keys and the `tls` files also take `credential:NAME` (see `filePath`).
     func path(_ fields: Fields, _ name: String, mustRead: Bool) -> String? {
         guard let entry = fields[name], let raw = text(entry, in: fields, expected: "a file path") else { return nil }
-        let resolved = ConfigFiles.resolve(raw, relativeTo: file)
+        let takesCredential = name.hasSuffix("_file") || name == "client_cert" || name == "client_key"
+        guard let resolved = takesCredential ? filePath(raw, line: entry.valueLine, key: fields.key(name))
+                                             : ConfigFiles.resolve(raw, relativeTo: file) else { return nil }
         if checkFiles, mustRead {
             do throws(ConfigFiles.Failure) {
                 try ConfigFiles.checkReadable(resolved)
@@ -370,6 +373,27 @@ final class ConfigBuilder {
             }
         }
         return resolved
+    }
+
+    static let credentialPrefix = "credential:"
+
+    /// The path a `*_file` value names: `credential:NAME` is `$CREDENTIALS_DIRECTORY/NAME`
+    /// (systemd's `LoadCredential=`/`SetCredential=`, systemd.exec(5) "Credentials"); anything
+    /// else is a path, relative to the configuration file's directory. nil (error recorded) when
+    /// CREDENTIALS_DIRECTORY is unset or NAME is empty, `.`, `..` or holds a `/`.
+    func filePath(_ raw: String, line: Int, key: String) -> String? {
+        guard raw.hasPrefix(Self.credentialPrefix) else { return ConfigFiles.resolve(raw, relativeTo: file) }
+        let name = String(raw.dropFirst(Self.credentialPrefix.count))
+        guard !name.isEmpty, name != ".", name != "..", !name.contains("/"), !name.contains("\0") else {
+            fail(line, key, "expected credential:NAME with a credential name (no '/', not '.' or '..'), got \(ConfigValues.quoted(raw))")
+            return nil
+        }
+        guard let dir = environment["CREDENTIALS_DIRECTORY"], !dir.isEmpty else {
+            fail(line, key, "\(raw) needs $CREDENTIALS_DIRECTORY, which is not set: systemd sets it for a unit with LoadCredential=\(name):PATH; "
+                 + "outside systemd, set CREDENTIALS_DIRECTORY to the directory holding the file \(name)")
+            return nil
+        }
+        return (dir.hasSuffix("/") ? String(dir.dropLast()) : dir) + "/" + name
     }
 
     func address(_ node: Node, key: String) -> ListenAddress? {

@@ -260,7 +260,8 @@ extension ConfigBuilder {
         let expected = entry.name.hasSuffix("_file") ? "a file path" : entry.name.hasSuffix("_env") ? "an environment variable name" : "the secret"
         guard let raw = text(entry, in: f, expected: expected, secret: isLiteral) else { return nil }
         if entry.name.hasSuffix("_file") {
-            return SecretChoice(source: .file(ConfigFiles.resolve(raw, relativeTo: file)), key: entry.name, line: entry.valueLine)
+            guard let path = filePath(raw, line: entry.valueLine, key: f.key(entry.name)) else { return nil }
+            return SecretChoice(source: .file(path), key: entry.name, line: entry.valueLine)
         }
         if entry.name.hasSuffix("_env") {
             guard raw.utf8.allSatisfy({ $0 == 0x5F || ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) }) else {

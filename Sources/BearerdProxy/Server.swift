@@ -40,18 +40,25 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         contexts = group.loops.map { LoopContext(loop: $0, runtime: runtime) }
     }
 
-    /// Binds every listener; throws on the first one that cannot be bound.
-    public func start() throws(IOError) {
+    /// Binds every listener; throws on the first one that cannot be bound. Listeners matched by
+    /// a socket-activated fd in `inherited` (`SocketActivation.match`) use it instead of binding;
+    /// inherited fds that match no listener are logged and closed.
+    public func start(inheriting inherited: [SocketActivation.Inherited] = []) throws(IOError) {
         Sys.ignoreSIGPIPE()
         sessions.start()
-        for listener in runtime.config.listeners {
+        let activation = SocketActivation.match(inherited, listeners: runtime.config.listeners, admin: runtime.config.admin)
+        for s in activation.unmatched {
+            logger.warning("closing an inherited socket that matches no configured listener", metadata: ["socket": "\(s)"])
+            close(s.fd)
+        }
+        for (index, listener) in runtime.config.listeners.enumerated() {
             let box = PolicyBox(ListenerPolicy(listener))
-            let l = try bind(listener.address, policy: box, responder: extraResponder)
+            let l = try bind(listener.address, policy: box, responder: extraResponder, inherited: activation.listeners[index])
             running.append(RunningListener(config: listener, listener: l, policy: box))
         }
         boundAddresses = running.map(\.listener.localAddress)
         if let admin = runtime.config.admin {
-            let l = try bind(admin, policy: PolicyBox(nil), responder: AdminResponder(server: self))
+            let l = try bind(admin, policy: PolicyBox(nil), responder: AdminResponder(server: self), inherited: activation.admin)
             adminListener = l
             adminAddress = l.localAddress
         }
@@ -65,8 +72,13 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
 
     /// Binds one listener; `policy` (nil for admin) carries its access control (unix file mode,
     /// owner, SO_PEERCRED allowlist; Host allowlist) to every connection it accepts.
-    private func bind(_ address: ListenAddress, policy: PolicyBox, responder: LocalResponder?) throws(IOError) -> Listener {
+    /// `inherited`: a socket-activated fd to accept on instead of binding `address`.
+    private func bind(_ address: ListenAddress, policy: PolicyBox, responder: LocalResponder?, inherited: Int32? = nil) throws(IOError) -> Listener {
         let accept = acceptHandler(policy: policy, responder: responder)
+        if let inherited {
+            logger.info("using a socket-activated listener", metadata: ["listen": "\(address)", "fd": "\(inherited)"])
+            return try Listener.adopt(fd: inherited, group: group, onAccept: accept)
+        }
         switch address {
         case .tcp(let host, let port):
             return try Listener.bind(host: host, port: port, group: group, onAccept: accept)

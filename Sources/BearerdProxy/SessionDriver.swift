@@ -186,7 +186,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private var publishedStatus: TokenSession.Status = .idle
     private var publishedExpiresAt: UInt64?
     private var publishedWaiters = 0
-    private var lastFailureDetail: String?
+    /// The last token request failure's detail (scrubbed); nil once a token was obtained since.
+    private var publishedFailure: String?
     private var counters = SessionMetrics()
 
     // Session queue only.
@@ -280,6 +281,13 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         publishLock.withLock { publishedStatus }
     }
 
+    /// The detail of the last failed token request (`invalid_client (HTTP 401): …`, scrubbed of
+    /// this session's secrets), nil once a token was obtained since. For systemd's STATUS=.
+    /// Thread-safe.
+    public var lastFailureDetail: String? {
+        publishLock.withLock { publishedFailure }
+    }
+
     /// The session's counters (for `/metrics`). Thread-safe.
     public var metrics: SessionMetrics {
         publishLock.withLock { counters }
@@ -290,7 +298,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     public var snapshot: SessionSnapshot {
         publishLock.withLock {
             SessionSnapshot(name: name, counters: counters, status: publishedStatus, generation: publishedGeneration,
-                            expiresAt: publishedExpiresAt, waiters: publishedWaiters, lastFailure: lastFailureDetail)
+                            expiresAt: publishedExpiresAt, waiters: publishedWaiters, lastFailure: publishedFailure)
         }
     }
 
@@ -551,7 +559,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 if adopted { $0.tokensAdopted += 1 } else { $0.tokensObtained += 1 }
                 $0.refreshes[TokenRefreshKey(reason: request.reason.rawValue, outcome: adopted ? "adopted" : "success", error: ""), default: 0] += 1
             }
-            publishLock.withLock { lastFailureDetail = nil }
+            publishLock.withLock { publishedFailure = nil }
             if self.grant == .refreshToken { store?.clearNeedsReauthentication() }
             // Logged before the actions run, so the line precedes the token's delivery.
             let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
@@ -576,7 +584,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 case .invalidGrant: counters.failuresInvalidGrant += 1
                 }
                 counters.refreshes[key, default: 0] += 1
-                lastFailureDetail = failure.detail
+                publishedFailure = failure.detail
             }
             var m = failureMetadata(failure)
             m["token.reason"] = "\(request.reason.rawValue)"

@@ -106,38 +106,52 @@ struct Run: ParsableCommand {
 
 /// Runs a server until SIGTERM/SIGINT; SIGHUP re-reads `reloadPath` when given (and applies its
 /// `log:` to `logSettings` unless the command line or environment set them).
+///
+/// Under systemd: listeners come from socket activation when LISTEN_FDS is set, and
+/// $NOTIFY_SOCKET hears READY=1, RELOADING=1, STOPPING=1, STATUS= and WATCHDOG=1 (Systemd.swift).
 func serve(config: BearerdConfig, logger: Logger, logOptions: LogOptions, logSettings: LogSettings, reloadPath: String?,
            before: (() throws -> Void)? = nil) throws -> Never {
+    let systemd = SystemdService(logger: logger)
+    let inherited = SocketActivation.takeFromEnvironment(logger: logger)
     let server: BearerdServer
     do {
         server = try BearerdServer(config: config, logger: logger, accessLog: logOptions.accessLog(for: config))
-        try server.start()
+        try server.start(inheriting: inherited)
     } catch let e as ConfigErrors {
+        systemd?.startFailed(firstError(e))
         printErrors(e)
         throw ExitCode(2)
     } catch {
+        systemd?.startFailed("\(error)")
         logger.critical("cannot start", metadata: ["error": "\(error)"])
         LogSink.stderr.flush()
         throw ExitCode(1)
     }
     try before?()
+    systemd?.started(probe: SystemdService.Probe(server: server), startupTimeout: config.startupTimeout)
     let signals = SignalHandlers()
     signals.install { sig in
         switch sig {
         case SIGHUP:
             guard let reloadPath else { return }
+            systemd?.reloading()
             do {
                 let next = try ConfigLoader.load(path: reloadPath)
                 try server.reload(next, accessLog: logOptions.accessLog(for: next))
                 logOptions.apply(next, to: logSettings)
+                systemd?.reloaded(failure: nil)
             } catch let e as ConfigErrors {
                 logger.error("reload failed; keeping the running configuration", metadata: ["errors": "\(e.description)"])
+                systemd?.reloaded(failure: firstError(e))
             } catch {
                 logger.error("reload failed; keeping the running configuration", metadata: ["error": "\(error)"])
+                systemd?.reloaded(failure: "\(error)")
             }
         default:
-            logger.info("shutting down", metadata: ["signal": "\(sig)", "grace": "\(config.frontendTimeouts.shutdownGrace)"])
-            server.shutdown(grace: config.frontendTimeouts.shutdownGrace) {
+            let grace = server.runtime.config.frontendTimeouts.shutdownGrace  // a reload may have changed it
+            systemd?.stopping(grace: grace)
+            logger.info("shutting down", metadata: ["signal": "\(sig)", "grace": "\(grace)"])
+            server.shutdown(grace: grace) {
                 logger.info("stopped")
                 LogSink.stderr.flush()
                 exit(0)
@@ -145,6 +159,12 @@ func serve(config: BearerdConfig, logger: Logger, logOptions: LogOptions, logSet
         }
     }
     dispatchMain()
+}
+
+/// The first of several configuration errors, with how many more there are (for STATUS=).
+func firstError(_ errors: ConfigErrors) -> String {
+    guard let first = errors.errors.first else { return "invalid configuration" }
+    return first.description + (errors.errors.count > 1 ? " (and \(errors.errors.count - 1) more)" : "")
 }
 
 /// SIGTERM, SIGINT and SIGHUP delivered on the main queue through Dispatch signal sources.

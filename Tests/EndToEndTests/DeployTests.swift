@@ -1,0 +1,139 @@
+import Foundation
+import Testing
+import BearerdProxy
+
+/// The files under deploy/: the systemd units pass `systemd-analyze verify` and keep their
+/// `systemd-analyze security` exposure (the README quotes it); the Kubernetes example's
+/// bearerd.yaml is a valid configuration whose secret path lies on the Secret volume.
+@Suite("deploy/")
+struct DeployTests {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    static let analyze = "/usr/bin/systemd-analyze"
+    /// CI installs Debian's systemd package (.ci/run); elsewhere the systemd checks need it too.
+    static var haveAnalyze: Bool {
+        FileManager.default.isExecutableFile(atPath: analyze) || ProcessInfo.processInfo.environment["CI"] != nil
+    }
+
+    static func read(_ relative: String) throws -> String {
+        try String(contentsOf: root.appendingPathComponent(relative), encoding: .utf8)
+    }
+
+    static func run(_ executable: String, _ args: [String], cwd: URL? = nil) throws -> CommandLineTests.Output {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: executable)
+        p.arguments = args
+        if let cwd { p.currentDirectoryURL = cwd }
+        let out = Pipe(), err = Pipe()
+        p.standardOutput = out
+        p.standardError = err
+        try p.run()
+        let o = out.fileHandleForReading.readDataToEndOfFile()
+        let e = err.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return CommandLineTests.Output(status: p.terminationStatus, stdout: String(decoding: o, as: UTF8.self),
+                                       stderr: String(decoding: e, as: UTF8.self))
+    }
+
+    /// Both units in a scratch directory, ExecStart pointed at the built binary (verify insists
+    /// that it exists).
+    static func unitsInScratchDirectory() throws -> URL {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("bearerd-units-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        let service = try read("deploy/systemd/bearerd.service")
+            .replacingOccurrences(of: "ExecStart=/usr/local/bin/bearerd", with: "ExecStart=\(CommandLineTests.binary)")
+        try service.write(to: dir.appendingPathComponent("bearerd.service"), atomically: true, encoding: .utf8)
+        try read("deploy/systemd/bearerd.socket").write(to: dir.appendingPathComponent("bearerd.socket"), atomically: true, encoding: .utf8)
+        return dir
+    }
+
+    /// `Key=value` settings of a unit file (last one wins, comments skipped).
+    static func settings(_ unit: String) -> [String: String] {
+        var s: [String: String] = [:]
+        for line in unit.split(separator: "\n") where !line.hasPrefix("#") && !line.hasPrefix("[") {
+            guard let eq = line.firstIndex(of: "=") else { continue }
+            s[String(line[..<eq])] = String(line[line.index(after: eq)...])
+        }
+        return s
+    }
+
+    @Test(.enabled(if: haveAnalyze))
+    func unitsAreCleanUnderSystemdAnalyzeVerify() throws {
+        let dir = try Self.unitsInScratchDirectory()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let r = try Self.run(Self.analyze, ["verify", dir.appendingPathComponent("bearerd.service").path,
+                                            dir.appendingPathComponent("bearerd.socket").path], cwd: dir)
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(r.stderr.isEmpty, "systemd-analyze verify printed: \(r.stderr)")
+    }
+
+    @Test(.enabled(if: haveAnalyze))
+    func securityExposureIsLowAndQuotedInTheReadme() throws {
+        let dir = try Self.unitsInScratchDirectory()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        // --threshold is the exposure times ten: 20 = "2.0"; above it the command fails.
+        let r = try Self.run(Self.analyze, ["security", "--offline=true", "--threshold=20", "--no-pager",
+                                            dir.appendingPathComponent("bearerd.service").path], cwd: dir)
+        let text = r.stdout + r.stderr
+        #expect(r.status == 0, "\(text)")
+        let line = try #require(text.split(separator: "\n").first { $0.contains("Overall exposure level for bearerd.service:") })
+        let score = try #require(line.split(separator: " ").compactMap { Double($0) }.first)
+        #expect(score <= 2.0)
+        let readme = try Self.read("README.md")
+        #expect(readme.contains("exposure level \(String(format: "%.1f", score))"), "README.md quotes the current score (\(score))")
+    }
+
+    @Test func serviceUnitSettings() throws {
+        let s = Self.settings(try Self.read("deploy/systemd/bearerd.service"))
+        #expect(s["Type"] == "notify")
+        #expect(s["NotifyAccess"] == "main")
+        #expect(s["DynamicUser"] == "yes")
+        #expect(s["StateDirectory"] == "bearerd")
+        #expect(s["CapabilityBoundingSet"] == "")
+        #expect(s["ExecReload"] == "/bin/kill -HUP $MAINPID")
+        #expect(s["LoadCredential"]?.hasPrefix("partner:") == true)
+        // TimeoutStopSec must exceed the default shutdown_grace, or systemd kills a drain.
+        let stop = try #require(s["TimeoutStopSec"].flatMap { Int($0.dropLast()) })
+        #expect(Duration.seconds(stop) > FrontendTimeouts().shutdownGrace)
+        let start = try #require(s["TimeoutStartSec"].flatMap { Int($0.dropLast()) })
+        #expect(Duration.seconds(start) > BearerdConfig(file: "", listen: []).startupTimeout)
+        #expect(s["WatchdogSec"] != nil)
+        let socket = Self.settings(try Self.read("deploy/systemd/bearerd.socket"))
+        #expect(socket["ListenStream"] == "127.0.0.1:8080")
+        #expect(socket["FileDescriptorName"] == "api")
+    }
+
+    @Test func kubernetesSidecarConfigIsValid() throws {
+        let manifest = try Self.read("deploy/kubernetes/sidecar.yaml")
+        // The ConfigMap's `bearerd.yaml: |` block, de-indented.
+        let lines = manifest.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        let start = try #require(lines.firstIndex { $0.trimmingCharacters(in: .whitespaces) == "bearerd.yaml: |" })
+        var block: [String] = []
+        for line in lines[(start + 1)...] {
+            if !line.isEmpty && !line.hasPrefix("    ") { break }
+            block.append(String(line.dropFirst(min(4, line.count))))
+        }
+        let config = try ConfigLoader.parse(yaml: block.joined(separator: "\n"), file: "sidecar.yaml", environment: [:], checkFiles: false)
+        let secret = try #require(config.sessions.first?.clientSecret)
+        guard case .file(let path) = secret else {
+            Issue.record("the sidecar's client secret should come from the Secret volume, got \(secret)")
+            return
+        }
+        #expect(manifest.contains("mountPath: \((path as NSString).deletingLastPathComponent)"), "the secret file lies on a mounted volume")
+        let admin = try #require(config.admin)
+        guard case .tcp(_, let adminPort) = admin else { Issue.record("admin on TCP"); return }
+        #expect(manifest.contains("containerPort: \(adminPort)"))
+        #expect(manifest.contains("path: /healthz") && manifest.contains("path: /readyz"))
+        #expect(manifest.contains("readinessProbe:") && manifest.contains("livenessProbe:"))
+    }
+
+    @Test func containerfileIsMultiStageAndRunsAsNonRoot() throws {
+        let file = try Self.read("deploy/container/Containerfile")
+        let froms = file.split(separator: "\n").filter { $0.hasPrefix("FROM ") }
+        #expect(froms.count == 2)
+        #expect(froms.first?.hasPrefix("FROM swift:6.") == true)
+        #expect(froms.last?.hasPrefix("FROM debian:12-slim") == true)
+        for package in ["libssl3", "libnghttp2-14", "ca-certificates"] { #expect(file.contains(package)) }
+        let user = try #require(file.split(separator: "\n").last { $0.hasPrefix("USER ") })
+        #expect(!user.contains("root") && !user.hasSuffix(" 0") && !user.contains(" 0:"))
+    }
+}
