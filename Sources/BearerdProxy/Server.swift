@@ -28,6 +28,16 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     /// Where scrapes and the shutdown poll gather the loops' answers: a queue of our own, so a
     /// busy global pool (DNS lookups block threads there) cannot stall /metrics or a drain.
     private let controlQueue = DispatchQueue(label: "bearerd.control")
+    /// What is listening now, for status lines read on other threads (systemd's STATUS=).
+    private let summaryLock = Lock()
+    private var _listenerSummary: [String] = []
+    public var listenerSummary: [String] { summaryLock.withLock { _listenerSummary } }
+
+    private func publishListeners() {
+        var list = running.map { "\($0.config.address)" }
+        if let admin = runtime.config.admin { list.append("admin \(admin)") }
+        summaryLock.withLock { _listenerSummary = list }
+    }
 
     /// - Parameter responder: when set, every listener answers locally instead of proxying (demo and test upstreams).
     public init(config: BearerdConfig, logger: Logger, accessLog: Bool = true, responder: LocalResponder? = nil,
@@ -62,6 +72,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             adminListener = l
             adminAddress = l.localAddress
         }
+        publishListeners()
         lifecycle.phase = .serving
         logger.info("bearerd started", metadata: [
             "listen": "\(boundAddresses.map(\.description).joined(separator: ","))",
@@ -187,6 +198,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             adminAddress = newAdmin?.localAddress
             logger.info("admin listener moved", metadata: ["admin": "\(adminAddress.map { "\($0)" } ?? "none")"])
         }
+        publishListeners()
         logger.info("configuration reloaded", metadata: ["routes": "\(config.routes.count)", "listeners": "\(running.count)"])
     }
 

@@ -572,12 +572,8 @@ extension SystemdService.Probe {
     /// lacks a token until it has obtained one: generation 0 and no usable token) and its loops.
     public init(server: BearerdServer) {
         let sessions = server.sessions
-        let config = server.runtime.config
-        var listeners = config.listen.map(\.description)
-        if let admin = config.admin { listeners.append("admin \(admin)") }
-        let described = listeners
         self.init(
-            listeners: { described },
+            listeners: { server.listenerSummary },
             sessionCount: { sessions.sessionNames.count },
             shortfalls: {
                 let now = monotonicNanos()
