@@ -86,7 +86,7 @@ public enum Redaction {
         while i < bytes.count {
             let c = bytes[i] | 0x20
             guard c == 0x62 || c == 0x61 || c == 0x72 || c == 0x69 || c == 0x63 || c == 0x70 || c == 0x73,
-                  i == 0 || !isWord(bytes[i - 1]) else { i += 1; continue }
+                  i == 0 || !(isWord(bytes[i - 1]) || bytes[i - 1] == 0x2E) else { i += 1; continue }  // not inside a word or a dotted key
             var matched: [UInt8]?
             for m in markers where i + m.count <= bytes.count {
                 var ok = true

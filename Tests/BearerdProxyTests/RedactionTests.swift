@@ -45,6 +45,9 @@ import Testing
             "info session needs a new refresh token (invalid_grant) password_file=/etc/x",
             "Authorization: Bearer <fp 1a2b3c4d>",
             "method=GET path=/v1/users route=/ status=200 upstream_ms=1.200 total_ms=1.500 bytes=12",
+            // Configuration errors in a reload-failure line name keys, never values.
+            "error reload failed errors=\"bearerd.yaml:12: sessions.partner.client_secret: must not be empty\"",
+            "error reload failed errors=\"bearerd.yaml:14: sessions.legacy.password: expected a string, got a list\"",
         ]
         for l in lines { #expect(Redaction.scrub(l) == l) }
     }
