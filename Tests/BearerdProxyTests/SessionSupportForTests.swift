@@ -20,6 +20,8 @@ final class ScriptedTokenEndpoint: @unchecked Sendable {  // @unchecked: state g
         var head: HTTPRequestHead
         var body: String
         var form: [String: String]
+        /// monotonicNanos() when the request was complete at the endpoint.
+        var receivedAt: UInt64 = 0
         var authorization: String? { head.headers["authorization"] }
     }
 
@@ -64,7 +66,7 @@ final class ScriptedTokenEndpoint: @unchecked Sendable {  // @unchecked: state g
         self.tls = tls
         origin = try TestOrigin(port: port, tls: tls) { request in
             let text = String(decoding: request.body, as: UTF8.self)
-            let r = Received(head: request.head, body: text, form: ScriptedTokenEndpoint.decodeForm(text))
+            let r = Received(head: request.head, body: text, form: ScriptedTokenEndpoint.decodeForm(text), receivedAt: monotonicNanos())
             let (handler, index): (Handler, Int) = state.lock.withLock {
                 state.received.append(r)
                 return (state.handler, state.received.count)
