@@ -47,10 +47,11 @@ public struct ListenerConfig: Sendable, Equatable, CustomStringConvertible {
 
     public var description: String { address.description }
 
-    /// True for TCP listeners on a loopback address (127.0.0.0/8, ::1, localhost).
+    /// True for TCP listeners on a loopback address (127.0.0.0/8, ::1, localhost): the names the
+    /// Host allowlist admits on its own (`HostAllowlist.isBuiltInLoopbackName`).
     public var isLoopback: Bool {
         guard case .tcp(let host, _) = address else { return false }
-        return ListenerConfig.isLoopbackHost(host)
+        return HostAllowlist.isBuiltInLoopbackName(Substring(host))
     }
 
     /// Whether the Host header of requests must be checked (loopback TCP listeners, unless `*`).
@@ -60,14 +61,6 @@ public struct ListenerConfig: Sendable, Equatable, CustomStringConvertible {
     public func admits(uid: UInt32, gid: UInt32) -> Bool {
         if allowUIDs == nil && allowGIDs == nil { return true }
         return (allowUIDs?.contains(uid) ?? false) || (allowGIDs?.contains(gid) ?? false)
-    }
-
-    public static func isLoopbackHost(_ host: String) -> Bool {
-        let h = host.lowercased()
-        if h == "localhost" || h.hasSuffix(".localhost") || h == "::1" || h == "0:0:0:0:0:0:0:1" { return true }
-        if h.hasPrefix("::ffff:") { return isLoopbackHost(String(h.dropFirst(7))) }
-        let parts = h.split(separator: ".", omittingEmptySubsequences: false)
-        return parts.count == 4 && parts[0] == "127" && parts.allSatisfy { p in UInt8(p) != nil }
     }
 
     public static func == (a: ListenerConfig, b: ListenerConfig) -> Bool {
