@@ -311,6 +311,18 @@ final class ConfigBuilder {
         }
     }
 
+    /// The items of a key that takes one value or a list of them (`[401, 403]` or `401`);
+    /// anything else is reported as "expected `expected`" and gives nil.
+    func listItems(_ entry: Entry, key: String, expected: String) -> [Node]? {
+        switch entry.value {
+        case .sequence(let sequence): return Array(sequence)
+        case .scalar where !Self.isNull(entry.value): return [entry.value]
+        default:
+            fail(entry.valueLine, key, "expected \(expected), got \(Self.describe(entry.value))")
+            return nil
+        }
+    }
+
     func duration(_ fields: Fields, _ name: String) -> Duration? {
         parsed(fields, name, expected: "a duration such as 500ms, 30s, 5m or 1h", ConfigValues.duration)
     }

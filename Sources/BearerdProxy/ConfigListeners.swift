@@ -193,14 +193,7 @@ extension ConfigBuilder {
 
     private func idList(_ entry: Entry, in f: Fields, kind: IDKind) -> [UInt32]? {
         let key = f.key(entry.name)
-        let items: [Node]
-        switch entry.value {
-        case .sequence(let s): items = Array(s)
-        case .scalar where !Self.isNull(entry.value): items = [entry.value]
-        default:
-            fail(entry.valueLine, key, "expected a list of \(kind == .user ? "user names or uids" : "group names or gids"), got \(Self.describe(entry.value))")
-            return nil
-        }
+        guard let items = listItems(entry, key: key, expected: "a list of \(kind == .user ? "user names or uids" : "group names or gids")") else { return nil }
         var ids: [UInt32] = []
         for (i, item) in items.enumerated() {
             guard case .scalar(let s) = item, !Self.isNull(item), !s.string.isEmpty else {
@@ -214,14 +207,7 @@ extension ConfigBuilder {
 
     /// `allowed_hosts:` — host names (no port; `*` for any), stored lower-case.
     func hostList(_ entry: Entry, key: String) -> [String]? {
-        let items: [Node]
-        switch entry.value {
-        case .sequence(let s): items = Array(s)
-        case .scalar where !Self.isNull(entry.value): items = [entry.value]
-        default:
-            fail(entry.valueLine, key, "expected a list of host names, got \(Self.describe(entry.value))")
-            return nil
-        }
+        guard let items = listItems(entry, key: key, expected: "a list of host names") else { return nil }
         var hosts: [String] = []
         for (i, item) in items.enumerated() {
             guard case .scalar(let s) = item, !Self.isNull(item) else {

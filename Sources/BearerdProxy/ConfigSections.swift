@@ -371,14 +371,7 @@ extension ConfigBuilder {
 
     private func statuses(_ entry: Entry, in f: Fields) -> [Int]? {
         let key = f.key("reject_statuses")
-        let items: [Node]
-        switch entry.value {
-        case .sequence(let sequence): items = Array(sequence)
-        case .scalar where !Self.isNull(entry.value): items = [entry.value]
-        default:
-            fail(entry.valueLine, key, "expected a list of status codes such as [401, 403], got \(Self.describe(entry.value))")
-            return nil
-        }
+        guard let items = listItems(entry, key: key, expected: "a list of status codes such as [401, 403]") else { return nil }
         var result: [Int] = []
         var ok = true
         for (index, item) in items.enumerated() {
