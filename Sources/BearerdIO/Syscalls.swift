@@ -203,7 +203,8 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
         family == AF_INET6 ? "[\(host)]:\(port)" : family == AF_UNIX ? "unix" : "\(host):\(port)"
     }
 
-    func withSockAddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
+    /// Calls `body` with the address as a `sockaddr` pointer and its length (bind, connect).
+    public func withSockAddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
         var s = storage
         return withUnsafePointer(to: &s) { p in
             p.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, length) }

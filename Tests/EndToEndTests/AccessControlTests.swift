@@ -298,14 +298,7 @@ struct AccessControlTests {
     }
 
     static func withUnixAddress<R>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
-        var sun = sockaddr_un()
-        sun.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &sun.sun_path) { dst in
-            let b = Array(path.utf8)
-            dst.copyBytes(from: b)
-            dst[b.count] = 0
-        }
-        return withUnsafePointer(to: &sun) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
+        SocketAddress.unix(path)!.withSockAddr(body)  // test paths are short
     }
 
     /// One `Connection: close` request over the unix socket from this process (root); the raw answer.

@@ -147,27 +147,7 @@ struct LifecycleTests {
             server.shutdown(grace: .seconds(1)) { d.signal() }
             d.wait()
         }
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var sun = sockaddr_un()
-        sun.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &sun.sun_path) { dst in
-            let b = Array(path.utf8)
-            dst.copyBytes(from: b)
-            dst[b.count] = 0
-        }
-        let rc = withUnsafePointer(to: &sun) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
-        #expect(rc == 0)
-        let req = Array("GET /u HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".utf8)
-        _ = req.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
-        var buf = [UInt8](repeating: 0, count: 65536)
-        var got: [UInt8] = []
-        while true {
-            let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n <= 0 { break }
-            got += buf[0..<n]
-        }
-        let text = String(decoding: got, as: UTF8.self)
+        let text = try AccessControlTests.unixRequest(path)
         #expect(text.hasPrefix("HTTP/1.1 200"))
         #expect(text.contains("x-forwarded-for: unix"))
     }
