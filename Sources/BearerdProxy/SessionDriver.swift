@@ -281,13 +281,6 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         publishLock.withLock { publishedStatus }
     }
 
-    /// The detail of the last failed token request (`invalid_client (HTTP 401): …`, scrubbed of
-    /// this session's secrets), nil once a token was obtained since. For systemd's STATUS=.
-    /// Thread-safe.
-    public var lastFailureDetail: String? {
-        publishLock.withLock { publishedFailure }
-    }
-
     /// The session's counters (for `/metrics`). Thread-safe.
     public var metrics: SessionMetrics {
         publishLock.withLock { counters }

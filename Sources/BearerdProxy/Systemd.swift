@@ -579,8 +579,10 @@ extension SystemdService.Probe {
                 let now = monotonicNanos()
                 return sessions.sessionNames.compactMap { name -> SessionShortfall? in
                     guard let d = sessions.session(named: name) else { return nil }
-                    if d.usableToken(now: now) != nil || d.currentGeneration > 0 && d.lastFailureDetail == nil { return nil }
-                    return SessionShortfall(session: name, detail: d.lastFailureDetail)
+                    if d.usableToken(now: now) != nil { return nil }
+                    let s = d.snapshot  // generation and last failure read together
+                    if s.generation > 0 && s.lastFailure == nil { return nil }
+                    return SessionShortfall(session: name, detail: s.lastFailure)
                 }
             },
             loops: server.group.loops)
