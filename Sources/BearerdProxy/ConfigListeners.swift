@@ -76,9 +76,6 @@ public struct LogConfig: Sendable, Equatable {
     public var level: Logger.Level = .info
     /// One line per request (default true).
     public var access: Bool = true
-    /// Which keys the file set (so the command line and environment know what to override).
-    public var formatSet = false
-    public var levelSet = false
     public init() {}
 }
 
@@ -230,8 +227,8 @@ extension ConfigBuilder {
         guard let f = fields(entry.value, path: "log", line: entry.keyLine, known: ConfigKeys.log,
                              expected: "a mapping (format, level, access)") else { return nil }
         var log = LogConfig()
-        if let v = choice(f, "format", LogFormat.self) { log.format = v; log.formatSet = true }
-        if let v = choice(f, "level", Logger.Level.self) { log.level = v; log.levelSet = true }
+        if let v = choice(f, "format", LogFormat.self) { log.format = v }
+        if let v = choice(f, "level", Logger.Level.self) { log.level = v }
         if let v = bool(f, "access") { log.access = v }
         return log
     }

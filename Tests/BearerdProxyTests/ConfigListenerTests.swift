@@ -102,7 +102,7 @@ struct ConfigListenerTests {
     @Test func logSection() throws {
         let config = try parseConfig("log:\n  format: json\n  level: debug\n  access: false\n" + minimalRoute)
         #expect(config.log.format == .json && config.log.level == .debug && !config.log.access)
-        #expect(config.log.formatSet && config.log.levelSet)
+        #expect(config.log != LogConfig())
         #expect(configErrors("log:\n  format: xml\n" + minimalRoute)
                 == ["bearerd.yaml:2: log.format: expected one of text, json, got \"xml\""])
         #expect(configErrors("log:\n  levl: info\n" + minimalRoute)
