@@ -37,13 +37,11 @@ extension ConfigBuilder {
         let loops = integer(top, "loops", range: 1...1024)
         let ioMode = choice(top, "io", EventLoop.IOMode.self)
         let limits = top["limits"].flatMap { limitsSection($0) } ?? HTTP1Limits()
-        var timeouts = top["timeouts"].flatMap { frontendTimeouts($0) } ?? FrontendTimeouts()
+        let nested = top["timeouts"].flatMap { frontendTimeouts($0) }
+        var timeouts = nested?.timeouts ?? FrontendTimeouts()
         if let grace = duration(top, "shutdown_grace") {
-            if let nested = top["timeouts"].flatMap({ e -> Int? in
-                guard case .mapping(let m) = e.value else { return nil }
-                return m.keys.first { if case .scalar(let k) = $0 { return k.string == "shutdown_grace" } else { return false } }?.mark?.line
-            }) {
-                fail(top["shutdown_grace"]!.keyLine, "shutdown_grace", "also set as timeouts.shutdown_grace (line \(nested)); keep one")
+            if let nestedLine = nested?.graceLine {
+                fail(top["shutdown_grace"]!.keyLine, "shutdown_grace", "also set as timeouts.shutdown_grace (line \(nestedLine)); keep one")
             }
             timeouts.shutdownGrace = grace
         }
@@ -122,14 +120,16 @@ extension ConfigBuilder {
         return limits
     }
 
-    private func frontendTimeouts(_ entry: Entry) -> FrontendTimeouts? {
+    /// `timeouts:`, and the line of its `shutdown_grace` key if set (the top-level spelling of
+    /// that key must not be given as well).
+    private func frontendTimeouts(_ entry: Entry) -> (timeouts: FrontendTimeouts, graceLine: Int?)? {
         guard let f = fields(entry.value, path: "timeouts", line: entry.keyLine, known: ConfigKeys.frontendTimeouts,
                              expected: "a mapping (header_read, idle, shutdown_grace)") else { return nil }
         var timeouts = FrontendTimeouts()
         if let v = duration(f, "header_read") { timeouts.headerRead = v }
         if let v = duration(f, "idle") { timeouts.idle = v }
         if let v = duration(f, "shutdown_grace") { timeouts.shutdownGrace = v }
-        return timeouts
+        return (timeouts, f["shutdown_grace"]?.keyLine)
     }
 
     // MARK: - Sessions
