@@ -142,20 +142,40 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
     }
 
     public static func unix(_ path: String) -> SocketAddress? {
+        let bytes = Array(path.utf8)
+        return unix(sunPath: bytes + [0], length: socklen_t(MemoryLayout<sockaddr_un>.size))
+    }
+
+    /// A unix address in the abstract namespace (unix(7)): `name` without its leading `@`,
+    /// sent with a leading NUL byte and an exact length.
+    public static func unixAbstract(_ name: String) -> SocketAddress? {
+        let bytes = [0] + Array(name.utf8)
+        return unix(sunPath: bytes, length: socklen_t(MemoryLayout<sa_family_t>.size + bytes.count))
+    }
+
+    private static func unix(sunPath bytes: [UInt8], length: socklen_t) -> SocketAddress? {
         var sun = sockaddr_un()
         sun.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        let capacity = MemoryLayout.size(ofValue: sun.sun_path)
-        guard bytes.count < capacity else { return nil }
-        withUnsafeMutableBytes(of: &sun.sun_path) { dst in
-            dst.copyBytes(from: bytes)
-            dst[bytes.count] = 0
-        }
+        guard bytes.count <= MemoryLayout.size(ofValue: sun.sun_path) else { return nil }
+        withUnsafeMutableBytes(of: &sun.sun_path) { $0.copyBytes(from: bytes) }
         var storage = sockaddr_storage()
         withUnsafeBytes(of: sun) { src in
             withUnsafeMutableBytes(of: &storage) { $0.copyMemory(from: src) }
         }
-        return SocketAddress(storage: storage, length: socklen_t(MemoryLayout<sockaddr_un>.size))
+        return SocketAddress(storage: storage, length: length)
+    }
+
+    /// A unix address's path, or `@name` in the abstract namespace; nil for other families or
+    /// an unnamed socket.
+    public var unixPath: String? {
+        guard family == AF_UNIX else { return nil }
+        let pathOffset = MemoryLayout<sa_family_t>.size
+        let count = Int(length) - pathOffset
+        guard count > 0 else { return nil }
+        var s = storage
+        let bytes: [UInt8] = withUnsafeBytes(of: &s) { Array($0[pathOffset..<(pathOffset + count)]) }
+        if bytes.first == 0 { return "@" + String(decoding: bytes.dropFirst(), as: UTF8.self) }
+        return String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self)
     }
 
     /// The numeric host part ("127.0.0.1", "::1") or the Unix path.

@@ -46,19 +46,11 @@ public enum NotifySocketAddress: Sendable, Equatable {
         return .path(value)
     }
 
-    /// The `sockaddr_un` bytes and their length for `sendto`.
-    func withSockAddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> R) -> R {
-        var sun = sockaddr_un()
-        sun.sun_family = sa_family_t(AF_UNIX)
-        let bytes: [UInt8]
+    /// The socket address for `sendto` (parse bounds the length, so it always exists).
+    var socketAddress: SocketAddress? {
         switch self {
-        case .path(let p): bytes = Array(p.utf8) + [0]
-        case .abstract(let n): bytes = [0] + Array(n.utf8)
-        }
-        withUnsafeMutableBytes(of: &sun.sun_path) { dst in dst.copyBytes(from: bytes.prefix(dst.count)) }
-        let length = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count)
-        return withUnsafePointer(to: &sun) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, length) }
+        case .path(let p): return SocketAddress.unix(p)
+        case .abstract(let n): return SocketAddress.unixAbstract(n)
         }
     }
 }
@@ -218,13 +210,7 @@ public enum SocketActivation {
         case AF_INET, AF_INET6:
             return .tcp(host: a.host, port: a.port)
         case AF_UNIX:
-            let pathOffset = MemoryLayout<sa_family_t>.size
-            let count = Int(a.length) - pathOffset
-            guard count > 0 else { return nil }
-            var storage = a.storage
-            let bytes: [UInt8] = withUnsafeBytes(of: &storage) { Array($0[pathOffset..<(pathOffset + count)]) }
-            if bytes.first == 0 { return .unix(path: "@" + String(decoding: bytes.dropFirst(), as: UTF8.self)) }
-            return .unix(path: String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self))
+            return a.unixPath.map { .unix(path: $0) }
         default:
             return nil
         }
@@ -263,6 +249,7 @@ public enum SocketActivation {
 /// level (systemd's own sd_notify gives up the same way).
 public final class SystemdNotifier: @unchecked Sendable {  // @unchecked: `fd` is immutable after init, sends serialised by `lock`
     public let address: NotifySocketAddress
+    private let socketAddress: SocketAddress
     private let fd: Int32
     private let lock = Lock()
     private let logger: Logger
@@ -270,7 +257,7 @@ public final class SystemdNotifier: @unchecked Sendable {  // @unchecked: `fd` i
     /// nil when $NOTIFY_SOCKET is unset or unusable (logged).
     public init?(environment: [String: String], logger: Logger) {
         guard let raw = environment["NOTIFY_SOCKET"], !raw.isEmpty else { return nil }
-        guard let address = NotifySocketAddress.parse(raw) else {
+        guard let address = NotifySocketAddress.parse(raw), let socketAddress = address.socketAddress else {
             logger.warning("ignoring NOTIFY_SOCKET: not an absolute path or @abstract name", metadata: ["value": "\(raw)"])
             return nil
         }
@@ -280,6 +267,7 @@ public final class SystemdNotifier: @unchecked Sendable {  // @unchecked: `fd` i
             return nil
         }
         self.address = address
+        self.socketAddress = socketAddress
         self.fd = fd
         self.logger = logger
     }
@@ -292,7 +280,7 @@ public final class SystemdNotifier: @unchecked Sendable {  // @unchecked: `fd` i
         let text = SystemdMessage.text(fields)
         let sent: Int = lock.withLock {
             Array(text.utf8).withUnsafeBytes { buf in
-                address.withSockAddr { sa, len in sendto(fd, buf.baseAddress, buf.count, 0, sa, len) }
+                socketAddress.withSockAddr { sa, len in sendto(fd, buf.baseAddress, buf.count, 0, sa, len) }
             }
         }
         if sent < 0 {

@@ -16,13 +16,11 @@ public final class NotifyReceiver {
         guard fd >= 0 else { throw IOError("socket", errno) }
         let name = "bearerd-notify-\(UUID().uuidString.prefix(8))"
         address = abstract ? "@" + name : NSTemporaryDirectory() + name + ".sock"
-        var sun = sockaddr_un()
-        sun.sun_family = sa_family_t(AF_UNIX)
-        let bytes = abstract ? [0] + Array(address.utf8.dropFirst()) : Array(address.utf8) + [0]
-        withUnsafeMutableBytes(of: &sun.sun_path) { $0.copyBytes(from: bytes) }
-        let length = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count)
-        let rc = withUnsafePointer(to: &sun) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.bind(fd, $0, length) } }
-        guard rc == 0 else { throw IOError("bind \(address)", errno) }
+        guard let sa = abstract ? SocketAddress.unixAbstract(name) : SocketAddress.unix(address) else {
+            throw IOError("bind \(address)", ENAMETOOLONG)
+        }
+        let fd = self.fd
+        guard sa.withSockAddr({ Glibc.bind(fd, $0, $1) }) == 0 else { throw IOError("bind \(address)", errno) }
     }
 
     deinit {
