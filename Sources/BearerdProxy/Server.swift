@@ -62,9 +62,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             close(s.fd)
         }
         for (index, listener) in runtime.config.listeners.enumerated() {
-            let box = PolicyBox(ListenerPolicy(listener))
-            let l = try bind(listener.address, policy: box, responder: extraResponder, inherited: activation.listeners[index])
-            running.append(RunningListener(config: listener, listener: l, policy: box))
+            running.append(try open(listener, inherited: activation.listeners[index]))
         }
         boundAddresses = running.map(\.listener.localAddress)
         if let admin = runtime.config.admin {
@@ -79,6 +77,12 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             "loops": "\(group.loops.count)",
             "routes": "\(runtime.config.routes.count)",
         ])
+    }
+
+    /// A proxy listener with its access-control policy, bound (or adopted from `inherited`).
+    private func open(_ config: ListenerConfig, inherited: Int32? = nil) throws(IOError) -> RunningListener {
+        let box = PolicyBox(ListenerPolicy(config))
+        return RunningListener(config: config, listener: try bind(config.address, policy: box, responder: extraResponder, inherited: inherited), policy: box)
     }
 
     /// Binds one listener; `policy` (nil for admin) carries its access control (unix file mode,
@@ -126,9 +130,8 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         var added: [RunningListener] = []
         func undo() { for a in added { a.listener.stop() } }
         for (i, l) in config.listeners.enumerated() where !running.contains(where: { $0.config.address == l.address }) {
-            let box = PolicyBox(ListenerPolicy(l))
             do throws(IOError) {
-                added.append(RunningListener(config: l, listener: try bind(l.address, policy: box, responder: extraResponder), policy: box))
+                added.append(try open(l))
             } catch {
                 undo()
                 throw ConfigErrors([ConfigError(file: config.file, line: l.line, key: "listen[\(i)]", message: "cannot listen on \(l.address): \(error)")])
