@@ -1,8 +1,8 @@
 // swift-tools-version:6.0
 import PackageDescription
 
-/// Module split (shared/DESIGN.md §2): pure cores (BearerdHTTP, BearerdOAuth) import neither
-/// Foundation, Dispatch nor a C module; engines and the Dispatch shell live in BearerdIO;
+/// Module split (shared/DESIGN.md §2): pure cores (BearerdHTTP, BearerdOAuth, BearerdProxyCore)
+/// import neither Foundation, Dispatch nor a C module (BearerdProxyCore imports only the other two); engines and the Dispatch shell live in BearerdIO;
 /// configuration, routing and the request pipeline in BearerdProxy; the command line in bearerd.
 let shellSettings: [SwiftSetting] = [.swiftLanguageMode(.v5)]
 
@@ -34,6 +34,7 @@ let package = Package(
         ),
         .target(name: "BearerdHTTP"),
         .target(name: "BearerdOAuth"),
+        .target(name: "BearerdProxyCore", dependencies: ["BearerdHTTP", "BearerdOAuth"]),
         .target(
             name: "BearerdIO",
             dependencies: [
@@ -45,7 +46,7 @@ let package = Package(
         .target(
             name: "BearerdProxy",
             dependencies: [
-                "BearerdHTTP", "BearerdOAuth", "BearerdIO",
+                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdIO",
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -67,6 +68,7 @@ let package = Package(
         ),
         .testTarget(name: "BearerdHTTPTests", dependencies: ["BearerdHTTP"]),
         .testTarget(name: "BearerdOAuthTests", dependencies: ["BearerdOAuth"]),
+        .testTarget(name: "BearerdProxyCoreTests", dependencies: ["BearerdProxyCore", "BearerdHTTP", "BearerdOAuth"]),
         .testTarget(name: "BearerdIOTests", dependencies: ["BearerdIO", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(

@@ -1,52 +1,59 @@
 /// The "401 → refresh → replay once" decision of DESIGN §6, for one upstream response.
 ///
-/// Pure: everything it looks at is an argument. The pipeline acts on the decision; the
-/// compare-and-swap of the rejected generation, the coalesced refresh and the breaker live in
-/// `TokenSession.StateMachine.upstreamRejected(generation:waiter:now:)`.
+/// Pure: everything it looks at is an argument. It decides only whether a response is a
+/// rejection of our token and whether the request can be sent again; *which* token the replay
+/// carries (the current newer one at once, or the one of the coalesced refresh) is decided by the
+/// session alone (`TokenSession.StateMachine.upstreamRejected(generation:waiter:now:)`), so no
+/// generation is compared here or in the pipeline.
 public enum ReplayPolicy {
     public enum Decision: Sendable, Equatable {
-        /// Hand the response to the client as is.
-        case passThrough
-        /// The request carried an older generation than the current one: replay at once with
-        /// the current token, no refresh.
-        case replayNow
-        /// The current generation was rejected: drain the body, call `upstreamRejected` with a
-        /// waiter (marks the generation invalid, joins or starts the one refresh), replay once
-        /// with the token the waiter gets; if it gets a failure, pass the rejection through.
-        case refreshThenReplay
-        /// The request cannot be replayed (body not kept, method excluded): call
-        /// `upstreamRejected` without a waiter so later requests get a fresh token, and pass
-        /// this rejection to the client.
-        case refreshOnlyPassThrough
+        /// Not a rejection (status not in `reject_statuses`): relay it.
+        case notRejected
+        /// A rejection of our token that can be replayed: hold it, report it to the session,
+        /// replay once with the token the session gives (or relay it if the session gives none).
+        case replay
+        /// A rejection that is relayed as it is, for `reason`; the session is not told.
+        case passThrough(Reason)
+        /// A rejection of our token that cannot be replayed (`reason`): tell the session without
+        /// waiting (later requests get a fresh token) and relay this one.
+        case refreshOnlyPassThrough(Reason)
+    }
+
+    /// Why a rejection was not replayed (the `outcome` label of the replay counter).
+    public enum Reason: Sendable, Equatable {
+        /// The replay was rejected too.
+        case rejectedAgain
+        /// `WWW-Authenticate` names another error than `invalid_token` (e.g. `insufficient_scope`).
+        case notTokenError
+        /// The body is over `replay_body_limit` (or was not kept).
+        case notReplayable
+        /// The method is not in `replay_methods`.
+        case methodNotAllowed
+        /// The rejection's own body was too large to hold while deciding.
+        case rejectionTooLarge
     }
 
     /// The facts about one upstream response.
     public struct Input: Sendable, Equatable {
         public var status: Int
-        /// `reject_statuses` of the route (default `[401]`).
-        public var rejectStatuses: Set<Int>
+        /// `reject_statuses` of the route (default `[401]`; a few entries, so an array).
+        public var rejectStatuses: [Int]
         /// Every `WWW-Authenticate` field value of the response, in order.
         public var wwwAuthenticate: [String]
-        /// The generation of the token the request carried.
-        public var requestGeneration: UInt64
-        /// The session's current generation.
-        public var currentGeneration: UInt64
-        /// The whole request body is held (≤ `replay_body_limit`, not streaming).
-        public var bodyFullyKept: Bool
+        /// The whole request body is, or can still be, kept (≤ `replay_body_limit`). A body
+        /// still streaming counts: the rest is read into the kept copy before the replay.
+        public var bodyReplayable: Bool
         /// The method is in `replay_methods`.
         public var methodAllowed: Bool
         /// This response already answers a replay.
         public var alreadyReplayed: Bool
 
-        public init(status: Int, rejectStatuses: Set<Int> = [401], wwwAuthenticate: [String] = [],
-                    requestGeneration: UInt64, currentGeneration: UInt64, bodyFullyKept: Bool = true,
-                    methodAllowed: Bool = true, alreadyReplayed: Bool = false) {
+        public init(status: Int, rejectStatuses: [Int] = [401], wwwAuthenticate: [String] = [],
+                    bodyReplayable: Bool = true, methodAllowed: Bool = true, alreadyReplayed: Bool = false) {
             self.status = status
             self.rejectStatuses = rejectStatuses
             self.wwwAuthenticate = wwwAuthenticate
-            self.requestGeneration = requestGeneration
-            self.currentGeneration = currentGeneration
-            self.bodyFullyKept = bodyFullyKept
+            self.bodyReplayable = bodyReplayable
             self.methodAllowed = methodAllowed
             self.alreadyReplayed = alreadyReplayed
         }
@@ -65,12 +72,11 @@ public enum ReplayPolicy {
     }
 
     public static func decide(_ input: Input) -> Decision {
-        guard input.rejectStatuses.contains(input.status), !input.alreadyReplayed,
-              challengesBlameToken(input.wwwAuthenticate) else { return .passThrough }
-        let replayable = input.bodyFullyKept && input.methodAllowed
-        if input.requestGeneration < input.currentGeneration {
-            return replayable ? .replayNow : .passThrough
-        }
-        return replayable ? .refreshThenReplay : .refreshOnlyPassThrough
+        guard input.rejectStatuses.contains(input.status) else { return .notRejected }
+        if input.alreadyReplayed { return .passThrough(.rejectedAgain) }
+        guard challengesBlameToken(input.wwwAuthenticate) else { return .passThrough(.notTokenError) }
+        if !input.bodyReplayable { return .refreshOnlyPassThrough(.notReplayable) }
+        if !input.methodAllowed { return .refreshOnlyPassThrough(.methodNotAllowed) }
+        return .replay
     }
 }

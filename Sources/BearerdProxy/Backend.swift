@@ -37,7 +37,11 @@ protocol BackendConnectionDelegate: AnyObject {
     func backendResponseHead(_ head: HTTPResponseHead, framing: HTTP1BodyFraming)
     func backendBody(_ bytes: ArraySlice<UInt8>)
     func backendEnd(trailers: HTTPHeaders?)
-    func backendFailed(_ error: ChannelError, responseStarted: Bool)
+    /// Everything one read produced has been delivered (a response head still held back goes out now).
+    func backendReadComplete()
+    /// The connection failed. `reused`: it came from the pool; `responseBytesSeen`: a byte of the
+    /// response to this request arrived (both decide whether a retry on a fresh connection is safe).
+    func backendFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool)
     func backendWritable()
 }
 
@@ -58,7 +62,6 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
     /// Taken from the pool (not fresh): a failure before any response byte may be retried.
     var reused = false
     var receivedResponseBytes = false
-    private var responseStarted = false
     /// The response ended and the connection can carry another request.
     private(set) var reusable = false
     var deadline: UInt64 = 0
@@ -116,14 +119,15 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
         c(result)
     }
 
-    /// Hands the connection to an exchange.
+    /// Hands the connection to an exchange. Every read pause of the previous exchange is lifted: a
+    /// connection parked while its client was slow must not stay deaf (issue 8 item 8).
     func assign(to delegate: BackendConnectionDelegate) {
         self.delegate = delegate
         state = .busy
-        responseStarted = false
         receivedResponseBytes = false
         reusable = false
         channel?.resumeReading(.owner)
+        channel?.resumeReading(.peerBackpressure)
     }
 
     /// Sends a request head (and whatever body bytes the exchange writes after it).
@@ -174,6 +178,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
         touch()
         parser.feed(bytes)
         drive()
+        if state == .busy { delegate?.backendReadComplete() }
     }
 
     func channelEOF(_ channel: SocketChannel) {
@@ -214,7 +219,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
         pool.forget(self)
         if wasBusy, let d = delegate {
             delegate = nil
-            d.backendFailed(.protocolError("upstream connection closed"), responseStarted: responseStarted)
+            d.backendFailed(.protocolError("upstream connection closed"), reused: reused, responseBytesSeen: receivedResponseBytes)
         }
     }
 
@@ -240,7 +245,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
         delegate = nil
         state = .closed
         channel?.close()
-        d?.backendFailed(error, responseStarted: responseStarted)
+        d?.backendFailed(error, reused: reused, responseBytesSeen: receivedResponseBytes)
     }
 
     /// Pulls parser events and hands them to the exchange, stopping if it is detached.
@@ -256,7 +261,6 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
             guard let event else { return }
             switch event {
             case .responseHead(let head, let framing):
-                if !head.isInformational { responseStarted = true }
                 if !head.isInformational {
                     reusable = framing != .closeDelimited && HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers)
                 }
@@ -273,8 +277,10 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
         }
     }
 
-    /// Called by the pool when the connection goes idle.
+    /// Called by the pool when the connection goes idle. Reads stay on, so a close or stray bytes
+    /// while idle are noticed (and the connection dropped).
     func parkIdle() {
+        channel?.resumeReading(.peerBackpressure)
         delegate = nil
         state = .idle
         idleSince = monotonicNanos()
@@ -303,6 +309,11 @@ final class BackendPool {
                 return
             }
         }
+        connectNew(target, completion: completion)
+    }
+
+    /// A new connection for `target`, never a pooled one (resolve off-loop, connect, TLS handshake).
+    func connectNew(_ target: UpstreamTarget, completion: @escaping (Result<BackendConnection, ChannelError>) -> Void) {
         Resolver.shared.resolve(host: target.url.host, port: target.url.port, on: loop) { [self] result in
             switch result {
             case .failure(let e):

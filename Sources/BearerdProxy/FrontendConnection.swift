@@ -117,10 +117,20 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
 
     func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
         parser.feed(bytes)
-        if exchange != nil && !(exchange!.requestComplete) {
-            deadline = monotonicNanos() &+ ctx.runtime.idleTimeout  // body upload must keep moving
-        }
         processInput()
+        armBodyDeadline()
+    }
+
+    /// While an exchange waits for the client's body, the upload must keep moving (`idle`); once the
+    /// body is complete (or we stopped reading it ourselves) the client owes nothing, and the
+    /// upstream's response timeout governs (issue 8 item 9).
+    private func armBodyDeadline() {
+        guard let ex = exchange else { return }
+        if !ex.requestComplete && ex.wantsBody && !closing {
+            deadline = monotonicNanos() &+ ctx.runtime.idleTimeout
+        } else {
+            deadline = 0
+        }
     }
 
     func channelEOF(_ channel: SocketChannel) {
@@ -163,9 +173,10 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
 
     func deadlineExpired(now: UInt64) {
         deadline = 0
-        if exchange != nil {
-            // Client stopped sending its body.
-            exchange?.abort()
+        if let ex = exchange {
+            // Only a client that stopped sending its body is timed out here.
+            guard !ex.requestComplete else { return }
+            ex.abort()
             exchange = nil
             channel.close()
             return
@@ -222,7 +233,10 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     /// Called when an exchange can take body again after backpressure.
     func exchangeWantsBody() {
         channel.resumeReading(.peerBackpressure)
-        ctx.loop.deferToEndOfEvent { [weak self] in self?.processInput() }
+        ctx.loop.deferToEndOfEvent { [weak self] in
+            self?.processInput()
+            self?.armBodyDeadline()
+        }
     }
 
     private func startExchange(_ head: HTTPRequestHead, framing: HTTP1BodyFraming) {
@@ -267,7 +281,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         let target = RequestTarget.upstreamTarget(path: parts.path, query: parts.query, route: route)
         let upstreamHead = ProxyHeaders.upstreamRequest(client: head, framing: framing, target: target, route: route,
                                                         clientAddress: clientAddress, originalHost: host)
-        let ex = ProxyExchange(frontend: self, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
+        let ex = ProxyExchangeDriver(frontend: self, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
                                upstreamHead: upstreamHead, logPath: parts.path, keepAlive: keepAlive)
         exchange = ex
         ex.start()
@@ -372,8 +386,9 @@ final class LocalExchange: FrontendExchange {
         if framing == .none {
             requestComplete = true
             frontend.ctx.loop.deferToEndOfEvent { [weak self] in self?.run() }
-        } else if HTTPHeaderRules.expectsContinue(head) {
-            frontend.writeRaw(ProxyExchange.continueLine)
+        } else if HTTPHeaderRules.expectsContinue(head) && head.version == .http1_1 {
+            // RFC 9110 §15.2: never a 1xx to an HTTP/1.0 client.
+            frontend.writeRaw(continueLine)
         }
     }
 

@@ -155,18 +155,14 @@ public enum ReplayOutcome: Int, CaseIterable, Sendable {
         }
     }
 
-    /// The outcome known when `ReplayPolicy.decide` returns, or nil when there is none yet
-    /// (the status is not a rejection, or a replay is underway and its outcome comes later).
-    public static func atDecision(_ input: ReplayPolicy.Input, _ decision: ReplayPolicy.Decision) -> ReplayOutcome? {
-        switch decision {
-        case .replayNow, .refreshThenReplay:
-            return nil
-        case .passThrough, .refreshOnlyPassThrough:
-            guard input.rejectStatuses.contains(input.status) else { return nil }
-            if input.alreadyReplayed { return .rejectedAgain }
-            if !ReplayPolicy.challengesBlameToken(input.wwwAuthenticate) { return .notTokenError }
-            if !input.bodyFullyKept { return .notReplayable }
-            return .methodNotAllowed
+    /// The counter for a rejection that was not replayed for `reason`.
+    public init(_ reason: ReplayPolicy.Reason) {
+        switch reason {
+        case .rejectedAgain: self = .rejectedAgain
+        case .notTokenError: self = .notTokenError
+        case .notReplayable: self = .notReplayable
+        case .methodNotAllowed: self = .methodNotAllowed
+        case .rejectionTooLarge: self = .rejectionTooLarge
         }
     }
 

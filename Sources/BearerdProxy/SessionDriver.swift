@@ -257,7 +257,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     public func reportRejected(generation: UInt64, on loop: EventLoop, completion: @escaping (RejectionOutcome) -> Void) {
         let current = publishLock.withLock { published }
         if let current, generation < current.generation {
-            loop.execute { completion(.replay(current)) }
+            loop.execute { completion(.replay(current, refreshed: false)) }
             return
         }
         queue.execute { [self] in
@@ -477,7 +477,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             switch result {
             case .token(let t) where t.generation > generation:
                 let p = convert(t)
-                loop.execute { completion(.replay(p)) }
+                loop.execute { completion(.replay(p, refreshed: true)) }
             case .token:
                 // The forced refresh failed and the rejected token is all there is.
                 loop.execute { completion(.passThrough(reason: "token.refresh_failed")) }

@@ -37,8 +37,9 @@ public struct TokenUnavailable: Error, Sendable, Equatable {
 
 /// What to do with a request whose token the upstream rejected.
 public enum RejectionOutcome: Sendable, Equatable {
-    /// Replay once with this (newer) token.
-    case replay(PublishedToken)
+    /// Replay once with this (newer) token. `refreshed`: it came from the refresh this rejection
+    /// joined or started; false when the session already held it (the request carried an older one).
+    case replay(PublishedToken, refreshed: Bool)
     /// Do not replay: the breaker is open, or no newer token could be had. The rejection goes to the client.
     case passThrough(reason: String)
 }

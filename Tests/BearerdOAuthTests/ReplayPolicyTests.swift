@@ -49,31 +49,29 @@ import Testing
 }
 
 @Suite struct ReplayDecisionTests {
-    func decide(status: Int = 401, reject: Set<Int> = [401], www: [String] = [], gen: UInt64 = 3, current: UInt64 = 3,
-                kept: Bool = true, method: Bool = true, replayed: Bool = false) -> ReplayPolicy.Decision {
-        ReplayPolicy.decide(.init(status: status, rejectStatuses: reject, wwwAuthenticate: www, requestGeneration: gen,
-                                  currentGeneration: current, bodyFullyKept: kept, methodAllowed: method,
-                                  alreadyReplayed: replayed))
+    func decide(status: Int = 401, reject: [Int] = [401], www: [String] = [], replayable: Bool = true, method: Bool = true,
+                replayed: Bool = false) -> ReplayPolicy.Decision {
+        ReplayPolicy.decide(.init(status: status, rejectStatuses: reject, wwwAuthenticate: www, bodyReplayable: replayable,
+                                  methodAllowed: method, alreadyReplayed: replayed))
     }
 
     @Test func table() {
-        #expect(decide() == .refreshThenReplay)
-        #expect(decide(www: [#"Bearer realm="x""#]) == .refreshThenReplay)
-        #expect(decide(www: [#"Bearer error="invalid_token""#]) == .refreshThenReplay)
-        #expect(decide(www: ["Basic realm=x"]) == .refreshThenReplay)
-        #expect(decide(www: [#"Bearer error="insufficient_scope""#]) == .passThrough)
-        #expect(decide(www: [#"Bearer error="invalid_token""#, #"Bearer error="insufficient_scope""#]) == .passThrough)
-        #expect(decide(www: [#"Bearer error="invalid_request""#]) == .passThrough)
-        #expect(decide(www: ["Bearer \"garbage"]) == .refreshThenReplay)  // unparsable: no information
-        #expect(decide(status: 403) == .passThrough)
-        #expect(decide(status: 403, reject: [401, 403]) == .refreshThenReplay)
-        #expect(decide(status: 200) == .passThrough)
-        #expect(decide(replayed: true) == .passThrough)
-        #expect(decide(gen: 2, current: 3) == .replayNow)
-        #expect(decide(gen: 2, current: 3, kept: false) == .passThrough)
-        #expect(decide(kept: false) == .refreshOnlyPassThrough)
-        #expect(decide(method: false) == .refreshOnlyPassThrough)
-        #expect(decide(www: [#"Bearer error="insufficient_scope""#], kept: false) == .passThrough)
+        #expect(decide() == .replay)
+        #expect(decide(www: [#"Bearer realm="x""#]) == .replay)
+        #expect(decide(www: [#"Bearer error="invalid_token""#]) == .replay)
+        #expect(decide(www: ["Basic realm=x"]) == .replay)
+        #expect(decide(www: [#"Bearer error="insufficient_scope""#]) == .passThrough(.notTokenError))
+        #expect(decide(www: [#"Bearer error="invalid_token""#, #"Bearer error="insufficient_scope""#]) == .passThrough(.notTokenError))
+        #expect(decide(www: [#"Bearer error="invalid_request""#]) == .passThrough(.notTokenError))
+        #expect(decide(www: ["Bearer \"garbage"]) == .replay)  // unparsable: no information
+        #expect(decide(status: 403) == .notRejected)
+        #expect(decide(status: 403, reject: [401, 403]) == .replay)
+        #expect(decide(status: 200) == .notRejected)
+        #expect(decide(replayed: true) == .passThrough(.rejectedAgain))
+        #expect(decide(replayable: false) == .refreshOnlyPassThrough(.notReplayable))
+        #expect(decide(method: false) == .refreshOnlyPassThrough(.methodNotAllowed))
+        #expect(decide(www: [#"Bearer error="insufficient_scope""#], replayable: false) == .passThrough(.notTokenError))
+        #expect(decide(replayable: false, replayed: true) == .passThrough(.rejectedAgain))
     }
 }
 

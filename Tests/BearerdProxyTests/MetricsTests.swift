@@ -336,18 +336,21 @@ struct MetricsTests {
     }
 
     @Test func replayOutcomesAtTheDecision() {
-        func outcome(_ i: ReplayPolicy.Input) -> ReplayOutcome? { ReplayOutcome.atDecision(i, ReplayPolicy.decide(i)) }
-        #expect(outcome(.init(status: 200, requestGeneration: 1, currentGeneration: 1)) == nil)
-        #expect(outcome(.init(status: 401, requestGeneration: 1, currentGeneration: 1)) == nil)  // refresh then replay: later
-        #expect(outcome(.init(status: 401, requestGeneration: 1, currentGeneration: 2)) == nil)  // replay now: later
-        #expect(outcome(.init(status: 401, requestGeneration: 2, currentGeneration: 2, alreadyReplayed: true)) == .rejectedAgain)
-        #expect(outcome(.init(status: 401, wwwAuthenticate: ["Bearer error=\"insufficient_scope\""],
-                              requestGeneration: 1, currentGeneration: 1)) == .notTokenError)
-        #expect(outcome(.init(status: 401, requestGeneration: 1, currentGeneration: 1, bodyFullyKept: false)) == .notReplayable)
-        #expect(outcome(.init(status: 401, requestGeneration: 1, currentGeneration: 2, bodyFullyKept: false)) == .notReplayable)
-        #expect(outcome(.init(status: 401, requestGeneration: 1, currentGeneration: 1, methodAllowed: false)) == .methodNotAllowed)
-        #expect(outcome(.init(status: 403, rejectStatuses: [401, 403], requestGeneration: 1, currentGeneration: 1, methodAllowed: false)) == .methodNotAllowed)
-        #expect(outcome(.init(status: 403, requestGeneration: 1, currentGeneration: 1, methodAllowed: false)) == nil)
+        func outcome(_ i: ReplayPolicy.Input) -> ReplayOutcome? {
+            switch ReplayPolicy.decide(i) {
+            case .notRejected, .replay: return nil  // a replay's outcome comes later
+            case .passThrough(let r), .refreshOnlyPassThrough(let r): return ReplayOutcome(r)
+            }
+        }
+        #expect(outcome(.init(status: 200)) == nil)
+        #expect(outcome(.init(status: 401)) == nil)
+        #expect(outcome(.init(status: 401, alreadyReplayed: true)) == .rejectedAgain)
+        #expect(outcome(.init(status: 401, wwwAuthenticate: ["Bearer error=\"insufficient_scope\""])) == .notTokenError)
+        #expect(outcome(.init(status: 401, bodyReplayable: false)) == .notReplayable)
+        #expect(outcome(.init(status: 401, methodAllowed: false)) == .methodNotAllowed)
+        #expect(outcome(.init(status: 403, rejectStatuses: [401, 403], methodAllowed: false)) == .methodNotAllowed)
+        #expect(outcome(.init(status: 403, methodAllowed: false)) == nil)
+        #expect(ReplayOutcome(.rejectionTooLarge) == .rejectionTooLarge)
         #expect(ReplayOutcome.abandoned(reason: "token.breaker_open") == .breakerOpen)
         #expect(ReplayOutcome.abandoned(reason: "token.negative_cached: invalid_client (HTTP 401)") == .refreshFailed)
         #expect(ReplayOutcome.abandoned(reason: "no newer token") == .refreshFailed)

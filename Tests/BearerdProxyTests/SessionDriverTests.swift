@@ -281,14 +281,14 @@ struct SessionDriverTests {
         #expect(first.generation == 1)
 
         // Rejection of the current generation: one forced refresh, replay with the new token.
-        guard case .replay(let second) = await reportRejected(driver, generation: 1) else { Issue.record("expected replay"); return }
+        guard case .replay(let second, _) = await reportRejected(driver, generation: 1) else { Issue.record("expected replay"); return }
         #expect(second.value == "access-AAA-2")
         #expect(second.generation == 2)
         #expect(endpoint.count == 2)
         #expect(driver.currentGeneration == 2)
 
         // A late rejection of generation 1 is stale: replay with the current token, no request.
-        guard case .replay(let again) = await reportRejected(driver, generation: 1, on: testLoops[2]) else { Issue.record("expected replay"); return }
+        guard case .replay(let again, _) = await reportRejected(driver, generation: 1, on: testLoops[2]) else { Issue.record("expected replay"); return }
         #expect(again == second)
         #expect(endpoint.count == 2)
         #expect(logs.lines.contains { $0.contains("token.reason=rejected") && $0.contains("token.generation=2") })
@@ -316,7 +316,7 @@ struct SessionDriverTests {
         #expect(outcomes.count == 50)
         #expect(endpoint.count == 2)
         for o in outcomes {
-            guard case .replay(let t) = o else { Issue.record("expected replay, got \(o)"); continue }
+            guard case .replay(let t, _) = o else { Issue.record("expected replay, got \(o)"); continue }
             #expect(t.value == "access-AAA-2")
             #expect(t.generation == 2)
         }

@@ -94,7 +94,7 @@ struct SessionRefreshTokenTests {
         #expect(endpoint.received.first?.body == "grant_type=refresh_token&refresh_token=refresh-RRR-0&client_id=cli")
 
         // A forced refresh rotates again, and the file follows.
-        guard case .replay(let second) = await reportRejected(driver, generation: token.generation) else {
+        guard case .replay(let second, _) = await reportRejected(driver, generation: token.generation) else {
             Issue.record("expected replay")
             return
         }
@@ -173,10 +173,10 @@ struct SessionRefreshTokenTests {
 
         // B is forced to refresh (rotating to refresh-RRR-2); then A's forced refresh adopts
         // B's newer access token from the state file without calling the server.
-        guard case .replay(let tb2) = await reportRejected(db, generation: tb.generation) else { Issue.record("expected replay"); return }
+        guard case .replay(let tb2, _) = await reportRejected(db, generation: tb.generation) else { Issue.record("expected replay"); return }
         #expect(tb2.value == "access-AAA-2")
         #expect(endpoint.count == 2)
-        guard case .replay(let ta2) = await reportRejected(da, generation: ta.generation) else { Issue.record("expected replay"); return }
+        guard case .replay(let ta2, _) = await reportRejected(da, generation: ta.generation) else { Issue.record("expected replay"); return }
         #expect(ta2.value == "access-AAA-2")
         #expect(endpoint.count == 2)
         #expect(endpoint.received.map { $0.form["refresh_token"] ?? "" } == ["refresh-RRR-0", "refresh-RRR-1"])

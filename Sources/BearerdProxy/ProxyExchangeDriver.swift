@@ -1,0 +1,601 @@
+import BearerdHTTP
+import BearerdIO
+import BearerdOAuth
+import BearerdProxyCore
+import Logging
+
+/// What a frontend connection drives for each request: the proxy, or a local responder (admin,
+/// demo upstream). All calls on the connection's loop.
+protocol FrontendExchange: AnyObject {
+    /// All of the request body has been received from the client.
+    var requestComplete: Bool { get }
+    /// False while the exchange cannot take more body (backpressure); the frontend stops parsing.
+    var wantsBody: Bool { get }
+    func requestBody(_ bytes: ArraySlice<UInt8>)
+    func requestEnd(trailers: HTTPHeaders?)
+    /// The client connection failed or closed; release everything.
+    func abort()
+    /// The client's output drained below the low-water mark.
+    func frontendWritable()
+    /// Some of the response has been written to the client: an error can no longer be answered.
+    var responseStarted: Bool { get }
+}
+
+/// `HTTP/1.1 100 Continue`, sent on the upstream's behalf (RFC 9110 §10.1.1; HTTP/1.1 clients only).
+let continueLine: [UInt8] = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
+
+/// Carries out the decisions of one `ProxyExchange.StateMachine`: the thin I/O side of one proxied
+/// request, from the client's head to the last byte of the upstream's response.
+///
+/// Lives on the frontend connection's loop. It owns the bytes the machine only counts: the body
+/// buffered while connecting (`pending`), the kept copy for replays (`kept`), the held rejection,
+/// the response head not yet written, and the backend connection of the current attempt. The
+/// route, its session, target and metrics slot are captured at start, so a reload never changes
+/// a running exchange (issue 8 item 3). Every phase is the machine's; the only state here besides
+/// bytes is socket backpressure (`bodyHold`).
+final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
+    unowned let frontend: FrontendConnection
+    let ctx: LoopContext
+    let runtime: ProxyRuntime
+    let route: RouteConfig
+    let head: HTTPRequestHead
+    let framing: HTTP1BodyFraming
+    /// This route's slot in `ctx.metrics.routes`, fixed at start (see `LoopContext.routeSlots`).
+    let metricsSlot: Int
+    let target: UpstreamTarget
+    let upstreamHead: HTTPRequestHead
+    let logPath: Substring
+    /// The route's token session; nil on routes without credentials.
+    private let session: TokenSessionDriver?
+    /// The client asked for a persistent connection (and the server is not draining).
+    private let clientWantsKeepAlive: Bool
+
+    private var machine: ProxyExchange.StateMachine
+    private var backend: BackendConnection?
+    /// The token the current attempt carries.
+    private var token: PublishedToken?
+
+    // Bytes the machine counts.
+    private var pending: [UInt8] = []
+    private var kept: [UInt8] = []
+    private var requestTrailers: HTTPHeaders?
+    private var responseHead: (head: HTTPResponseHead, framing: HTTP1BodyFraming)?
+    private var heldBody: [UInt8] = []
+    private var clientFraming: ProxyHeaders.ClientFraming = .none
+    private var clientKeepAlive = true
+    /// Scratch for chunk encoding, reused across chunks.
+    private var scratch: [UInt8] = []
+    /// The last upstream failure, for the 502/504 body.
+    private var lastFailure: ChannelError?
+
+    /// Socket backpressure on the client's body (orthogonal to the machine's phases).
+    private struct BodyHold: OptionSet {
+        let rawValue: UInt8
+        /// The upstream connection's output is over its high-water mark.
+        static let upstreamFull = BodyHold(rawValue: 1)
+    }
+    private var bodyHold: BodyHold = []
+
+    // Timing (monotonic nanoseconds; differences are saturating, issue 8 item 1).
+    private let started: UInt64
+    private var attemptStarted: UInt64 = 0
+    private var headSentAt: UInt64 = 0
+    private var upstreamHeadAt: UInt64 = 0
+    private var status = 0
+    private var bodyBytes: UInt64 = 0
+    private var replayed = false
+
+    init(frontend: FrontendConnection, ctx: LoopContext, head: HTTPRequestHead, framing: HTTP1BodyFraming,
+         routeIndex: Int, upstreamHead: HTTPRequestHead, logPath: Substring, keepAlive: Bool) {
+        self.frontend = frontend
+        self.ctx = ctx
+        let runtime = ctx.runtime
+        self.runtime = runtime
+        self.head = head
+        self.framing = framing
+        self.metricsSlot = ctx.routeSlots[routeIndex]
+        self.target = runtime.targets[routeIndex]
+        self.upstreamHead = upstreamHead
+        self.logPath = logPath
+        self.clientWantsKeepAlive = keepAlive
+        started = monotonicNanos()
+        let route = runtime.config.routes[routeIndex]
+        self.route = route
+        let session = runtime.routeSessions[routeIndex]
+        self.session = session
+        machine = ProxyExchange.StateMachine(setup: ProxyExchange.Setup(
+            hasBody: framing != .none,
+            clientSpeaksHTTP11: head.version == .http1_1,
+            expectsContinue: HTTPHeaderRules.expectsContinue(head),
+            hasSession: session != nil,
+            replayBodyLimit: route.replayBodyLimit,
+            rejectStatuses: route.rejectStatuses,
+            methodReplayable: route.replayMethods.allows(head.method),
+            methodIdempotent: ProxyExchange.Setup.isIdempotent(head.method)))
+    }
+
+    var requestComplete: Bool { machine.clientBody.isComplete }
+    var wantsBody: Bool {
+        machine.wantsClientBody && (bodyHold.isEmpty || !machine.clientBodyGoesUpstream)
+    }
+    var responseStarted: Bool {
+        switch machine.state {
+        case .forwarding(_, _, .streaming), .finished: return true
+        default: return false
+        }
+    }
+
+    func start() {
+        perform(machine.start())
+    }
+
+    // MARK: the machine's actions
+
+    private func perform(_ action: ProxyExchange.Action) {
+        switch action {
+        case .none:
+            break
+        case .acquireToken:
+            acquireToken()
+        case .acquireBackend(let fresh):
+            acquireBackend(fresh: fresh)
+        case .closeUnusedBackend:
+            break  // handled where the connection arrives
+        case .sendRequest(let send):
+            sendRequest(send)
+        case .forwardClientBody, .bufferClientBody, .keepClientBody, .discardClientBody:
+            break  // handled in requestBody, which has the bytes
+        case .endUpstreamBody:
+            endUpstreamBody()
+        case .relayInformational, .holdRejectionBody, .forwardResponseBody:
+            break  // handled in the backend callbacks, which have the bytes
+        case .rejectionNotReplayed(let reason, let refreshOnly):
+            ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason))
+            if refreshOnly { reportRejectedWithoutReplay() }
+        case .holdRejection:
+            heldBody.removeAll()
+            // The body now goes only into the kept copy: the rejecting upstream's backpressure no
+            // longer applies (it may have stopped reading for good).
+            resumeClientBodyIfHeld()
+        case .releaseHeldRejection(let reason, let closeClient):
+            ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason))
+            resumeClientBodyIfHeld()
+            reportRejectedWithoutReplay()
+            kept = []
+            writeResponseHead(closeClient: closeClient)
+            let held = heldBody
+            heldBody = []
+            if !held.isEmpty { held.withUnsafeBytes { writeResponseBody($0) } }
+        case .rejectionDrained(let disposal, let reportNow):
+            dispose(disposal)
+            resumeClientBodyIfHeld()
+            if reportNow { reportRejectedForReplay() }
+        case .reportRejection:
+            reportRejectedForReplay()
+        case .sendHeldRejection(let reason, let refreshOnly, let closeClient):
+            if let reason { ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason)) }
+            if refreshOnly { reportRejectedWithoutReplay() }
+            kept = []
+            writeResponseHead(closeClient: closeClient)
+            let held = heldBody
+            heldBody = []
+            if !held.isEmpty { held.withUnsafeBytes { writeResponseBody($0) } }
+            finishClientResponse(trailers: nil)
+            complete()
+        case .writeResponseHead(let closeClient):
+            writeResponseHead(closeClient: closeClient)
+        case .finishResponse:
+            break  // handled in backendEnd, which has the trailers
+        case .respondTokenUnavailable:
+            break  // handled where the failure arrives
+        case .respondUpstreamError(let closeClient):
+            respondUpstreamError(closeClient: closeClient)
+        case .abortClient:
+            abortClient(outcome: "upstream_aborted")
+        case .abortExchange:
+            closeBackend()
+        }
+    }
+
+    // MARK: token
+
+    private func acquireToken() {
+        guard let session else { return }
+        if let t = session.usableToken(now: monotonicNanos()) {
+            token = t
+            perform(machine.tokenAcquired())
+            return
+        }
+        session.requestToken(on: ctx.loop) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .success(let t):
+                if case .awaitingToken = self.machine.state { self.token = t }
+                self.perform(self.machine.tokenAcquired())
+            case .failure(let unavailable):
+                guard case .respondTokenUnavailable(let closeClient) = self.machine.tokenUnavailable() else { return }
+                self.respondTokenUnavailable(unavailable, closeClient: closeClient)
+            }
+        }
+    }
+
+    /// DESIGN §5: 503 JSON with Retry-After; the upstream is not called.
+    private func respondTokenUnavailable(_ u: TokenUnavailable, closeClient: Bool) {
+        status = 503
+        ctx.metrics.countUpstreamError(slot: metricsSlot, .tokenUnavailable)
+        clientKeepAlive = clientWantsKeepAlive && !closeClient && !ctx.draining
+        frontend.writeRaw(ErrorResponse.make(status: 503, error: "token_unavailable", detail: u.detail,
+                                             extra: [("Retry-After", String(u.retryAfterSeconds))],
+                                             fields: [("session", u.session)], close: !clientKeepAlive))
+        complete()
+    }
+
+    /// A rejection that will not be replayed: the session refreshes for later requests
+    /// (compare-and-swap on the generation happens there).
+    private func reportRejectedWithoutReplay() {
+        guard let session, let token else { return }
+        session.reportRejected(generation: token.generation, on: ctx.loop) { _ in }
+    }
+
+    /// The held rejection drained and the body is complete: the session decides which token the
+    /// replay carries (its current newer one at once, or the coalesced refresh's).
+    private func reportRejectedForReplay() {
+        guard let session, let rejected = token else { return }
+        session.reportRejected(generation: rejected.generation, on: ctx.loop) { [weak self] outcome in
+            guard let self, case .awaitingReplayToken = self.machine.state else { return }
+            switch outcome {
+            case .replay(let t, let refreshed):
+                self.ctx.metrics.countReplay(slot: self.metricsSlot, refreshed ? .replayedAfterRefresh : .replayedCurrentToken)
+                self.runtime.logger.info("replaying rejected request", metadata: [
+                    "session": "\(session.name)", "route": "\(self.route.match)",
+                    "token.generation": "\(rejected.generation)", "replay.generation": "\(t.generation)",
+                    "token.fingerprint": "\(t.fingerprint)",
+                ])
+                self.token = t
+                self.replayed = true
+                self.perform(self.machine.rejectionOutcome(.replay))
+            case .passThrough(let reason):
+                self.ctx.metrics.countReplay(slot: self.metricsSlot, ReplayOutcome.abandoned(reason: reason))
+                self.runtime.logger.warning("not replaying rejected request", metadata: [
+                    "session": "\(session.name)", "route": "\(self.route.match)", "reason": "\(reason)"])
+                self.perform(self.machine.rejectionOutcome(.passThrough))
+            }
+        }
+    }
+
+    // MARK: backend
+
+    private func acquireBackend(fresh: Bool) {
+        attemptStarted = monotonicNanos()
+        upstreamHeadAt = 0
+        headSentAt = 0
+        let completion: (Result<BackendConnection, ChannelError>) -> Void = { [weak self] result in
+            guard let self else {
+                if case .success(let c) = result { c.close() }
+                return
+            }
+            switch result {
+            case .success(let conn):
+                guard case .connecting = self.machine.state else {
+                    conn.close()
+                    return
+                }
+                self.backend = conn
+                conn.assign(to: self)
+                self.perform(self.machine.backendAcquired())
+            case .failure(let error):
+                self.upstreamFailed(error, reused: false, responseBytesSeen: false)
+            }
+        }
+        if fresh {
+            ctx.pool.connectNew(target, completion: completion)
+        } else {
+            ctx.pool.acquire(target, completion: completion)
+        }
+    }
+
+    private func sendRequest(_ send: ProxyExchange.SendRequest) {
+        guard let conn = backend else { return }
+        var h = upstreamHead
+        if let token {
+            // Set, never add: the client's own Authorization never reaches the upstream (DESIGN §5).
+            h.headers.set("Authorization", "Bearer " + token.value)
+        }
+        if runtime.logger.logLevel <= .trace {
+            runtime.logger.trace("upstream request", metadata: [
+                "http.method": "\(h.method)", "http.target": "\(Redaction.target(h.target))",
+                "http.headers": "\(Redaction.describe(h.headers))", "token.generation": "\(token?.generation ?? 0)"])
+        }
+        headSentAt = monotonicNanos()
+        conn.sendHead(h)
+        switch send.body {
+        case .pending:
+            if !pending.isEmpty { pending.withUnsafeBytes { writeUpstreamBody($0, to: conn) } }
+        case .kept:
+            if !kept.isEmpty { kept.withUnsafeBytes { writeUpstreamBody($0, to: conn) } }
+        }
+        // Whatever was pending is on its way (or is in the kept copy just sent).
+        pending = []
+        if send.endBody { endUpstreamBody() }
+        if send.sendContinue { frontend.writeRaw(continueLine) }
+        if conn.isOverHighWater {
+            bodyHold.insert(.upstreamFull)
+        } else if !machine.clientBody.isComplete {
+            // The client may have been paused while the pending buffer was full.
+            bodyHold = []
+            frontend.exchangeWantsBody()
+        }
+    }
+
+    private func resumeClientBodyIfHeld() {
+        guard !bodyHold.isEmpty else { return }
+        bodyHold = []
+        frontend.exchangeWantsBody()
+    }
+
+    private func writeUpstreamBody(_ raw: UnsafeRawBufferPointer, to conn: BackendConnection) {
+        if framing == .chunked {
+            scratch.removeAll(keepingCapacity: true)
+            HTTP1Serializer.writeChunk(raw, into: &scratch)
+            conn.write(scratch)
+        } else {
+            conn.write(raw)
+        }
+    }
+
+    private func endUpstreamBody() {
+        guard let b = backend else { return }
+        if framing == .chunked {
+            scratch.removeAll(keepingCapacity: true)
+            HTTP1Serializer.writeLastChunk(trailers: requestTrailers, into: &scratch)
+            b.write(scratch)
+        }
+        b.touch()
+    }
+
+    private func dispose(_ disposal: ProxyExchange.BackendDisposal) {
+        guard let b = backend else { return }
+        backend = nil
+        switch disposal {
+        case .release: ctx.pool.release(b)
+        case .close, .alreadyClosed: b.close()
+        }
+    }
+
+    private func closeBackend() {
+        let b = backend
+        backend = nil
+        b?.close()
+    }
+
+    // MARK: request body (from the client)
+
+    func requestBody(_ bytes: ArraySlice<UInt8>) {
+        let action = machine.clientBodyReceived(count: bytes.count)
+        switch action {
+        case .forwardClientBody(let keep):
+            apply(keep, bytes)
+            if let b = backend {
+                bytes.withUnsafeBytes { writeUpstreamBody($0, to: b) }
+                if b.isOverHighWater { bodyHold.insert(.upstreamFull) }
+            }
+        case .bufferClientBody(let keep):
+            apply(keep, bytes)
+            pending.append(contentsOf: bytes)
+        case .keepClientBody(let keep):
+            apply(keep, bytes)
+        case .discardClientBody:
+            break
+        default:
+            perform(action)
+        }
+    }
+
+    private func apply(_ keep: ProxyExchange.KeepAction, _ bytes: ArraySlice<UInt8>) {
+        switch keep {
+        case .append: kept.append(contentsOf: bytes)
+        case .skip: break
+        case .release: kept = []
+        }
+    }
+
+    func requestEnd(trailers: HTTPHeaders?) {
+        requestTrailers = trailers
+        perform(machine.clientBodyEnded())
+    }
+
+    // MARK: response (from the upstream)
+
+    func backendWritable() {
+        if bodyHold.contains(.upstreamFull) {
+            bodyHold.remove(.upstreamFull)
+            frontend.exchangeWantsBody()
+        }
+    }
+
+    func frontendWritable() {
+        backend?.resumeReading()
+    }
+
+    func backendResponseHead(_ upstream: HTTPResponseHead, framing respFraming: HTTP1BodyFraming) {
+        if upstream.isInformational {
+            guard case .relayInformational = machine.upstreamInformationalHead(status: upstream.status) else { return }
+            let (h, _) = ProxyHeaders.clientResponse(upstream: upstream, framing: .none, requestMethod: head.method,
+                                                     clientVersion: head.version, keepAlive: true)
+            scratch.removeAll(keepingCapacity: true)
+            HTTP1Serializer.writeResponseHead(h, into: &scratch)
+            frontend.writeRaw(scratch)
+            // 1xx relays obey the same backpressure as bodies (issue 8 item 8).
+            if frontend.isOverHighWater { backend?.pauseReading() }
+            return
+        }
+        upstreamHeadAt = monotonicNanos()
+        if headSentAt > 0 {
+            ctx.metrics.observeUpstreamLatency(slot: metricsSlot, nanoseconds: upstreamHeadAt.saturatingSubtract(headSentAt))
+        }
+        status = upstream.status
+        if runtime.logger.logLevel <= .trace {
+            runtime.logger.trace("upstream response", metadata: [
+                "http.status": "\(upstream.status)", "http.headers": "\(Redaction.describe(upstream.headers))"])
+        }
+        responseHead = (upstream, respFraming)
+        perform(machine.upstreamFinalHead(status: upstream.status, wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") }))
+    }
+
+    func backendBody(_ bytes: ArraySlice<UInt8>) {
+        let action = machine.upstreamBodyReceived(count: bytes.count)
+        switch action {
+        case .holdRejectionBody:
+            heldBody.append(contentsOf: bytes)
+        case .forwardResponseBody(let writeHeadFirst, let closeClient):
+            if writeHeadFirst { writeResponseHead(closeClient: closeClient) }
+            bytes.withUnsafeBytes { writeResponseBody($0) }
+        case .releaseHeldRejection:
+            perform(action)
+            bytes.withUnsafeBytes { writeResponseBody($0) }
+        default:
+            perform(action)
+        }
+    }
+
+    func backendReadComplete() {
+        perform(machine.upstreamReadComplete())
+    }
+
+    func backendEnd(trailers: HTTPHeaders?) {
+        let action = machine.upstreamEnded()
+        guard case .finishResponse(let writeHeadFirst, let disposal, let closeClient) = action else {
+            perform(action)
+            return
+        }
+        if writeHeadFirst { writeResponseHead(closeClient: closeClient) }
+        if closeClient { clientKeepAlive = false }
+        finishClientResponse(trailers: trailers)
+        dispose(disposal)
+        complete()
+    }
+
+    func backendFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool) {
+        upstreamFailed(error, reused: reused, responseBytesSeen: responseBytesSeen)
+    }
+
+    private func upstreamFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool) {
+        let b = backend
+        backend = nil
+        b?.close()
+        lastFailure = error
+        let failure: ProxyExchange.UpstreamFailure
+        switch error {
+        case .timeout: failure = .timeout
+        case .tls: failure = .tls
+        case .protocolError: failure = .invalidResponse
+        case .connect, .io: failure = .unreachable
+        }
+        perform(machine.upstreamFailed(failure, reusedConnection: reused, responseBytesSeen: responseBytesSeen))
+    }
+
+    // MARK: writing to the client
+
+    private func writeResponseHead(closeClient: Bool) {
+        guard let (upstream, respFraming) = responseHead else { return }
+        responseHead = nil
+        // A request whose body is not fully read cannot be followed by another on this connection.
+        clientKeepAlive = clientWantsKeepAlive && !closeClient && !ctx.draining
+        let (h, cf) = ProxyHeaders.clientResponse(upstream: upstream, framing: respFraming, requestMethod: head.method,
+                                                  clientVersion: head.version, keepAlive: clientKeepAlive)
+        if cf == .untilClose { clientKeepAlive = false }
+        clientFraming = cf
+        var buf: [UInt8] = []
+        buf.reserveCapacity(512)
+        HTTP1Serializer.writeResponseHead(h, into: &buf)
+        frontend.writeTaking(&buf)
+    }
+
+    private func writeResponseBody(_ raw: UnsafeRawBufferPointer) {
+        guard raw.count > 0 else { return }
+        bodyBytes = bodyBytes.saturatingAdd(UInt64(raw.count))
+        if clientFraming == .chunked {
+            var enc: [UInt8] = []
+            enc.reserveCapacity(raw.count + 16)
+            HTTP1Serializer.writeChunk(raw, into: &enc)
+            frontend.writeTaking(&enc)
+        } else {
+            frontend.writeRaw(raw)
+        }
+        if frontend.isOverHighWater { backend?.pauseReading() }
+    }
+
+    private func finishClientResponse(trailers: HTTPHeaders?) {
+        if clientFraming == .chunked {
+            var enc: [UInt8] = []
+            HTTP1Serializer.writeLastChunk(trailers: trailers, into: &enc)
+            frontend.writeRaw(enc)
+        }
+    }
+
+    private func respondUpstreamError(closeClient: Bool) {
+        let error = lastFailure ?? .protocolError("upstream failed")
+        let (st, kind): (Int, UpstreamErrorKind)
+        switch error {
+        case .timeout: (st, kind) = (504, .upstreamTimeout)
+        case .tls: (st, kind) = (502, .upstreamTLS)
+        case .protocolError: (st, kind) = (502, .upstreamInvalidResponse)
+        case .connect, .io: (st, kind) = (502, .upstreamUnreachable)
+        }
+        let code = kind.label
+        ctx.metrics.countUpstreamError(slot: metricsSlot, kind)
+        status = st
+        clientKeepAlive = clientWantsKeepAlive && !closeClient && !ctx.draining
+        let detail: String
+        switch error {
+        case .tls(let e): detail = e.message
+        default: detail = "\(target.url.authority): \(error)"
+        }
+        frontend.writeRaw(ErrorResponse.make(status: st, error: code, detail: detail, fields: [("route", route.match)],
+                                             close: !clientKeepAlive))
+        runtime.logger.warning("upstream failed", metadata: ["route": "\(route.match)", "upstream": "\(target.url.authority)",
+                                                             "error": "\(code)", "detail": "\(detail)"])
+        complete()
+    }
+
+    private func abortClient(outcome: String) {
+        closeBackend()
+        log(outcome: outcome)
+        frontend.exchangeFinished(self, keepAlive: false, abort: true)
+    }
+
+    private func complete() {
+        log(outcome: nil)
+        frontend.exchangeFinished(self, keepAlive: clientKeepAlive, abort: false)
+    }
+
+    func abort() {
+        guard case .abortExchange = machine.clientClosed() else { return }
+        closeBackend()
+        log(outcome: "client_aborted")
+    }
+
+    private func log(outcome: String?) {
+        ctx.metrics.countRequest(slot: metricsSlot, status: status)
+        ctx.metrics.responseBytes &+= bodyBytes
+        guard runtime.accessLog else { return }
+        let now = monotonicNanos()
+        let record = AccessRecord(
+            method: head.method, path: String(logPath), route: route.match, status: status,
+            upstreamMicros: upstreamHeadAt > 0 ? Int(clamping: upstreamHeadAt.saturatingSubtract(attemptStarted) / 1000) : -1,
+            totalMicros: Int(clamping: now.saturatingSubtract(started) / 1000), bytes: bodyBytes, outcome: outcome,
+            session: session?.name, generation: session == nil ? nil : token?.generation, replayed: replayed)
+        runtime.logger.info("request", metadata: ["access": .stringConvertible(record)])
+    }
+}
+
+extension UInt64 {
+    /// `self - other`, or 0 when `other` is later (clock values from different attempts).
+    @inline(__always)
+    func saturatingSubtract(_ other: UInt64) -> UInt64 { self >= other ? self - other : 0 }
+    @inline(__always)
+    func saturatingAdd(_ other: UInt64) -> UInt64 {
+        let (r, o) = addingReportingOverflow(other)
+        return o ? .max : r
+    }
+}

@@ -1,0 +1,583 @@
+import BearerdOAuth
+
+/// Namespace of one proxied request's pipeline (DESIGN §2.6). The driver is
+/// `BearerdProxy.ProxyExchangeDriver`; everything it decides lives here, free of I/O.
+public enum ProxyExchange {}
+
+extension ProxyExchange {
+    /// The decisions of one proxied request, from the client's head to the end of the response.
+    ///
+    /// Theory of operation. The machine holds one `State`; every input is a fact the driver
+    /// observed (`tokenAcquired`, `upstreamFinalHead`, `clientBodyReceived(count:)`, …) and every
+    /// call returns one `Action` for the driver to carry out. The driver owns the bytes (the pending
+    /// body, the kept copy, the held rejection, the response head) and the sockets; the machine owns
+    /// the phase, the counts and every rule: where a body chunk goes, when a rejection is held,
+    /// when a request is retried or replayed, what the client is told when something fails.
+    ///
+    /// States and their exits:
+    /// - `.initial` → `start()` → `.awaitingToken` or `.connecting`.
+    /// - `.awaitingToken` → `tokenAcquired` → `.connecting`; `tokenUnavailable` → `.finished` (503).
+    /// - `.connecting(attempt)` → `backendAcquired` → `.forwarding`; `upstreamFailed` → `.connecting`
+    ///   (one retry on a fresh connection) or `.finished` (502/504).
+    /// - `.forwarding(attempt, upstreamBody, response)`: the request head went out. The response side
+    ///   moves `awaitingHead` → `headPending` (a final head not yet written to the client, so a
+    ///   failure in the same read is still a clean 502) → `streaming` → end (`.finished`); or
+    ///   `awaitingHead` → `holding` (a rejection kept back while it drains and while the client's
+    ///   body completes) → `.collectingReplayBody` / `.awaitingReplayToken`.
+    /// - `.collectingReplayBody` → `clientBodyEnded` → `.awaitingReplayToken`; the kept copy
+    ///   overflowing → `.finished` (the held rejection goes to the client).
+    /// - `.awaitingReplayToken` → `rejectionOutcome(.replay)` → `.connecting(replay)`;
+    ///   `.passThrough` → `.finished` (the held rejection goes to the client).
+    /// - any state → `clientClosed` → `.finished`.
+    ///
+    /// Invariants: the client gets at most one final response head; an error answer (JSON 5xx) is
+    /// only chosen while no byte of a response head was written; a request is replayed at most
+    /// once and retried on a fresh connection at most once per attempt; a backend connection is
+    /// handed back to the pool only when the request was fully sent and the response fully read.
+    public struct StateMachine: Sendable {
+        public let setup: Setup
+        public private(set) var state: State
+        /// What the client has sent of its body (independent of the phase above).
+        public private(set) var clientBody: ClientBody
+        /// Whether everything the client sent so far is in the kept copy.
+        public private(set) var keep: Keep
+        /// `Expect: 100-continue` handling (RFC 9110 §10.1.1): ours to answer, once.
+        public private(set) var continueState: ContinueState
+        /// Bytes buffered while no upstream connection is ready (bounded by pausing the client).
+        public private(set) var pendingBytes: Int = 0
+
+        /// Body bytes buffered before the upstream connection is ready; more pauses the client.
+        public static let pendingLimit = 64 * 1024
+        /// The largest rejection body held while deciding on a replay; larger ones are relayed.
+        public static let heldRejectionLimit = 64 * 1024
+
+        public init(setup: Setup) {
+            self.setup = setup
+            state = .initial
+            clientBody = setup.hasBody ? .streaming(received: 0) : .complete
+            keep = setup.hasSession && setup.replayBodyLimit > 0 || !setup.hasBody ? .keeping(bytes: 0) : .notKept
+            continueState = setup.expectsContinue && setup.hasBody && setup.clientSpeaksHTTP11 ? .expected : .notExpected
+        }
+
+        public var isFinished: Bool {
+            if case .finished = state { return true }
+            return false
+        }
+
+        /// The client's body is read only while this holds (the driver adds its own socket
+        /// backpressure on top).
+        public var wantsClientBody: Bool {
+            switch state {
+            case .initial, .awaitingToken, .connecting: return pendingBytes < Self.pendingLimit
+            default: return true
+            }
+        }
+
+        /// Client body chunks are written to the upstream connection now (so its backpressure
+        /// applies); in every other phase they are buffered, kept or dropped.
+        public var clientBodyGoesUpstream: Bool {
+            switch state {
+            case .forwarding(_, .sending, .awaitingHead), .forwarding(_, .sending, .headPending),
+                 .forwarding(_, .sending, .streaming):
+                return true
+            default:
+                return false
+            }
+        }
+
+        /// A request is a replay once the first rejection was replayed.
+        public var isReplay: Bool {
+            switch state {
+            case .connecting(let a), .forwarding(let a, _, _): return a.kind == .replay
+            default: return false
+            }
+        }
+
+        // MARK: inputs from the driver
+
+        /// The exchange starts: get a token first when the route has a session.
+        public mutating func start() -> Action {
+            guard case .initial = state else { return .none }
+            if setup.hasSession {
+                state = .awaitingToken
+                return .acquireToken
+            }
+            return connect(Attempt(kind: .original, freshConnection: false))
+        }
+
+        /// The session handed out a token (at once or after waiting).
+        public mutating func tokenAcquired() -> Action {
+            guard case .awaitingToken = state else { return .none }
+            return connect(Attempt(kind: .original, freshConnection: false))
+        }
+
+        /// No token can be had (DESIGN §5: 503, the upstream is not called).
+        public mutating func tokenUnavailable() -> Action {
+            guard case .awaitingToken = state else { return .none }
+            state = .finished
+            return .respondTokenUnavailable(closeClient: !clientBody.isComplete)
+        }
+
+        /// An upstream connection is ready for the current attempt.
+        public mutating func backendAcquired() -> Action {
+            guard case .connecting(let attempt) = state else { return .closeUnusedBackend }
+            let send: SendRequest
+            switch attempt.kind {
+            case .original where !attempt.freshConnection:
+                var sendContinue = false
+                if continueState == .expected && !clientBody.isComplete {
+                    continueState = .sent
+                    sendContinue = true
+                }
+                send = SendRequest(body: .pending, endBody: clientBody.isComplete && setup.hasBody, sendContinue: sendContinue)
+                pendingBytes = 0
+            case .original, .replay:
+                // A retry or a replay re-sends what was kept (all of it while keeping holds).
+                send = SendRequest(body: .kept, endBody: clientBody.isComplete && setup.hasBody, sendContinue: false)
+            }
+            let upstreamBody: UpstreamBody = clientBody.isComplete ? .sent : .sending
+            state = .forwarding(attempt, upstreamBody, .awaitingHead)
+            return .sendRequest(send)
+        }
+
+        /// `count` body bytes arrived from the client.
+        public mutating func clientBodyReceived(count: Int) -> Action {
+            guard case .streaming(let received) = clientBody else { return .discardClientBody }
+            clientBody = .streaming(received: received.addingSaturating(count))
+            let keepAction = updateKeep(adding: count)
+            switch state {
+            case .initial, .awaitingToken, .connecting:
+                pendingBytes = pendingBytes.addingSaturating(count)
+                return .bufferClientBody(keep: keepAction)
+            case .forwarding(let attempt, .sending, let response):
+                if case .holding = response {
+                    // The upstream already rejected: the body goes only into the kept copy.
+                    return afterHoldingKeep(keepAction, attempt: attempt)
+                }
+                return .forwardClientBody(keep: keepAction)
+            case .forwarding(let attempt, .abandoned, let response):
+                if case .holding = response { return afterHoldingKeep(keepAction, attempt: attempt) }
+                return .discardClientBody  // a relayed rejection: the rest of the body goes nowhere
+            case .forwarding(_, .sent, _):
+                return .keepClientBody(keepAction)  // cannot happen: `.sent` needs a complete body
+            case .collectingReplayBody(let heldWhole):
+                if keepAction == .release {
+                    keep = .notKept
+                    // Over replay_body_limit: the rejection goes to the client after all.
+                    state = .finished
+                    guard heldWhole else { return .respondUpstreamError(closeClient: true) }
+                    return .sendHeldRejection(reason: .notReplayable, refreshOnly: true, closeClient: true)
+                }
+                return .keepClientBody(keepAction)
+            case .awaitingReplayToken, .finished:
+                return .keepClientBody(keepAction)
+            }
+        }
+
+        /// The client's body is complete (its trailers, if any, are the driver's to keep).
+        public mutating func clientBodyEnded() -> Action {
+            guard case .streaming = clientBody else { return .none }
+            clientBody = .complete
+            switch state {
+            case .forwarding(let attempt, .sending, let response):
+                if case .holding = response {
+                    state = .forwarding(attempt, .abandoned, response)
+                    return .none
+                }
+                state = .forwarding(attempt, .sent, response)
+                return .endUpstreamBody
+            case .collectingReplayBody(let heldWhole):
+                state = .awaitingReplayToken(heldWhole: heldWhole)
+                return .reportRejection
+            default:
+                return .none
+            }
+        }
+
+        /// An interim (1xx) response head arrived. 100 is ours to send; others are relayed to
+        /// HTTP/1.1 clients only (RFC 9110 §15.2: never to an HTTP/1.0 client).
+        public mutating func upstreamInformationalHead(status: Int) -> Action {
+            guard case .forwarding(_, _, .awaitingHead) = state else { return .none }
+            if status == 100 || !setup.clientSpeaksHTTP11 { return .none }
+            return .relayInformational
+        }
+
+        /// A final response head arrived. `wwwAuthenticate` is read only when the status is one of
+        /// `reject_statuses` on a route with a session.
+        public mutating func upstreamFinalHead(status: Int, wwwAuthenticate: () -> [String]) -> Action {
+            guard case .forwarding(let attempt, let upstreamBody, .awaitingHead) = state else { return .none }
+            guard setup.hasSession, setup.rejectStatuses.contains(status) else {
+                state = .forwarding(attempt, upstreamBody, .headPending)
+                return .none
+            }
+            let verdict = ReplayPolicy.decide(ReplayPolicy.Input(
+                status: status, rejectStatuses: setup.rejectStatuses, wwwAuthenticate: wwwAuthenticate(),
+                bodyReplayable: keep.isKeeping, methodAllowed: setup.methodReplayable,
+                alreadyReplayed: attempt.kind == .replay))
+            switch verdict {
+            case .notRejected:
+                state = .forwarding(attempt, upstreamBody, .headPending)
+                return .none
+            case .replay:
+                state = .forwarding(attempt, upstreamBody, .holding(bytes: 0))
+                return .holdRejection
+            case .passThrough(let reason):
+                state = .forwarding(attempt, upstreamBody, .headPending)
+                return .rejectionNotReplayed(reason: reason, refreshOnly: false)
+            case .refreshOnlyPassThrough(let reason):
+                state = .forwarding(attempt, upstreamBody, .headPending)
+                return .rejectionNotReplayed(reason: reason, refreshOnly: true)
+            }
+        }
+
+        /// `count` response body bytes arrived from the upstream.
+        public mutating func upstreamBodyReceived(count: Int) -> Action {
+            guard case .forwarding(let attempt, let upstreamBody, let response) = state else { return .none }
+            switch response {
+            case .awaitingHead:
+                return .none  // the parser delivers a head first
+            case .headPending:
+                state = .forwarding(attempt, upstreamBody, .streaming(closeClient: !clientBody.isComplete))
+                return .forwardResponseBody(writeHeadFirst: true, closeClient: !clientBody.isComplete)
+            case .streaming:
+                return .forwardResponseBody(writeHeadFirst: false, closeClient: false)
+            case .holding(let bytes):
+                let total = bytes.addingSaturating(count)
+                if total <= Self.heldRejectionLimit {
+                    state = .forwarding(attempt, upstreamBody, .holding(bytes: total))
+                    return .holdRejectionBody
+                }
+                // Too large to hold: relay the rejection, keep the token fresh for later requests.
+                let close = !clientBody.isComplete || upstreamBody == .abandoned
+                state = .forwarding(attempt, upstreamBody, .streaming(closeClient: close))
+                keep = .notKept
+                return .releaseHeldRejection(reason: .rejectionTooLarge, closeClient: close)
+            }
+        }
+
+        /// The backend finished delivering what one read produced: a head still pending goes out
+        /// now (a response whose body comes later must not wait for it).
+        public mutating func upstreamReadComplete() -> Action {
+            guard case .forwarding(let attempt, let upstreamBody, .headPending) = state else { return .none }
+            let close = !clientBody.isComplete
+            state = .forwarding(attempt, upstreamBody, .streaming(closeClient: close))
+            return .writeResponseHead(closeClient: close)
+        }
+
+        /// The upstream's response is complete.
+        public mutating func upstreamEnded() -> Action {
+            guard case .forwarding(let attempt, let upstreamBody, let response) = state else { return .none }
+            let backend: BackendDisposal = upstreamBody == .sent ? .release : .close
+            switch response {
+            case .awaitingHead:
+                return .none
+            case .headPending:
+                state = .finished
+                return .finishResponse(writeHeadFirst: true, backend: backend, closeClient: !clientBody.isComplete)
+            case .streaming(let close):
+                state = .finished
+                return .finishResponse(writeHeadFirst: false, backend: backend, closeClient: close || !clientBody.isComplete)
+            case .holding:
+                _ = attempt
+                if clientBody.isComplete {
+                    state = .awaitingReplayToken(heldWhole: true)
+                    return .rejectionDrained(backend: backend, reportNow: true)
+                }
+                state = .collectingReplayBody(heldWhole: true)
+                return .rejectionDrained(backend: .close, reportNow: false)
+            }
+        }
+
+        /// The upstream connection failed (connect, TLS, reset, timeout, invalid response).
+        /// `reusedConnection`: it came from the pool; `responseBytesSeen`: any byte of a response arrived.
+        public mutating func upstreamFailed(_ failure: UpstreamFailure, reusedConnection: Bool, responseBytesSeen: Bool) -> Action {
+            switch state {
+            case .connecting(let attempt):
+                return failBeforeResponse(failure, attempt: attempt, retryable: false)
+            case .forwarding(let attempt, _, let response):
+                switch response {
+                case .awaitingHead:
+                    // A pooled connection the upstream had closed: nothing of this request was
+                    // processed. Retry once on a fresh connection when the body can be sent again.
+                    let retryable = reusedConnection && !responseBytesSeen && !attempt.freshConnection
+                        && keep.isKeeping && (setup.methodIdempotent || attempt.kind == .replay)
+                    return failBeforeResponse(failure, attempt: attempt, retryable: retryable)
+                case .headPending:
+                    // The head was never written: the client can still get a clean error.
+                    state = .finished
+                    return .respondUpstreamError(closeClient: !clientBody.isComplete)
+                case .streaming:
+                    state = .finished
+                    return .abortClient
+                case .holding:
+                    // The rejection is known; its body was cut. Go on as if it had drained
+                    // (the connection is gone), and replay.
+                    if clientBody.isComplete {
+                        state = .awaitingReplayToken(heldWhole: false)
+                        return .rejectionDrained(backend: .alreadyClosed, reportNow: true)
+                    }
+                    state = .collectingReplayBody(heldWhole: false)
+                    return .rejectionDrained(backend: .alreadyClosed, reportNow: false)
+                }
+            case .initial, .awaitingToken, .collectingReplayBody, .awaitingReplayToken, .finished:
+                return .none
+            }
+        }
+
+        /// The session answered the rejection: replay with its newer token, or pass the held
+        /// rejection through (breaker open, refresh failed).
+        public mutating func rejectionOutcome(_ outcome: RejectionVerdict) -> Action {
+            guard case .awaitingReplayToken(let heldWhole) = state else { return .none }
+            switch outcome {
+            case .replay:
+                return connect(Attempt(kind: .replay, freshConnection: false))
+            case .passThrough:
+                state = .finished
+                // A rejection whose body was cut cannot be relayed as it was: answer the failure.
+                guard heldWhole else { return .respondUpstreamError(closeClient: false) }
+                return .sendHeldRejection(reason: nil, refreshOnly: false, closeClient: false)
+            }
+        }
+
+        /// The client closed or reset its connection, or stopped sending in time.
+        public mutating func clientClosed() -> Action {
+            if case .finished = state { return .none }
+            state = .finished
+            return .abortExchange
+        }
+
+        // MARK: helpers
+
+        private mutating func connect(_ attempt: Attempt) -> Action {
+            state = .connecting(attempt)
+            return .acquireBackend(fresh: attempt.freshConnection)
+        }
+
+        private mutating func failBeforeResponse(_ failure: UpstreamFailure, attempt: Attempt, retryable: Bool) -> Action {
+            if retryable {
+                return connect(Attempt(kind: attempt.kind, freshConnection: true))
+            }
+            state = .finished
+            return .respondUpstreamError(closeClient: !clientBody.isComplete)
+        }
+
+        private mutating func updateKeep(adding count: Int) -> KeepAction {
+            guard case .keeping(let bytes) = keep else { return .skip }
+            let total = bytes.addingSaturating(count)
+            if total > setup.replayBodyLimit {
+                keep = .notKept
+                return .release
+            }
+            keep = .keeping(bytes: total)
+            return .append
+        }
+
+        private mutating func afterHoldingKeep(_ keepAction: KeepAction, attempt: Attempt) -> Action {
+            guard keepAction == .release else { return .keepClientBody(keepAction) }
+            // The body outgrew replay_body_limit while the rejection was held: relay it after all.
+            state = .forwarding(attempt, .abandoned, .streaming(closeClient: true))
+            return .releaseHeldRejection(reason: .notReplayable, closeClient: true)
+        }
+    }
+}
+
+// MARK: - Types
+
+extension ProxyExchange {
+    /// Facts fixed when the exchange starts (route and request captured then; a reload never
+    /// changes a running exchange).
+    public struct Setup: Sendable, Equatable {
+        public var hasBody: Bool
+        public var clientSpeaksHTTP11: Bool
+        public var expectsContinue: Bool
+        public var hasSession: Bool
+        public var replayBodyLimit: Int
+        public var rejectStatuses: [Int]
+        /// The method is in `replay_methods`.
+        public var methodReplayable: Bool
+        /// RFC 9110 §9.2.2: may be retried on a fresh connection after a stale pooled one.
+        public var methodIdempotent: Bool
+
+        public init(hasBody: Bool, clientSpeaksHTTP11: Bool, expectsContinue: Bool, hasSession: Bool, replayBodyLimit: Int,
+                    rejectStatuses: [Int], methodReplayable: Bool, methodIdempotent: Bool) {
+            self.hasBody = hasBody
+            self.clientSpeaksHTTP11 = clientSpeaksHTTP11
+            self.expectsContinue = expectsContinue
+            self.hasSession = hasSession
+            self.replayBodyLimit = replayBodyLimit
+            self.rejectStatuses = rejectStatuses
+            self.methodReplayable = methodReplayable
+            self.methodIdempotent = methodIdempotent
+        }
+
+        /// RFC 9110 §9.2.2.
+        public static func isIdempotent(_ method: String) -> Bool {
+            switch method {
+            case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE": return true
+            default: return false
+            }
+        }
+    }
+
+    public enum State: Sendable, Equatable {
+        case initial
+        case awaitingToken
+        case connecting(Attempt)
+        case forwarding(Attempt, UpstreamBody, Response)
+        /// The rejection drained (`heldWhole`: its whole body is held; false when the connection
+        /// failed first); the rest of the client's body is being read into the kept copy.
+        case collectingReplayBody(heldWhole: Bool)
+        /// The rejection drained and the body is complete: the session decides on the replay.
+        case awaitingReplayToken(heldWhole: Bool)
+        case finished
+    }
+
+    public struct Attempt: Sendable, Equatable {
+        public enum Kind: Sendable, Equatable { case original, replay }
+        public var kind: Kind
+        /// A retry after a pooled connection turned out closed: open a new one.
+        public var freshConnection: Bool
+    }
+
+    /// The request body as sent on the current attempt's connection.
+    public enum UpstreamBody: Sendable, Equatable {
+        case sending
+        case sent
+        /// A rejection arrived before the body was fully sent: no more goes out on this connection.
+        case abandoned
+    }
+
+    public enum Response: Sendable, Equatable {
+        case awaitingHead
+        /// A final head arrived and is not yet written to the client.
+        case headPending
+        /// The head went to the client; `closeClient`: it said `Connection: close`.
+        case streaming(closeClient: Bool)
+        /// A rejection kept back while it drains: `bytes` of its body held.
+        case holding(bytes: Int)
+    }
+
+    public enum ClientBody: Sendable, Equatable {
+        case streaming(received: Int)
+        case complete
+
+        public var isComplete: Bool {
+            if case .complete = self { return true }
+            return false
+        }
+    }
+
+    public enum Keep: Sendable, Equatable {
+        /// Every body byte so far is in the kept copy (`bytes` ≤ replay_body_limit).
+        case keeping(bytes: Int)
+        case notKept
+
+        public var isKeeping: Bool {
+            if case .keeping = self { return true }
+            return false
+        }
+    }
+
+    public enum ContinueState: Sendable, Equatable { case notExpected, expected, sent }
+
+    public enum KeepAction: Sendable, Equatable {
+        /// Append the chunk to the kept copy.
+        case append
+        /// Not keeping.
+        case skip
+        /// The body outgrew replay_body_limit: free the kept copy.
+        case release
+    }
+
+    /// What the upstream failure was, for the client's answer.
+    public enum UpstreamFailure: Sendable, Equatable {
+        case unreachable, timeout, tls, invalidResponse
+    }
+
+    public enum BackendDisposal: Sendable, Equatable {
+        /// Back to the pool (request fully sent, response fully read).
+        case release
+        case close
+        /// The connection failed and is gone already.
+        case alreadyClosed
+    }
+
+    /// The session's answer to a held rejection.
+    public enum RejectionVerdict: Sendable, Equatable { case replay, passThrough }
+
+    public struct SendRequest: Sendable, Equatable {
+        public enum Body: Sendable, Equatable {
+            /// The body bytes buffered while connecting (first attempt).
+            case pending
+            /// The kept copy (a retry or a replay).
+            case kept
+        }
+        public var body: Body
+        /// The client's body is complete: end it after the bytes above.
+        public var endBody: Bool
+        /// Send `100 Continue` to the client (RFC 9110 §10.1.1: we asked for the body).
+        public var sendContinue: Bool
+    }
+
+    /// What the driver does next. Each input returns exactly one.
+    public enum Action: Sendable, Equatable {
+        case none
+        /// Ask the route's session for a token (at once if one is usable).
+        case acquireToken
+        /// Get an upstream connection (`fresh`: never a pooled one).
+        case acquireBackend(fresh: Bool)
+        /// The exchange no longer needs the connection that just became ready.
+        case closeUnusedBackend
+        /// Send the head (with the current token) and the body described.
+        case sendRequest(SendRequest)
+        /// A client body chunk: write it upstream now.
+        case forwardClientBody(keep: KeepAction)
+        /// A client body chunk: buffer it until the upstream connection is ready.
+        case bufferClientBody(keep: KeepAction)
+        /// A client body chunk: only the kept copy may take it (or nothing).
+        case keepClientBody(KeepAction)
+        case discardClientBody
+        /// Write the last chunk (with trailers) of a chunked request body upstream.
+        case endUpstreamBody
+        /// Write this 1xx head to the client.
+        case relayInformational
+        /// A rejection that will not be replayed: count `reason`; `refreshOnly`: tell the session
+        /// so later requests get a fresh token. The head is then relayed like any other.
+        case rejectionNotReplayed(reason: ReplayPolicy.Reason, refreshOnly: Bool)
+        /// Keep the rejection's head back; its body follows into the held buffer.
+        case holdRejection
+        case holdRejectionBody
+        /// Write the held rejection (head and held body), then this chunk; relay the rest.
+        case releaseHeldRejection(reason: ReplayPolicy.Reason, closeClient: Bool)
+        /// The held rejection ended. Dispose of the backend; `reportNow`: the client's body is
+        /// complete, ask the session (`reportRejected`) for the token to replay with.
+        case rejectionDrained(backend: BackendDisposal, reportNow: Bool)
+        /// The client's body completed while the rejection was held: ask the session now.
+        case reportRejection
+        /// Write the whole held rejection to the client and finish. `reason` (when set) is counted;
+        /// `refreshOnly`: tell the session about the rejection without waiting.
+        case sendHeldRejection(reason: ReplayPolicy.Reason?, refreshOnly: Bool, closeClient: Bool)
+        /// Write the pending response head now.
+        case writeResponseHead(closeClient: Bool)
+        /// Relay a response body chunk (after the pending head when `writeHeadFirst`).
+        case forwardResponseBody(writeHeadFirst: Bool, closeClient: Bool)
+        /// The response is complete: end it for the client, dispose of the backend, finish.
+        case finishResponse(writeHeadFirst: Bool, backend: BackendDisposal, closeClient: Bool)
+        /// 503 `token_unavailable` and finish.
+        case respondTokenUnavailable(closeClient: Bool)
+        /// 502/504 JSON for the failure just reported, and finish (backend closed).
+        case respondUpstreamError(closeClient: Bool)
+        /// The response was already under way: close the client connection (truncated response).
+        case abortClient
+        /// The client is gone: close the backend, finish.
+        case abortExchange
+    }
+}
+
+extension Int {
+    @inline(__always)
+    func addingSaturating(_ other: Int) -> Int {
+        let (r, o) = addingReportingOverflow(other)
+        return o ? (other > 0 ? .max : .min) : r
+    }
+}

@@ -1,0 +1,350 @@
+import Testing
+import BearerdOAuth
+@testable import BearerdProxyCore
+
+typealias Machine = ProxyExchange.StateMachine
+
+func setup(body: Bool = false, http11: Bool = true, expect: Bool = false, session: Bool = true, limit: Int = 1 << 20,
+           reject: [Int] = [401], methodReplayable: Bool = true, idempotent: Bool = true) -> ProxyExchange.Setup {
+    ProxyExchange.Setup(hasBody: body, clientSpeaksHTTP11: http11, expectsContinue: expect, hasSession: session,
+                        replayBodyLimit: limit, rejectStatuses: reject, methodReplayable: methodReplayable,
+                        methodIdempotent: idempotent)
+}
+
+/// Drives a machine to `.forwarding` with the original attempt's head sent.
+func forwarding(_ s: ProxyExchange.Setup) -> Machine {
+    var m = Machine(setup: s)
+    if s.hasSession {
+        #expect(m.start() == .acquireToken)
+        #expect(m.tokenAcquired() == .acquireBackend(fresh: false))
+    } else {
+        #expect(m.start() == .acquireBackend(fresh: false))
+    }
+    _ = m.backendAcquired()
+    return m
+}
+
+@Suite("ProxyExchange.StateMachine: scripted exchanges")
+struct ExchangeScriptTests {
+    @Test func plainGetWithoutSession() {
+        var m = Machine(setup: setup(session: false))
+        #expect(m.start() == .acquireBackend(fresh: false))
+        #expect(m.backendAcquired() == .sendRequest(.init(body: .pending, endBody: false, sendContinue: false)))
+        #expect(m.upstreamFinalHead(status: 200, wwwAuthenticate: { Issue.record("not a rejection"); return [] }) == .none)
+        #expect(m.upstreamBodyReceived(count: 10) == .forwardResponseBody(writeHeadFirst: true, closeClient: false))
+        #expect(m.upstreamBodyReceived(count: 10) == .forwardResponseBody(writeHeadFirst: false, closeClient: false))
+        #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: false, backend: .release, closeClient: false))
+        #expect(m.isFinished)
+    }
+
+    @Test func headAloneIsWrittenAtTheEndOfTheRead() {
+        var m = forwarding(setup())
+        #expect(m.upstreamFinalHead(status: 200, wwwAuthenticate: { [] }) == .none)
+        #expect(m.upstreamReadComplete() == .writeResponseHead(closeClient: false))
+        #expect(m.upstreamReadComplete() == .none)
+        #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: false, backend: .release, closeClient: false))
+    }
+
+    /// Item 12: a framing error in the same read as the head still gets a clean 502.
+    @Test func failureAfterHeadInSameReadIsAnError() {
+        var m = forwarding(setup())
+        _ = m.upstreamFinalHead(status: 200, wwwAuthenticate: { [] })
+        #expect(m.upstreamFailed(.invalidResponse, reusedConnection: false, responseBytesSeen: true) == .respondUpstreamError(closeClient: false))
+        #expect(m.isFinished)
+    }
+
+    @Test func failureAfterHeadWrittenAbortsTheClient() {
+        var m = forwarding(setup())
+        _ = m.upstreamFinalHead(status: 200, wwwAuthenticate: { [] })
+        _ = m.upstreamReadComplete()
+        #expect(m.upstreamFailed(.invalidResponse, reusedConnection: false, responseBytesSeen: true) == .abortClient)
+    }
+
+    @Test func tokenUnavailableIs503AndClosesWhenBodyIsUnread() {
+        var m = Machine(setup: setup(body: true))
+        #expect(m.start() == .acquireToken)
+        #expect(m.tokenUnavailable() == .respondTokenUnavailable(closeClient: true))
+        #expect(m.tokenAcquired() == .none)
+        var n = Machine(setup: setup())
+        _ = n.start()
+        #expect(n.tokenUnavailable() == .respondTokenUnavailable(closeClient: false))
+    }
+
+    @Test func bodyBufferedWhileConnectingThenSent() {
+        var m = Machine(setup: setup(body: true, session: false))
+        _ = m.start()
+        #expect(m.clientBodyReceived(count: 100) == .bufferClientBody(keep: .skip))
+        #expect(m.pendingBytes == 100)
+        #expect(m.wantsClientBody)
+        #expect(m.clientBodyReceived(count: Machine.pendingLimit) == .bufferClientBody(keep: .skip))
+        #expect(!m.wantsClientBody, "the client is paused while the pending buffer is full")
+        #expect(m.backendAcquired() == .sendRequest(.init(body: .pending, endBody: false, sendContinue: false)))
+        #expect(m.wantsClientBody)
+        #expect(m.clientBodyReceived(count: 5) == .forwardClientBody(keep: .skip))
+        #expect(m.clientBodyEnded() == .endUpstreamBody)
+        _ = m.upstreamFinalHead(status: 201, wwwAuthenticate: { [] })
+        #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: true, backend: .release, closeClient: false))
+    }
+
+    /// An early answer (not a rejection) while the body still streams: relayed, the client
+    /// connection closes afterwards and the upstream connection is not pooled.
+    @Test func earlyAnswerWhileUploading() {
+        var m = forwarding(setup(body: true, session: false))
+        #expect(m.clientBodyReceived(count: 10) == .forwardClientBody(keep: .skip))
+        _ = m.upstreamFinalHead(status: 413, wwwAuthenticate: { [] })
+        #expect(m.upstreamReadComplete() == .writeResponseHead(closeClient: true))
+        #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: false, backend: .close, closeClient: true))
+    }
+
+    // MARK: Expect: 100-continue and 1xx (item 10)
+
+    @Test func continueOnlyForHTTP11Clients() {
+        var m11 = forwarding(setup(body: true, http11: true, expect: true))
+        #expect(m11.continueState == .sent)
+        var m10 = Machine(setup: setup(body: true, http11: false, expect: true))
+        _ = m10.start()
+        _ = m10.tokenAcquired()
+        #expect(m10.backendAcquired() == .sendRequest(.init(body: .pending, endBody: false, sendContinue: false)))
+        #expect(m10.upstreamInformationalHead(status: 100) == .none)
+        #expect(m10.upstreamInformationalHead(status: 103) == .none)
+        #expect(m11.upstreamInformationalHead(status: 100) == .none, "100 is ours to send")
+        #expect(m11.upstreamInformationalHead(status: 103) == .relayInformational)
+    }
+
+    @Test func continueIsNotSentWhenTheBodyAlreadyArrived() {
+        var m = Machine(setup: setup(body: true, expect: true))
+        _ = m.start()
+        _ = m.clientBodyReceived(count: 3)
+        _ = m.clientBodyEnded()
+        _ = m.tokenAcquired()
+        #expect(m.backendAcquired() == .sendRequest(.init(body: .pending, endBody: true, sendContinue: false)))
+    }
+
+    // MARK: 401 → replay (DESIGN §6)
+
+    @Test func rejectionOfABodilessRequestIsReplayed() {
+        var m = forwarding(setup())
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { [#"Bearer error="invalid_token""#] }) == .holdRejection)
+        #expect(m.upstreamBodyReceived(count: 20) == .holdRejectionBody)
+        #expect(m.upstreamEnded() == .rejectionDrained(backend: .release, reportNow: true))
+        #expect(m.rejectionOutcome(.replay) == .acquireBackend(fresh: false))
+        #expect(m.isReplay)
+        #expect(m.backendAcquired() == .sendRequest(.init(body: .kept, endBody: false, sendContinue: false)))
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] }) == .rejectionNotReplayed(reason: .rejectedAgain, refreshOnly: false))
+        #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: true, backend: .release, closeClient: false))
+    }
+
+    @Test func passThroughSendsTheHeldRejection() {
+        var m = forwarding(setup())
+        _ = m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] })
+        _ = m.upstreamEnded()
+        #expect(m.rejectionOutcome(.passThrough) == .sendHeldRejection(reason: nil, refreshOnly: false, closeClient: false))
+        #expect(m.isFinished)
+    }
+
+    /// Item 6: the upstream rejects before the body is fully sent. The rejection is held, the rest
+    /// of the body goes only into the kept copy, and the replay sends all of it.
+    @Test func rejectionWhileBodyStreamsIsHeldUntilTheBodyIsComplete() {
+        var m = forwarding(setup(body: true, limit: 1000))
+        #expect(m.clientBodyReceived(count: 100) == .forwardClientBody(keep: .append))
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] }) == .holdRejection)
+        #expect(m.clientBodyReceived(count: 100) == .keepClientBody(.append), "nothing more goes to the rejecting upstream")
+        #expect(m.upstreamEnded() == .rejectionDrained(backend: .close, reportNow: false))
+        #expect(m.clientBodyReceived(count: 100) == .keepClientBody(.append))
+        #expect(m.clientBodyEnded() == .reportRejection)
+        #expect(m.rejectionOutcome(.replay) == .acquireBackend(fresh: false))
+        #expect(m.backendAcquired() == .sendRequest(.init(body: .kept, endBody: true, sendContinue: false)))
+        _ = m.upstreamFinalHead(status: 200, wwwAuthenticate: { [] })
+        #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: true, backend: .release, closeClient: false))
+    }
+
+    @Test func bodyEndsBeforeTheHeldRejectionDrains() {
+        var m = forwarding(setup(body: true))
+        _ = m.clientBodyReceived(count: 10)
+        _ = m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] })
+        #expect(m.clientBodyEnded() == .none, "no last chunk to a rejecting upstream")
+        #expect(m.upstreamEnded() == .rejectionDrained(backend: .close, reportNow: true))
+    }
+
+    @Test func bodyOutgrowsTheLimitWhileHeld() {
+        var m = forwarding(setup(body: true, limit: 150))
+        _ = m.clientBodyReceived(count: 100)
+        _ = m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] })
+        #expect(m.clientBodyReceived(count: 100) == .releaseHeldRejection(reason: .notReplayable, closeClient: true))
+        #expect(m.clientBodyReceived(count: 100) == .discardClientBody)
+        #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: false, backend: .close, closeClient: true))
+    }
+
+    @Test func bodyOutgrowsTheLimitAfterTheRejectionDrained() {
+        var m = forwarding(setup(body: true, limit: 150))
+        _ = m.clientBodyReceived(count: 100)
+        _ = m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] })
+        _ = m.upstreamEnded()
+        #expect(m.clientBodyReceived(count: 100) == .sendHeldRejection(reason: .notReplayable, refreshOnly: true, closeClient: true))
+        #expect(m.isFinished)
+    }
+
+    @Test func bodyAlreadyOverTheLimitIsRefreshOnly() {
+        var m = forwarding(setup(body: true, limit: 50))
+        #expect(m.clientBodyReceived(count: 100) == .forwardClientBody(keep: .release))
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] }) == .rejectionNotReplayed(reason: .notReplayable, refreshOnly: true))
+    }
+
+    @Test func largeRejectionBodyIsRelayed() {
+        var m = forwarding(setup())
+        _ = m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] })
+        #expect(m.upstreamBodyReceived(count: Machine.heldRejectionLimit) == .holdRejectionBody)
+        #expect(m.upstreamBodyReceived(count: 1) == .releaseHeldRejection(reason: .rejectionTooLarge, closeClient: false))
+        #expect(m.upstreamBodyReceived(count: 1) == .forwardResponseBody(writeHeadFirst: false, closeClient: false))
+        #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: false, backend: .release, closeClient: false))
+    }
+
+    @Test func insufficientScopeAndOtherStatusesAreRelayed() {
+        var m = forwarding(setup())
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { [#"Bearer error="insufficient_scope""#] })
+                == .rejectionNotReplayed(reason: .notTokenError, refreshOnly: false))
+        var n = forwarding(setup(reject: [401, 403]))
+        #expect(n.upstreamFinalHead(status: 403, wwwAuthenticate: { [] }) == .holdRejection)
+        var o = forwarding(setup(session: false))
+        #expect(o.upstreamFinalHead(status: 401, wwwAuthenticate: { [] }) == .none)
+        var p = forwarding(setup(methodReplayable: false))
+        #expect(p.upstreamFinalHead(status: 401, wwwAuthenticate: { [] }) == .rejectionNotReplayed(reason: .methodNotAllowed, refreshOnly: true))
+    }
+
+    @Test func connectionCutWhileDrainingTheRejectionStillReplays() {
+        var m = forwarding(setup())
+        _ = m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] })
+        #expect(m.upstreamFailed(.unreachable, reusedConnection: false, responseBytesSeen: true)
+                == .rejectionDrained(backend: .alreadyClosed, reportNow: true))
+        // Its body was cut, so if the session gives no token the client gets an error, not half a 401.
+        var n = m
+        #expect(n.rejectionOutcome(.passThrough) == .respondUpstreamError(closeClient: false))
+        #expect(m.rejectionOutcome(.replay) == .acquireBackend(fresh: false))
+    }
+
+    // MARK: stale pooled connections (item 6, second part)
+
+    @Test func stalePooledConnectionIsRetriedOnceOnAFreshOne() {
+        var m = forwarding(setup())
+        #expect(m.upstreamFailed(.unreachable, reusedConnection: true, responseBytesSeen: false) == .acquireBackend(fresh: true))
+        #expect(m.backendAcquired() == .sendRequest(.init(body: .kept, endBody: false, sendContinue: false)))
+        #expect(m.upstreamFailed(.unreachable, reusedConnection: false, responseBytesSeen: false) == .respondUpstreamError(closeClient: false))
+    }
+
+    @Test func replayOnAStalePooledConnectionIsRetried() {
+        var m = forwarding(setup(body: true, idempotent: false))
+        _ = m.clientBodyReceived(count: 10)
+        _ = m.clientBodyEnded()
+        _ = m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] })
+        _ = m.upstreamEnded()
+        _ = m.rejectionOutcome(.replay)
+        _ = m.backendAcquired()
+        #expect(m.upstreamFailed(.unreachable, reusedConnection: true, responseBytesSeen: false) == .acquireBackend(fresh: true))
+        #expect(m.backendAcquired() == .sendRequest(.init(body: .kept, endBody: true, sendContinue: false)))
+        #expect(m.isReplay)
+    }
+
+    @Test func nonIdempotentFirstAttemptIsNotRetried() {
+        var m = forwarding(setup(body: true, idempotent: false))
+        #expect(m.upstreamFailed(.unreachable, reusedConnection: true, responseBytesSeen: false) == .respondUpstreamError(closeClient: true))
+    }
+
+    @Test func bodyWithoutKeptCopyIsNotRetried() {
+        var m = forwarding(setup(body: true, session: false))
+        _ = m.clientBodyReceived(count: 10)
+        #expect(m.upstreamFailed(.unreachable, reusedConnection: true, responseBytesSeen: false) == .respondUpstreamError(closeClient: true))
+    }
+
+    @Test func clientGoneStopsEverything() {
+        var m = Machine(setup: setup())
+        _ = m.start()
+        #expect(m.clientClosed() == .abortExchange)
+        #expect(m.tokenAcquired() == .none)
+        #expect(m.backendAcquired() == .closeUnusedBackend)
+        #expect(m.clientClosed() == .none)
+    }
+}
+
+/// Random event sequences against the invariants of the machine's theory of operation.
+@Suite("ProxyExchange.StateMachine: invariants under random events")
+struct ExchangeInvariantTests {
+    struct SplitMix64: RandomNumberGenerator {
+        var state: UInt64
+        mutating func next() -> UInt64 {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+    }
+
+    @Test(arguments: 0..<200)
+    func invariantsHold(seed: Int) {
+        var rng = SplitMix64(state: UInt64(seed))
+        let s = setup(body: Bool.random(using: &rng), http11: Bool.random(using: &rng), expect: Bool.random(using: &rng),
+                      session: Bool.random(using: &rng), limit: [0, 50, 1 << 20].randomElement(using: &rng)!,
+                      methodReplayable: Bool.random(using: &rng), idempotent: Bool.random(using: &rng))
+        var m = Machine(setup: s)
+        var headsWritten = 0
+        var errorAnswers = 0
+        var sends = 0
+        var replays = 0
+        var freshRetries = 0
+        var releasedWhileUnsent = false
+        var bodyEnded = !s.hasBody
+        var sentEnd = false
+        var actions: [ProxyExchange.Action] = [m.start()]
+        for _ in 0..<60 where !m.isFinished {
+            let before = m.state
+            let a: ProxyExchange.Action
+            switch Int.random(in: 0..<12, using: &rng) {
+            case 0: a = m.tokenAcquired()
+            case 1: a = m.backendAcquired()
+            case 2: a = bodyEnded ? m.clientBodyReceived(count: 1) : m.clientBodyReceived(count: Int.random(in: 1...40, using: &rng))
+            case 3: bodyEnded = true; a = m.clientBodyEnded()
+            case 4: a = m.upstreamFinalHead(status: [200, 401, 401, 500].randomElement(using: &rng)!, wwwAuthenticate: { [] })
+            case 5: a = m.upstreamBodyReceived(count: Int.random(in: 1...40_000, using: &rng))
+            case 6: a = m.upstreamReadComplete()
+            case 7: a = m.upstreamEnded()
+            case 8: a = m.upstreamFailed(.unreachable, reusedConnection: Bool.random(using: &rng), responseBytesSeen: Bool.random(using: &rng))
+            case 9: a = m.rejectionOutcome(Bool.random(using: &rng) ? .replay : .passThrough)
+            case 10: a = m.upstreamInformationalHead(status: 103)
+            default: a = Int.random(in: 0..<20, using: &rng) == 0 ? m.clientClosed() : m.upstreamReadComplete()
+            }
+            actions.append(a)
+            switch a {
+            case .writeResponseHead, .forwardResponseBody(writeHeadFirst: true, _), .finishResponse(writeHeadFirst: true, _, _),
+                 .releaseHeldRejection, .sendHeldRejection:
+                headsWritten += 1
+            case .respondUpstreamError, .respondTokenUnavailable:
+                errorAnswers += 1
+                #expect(headsWritten == 0, "an error answer after a head, seed \(seed): \(actions)")
+            case .sendRequest(let r):
+                sends += 1
+                if r.endBody { sentEnd = true } else { sentEnd = !s.hasBody }
+                if s.hasBody && r.endBody { #expect(bodyEnded) }
+                if r.sendContinue { #expect(s.clientSpeaksHTTP11 && s.expectsContinue) }
+            case .endUpstreamBody:
+                sentEnd = true
+            case .acquireBackend(let fresh):
+                if fresh { freshRetries += 1 }
+                if case .awaitingReplayToken = before { replays += 1 }
+            case .relayInformational:
+                #expect(s.clientSpeaksHTTP11, "no 1xx to an HTTP/1.0 client")
+            case .finishResponse(_, .release, _), .rejectionDrained(.release, _):
+                if !(sentEnd || !s.hasBody) { releasedWhileUnsent = true }
+            default:
+                break
+            }
+            #expect(headsWritten <= 1, "two response heads, seed \(seed): \(actions)")
+            #expect(errorAnswers <= 1)
+            #expect(headsWritten + errorAnswers <= 1, "a head and an error, seed \(seed): \(actions)")
+            #expect(replays <= 1, "replayed twice, seed \(seed)")
+            #expect(freshRetries <= 2, "retried more than once per attempt, seed \(seed)")
+            #expect(!releasedWhileUnsent, "pooled a connection whose request was not fully sent, seed \(seed): \(actions)")
+            if !s.hasSession { #expect(replays == 0) }
+            _ = sends
+        }
+    }
+}
