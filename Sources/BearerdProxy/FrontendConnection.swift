@@ -12,7 +12,11 @@ public protocol LocalResponder: AnyObject, Sendable {
 /// Parses requests with the strict parser, runs one exchange at a time and answers pipelined
 /// requests in order: bytes of the next request stay in the parser until the current exchange
 /// has finished (bounded by pausing reads). Deadlines: `header_read` from the first byte of a
-/// head (408 on expiry), `idle` between requests (silent close).
+/// head (408 on expiry), `idle` between requests (silent close), `idle` while the client owes
+/// its body; none while the upstream answers (its response timeout governs).
+///
+/// Phases (`Phase`): `awaitingHead(deadline)` → a head → `exchanging` → finished with keep-alive
+/// → `awaitingHead(.idle)`; any phase → `closing` (error answered, refusal, close, drain).
 ///
 /// Access control (issue 4) comes from the listener's `policy`: a unix peer refused by
 /// SO_PEERCRED gets 403 for its first request, a Host outside the loopback allowlist gets 421;
@@ -30,13 +34,37 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     private var allowlist: HostAllowlist?
     private var allowlistRuntime: ProxyRuntime?
     private var parser: HTTP1Parser
-    private var exchange: FrontendExchange?
-    private var closing = false
-    private var headDeadlineArmed = false
+
+    /// Which deadline runs while no exchange does.
+    enum HeadDeadline: Equatable {
+        /// `header_read`: the first request, or bytes of a head arrived.
+        case headerRead
+        /// `idle`: between requests, nothing received yet.
+        case idle
+    }
+    /// The connection's phase; exactly one at a time.
+    enum Phase {
+        case awaitingHead(HeadDeadline)
+        /// `clientHalfClosed`: the client sent EOF after a complete request; close once answered
+        /// (RFC 9112 §9.6).
+        case exchanging(FrontendExchange, clientHalfClosed: Bool)
+        /// Nothing more is read or started; the channel is closing or closed.
+        case closing
+    }
+    private var phase: Phase = .awaitingHead(.headerRead)
+    /// Requests started on this connection.
     private var requests = 0
-    /// The client half-closed: close once the running exchange has answered.
-    private var closeAfterExchange = false
     var deadline: UInt64 = 0
+
+    /// The running exchange, if any.
+    private var exchange: FrontendExchange? {
+        if case .exchanging(let ex, _) = phase { return ex }
+        return nil
+    }
+    private var isClosing: Bool {
+        if case .closing = phase { return true }
+        return false
+    }
     /// Pipelined bytes held while an exchange runs; more pauses reading.
     static let pipelineLimit = 64 * 1024
 
@@ -54,7 +82,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         ctx.frontends[ObjectIdentifier(self)] = self
         ctx.loop.register(self)
         deadline = monotonicNanos() &+ ctx.runtime.headerReadTimeout
-        headDeadlineArmed = true
+        phase = .awaitingHead(.headerRead)
         if let policy, policy.checksPeer { checkPeer(policy) }
         channel.start()
     }
@@ -101,8 +129,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     private func refuse(status: Int, bytes: [UInt8]) {
         ctx.metrics.countRequest(slot: 0, status: status)  // route="none": refused before routing
         channel.write(bytes)
-        exchange = nil
-        closing = true
+        phase = .closing
         channel.closeAfterFlush()
     }
 
@@ -126,7 +153,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     /// upstream's response timeout governs (issue 8 item 9).
     private func armBodyDeadline() {
         guard let ex = exchange else { return }
-        if !ex.requestComplete && ex.wantsBody && !closing {
+        if !ex.requestComplete && ex.wantsBody {
             deadline = monotonicNanos() &+ ctx.runtime.idleTimeout
         } else {
             deadline = 0
@@ -135,27 +162,29 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
 
     func channelEOF(_ channel: SocketChannel) {
         parser.feedEOF()
-        if let ex = exchange {
-            if !ex.requestComplete {
-                processInput()
-                if let ex2 = exchange, !ex2.requestComplete {
-                    ex2.abort()
-                    exchange = nil
-                    channel.close()
-                }
-            }
-            // A client half-closing after a complete request still gets its response (RFC 9112 §9.6).
-            // Stop the read source: EOF stays readable and would fire again and again.
-            channel.pauseReading(.owner)
-            closeAfterExchange = true
+        if let ex = exchange, !ex.requestComplete {
+            processInput()
+        }
+        guard case .exchanging(let ex, _) = phase else {
+            channel.close()
             return
         }
-        channel.close()
+        if !ex.requestComplete {
+            // The client gave up in the middle of its body.
+            ex.abort()
+            phase = .closing
+            channel.close()
+            return
+        }
+        // A client half-closing after a complete request still gets its response (RFC 9112 §9.6).
+        // Stop the read source: EOF stays readable and would fire again and again.
+        channel.pauseReading(.owner)
+        phase = .exchanging(ex, clientHalfClosed: true)
     }
 
     func channelError(_ channel: SocketChannel, _ error: ChannelError) {
         exchange?.abort()
-        exchange = nil
+        phase = .closing
     }
 
     func channelWritable(_ channel: SocketChannel) {
@@ -164,8 +193,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
 
     func channelClosed(_ channel: SocketChannel) {
         exchange?.abort()
-        exchange = nil
-        closing = true
+        phase = .closing
         deadline = 0
         ctx.loop.unregister(self)
         ctx.frontends.removeValue(forKey: ObjectIdentifier(self))
@@ -173,17 +201,21 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
 
     func deadlineExpired(now: UInt64) {
         deadline = 0
-        if let ex = exchange {
+        switch phase {
+        case .exchanging(let ex, _):
             // Only a client that stopped sending its body is timed out here.
             guard !ex.requestComplete else { return }
             ex.abort()
-            exchange = nil
+            phase = .closing
             channel.close()
-            return
-        }
-        if parser.bufferedByteCount > 0 || requests == 0 && headDeadlineArmed && !parser.isBetweenMessages {
-            respondError(status: 408, reason: "http1.header_timeout", message: "request header not received in time")
-        } else {
+        case .awaitingHead(let which):
+            if parser.bufferedByteCount > 0 || which == .headerRead && !parser.isBetweenMessages {
+                respondError(status: 408, reason: "http1.header_timeout", message: "request header not received in time")
+            } else {
+                phase = .closing
+                channel.close()
+            }
+        case .closing:
             channel.close()
         }
     }
@@ -191,7 +223,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     // MARK: request processing
 
     func processInput() {
-        while !closing {
+        while !isClosing {
             if let ex = exchange {
                 if ex.requestComplete {
                     if parser.bufferedByteCount > Self.pipelineLimit { channel.pauseReading(.pipelineFull) }
@@ -210,8 +242,8 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
                 return
             }
             guard let event else {
-                if exchange == nil && !headDeadlineArmed && parser.bufferedByteCount > 0 {
-                    headDeadlineArmed = true
+                if case .awaitingHead(.idle) = phase, parser.bufferedByteCount > 0 {
+                    phase = .awaitingHead(.headerRead)
                     deadline = monotonicNanos() &+ ctx.runtime.headerReadTimeout
                 }
                 return
@@ -241,7 +273,6 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
 
     private func startExchange(_ head: HTTPRequestHead, framing: HTTP1BodyFraming) {
         requests += 1
-        headDeadlineArmed = false
         deadline = 0
         if let refusal = peerRefusal {
             refuse(status: 403, bytes: ErrorResponse.make(status: 403, error: "peer_not_allowed", detail: refusal, close: true))
@@ -251,7 +282,8 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         let keepAlive = HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers) && !ctx.draining
         if let local {
             let ex = LocalExchange(frontend: self, responder: local, head: head, framing: framing, keepAlive: keepAlive)
-            exchange = ex
+            phase = .exchanging(ex, clientHalfClosed: false)
+            ex.start()
             return
         }
         guard let parts = RequestTarget.split(head.target) else {
@@ -272,9 +304,15 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
             let bytes = ErrorResponse.make(status: 404, error: "no_route", detail: "no route matches \(parts.path)",
                                            close: !keepAlive || framing != .none)
             ctx.metrics.countRequest(slot: 0, status: 404)  // route="none"
-            exchange = SentExchange(framing: framing)
             channel.write(bytes)
-            finishWithoutExchange(keepAlive: keepAlive && framing == .none)
+            if keepAlive && framing == .none {
+                phase = .awaitingHead(.idle)
+                deadline = monotonicNanos() &+ ctx.runtime.idleTimeout
+            } else {
+                // A body we will not read: the connection cannot carry another request.
+                phase = .closing
+                channel.closeAfterFlush()
+            }
             return
         }
         let route = runtime.config.routes[routeIndex]
@@ -282,35 +320,25 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         let upstreamHead = ProxyHeaders.upstreamRequest(client: head, framing: framing, target: target, route: route,
                                                         clientAddress: clientAddress, originalHost: host)
         let ex = ProxyExchangeDriver(frontend: self, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
-                               upstreamHead: upstreamHead, logPath: parts.path, keepAlive: keepAlive)
-        exchange = ex
+                                     upstreamHead: upstreamHead, logPath: parts.path, keepAlive: keepAlive)
+        phase = .exchanging(ex, clientHalfClosed: false)
         ex.start()
-    }
-
-    private func finishWithoutExchange(keepAlive: Bool) {
-        exchange = nil
-        if keepAlive {
-            deadline = monotonicNanos() &+ ctx.runtime.idleTimeout
-        } else {
-            closing = true
-            channel.closeAfterFlush()
-        }
     }
 
     /// The exchange wrote its whole response (or gave up). Continue with the next request.
     func exchangeFinished(_ ex: FrontendExchange, keepAlive: Bool, abort: Bool) {
-        guard exchange === ex else { return }
-        exchange = nil
+        guard case .exchanging(let current, let halfClosed) = phase, current === ex else { return }
         if abort {
-            closing = true
+            phase = .closing
             channel.close()
             return
         }
-        if !keepAlive || ctx.draining || closeAfterExchange {
-            closing = true
+        if !keepAlive || ctx.draining || halfClosed {
+            phase = .closing
             channel.closeAfterFlush()
             return
         }
+        phase = .awaitingHead(.idle)
         deadline = monotonicNanos() &+ ctx.runtime.idleTimeout
         channel.resumeReading(.pipelineFull)
         channel.resumeReading(.peerBackpressure)
@@ -325,10 +353,9 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         if let ex = exchange {
             let started = ex.responseStarted
             ex.abort()
-            exchange = nil
+            phase = .closing
             if started {
                 // A response is already on the wire: a 400 after it would corrupt the stream.
-                closing = true
                 channel.close()
                 return
             }
@@ -342,8 +369,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         ctx.runtime.logger.info("bad request", metadata: ["client": "\(clientAddress)", "status": "\(status)", "reason": "\(reason)"])
         channel.write(ErrorResponse.make(status: status, error: reason, detail: message,
                                          extra: allow ? [("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")] : [], close: true))
-        exchange = nil
-        closing = true
+        phase = .closing
         channel.closeAfterFlush()
     }
 
@@ -353,38 +379,38 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     }
 }
 
-/// A request answered by bearerd without an upstream (404): discards its body.
-final class SentExchange: FrontendExchange {
-    var requestComplete: Bool
-    var wantsBody: Bool { true }
-    init(framing: HTTP1BodyFraming) { requestComplete = framing == .none }
-    func requestBody(_ bytes: ArraySlice<UInt8>) {}
-    func requestEnd(trailers: HTTPHeaders?) { requestComplete = true }
-    func abort() {}
-    func frontendWritable() {}
-    var responseStarted: Bool { true }
-}
-
 /// A request answered by a `LocalResponder`: collects the body (up to 1 MiB, else 413), then replies.
 final class LocalExchange: FrontendExchange {
     unowned let frontend: FrontendConnection
     let responder: LocalResponder
     let head: HTTPRequestHead
-    var requestComplete = false
-    var wantsBody: Bool { true }
+    private let framing: HTTP1BodyFraming
+    private let keepAlive: Bool
+
+    /// Collecting the body → (asked the responder | refused as too large) → answered. Lives on the
+    /// frontend's loop.
+    private enum Phase {
+        case collecting
+        /// Over `maxBody`: the rest is discarded, a 413 follows the end.
+        case tooLarge
+        /// The body is complete; the responder was asked.
+        case responding
+        case done
+    }
+    private var phase: Phase = .collecting
     private var body: [UInt8] = []
-    private var tooLarge = false
-    private var keepAlive: Bool
-    private var done = false
     static let maxBody = 1 << 20
 
     init(frontend: FrontendConnection, responder: LocalResponder, head: HTTPRequestHead, framing: HTTP1BodyFraming, keepAlive: Bool) {
         self.frontend = frontend
         self.responder = responder
         self.head = head
+        self.framing = framing
         self.keepAlive = keepAlive
+    }
+
+    func start() {
         if framing == .none {
-            requestComplete = true
             frontend.ctx.loop.deferToEndOfEvent { [weak self] in self?.run() }
         } else if HTTPHeaderRules.expectsContinue(head) && head.version == .http1_1 {
             // RFC 9110 §15.2: never a 1xx to an HTTP/1.0 client.
@@ -392,27 +418,47 @@ final class LocalExchange: FrontendExchange {
         }
     }
 
+    var requestComplete: Bool {
+        switch phase {
+        case .collecting, .tooLarge: return framing == .none
+        case .responding, .done: return true
+        }
+    }
+    var wantsBody: Bool { true }
+    var responseStarted: Bool {
+        if case .done = phase { return true }
+        return false
+    }
+
     func requestBody(_ bytes: ArraySlice<UInt8>) {
-        if body.count + bytes.count > Self.maxBody { tooLarge = true; return }
+        guard case .collecting = phase else { return }
+        if body.count + bytes.count > Self.maxBody {
+            phase = .tooLarge
+            body = []
+            return
+        }
         body.append(contentsOf: bytes)
     }
 
     func requestEnd(trailers: HTTPHeaders?) {
-        requestComplete = true
         run()
     }
 
     private func run() {
-        guard !done else { return }
-        if tooLarge {
-            done = true
+        switch phase {
+        case .collecting:
+            phase = .responding
+        case .tooLarge:
+            phase = .done
             frontend.writeRaw(ErrorResponse.make(status: 413, error: "body_too_large", close: true))
             frontend.exchangeFinished(self, keepAlive: false, abort: false)
             return
+        case .responding, .done:
+            return
         }
         responder.respond(to: head, body: body, loop: frontend.ctx.loop) { [weak self] resp, respBody in
-            guard let self, !self.done else { return }
-            self.done = true
+            guard let self, case .responding = self.phase else { return }
+            self.phase = .done
             var h = resp
             h.headers.set("Content-Length", String(respBody.count))
             if !self.keepAlive { h.headers.set("Connection", "close") }
@@ -424,7 +470,6 @@ final class LocalExchange: FrontendExchange {
         }
     }
 
-    func abort() { done = true }
+    func abort() { phase = .done }
     func frontendWritable() {}
-    var responseStarted: Bool { done }
 }
