@@ -105,7 +105,9 @@ public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertibl
     /// `sentAt: now`), if at least `minimumRemaining` of it is left.
     public func adoptableGrant(wallClockNow: Int64, minimumRemaining: Duration = .seconds(60)) -> TokenGrant? {
         guard let a = accessToken else { return nil }
-        let remaining = Duration.seconds(a.expiresAt - wallClockNow)
+        // Saturating: the file is read from disk and the clock is the clock; neither may trap.
+        guard let seconds = TokenResponseParser.secondsUntil(a.expiresAt, from: wallClockNow), seconds > 0 else { return nil }
+        let remaining = TokenResponseParser.clampedLifetime(seconds: seconds)
         guard remaining >= minimumRemaining else { return nil }
         return TokenGrant(accessToken: a.token, lifetime: remaining, lifetimeSource: .expiresIn, refreshToken: refreshToken)
     }
