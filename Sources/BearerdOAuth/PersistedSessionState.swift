@@ -15,6 +15,8 @@
 /// all; `source_fingerprint` is optional. Unknown members are refused (strict).
 public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertible {
     public static let formatVersion: Int64 = 1
+    /// 9999-12-31T23:59:59Z: the largest `updated_at` read back (a larger one is clamped to it).
+    public static let latestTimestamp: Int64 = 253_402_300_799
 
     /// An access token with its wall-clock expiry.
     public struct AccessToken: Sendable, Equatable {
@@ -97,7 +99,10 @@ public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertibl
         default:
             throw DecodingError(reason: "state.invalid_field", field: "access_token")
         }
-        return PersistedSessionState(refreshToken: OAuthSecret(refresh), accessToken: accessToken, updatedAt: updatedAt,
+        // Clamped into 0...9999-12-31: the driver stamps the next write `updatedAt + 1`, which
+        // must not overflow whatever the file said.
+        return PersistedSessionState(refreshToken: OAuthSecret(refresh), accessToken: accessToken,
+                                     updatedAt: min(max(updatedAt, 0), Self.latestTimestamp),
                                      sourceFingerprint: try string("source_fingerprint"))
     }
 

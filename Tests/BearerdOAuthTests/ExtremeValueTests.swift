@@ -146,6 +146,17 @@ import Testing
         #expect(state(.max).adoptableGrant(wallClockNow: 1_700_000_000)?.lifetime == TokenGrant.maximumLifetime)
         #expect(state(1_700_003_600).adoptableGrant(wallClockNow: 1_700_000_000)?.lifetime == .seconds(3600))
     }
+
+    @Test func persistedUpdatedAtIsClampedSoTheNextStampCannotOverflow() throws {
+        func decode(_ updatedAt: String) throws -> PersistedSessionState {
+            try PersistedSessionState.decode(Array(#"{"format":1,"refresh_token":"r","updated_at":\#(updatedAt)}"#.utf8))
+        }
+        let top = try decode("9223372036854775807")
+        #expect(top.updatedAt == PersistedSessionState.latestTimestamp)
+        #expect(top.updatedAt + 1 > top.updatedAt)
+        #expect(try decode("-9223372036854775808").updatedAt == 0)
+        #expect(try decode("1700000000").updatedAt == 1_700_000_000)
+    }
 }
 
 /// The whole session machine fed grants with extreme lifetimes: no trap, sane schedules.
