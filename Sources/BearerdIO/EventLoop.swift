@@ -13,11 +13,16 @@ public func monotonicNanos() -> UInt64 {
 }
 
 extension Duration {
-    /// Whole nanoseconds, saturating at zero for negative durations.
+    /// Whole nanoseconds, saturating at zero for negative durations and at `Int64.max` (292
+    /// years) for huge ones, so `Int(d.nanoseconds)` and `monotonicNanos() + d.nanoseconds`
+    /// never trap nor wrap, whatever duration got in (issue 8 item 5).
     public var nanoseconds: UInt64 {
         let (s, a) = components
-        if s < 0 { return 0 }
-        return UInt64(s) &* 1_000_000_000 &+ UInt64(a / 1_000_000_000)
+        if s < 0 || a < 0 { return 0 }  // `components` truncates: -0.5 s is (0, -5e17).
+        let (ns, overflow) = s.multipliedReportingOverflow(by: 1_000_000_000)
+        if overflow { return UInt64(Int64.max) }
+        let (sum, o2) = ns.addingReportingOverflow(a / 1_000_000_000)
+        return o2 ? UInt64(Int64.max) : UInt64(sum)
     }
 }
 

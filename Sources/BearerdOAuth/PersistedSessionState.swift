@@ -15,6 +15,8 @@
 /// all; `source_fingerprint` is optional. Unknown members are refused (strict).
 public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertible {
     public static let formatVersion: Int64 = 1
+    /// 9999-12-31T23:59:59Z: the largest `updated_at` read back (a larger one is clamped to it).
+    public static let latestTimestamp: Int64 = 253_402_300_799
 
     /// An access token with its wall-clock expiry.
     public struct AccessToken: Sendable, Equatable {
@@ -97,7 +99,10 @@ public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertibl
         default:
             throw DecodingError(reason: "state.invalid_field", field: "access_token")
         }
-        return PersistedSessionState(refreshToken: OAuthSecret(refresh), accessToken: accessToken, updatedAt: updatedAt,
+        // Clamped into 0...9999-12-31: the driver stamps the next write `updatedAt + 1`, which
+        // must not overflow whatever the file said.
+        return PersistedSessionState(refreshToken: OAuthSecret(refresh), accessToken: accessToken,
+                                     updatedAt: min(max(updatedAt, 0), Self.latestTimestamp),
                                      sourceFingerprint: try string("source_fingerprint"))
     }
 
@@ -105,7 +110,9 @@ public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertibl
     /// `sentAt: now`), if at least `minimumRemaining` of it is left.
     public func adoptableGrant(wallClockNow: Int64, minimumRemaining: Duration = .seconds(60)) -> TokenGrant? {
         guard let a = accessToken else { return nil }
-        let remaining = Duration.seconds(a.expiresAt - wallClockNow)
+        // Saturating: the file is read from disk and the clock is the clock; neither may trap.
+        guard let seconds = TokenResponseParser.secondsUntil(a.expiresAt, from: wallClockNow), seconds > 0 else { return nil }
+        let remaining = TokenResponseParser.clampedLifetime(seconds: seconds)
         guard remaining >= minimumRemaining else { return nil }
         return TokenGrant(accessToken: a.token, lifetime: remaining, lifetimeSource: .expiresIn, refreshToken: refreshToken)
     }

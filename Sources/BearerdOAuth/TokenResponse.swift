@@ -1,7 +1,8 @@
 /// A token issued by the token endpoint (RFC 6749 §5.1), with its lifetime already resolved.
 ///
 /// Invariants: `accessToken` is non-empty visible ASCII (safe to put in a header field);
-/// `lifetime > 0`; `refreshIn`, when present, is `> 0`.
+/// `0 < lifetime ≤ maximumLifetime`; `refreshIn`, when present, is `> 0` and `≤ maximumLifetime`
+/// (the parser and `PersistedSessionState` guarantee it; the session machine clamps again).
 public struct TokenGrant: Sendable, Equatable {
     /// Where `lifetime` came from (logged; tests check it).
     public enum LifetimeSource: String, Sendable, Equatable {
@@ -33,6 +34,12 @@ public struct TokenGrant: Sendable, Equatable {
         self.refreshToken = refreshToken
         self.scope = scope
     }
+
+    /// The longest lifetime (and `refresh_in`) bearerd believes: 10 years (3650 days). A larger
+    /// `expires_in`, JWT `exp` or `default_lifetime` is clamped to it, so the schedule arithmetic
+    /// downstream (monotonic instants, margins, jitter) stays far from any overflow, and a token
+    /// the server calls eternal is still refreshed once a decade (a 401 refreshes it sooner).
+    public static let maximumLifetime: Duration = .seconds(3650 * 86_400)
 
     /// RFC 6749 §6: a refresh response without `refresh_token` keeps the old one.
     public func keepingRefreshToken(_ old: OAuthSecret?) -> TokenGrant {
@@ -182,18 +189,23 @@ public struct TokenResponseParser: Sendable {
             return failure(.permanent, "token.unsupported_token_type")
         }
 
+        // DESIGN §6 "Lifetime": `expires_in` > 0, else the JWT `exp` if it lies ahead, else
+        // `default_lifetime`. An `exp` at or before `wallClockNow` (an expired token, or clocks
+        // that disagree) is treated like a missing one: `default_lifetime`, not "expired", which
+        // would refresh every second; an upstream 401 still refreshes at once. Every source is
+        // clamped to `TokenGrant.maximumLifetime`; all arithmetic here saturates.
         var lifetime: Duration
         var source: TokenGrant.LifetimeSource
         if let seconds = Self.seconds(object["expires_in"]), seconds > 0 {
-            lifetime = .seconds(seconds); source = .expiresIn
-        } else if let exp = Self.jwtExpiry(access), exp - wallClockNow > 0 {
-            lifetime = .seconds(exp - wallClockNow); source = .jwtExpiry
+            lifetime = Self.clampedLifetime(seconds: seconds); source = .expiresIn
+        } else if let exp = Self.jwtExpiry(access), let remaining = Self.secondsUntil(exp, from: wallClockNow), remaining > 0 {
+            lifetime = Self.clampedLifetime(seconds: remaining); source = .jwtExpiry
         } else {
-            lifetime = defaultLifetime; source = .defaultLifetime
+            lifetime = min(defaultLifetime, TokenGrant.maximumLifetime); source = .defaultLifetime
         }
         if lifetime <= .zero { lifetime = .seconds(1) }
         var refreshIn: Duration? = nil
-        if let seconds = Self.seconds(object["refresh_in"]), seconds > 0 { refreshIn = .seconds(seconds) }
+        if let seconds = Self.seconds(object["refresh_in"]), seconds > 0 { refreshIn = Self.clampedLifetime(seconds: seconds) }
         var refreshToken: OAuthSecret? = nil
         if let rt = object["refresh_token"]?.stringValue, !rt.isEmpty { refreshToken = OAuthSecret(rt) }
         return .success(TokenGrant(accessToken: OAuthSecret(access), tokenType: tokenType, lifetime: lifetime,
@@ -201,34 +213,55 @@ public struct TokenResponseParser: Sendable {
                                    scope: object["scope"]?.stringValue))
     }
 
-    /// An integer number of seconds from a JSON number or numeric string (`"3600"`); a
-    /// fractional value is truncated. Nil for anything else.
+    /// An integer number of seconds from a JSON number or a numeric string (`"3600"`, or any
+    /// text in the JSON number grammar, RFC 8259 §6); a fractional value is truncated toward
+    /// zero and a value beyond `Int64` saturates (`1e308`, `"99999999999999999999"`). Nil for
+    /// anything else (`"soon"`, `"0x10"`, `"inf"`, `true`).
     static func seconds(_ value: JSONValue?) -> Int64? {
         switch value {
         case .number(let text)?:
-            if let i = Int64(text) { return i }
-            if let d = Double(text), d.isFinite, abs(d) < 1e15 { return Int64(d) }
-            return nil
+            return saturatingInteger(text)
         case .string(let text)?:
             let trimmed = text.trimmingASCIISpaces()
             if let i = Int64(trimmed) { return i }
-            if let d = Double(trimmed), d.isFinite, abs(d) < 1e15, trimmed.first != "+" { return Int64(d) }
-            return nil
+            guard case .number(let number)? = try? JSONParser(maxDepth: 1).parse(trimmed) else { return nil }
+            return saturatingInteger(number)
         default:
             return nil
         }
     }
 
+    /// A JSON number literal as a whole `Int64`: truncated toward zero, saturating at
+    /// `Int64.min`/`Int64.max` (also for magnitudes beyond `Double`, which parse as infinity).
+    static func saturatingInteger(_ text: String) -> Int64? {
+        if let i = Int64(text) { return i }
+        guard let d = Double(text), !d.isNaN else { return nil }
+        if d >= 0x1p63 { return .max }
+        if d < -0x1p63 { return .min }
+        return Int64(d)  // |d| < 2^63 here, so the conversion cannot trap.
+    }
+
+    /// `exp - now` in seconds; on overflow, `Int64.max` when `exp` lies ahead and nil when it
+    /// lies behind.
+    static func secondsUntil(_ exp: Int64, from now: Int64) -> Int64? {
+        let (remaining, overflow) = exp.subtractingReportingOverflow(now)
+        if overflow { return exp > now ? .max : nil }
+        return remaining
+    }
+
+    /// `seconds` (> 0) as a lifetime, at most `TokenGrant.maximumLifetime`.
+    static func clampedLifetime(seconds: Int64) -> Duration {
+        min(.seconds(seconds), TokenGrant.maximumLifetime)
+    }
+
     /// The `exp` claim (RFC 7519 §4.1.4) of a JWS compact serialisation, unverified: used only
-    /// to know when to refresh.
+    /// to know when to refresh. Saturates like `saturatingInteger`.
     public static func jwtExpiry(_ token: String) -> Int64? {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, let payload = Base64.decodeURL(String(parts[1])),
               let claims = try? JSONParser(maxDepth: 16, maxBytes: 64 * 1024).parse(payload),
               case .number(let text)? = claims["exp"] else { return nil }
-        if let i = Int64(text) { return i }
-        if let d = Double(text), d.isFinite, abs(d) < 1e15 { return Int64(d) }
-        return nil
+        return saturatingInteger(text)
     }
 }
 
@@ -262,7 +295,8 @@ public enum RetryAfter {
             return .seconds(seconds)
         }
         guard let date = HTTPDate.parseIMFFixdate(text) else { return nil }
-        return .seconds(max(0, date - wallClockNow))
+        // Saturating: a wall clock at the edge of Int64 must not make the difference overflow.
+        return .seconds(max(0, TokenResponseParser.secondsUntil(date, from: wallClockNow) ?? 0))
     }
 }
 

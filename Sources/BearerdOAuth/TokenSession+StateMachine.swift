@@ -292,11 +292,13 @@ extension TokenSession {
         /// The in-flight request returned a token. `sentAt` is when it was sent.
         public mutating func fetchSucceeded(_ grant: TokenGrant, sentAt: MonotonicInstant, now: MonotonicInstant) -> [Action] {
             guard case .fetching(let f) = phase else { return [] }
-            let lifetime = max(grant.lifetime, .nanoseconds(1))
+            // Clamped again (a grant may be built by hand): keeps every instant below far from overflow.
+            let lifetime = min(max(grant.lifetime, .nanoseconds(1)), TokenGrant.maximumLifetime)
             let expiresAt = sentAt + lifetime
             let hardMargin = policy.hardMargin(lifetime: lifetime)
             let factor = Double.random(in: policy.softMarginFactor, using: &random)
-            let softMargin = max(policy.softMargin(lifetime: lifetime, refreshIn: grant.refreshIn).scaled(by: factor), hardMargin)
+            let refreshIn = grant.refreshIn.map { min($0, TokenGrant.maximumLifetime) }
+            let softMargin = max(policy.softMargin(lifetime: lifetime, refreshIn: refreshIn).scaled(by: factor), hardMargin)
             let hardAt = expiresAt - hardMargin
             var refreshAt = max(expiresAt - softMargin, now + policy.minimumRefreshDelay)
             var notBefore: MonotonicInstant? = nil

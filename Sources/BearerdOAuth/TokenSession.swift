@@ -10,8 +10,13 @@ public struct MonotonicInstant: Sendable, Hashable, Comparable, CustomStringConv
 
     public init(nanoseconds: UInt64) { self.nanoseconds = nanoseconds }
 
+    /// `s` seconds after the origin, saturating: negative or NaN is the origin, beyond
+    /// `UInt64.max` nanoseconds is `UInt64.max`.
     public static func seconds(_ s: Double) -> MonotonicInstant {
-        MonotonicInstant(nanoseconds: UInt64(s * 1e9))
+        let ns = (s * 1e9).rounded(.towardZero)
+        guard ns > 0 else { return MonotonicInstant(nanoseconds: 0) }  // Also NaN.
+        if ns >= 0x1p64 { return MonotonicInstant(nanoseconds: .max) }
+        return MonotonicInstant(nanoseconds: UInt64(ns))  // 0 < ns < 2^64: cannot trap.
     }
 
     public static func < (a: MonotonicInstant, b: MonotonicInstant) -> Bool { a.nanoseconds < b.nanoseconds }
@@ -51,9 +56,14 @@ extension Duration {
     /// Seconds as a `Double` (for logs and `Retry-After`).
     public var secondsDouble: Double { Double(nanosecondsClamped) / 1e9 }
 
-    /// `self × factor`, rounded to a nanosecond.
+    /// `self × factor`, rounded to a nanosecond, saturating at the `Int64` nanosecond bounds
+    /// (`Double(Int64.max)` is 2^63, which `Int64(_:)` would trap on); a NaN factor gives zero.
     func scaled(by factor: Double) -> Duration {
-        .nanoseconds(Int64((Double(nanosecondsClamped) * factor).rounded()))
+        let product = (Double(nanosecondsClamped) * factor).rounded()
+        if product.isNaN { return .zero }
+        if product >= 0x1p63 { return .nanoseconds(Int64.max) }
+        if product <= -0x1p63 { return .nanoseconds(Int64.min) }
+        return .nanoseconds(Int64(product))  // |product| < 2^63: cannot trap.
     }
 }
 
@@ -116,8 +126,9 @@ extension TokenSession {
 
         /// Whole seconds for the `Retry-After` header: rounded up, at least 1.
         public var retryAfterSeconds: Int {
-            let ns = retryAfter.nanosecondsClamped
-            return max(1, Int((ns + 999_999_999) / 1_000_000_000))
+            let ns = retryAfter.nanosecondsClamped  // ≥ 0 (init), so no rounding toward zero below.
+            let (whole, part) = ns.quotientAndRemainder(dividingBy: 1_000_000_000)
+            return max(1, Int(whole) + (part > 0 ? 1 : 0))  // whole ≤ Int64.max / 10^9: no overflow.
         }
 
         /// For the 503 body's `detail`: the server's `error: error_description` when it sent one.

@@ -323,12 +323,18 @@ final class ConfigBuilder {
         }
     }
 
-    func duration(_ fields: Fields, _ name: String) -> Duration? {
-        parsed(fields, name, expected: "a duration such as 500ms, 30s, 5m or 1h", ConfigValues.duration)
+    /// A duration, refused above `maximum` (`FILE:LINE: key: must be at most 24h, got "…"`).
+    func duration(_ fields: Fields, _ name: String, maximum: Duration = ConfigValues.maximumTimeout) -> Duration? {
+        parsed(fields, name, expected: "a duration such as 500ms, 30s, 5m or 1h") { (raw: String) throws(ConfigValues.Problem) -> Duration in
+            try ConfigValues.duration(raw, maximum: maximum)
+        }
     }
 
-    func size(_ fields: Fields, _ name: String, minimum: Int) -> Int? {
-        guard let value = parsed(fields, name, expected: "a size such as 65536, 64KiB or 1MiB", ConfigValues.size) else { return nil }
+    /// A size in `minimum...maximum` bytes.
+    func size(_ fields: Fields, _ name: String, minimum: Int, maximum: Int = ConfigValues.maximumSize) -> Int? {
+        guard let value = parsed(fields, name, expected: "a size such as 65536, 64KiB or 1MiB", { (raw: String) throws(ConfigValues.Problem) -> Int in
+            try ConfigValues.size(raw, maximum: maximum)
+        }) else { return nil }
         guard value >= minimum else {
             fail(fields[name]?.valueLine ?? fields.line, fields.key(name), "must be at least \(minimum) bytes, got \(value)")
             return nil

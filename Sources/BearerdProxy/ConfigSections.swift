@@ -111,8 +111,8 @@ extension ConfigBuilder {
         guard let f = fields(entry.value, path: "limits", line: entry.keyLine, known: ConfigKeys.limits,
                              expected: "a mapping (header_bytes, request_target, headers)") else { return nil }
         var limits = HTTP1Limits()
-        if let v = size(f, "header_bytes", minimum: 1024) { limits.maxHeaderBytes = v }
-        if let v = size(f, "request_target", minimum: 16) { limits.maxRequestTarget = v }
+        if let v = size(f, "header_bytes", minimum: 1024, maximum: ConfigValues.maximumHeaderBytes) { limits.maxHeaderBytes = v }
+        if let v = size(f, "request_target", minimum: 16, maximum: ConfigValues.maximumHeaderBytes) { limits.maxRequestTarget = v }
         if let v = integer(f, "headers", range: 1...10_000) { limits.maxHeaderCount = v }
         if limits.maxRequestTarget > limits.maxHeaderBytes, let e = f["request_target"] {
             fail(e.valueLine, f.key("request_target"), "\(limits.maxRequestTarget) bytes is more than limits.header_bytes (\(limits.maxHeaderBytes)), which includes the request line")
@@ -161,8 +161,8 @@ extension ConfigBuilder {
         let clientAuth = choice(f, "client_auth", ClientAuthMethod.self)
         let scope = scopes(f)
         let params = sessionParams(f)
-        let refreshBefore = duration(f, "refresh_before")
-        let defaultLifetime = duration(f, "default_lifetime")
+        let refreshBefore = duration(f, "refresh_before", maximum: ConfigValues.maximumLifetime)
+        let defaultLifetime = duration(f, "default_lifetime", maximum: ConfigValues.maximumLifetime)
         let requestTimeout = duration(f, "request_timeout")
         let waitTimeout = duration(f, "wait_timeout")
         let tls = tlsSettings(f)
@@ -358,7 +358,7 @@ extension ConfigBuilder {
             if let v = duration(t, "response") { timeouts.response = v }
             if let v = duration(t, "idle") { timeouts.idle = v }
         }
-        let replayBodyLimit = size(f, "replay_body_limit", minimum: 0) ?? (1 << 20)
+        let replayBodyLimit = size(f, "replay_body_limit", minimum: 0, maximum: ConfigValues.maximumReplayBody) ?? (1 << 20)
         let rejectStatuses = f["reject_statuses"].flatMap { statuses($0, in: f) } ?? [401]
         let replayMethods = f["replay_methods"].flatMap { methods($0, in: f) } ?? .all
 

@@ -20,8 +20,17 @@ enum ConfigValues {
         ("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000),
     ]
 
-    /// `500ms`, `30s`, `5m`, `1h`: a whole positive number and a unit.
-    static func duration(_ text: String) throws(Problem) -> Duration {
+    /// Longest timeout: `timeouts.header_read`, `timeouts.idle`, `shutdown_grace`,
+    /// `startup_timeout`, a route's `timeouts.connect`/`response`/`idle` and a session's
+    /// `request_timeout`/`wait_timeout`. 24 h: a longer wait is indistinguishable from a hang,
+    /// and every deadline stays far below what a nanosecond `Int64` or `DispatchTime` holds.
+    static let maximumTimeout: Duration = .seconds(24 * 3600)
+    /// Longest `refresh_before` and `default_lifetime`: 365 days (`8760h`).
+    static let maximumLifetime: Duration = .seconds(365 * 24 * 3600)
+
+    /// `500ms`, `30s`, `5m`, `1h`: a whole positive number and a unit, at most `maximum`.
+    /// Checked arithmetic: a number too large for any type is refused like one above `maximum`.
+    static func duration(_ text: String, maximum: Duration = maximumTimeout) throws(Problem) -> Duration {
         let example = "such as 500ms, 30s, 5m or 1h"
         let digits = text.prefix(while: { $0.isASCII && $0.isNumber })
         let unit = text.dropFirst(digits.count)
@@ -44,11 +53,20 @@ enum ConfigValues {
             }
             throw Problem("unknown unit '\(unit)' in \(quoted(text)) (use ms, s, m or h)")
         }
-        guard let n = Int64(digits), n <= 1_000_000_000 else {
-            throw Problem("\(quoted(text)) is too large")
-        }
+        let tooLarge = Problem("must be at most \(describe(maximum)), got \(quoted(text))")
+        guard let n = Int64(digits) else { throw tooLarge }
         if n == 0 { throw Problem("must be greater than zero, got \(quoted(text))") }
-        return .milliseconds(n * factor)
+        let (milliseconds, overflow) = n.multipliedReportingOverflow(by: factor)
+        guard !overflow, Duration.milliseconds(milliseconds) <= maximum else { throw tooLarge }
+        return .milliseconds(milliseconds)
+    }
+
+    /// A limit as the user would write it: `24h`, `8760h`, `90s`, `1500ms`.
+    static func describe(_ duration: Duration) -> String {
+        let (seconds, attoseconds) = duration.components
+        let ms = seconds * 1000 + attoseconds / 1_000_000_000_000_000  // Only our own limits: small.
+        for (unit, factor) in durationUnits.reversed() where ms % factor == 0 { return "\(ms / factor)\(unit)" }
+        return "\(ms)ms"
     }
 
     /// `1m30s` as milliseconds, for the hint only; `nil` unless every part is a number and a unit.
@@ -61,7 +79,9 @@ enum ConfigValues {
             rest = rest.dropFirst(unit.count)
             guard let n = Int64(digits), n < 1_000_000,
                   let factor = durationUnits.first(where: { $0.unit == unit })?.milliseconds else { return nil }
-            total += n * factor
+            let (sum, overflow) = total.addingReportingOverflow(n * factor)  // n * factor < 3.6e12.
+            guard !overflow else { return nil }
+            total = sum
         }
         return total
     }
@@ -72,8 +92,16 @@ enum ConfigValues {
         ("", 1), ("B", 1), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30),
     ]
 
-    /// `65536`, `512B`, `64KiB`, `1MiB`, `1GiB`: a whole number of bytes, optionally with a binary unit.
-    static func size(_ text: String) throws(Problem) -> Int {
+    /// Largest size any key accepts (1 TiB); keys with a meaningful bound of their own pass a smaller one.
+    static let maximumSize = 1 << 40
+    /// Largest `limits.header_bytes` and `limits.request_target`: 16 MiB.
+    static let maximumHeaderBytes = 16 << 20
+    /// Largest `replay_body_limit`: 1 GiB (the body is kept in memory, per request).
+    static let maximumReplayBody = 1 << 30
+
+    /// `65536`, `512B`, `64KiB`, `1MiB`, `1GiB`: a whole number of bytes, optionally with a binary
+    /// unit, at most `maximum`. Checked arithmetic: an overflowing value is refused.
+    static func size(_ text: String, maximum: Int = maximumSize) throws(Problem) -> Int {
         let digits = text.prefix(while: { $0.isASCII && $0.isNumber })
         let unit = String(text.dropFirst(digits.count))
         if text.hasPrefix("-") { throw Problem("must not be negative, got \(quoted(text))") }
@@ -90,10 +118,17 @@ enum ConfigValues {
             if let better = map[unit.lowercased()] { hint = "; did you mean \(digits)\(better)?" }
             throw Problem("unknown unit '\(unit)' in \(quoted(text)) (use B, KiB, MiB or GiB\(hint))")
         }
-        guard let n = Int(digits) else { throw Problem("\(quoted(text)) is too large") }
+        let tooLarge = Problem("must be at most \(describe(bytes: maximum)), got \(quoted(text))")
+        guard let n = Int(digits) else { throw tooLarge }
         let (product, overflow) = n.multipliedReportingOverflow(by: factor)
-        guard !overflow, product <= 1 << 40 else { throw Problem("\(quoted(text)) is too large") }
+        guard !overflow, product <= maximum else { throw tooLarge }
         return product
+    }
+
+    /// A size as the user would write it, in the largest unit that divides it: `16MiB`, `1024GiB`.
+    static func describe(bytes: Int) -> String {
+        for (unit, factor) in sizeUnits.reversed() where factor > 1 && bytes % factor == 0 { return "\(bytes / factor)\(unit)" }
+        return "\(bytes)"
     }
 
     // MARK: Addresses

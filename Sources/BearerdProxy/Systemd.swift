@@ -72,13 +72,36 @@ public enum SystemdMessage {
     }
 }
 
-/// The watchdog period from the environment (sd_watchdog_enabled(3)): half of $WATCHDOG_USEC;
-/// nil when unset, not a positive number, or when $WATCHDOG_PID names another process.
+/// The watchdog period from the environment (sd_watchdog_enabled(3)): half of $WATCHDOG_USEC.
+///
+/// Like sd_watchdog_enabled, the watchdog is off when $WATCHDOG_USEC is unset, not a decimal
+/// number that fits in 64 bits (`2e16` is not), 0, or `UINT64_MAX` (USEC_INFINITY: systemd's
+/// `timestamp_is_set` refuses it), or when $WATCHDOG_PID names another process. A valid but
+/// huge value (systemd accepts up to ~584 000 years) is honoured by pinging every
+/// `maximumPeriod` instead: pinging more often than needed is harmless, and the period stays
+/// far from any overflow.
 public enum SystemdWatchdog {
-    public static func period(environment: [String: String], pid: Int32) -> Duration? {
-        guard let raw = environment["WATCHDOG_USEC"], let usec = UInt64(raw), usec > 0 else { return nil }
+    /// Longest interval between two WATCHDOG=1 (1 h).
+    public static let maximumPeriod: Duration = .seconds(3600)
+
+    public struct Setting: Sendable, Equatable {
+        /// How often WATCHDOG=1 is sent: half the timeout, at most `maximumPeriod`.
+        public var period: Duration
+        /// $WATCHDOG_USEC as systemd set it.
+        public var timeoutMicroseconds: UInt64
+        /// True when half the timeout was longer than `maximumPeriod` (logged at start).
+        public var clamped: Bool
+    }
+
+    public static func setting(environment: [String: String], pid: Int32) -> Setting? {
+        guard let raw = environment["WATCHDOG_USEC"], let usec = UInt64(raw), usec > 0, usec != .max else { return nil }
         if let owner = environment["WATCHDOG_PID"], !owner.isEmpty, Int32(owner) != pid { return nil }
-        return .microseconds(Int64(clamping: usec / 2))
+        let half = Duration.microseconds(Int64(clamping: usec / 2))
+        return Setting(period: min(half, maximumPeriod), timeoutMicroseconds: usec, clamped: half > maximumPeriod)
+    }
+
+    public static func period(environment: [String: String], pid: Int32) -> Duration? {
+        setting(environment: environment, pid: pid)?.period
     }
 }
 
@@ -380,7 +403,12 @@ public final class SystemdService: @unchecked Sendable {  // @unchecked: mutable
         guard let notifier = SystemdNotifier(environment: environment, logger: logger) else { return nil }
         self.notifier = notifier
         self.logger = logger
-        watchdogPeriod = SystemdWatchdog.period(environment: environment, pid: pid)
+        let watchdog = SystemdWatchdog.setting(environment: environment, pid: pid)
+        watchdogPeriod = watchdog?.period
+        if let watchdog, watchdog.clamped {
+            logger.warning("WATCHDOG_USEC is very large; sending WATCHDOG=1 every hour instead of every half timeout",
+                           metadata: ["watchdog_usec": "\(watchdog.timeoutMicroseconds)"])
+        }
     }
 
     /// Start failed (bind error, bad secret): STATUS= with the reason; systemd sees the exit.
@@ -396,7 +424,7 @@ public final class SystemdService: @unchecked Sendable {  // @unchecked: mutable
             self.probe = probe
             phase = .starting
             startWatchdog()
-            let deadline = monotonicNanos() + startupTimeout.nanoseconds
+            let deadline = monotonicNanos() &+ min(startupTimeout.nanoseconds, UInt64(Int64.max))  // No wrap: uptime < 2^63 ns.
             let missing = probe.shortfalls()
             if missing.isEmpty {
                 becomeReady(timedOut: false)
@@ -465,7 +493,7 @@ public final class SystemdService: @unchecked Sendable {  // @unchecked: mutable
 
     private func pollReadiness(deadline: UInt64) {
         let serial = timerSerial
-        queue.asyncAfter(deadline: .now() + .nanoseconds(Int(readinessPollInterval.nanoseconds))) { [self] in
+        queue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: readinessPollInterval.nanoseconds))) { [self] in
             guard serial == timerSerial, phase == .starting, let probe else { return }
             if probe.shortfalls().isEmpty {
                 becomeReady(timedOut: false)
@@ -495,7 +523,7 @@ public final class SystemdService: @unchecked Sendable {  // @unchecked: mutable
     /// Once ready: a new STATUS= whenever the summary changes (a session losing or regaining its token).
     private func scheduleStatusRefresh() {
         let serial = timerSerial
-        queue.asyncAfter(deadline: .now() + .nanoseconds(Int(statusInterval.nanoseconds))) { [self] in
+        queue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: statusInterval.nanoseconds))) { [self] in
             guard serial == timerSerial, phase == .ready, let probe else { return }
             let status = SystemdStatus.serving(listeners: probe.listeners(), sessions: probe.sessionCount(), shortfalls: probe.shortfalls())
             if status != lastStatus {
@@ -517,7 +545,7 @@ public final class SystemdService: @unchecked Sendable {  // @unchecked: mutable
 
     private func scheduleWatchdog() {
         guard let watchdogPeriod else { return }
-        queue.asyncAfter(deadline: .now() + .nanoseconds(Int(watchdogPeriod.nanoseconds))) { [self] in
+        queue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: watchdogPeriod.nanoseconds))) { [self] in
             watchdogTick()
         }
     }

@@ -325,6 +325,77 @@ let minimalRoute = """
         #expect(durationError("0s") == ["bearerd.yaml:2: timeouts.idle: must be greater than zero, got \"0s\""])
         #expect(durationError("-5s") == ["bearerd.yaml:2: timeouts.idle: must be positive, got \"-5s\""])
         #expect(durationError("soon") == ["bearerd.yaml:2: timeouts.idle: expected a duration such as 500ms, 30s, 5m or 1h, got \"soon\""])
+        #expect(durationError("3000000h") == ["bearerd.yaml:2: timeouts.idle: must be at most 24h, got \"3000000h\""])
+        #expect(durationError("99999999999999999999999ms") == ["bearerd.yaml:2: timeouts.idle: must be at most 24h, got \"99999999999999999999999ms\""])
+    }
+
+    /// Issue 8 item 5: values `check` used to accept wrapped to negative nanoseconds at run time.
+    /// Every duration key refuses what is above its maximum, at the value's line.
+    @Test(arguments: ["307445734m", "3000000h", "1441m", "86400001ms", "9223372036854775807h", "99999999999999999999999s"])
+    func everyDurationKeyRefusesHugeValues(value: String) {
+        let yaml = """
+            shutdown_grace: \(value)
+            startup_timeout: \(value)
+            timeouts:
+              header_read: \(value)
+              idle: \(value)
+            sessions:
+              partner:
+                grant: client_credentials
+                token_url: https://auth.example.com/token
+                client_id: svc
+                client_auth: none
+                refresh_before: 8761h
+                default_lifetime: 99999999999999999999999h
+                request_timeout: \(value)
+                wait_timeout: \(value)
+            routes:
+              - match: /
+                upstream: http://127.0.0.1:9000
+                session: partner
+                timeouts: { connect: \(value), response: \(value), idle: \(value) }
+            """
+        let errors = configErrors(yaml)
+        let timeout = "must be at most 24h, got \"\(value)\""
+        let lifetime = "must be at most 8760h, got"
+        #expect(errors.count == 11)
+        for (line, key) in [(1, "shutdown_grace"), (2, "startup_timeout"), (4, "timeouts.header_read"), (5, "timeouts.idle"),
+                            (14, "sessions.partner.request_timeout"), (15, "sessions.partner.wait_timeout"),
+                            (20, "routes[0].timeouts.connect"), (20, "routes[0].timeouts.response"), (20, "routes[0].timeouts.idle")] {
+            #expect(errors.contains("bearerd.yaml:\(line): \(key): \(timeout)"), "\(key)")
+        }
+        #expect(errors.contains("bearerd.yaml:12: sessions.partner.refresh_before: \(lifetime) \"8761h\""))
+        #expect(errors.contains("bearerd.yaml:13: sessions.partner.default_lifetime: \(lifetime) \"99999999999999999999999h\""))
+    }
+
+    @Test func durationsAtTheirMaximumAreAccepted() throws {
+        let config = try parseConfig("""
+            shutdown_grace: 24h
+            timeouts:
+              header_read: 86400000ms
+              idle: 1440m
+            sessions:
+              partner:
+                grant: client_credentials
+                token_url: https://auth.example.com/token
+                client_id: svc
+                client_auth: none
+                refresh_before: 8760h
+                default_lifetime: 31536000s
+                request_timeout: 86400s
+            routes:
+              - match: /
+                upstream: http://127.0.0.1:9000
+                session: partner
+                timeouts: { connect: 24h }
+            """)
+        #expect(config.frontendTimeouts.shutdownGrace == .seconds(86_400))
+        #expect(config.frontendTimeouts.headerRead == .seconds(86_400))
+        #expect(config.frontendTimeouts.idle == .seconds(86_400))
+        #expect(config.sessions.first?.refreshBefore == .seconds(31_536_000))
+        #expect(config.sessions.first?.defaultLifetime == .seconds(31_536_000))
+        #expect(config.sessions.first?.requestTimeout == .seconds(86_400))
+        #expect(config.routes.first?.timeouts.connect == .seconds(86_400))
     }
 
     @Test func badSizes() {
@@ -341,6 +412,14 @@ let minimalRoute = """
         #expect(sizeError("1.5MiB") == ["bearerd.yaml:4: routes[0].replay_body_limit: expected a whole number, got \"1.5MiB\" (write 1536KiB rather than 1.5MiB)"])
         #expect(sizeError("[1]") == ["bearerd.yaml:4: routes[0].replay_body_limit: expected a size such as 65536, 64KiB or 1MiB, got a list"])
         #expect(configErrors("limits:\n  header_bytes: 100\n" + minimalRoute) == ["bearerd.yaml:2: limits.header_bytes: must be at least 1024 bytes, got 100"])
+        #expect(sizeError("99999999999999999999GiB") == ["bearerd.yaml:4: routes[0].replay_body_limit: must be at most 1GiB, got \"99999999999999999999GiB\""])
+        #expect(sizeError("2GiB") == ["bearerd.yaml:4: routes[0].replay_body_limit: must be at most 1GiB, got \"2GiB\""])
+        #expect(sizeError("9223372036854775807KiB") == ["bearerd.yaml:4: routes[0].replay_body_limit: must be at most 1GiB, got \"9223372036854775807KiB\""])
+        #expect(configErrors("limits:\n  header_bytes: 17MiB\n" + minimalRoute) == ["bearerd.yaml:2: limits.header_bytes: must be at most 16MiB, got \"17MiB\""])
+        #expect(configErrors("limits:\n  request_target: 99999999999999999999\n" + minimalRoute)
+                == ["bearerd.yaml:2: limits.request_target: must be at most 16MiB, got \"99999999999999999999\""])
+        #expect(configErrors("limits:\n  header_bytes: 16MiB\n" + minimalRoute) == [])
+        #expect(sizeError("1GiB") == [])
     }
 
     @Test func badURLs() {
@@ -855,7 +934,22 @@ let minimalRoute = """
         #expect(throws: ConfigValues.Problem("unknown unit 'd' in \"1d\" (use ms, s, m or h)")) { try ConfigValues.duration("1d") }
         #expect(throws: ConfigValues.Problem("use a single unit: write 90s for \"1m30s\"")) { try ConfigValues.duration("1m30s") }
         #expect(throws: ConfigValues.Problem("use a single unit: write 1500ms for \"1s500ms\"")) { try ConfigValues.duration("1s500ms") }
-        #expect(throws: ConfigValues.Problem("\"99999999999s\" is too large")) { try ConfigValues.duration("99999999999s") }
+        #expect(throws: ConfigValues.Problem("must be at most 24h, got \"99999999999s\"")) { try ConfigValues.duration("99999999999s") }
+        #expect(throws: ConfigValues.Problem("must be at most 24h, got \"307445734m\"")) { try ConfigValues.duration("307445734m") }
+        #expect(throws: ConfigValues.Problem("must be at most 24h, got \"3000000h\"")) { try ConfigValues.duration("3000000h") }
+        // n × unit overflows Int64 milliseconds: refused, not trapped.
+        #expect(throws: ConfigValues.Problem("must be at most 24h, got \"9223372036854775807h\"")) { try ConfigValues.duration("9223372036854775807h") }
+        #expect(throws: ConfigValues.Problem("must be at most 24h, got \"99999999999999999999999999s\"")) {
+            try ConfigValues.duration("99999999999999999999999999s")
+        }
+        #expect(try ConfigValues.duration("24h") == .seconds(86_400))
+        #expect(try ConfigValues.duration("8760h", maximum: ConfigValues.maximumLifetime) == .seconds(31_536_000))
+        #expect(throws: ConfigValues.Problem("must be at most 8760h, got \"8761h\"")) {
+            try ConfigValues.duration("8761h", maximum: ConfigValues.maximumLifetime)
+        }
+        #expect(ConfigValues.describe(.seconds(90)) == "90s")
+        #expect(ConfigValues.describe(.milliseconds(1500)) == "1500ms")
+        #expect(ConfigValues.describe(.seconds(7200)) == "2h")
     }
 
     @Test func sizes() throws {
@@ -866,7 +960,12 @@ let minimalRoute = """
         #expect(try ConfigValues.size("1MiB") == 1 << 20)
         #expect(try ConfigValues.size("2GiB") == 2 << 30)
         #expect(throws: ConfigValues.Problem("unknown unit 'k' in \"64k\" (use B, KiB, MiB or GiB; did you mean 64KiB?)")) { try ConfigValues.size("64k") }
-        #expect(throws: ConfigValues.Problem("\"99999999GiB\" is too large")) { try ConfigValues.size("99999999GiB") }
+        #expect(throws: ConfigValues.Problem("must be at most 1024GiB, got \"99999999GiB\"")) { try ConfigValues.size("99999999GiB") }
+        #expect(throws: ConfigValues.Problem("must be at most 1024GiB, got \"99999999999999999999GiB\"")) { try ConfigValues.size("99999999999999999999GiB") }
+        #expect(throws: ConfigValues.Problem("must be at most 1024GiB, got \"1025GiB\"")) { try ConfigValues.size("1025GiB") }
+        #expect(try ConfigValues.size("1024GiB") == 1 << 40)
+        #expect(ConfigValues.describe(bytes: 16 << 20) == "16MiB")
+        #expect(ConfigValues.describe(bytes: 1000) == "1000")
     }
 
     @Test func addresses() throws {

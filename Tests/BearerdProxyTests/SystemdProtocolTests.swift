@@ -35,6 +35,33 @@ struct SystemdNotifyTests {
         #expect(SystemdWatchdog.period(environment: ["WATCHDOG_USEC": "soon"], pid: 42) == nil)
     }
 
+    /// Issue 8 item 5: as sd_watchdog_enabled(3) does, an unparsable value or USEC_INFINITY
+    /// (UINT64_MAX) turns the watchdog off; a valid but huge timeout pings every hour instead of
+    /// converting half of it to an `Int` of nanoseconds (which trapped or wrapped).
+    @Test func absurdWatchdogTimeoutsAreIgnoredOrClamped() throws {
+        for off in ["2e16", "18446744073709551615", "18446744073709551616", "-1", "1.5", ""] {
+            #expect(SystemdWatchdog.setting(environment: ["WATCHDOG_USEC": off], pid: 42) == nil, "\(off)")
+        }
+        for huge in ["20000000000000000", "18446744073709551614", "9223372036854775807", "7200000002"] {
+            let setting = try #require(SystemdWatchdog.setting(environment: ["WATCHDOG_USEC": huge], pid: 42))
+            #expect(setting.period == SystemdWatchdog.maximumPeriod)
+            #expect(setting.clamped)
+            #expect(String(setting.timeoutMicroseconds) == huge)
+        }
+        let hour = try #require(SystemdWatchdog.setting(environment: ["WATCHDOG_USEC": "7200000000"], pid: 42))
+        #expect(hour.period == .seconds(3600) && !hour.clamped)
+    }
+
+    @Test func durationNanosecondsSaturate() {
+        #expect(Duration.seconds(Int64.max).nanoseconds == UInt64(Int64.max))
+        #expect(Duration.seconds(18_446_744_040).nanoseconds == UInt64(Int64.max))  // connect: 307445734m
+        #expect(Duration.seconds(10_800_000_000).nanoseconds == UInt64(Int64.max))  // request_timeout: 3000000h
+        #expect(Duration.milliseconds(-500).nanoseconds == 0)
+        #expect(Duration.seconds(-5).nanoseconds == 0)
+        #expect(Duration.milliseconds(1500).nanoseconds == 1_500_000_000)
+        #expect(Duration.nanoseconds(Int64.max).nanoseconds == UInt64(Int64.max))
+    }
+
     @Test func statusTexts() {
         let shortfalls = [SessionShortfall(session: "partner", detail: "invalid_client (HTTP 401): bad secret"),
                           SessionShortfall(session: "me", detail: nil)]
@@ -162,6 +189,22 @@ struct SystemdServiceTests {
         let resumed = receiver.receive(until: { $0 == "WATCHDOG=1" }, timeout: .seconds(2))
         #expect(resumed.last == "WATCHDOG=1")
         svc.stopping(grace: .seconds(1))
+    }
+
+    /// A huge WATCHDOG_USEC (valid to systemd) neither traps nor makes the pings fire at once:
+    /// one WATCHDOG=1 at start, then nothing for a while; a huge startup timeout does not wrap.
+    @Test func hugeWatchdogTimeoutPingsOnceAtStartThenWaits() throws {
+        for usec in ["20000000000000000", "18446744073709551614"] {
+            let receiver = try NotifyReceiver()
+            let svc = try #require(SystemdService(environment: ["NOTIFY_SOCKET": receiver.address, "WATCHDOG_USEC": usec],
+                                                  pid: getpid(), logger: Logger(label: "t")))
+            svc.statusInterval = .seconds(Int64.max)
+            svc.started(probe: probe(ScriptedProbeState(missing: []), loops: [EventLoop(index: 0)]), startupTimeout: .seconds(Int64.max))
+            let messages = receiver.receive(until: { _ in false }, timeout: .milliseconds(300))
+            #expect(messages.filter { $0 == "WATCHDOG=1" }.count == 1, "\(usec): \(messages)")
+            #expect(messages.contains { $0.hasPrefix("READY=1") })
+            svc.stopping(grace: .seconds(1))
+        }
     }
 }
 

@@ -70,6 +70,28 @@ struct CommandLineTests {
         #expect(r.stderr.contains("\(path):5: routes[0].strip_prefx: unknown key (did you mean 'strip_prefix'?)"))
     }
 
+    /// Issue 8 item 5: durations and sizes that used to pass `check` and wrap at run time.
+    @Test func checkRefusesDurationsAndSizesAboveTheirMaximum() throws {
+        let path = try Self.tempFile("bearerd.yaml", """
+        listen: [127.0.0.1:8080]
+        shutdown_grace: 3000000h
+        timeouts:
+          header_read: 307445734m
+        routes:
+          - match: /
+            upstream: http://127.0.0.1:9000
+            timeouts: { connect: 307445734m, response: 3000000h }
+            replay_body_limit: 99999999999999999999GiB
+        """)
+        let r = try Self.run(["check", "-c", path])
+        #expect(r.status != 0)
+        #expect(r.stderr.contains("\(path):2: shutdown_grace: must be at most 24h, got \"3000000h\""))
+        #expect(r.stderr.contains("\(path):4: timeouts.header_read: must be at most 24h, got \"307445734m\""))
+        #expect(r.stderr.contains("\(path):8: routes[0].timeouts.connect: must be at most 24h, got \"307445734m\""))
+        #expect(r.stderr.contains("\(path):8: routes[0].timeouts.response: must be at most 24h, got \"3000000h\""))
+        #expect(r.stderr.contains("\(path):9: routes[0].replay_body_limit: must be at most 1GiB, got \"99999999999999999999GiB\""))
+    }
+
     @Test func checkFailsOnAMissingSecretFile() throws {
         let path = try Self.tempFile("bearerd.yaml", """
         sessions:
