@@ -8,7 +8,8 @@ import Yams
 /// mapping form adds, for `unix:` sockets, the socket file's `mode`/`owner`/`group` and the peers
 /// allowed in (`allow_uids`/`allow_gids`, checked with SO_PEERCRED), and for TCP `allow_remote`
 /// (required for a non-loopback address) and `allowed_hosts` (the Host allowlist of loopback
-/// listeners, against DNS rebinding). `name` matches a socket-activated fd (`LISTEN_FDNAMES`).
+/// listeners, against DNS rebinding). Every listener, TCP or unix, takes `allowed_origins` (the
+/// web apps its browser guard admits, DESIGN §5). `name` matches a socket-activated fd (`LISTEN_FDNAMES`).
 /// Equality ignores `line`, so a reload sees an unchanged listener as unchanged.
 public struct ListenerConfig: Sendable, Equatable, CustomStringConvertible {
     public var address: ListenAddress
@@ -27,12 +28,15 @@ public struct ListenerConfig: Sendable, Equatable, CustomStringConvertible {
     public var allowRemote: Bool
     /// TCP: Host names (lower-case, no port) allowed besides the defaults; `*` allows any.
     public var allowedHosts: [String]
+    /// Origins of web apps the browser guard admits (`BrowserGuard`), each RFC 6454 serialised
+    /// (`https://app.example.com`, `http://localhost:3000`); never `*` or `null`.
+    public var allowedOrigins: [String]
     /// Source line of the entry, for messages.
     public var line: Int
 
     public init(address: ListenAddress, name: String? = nil, mode: UInt32 = 0o660, owner: UInt32? = nil, group: UInt32? = nil,
                 allowUIDs: [UInt32]? = nil, allowGIDs: [UInt32]? = nil, allowRemote: Bool = false,
-                allowedHosts: [String] = [], line: Int = 0) {
+                allowedHosts: [String] = [], allowedOrigins: [String] = [], line: Int = 0) {
         self.address = address
         self.name = name
         self.mode = mode
@@ -42,6 +46,7 @@ public struct ListenerConfig: Sendable, Equatable, CustomStringConvertible {
         self.allowGIDs = allowGIDs
         self.allowRemote = allowRemote
         self.allowedHosts = allowedHosts
+        self.allowedOrigins = allowedOrigins
         self.line = line
     }
 
@@ -66,7 +71,7 @@ public struct ListenerConfig: Sendable, Equatable, CustomStringConvertible {
     public static func == (a: ListenerConfig, b: ListenerConfig) -> Bool {
         a.address == b.address && a.name == b.name && a.mode == b.mode && a.owner == b.owner && a.group == b.group
             && a.allowUIDs == b.allowUIDs && a.allowGIDs == b.allowGIDs && a.allowRemote == b.allowRemote
-            && a.allowedHosts == b.allowedHosts
+            && a.allowedHosts == b.allowedHosts && a.allowedOrigins == b.allowedOrigins
     }
 }
 
@@ -81,11 +86,11 @@ public struct LogConfig: Sendable, Equatable {
 
 extension ConfigBuilder {
     /// `listen:` — one address or a list; each item a string or a mapping (ListenerConfig).
-    /// `defaults` carries the top-level `allow_remote` and `allowed_hosts`.
-    func listeners(_ entry: Entry, allowRemote: Bool, allowedHosts: [String]) -> [ListenerConfig] {
+    /// The top-level `allow_remote`, `allowed_hosts` and `allowed_origins` are each listener's defaults.
+    func listeners(_ entry: Entry, allowRemote: Bool, allowedHosts: [String], allowedOrigins: [String] = []) -> [ListenerConfig] {
         var result: [ListenerConfig] = []
         func add(_ node: Node, key: String) {
-            guard let l = listener(node, key: key, allowRemote: allowRemote, allowedHosts: allowedHosts) else { return }
+            guard let l = listener(node, key: key, allowRemote: allowRemote, allowedHosts: allowedHosts, allowedOrigins: allowedOrigins) else { return }
             if result.contains(where: { $0.address == l.address }) {
                 fail(l.line, key, "\(l.address) is listed twice")
             } else if let name = l.name, result.contains(where: { $0.name == name }) {
@@ -104,12 +109,12 @@ extension ConfigBuilder {
         return result
     }
 
-    private func listener(_ node: Node, key: String, allowRemote: Bool, allowedHosts: [String]) -> ListenerConfig? {
+    private func listener(_ node: Node, key: String, allowRemote: Bool, allowedHosts: [String], allowedOrigins: [String]) -> ListenerConfig? {
         let line = Self.line(node)
         var config: ListenerConfig
         if case .mapping = node {
             guard let f = fields(node, path: key, line: line, known: ConfigKeys.listener,
-                                 expected: "an address or a mapping (address, mode, owner, group, allow_uids, allow_gids, allow_remote, allowed_hosts, name)")
+                                 expected: "an address or a mapping (address, mode, owner, group, allow_uids, allow_gids, allow_remote, allowed_hosts, allowed_origins, name)")
             else { return nil }
             let address: ListenAddress?
             switch (f["address"], f["unix"]) {
@@ -131,7 +136,8 @@ extension ConfigBuilder {
                 return nil
             }
             guard let address else { return nil }
-            config = ListenerConfig(address: address, allowRemote: allowRemote, allowedHosts: allowedHosts, line: line)
+            config = ListenerConfig(address: address, allowRemote: allowRemote, allowedHosts: allowedHosts, allowedOrigins: allowedOrigins, line: line)
+            if let e = f["allowed_origins"], let origins = originList(e, key: f.key("allowed_origins")) { config.allowedOrigins = origins }
             if let n = text(f, "name") {
                 if n.contains(":") || n.utf8.count > 255 || n.contains(where: { $0.isWhitespace }) {
                     fail(f["name"]!.valueLine, f.key("name"), "a listener name may not hold ':' or spaces (systemd's FileDescriptorName= rules)")
@@ -162,7 +168,7 @@ extension ConfigBuilder {
             }
         } else {
             guard let address = address(node, key: key) else { return nil }
-            config = ListenerConfig(address: address, allowRemote: allowRemote, allowedHosts: allowedHosts, line: line)
+            config = ListenerConfig(address: address, allowRemote: allowRemote, allowedHosts: allowedHosts, allowedOrigins: allowedOrigins, line: line)
         }
         if case .tcp(let host, _) = config.address, !config.isLoopback, !config.allowRemote {
             let shown = host.contains(":") ? "\"\(config.address)\"" : config.address.description
@@ -222,6 +228,28 @@ extension ConfigBuilder {
         return hosts
     }
 
+    /// `allowed_origins:` — exact origins of web apps the browser guard admits (DESIGN §5), stored
+    /// RFC 6454 serialised (`BrowserGuard.normalizedOrigin`). A wildcard and `null` are refused:
+    /// either would let any web page spend bearerd's tokens.
+    func originList(_ entry: Entry, key: String) -> [String]? {
+        guard let items = listItems(entry, key: key, expected: "a list of origins such as https://app.example.com") else { return nil }
+        var origins: [String] = []
+        for (i, item) in items.enumerated() {
+            let itemKey = "\(key)[\(i)]"
+            guard case .scalar(let s) = item, !Self.isNull(item) else {
+                fail(Self.line(item), itemKey, "expected an origin such as https://app.example.com, got \(Self.describe(item))")
+                continue
+            }
+            switch ConfigValues.origin(s.string) {
+            case .success(let origin):
+                if !origins.contains(origin) { origins.append(origin) }
+            case .failure(let problem):
+                fail(Self.line(item), itemKey, problem.message)
+            }
+        }
+        return origins
+    }
+
     /// `log:` — format, level, access.
     func logSection(_ entry: Entry) -> LogConfig? {
         guard let f = fields(entry.value, path: "log", line: entry.keyLine, known: ConfigKeys.log,
@@ -235,6 +263,26 @@ extension ConfigBuilder {
 }
 
 extension ConfigValues {
+    /// One `allowed_origins` entry: `scheme://host[:port]`, RFC 6454 serialised.
+    static func origin(_ text: String) -> Result<String, Problem> {
+        let example = "such as https://app.example.com or http://localhost:3000"
+        if text.contains("*") {
+            return .failure(Problem("a wildcard is not accepted: with it any web page could make bearerd act for it and spend its tokens; "
+                                    + "list each web app's exact origin, \(example)"))
+        }
+        if text.lowercased() == "null" {
+            return .failure(Problem("null is not accepted: it is the origin of sandboxed frames and data: or file: pages, which any web page can create; "
+                                    + "list each web app's exact origin, \(example)"))
+        }
+        if let origin = BrowserGuard.normalizedOrigin(Substring(text)) { return .success(origin) }
+        if let slashes = text.range(of: "://"),
+           let path = text[slashes.upperBound...].firstIndex(where: { $0 == "/" || $0 == "?" || $0 == "#" }),
+           let origin = BrowserGuard.normalizedOrigin(text[..<path]) {
+            return .failure(Problem("an origin has no path, query or fragment: write \(origin), got \(quoted(text))"))
+        }
+        return .failure(Problem("expected an origin scheme://host[:port], \(example), got \(quoted(text))"))
+    }
+
     /// An octal file mode: `0660`, `660`, `0o660`; at most 0777.
     static func fileMode(_ text: String) throws(Problem) -> UInt32 {
         var digits = Substring(text)

@@ -121,9 +121,9 @@ public enum ConfigLoader {
 /// documented extensions). The loader rejects any other key; the example-file test checks
 /// that every key listed here is documented in `config.example.yaml`.
 enum ConfigKeys {
-    static let top = ["listen", "admin", "allow_remote", "allowed_hosts", "state_dir", "loops", "io", "limits", "timeouts",
+    static let top = ["listen", "admin", "allow_remote", "allowed_hosts", "allowed_origins", "state_dir", "loops", "io", "limits", "timeouts",
                       "shutdown_grace", "startup_timeout", "log", "sessions", "routes"]
-    static let listener = ["address", "unix", "name", "mode", "owner", "group", "allow_uids", "allow_gids", "allow_remote", "allowed_hosts"]
+    static let listener = ["address", "unix", "name", "mode", "owner", "group", "allow_uids", "allow_gids", "allow_remote", "allowed_hosts", "allowed_origins"]
     static let log = ["format", "level", "access"]
     static let limits = ["header_bytes", "request_target", "headers"]
     static let frontendTimeouts = ["header_read", "idle", "shutdown_grace"]

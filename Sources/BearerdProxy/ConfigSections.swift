@@ -23,8 +23,11 @@ extension ConfigBuilder {
 
         let allowRemote = bool(top, "allow_remote") ?? false
         let allowedHosts = top["allowed_hosts"].flatMap { hostList($0, key: "allowed_hosts") } ?? []
-        var listeners = [ListenerConfig(address: .tcp(host: "127.0.0.1", port: 8080), allowedHosts: allowedHosts, line: 0)]
-        if let entry = top["listen"] { listeners = self.listeners(entry, allowRemote: allowRemote, allowedHosts: allowedHosts) }
+        let allowedOrigins = top["allowed_origins"].flatMap { originList($0, key: "allowed_origins") } ?? []
+        var listeners = [ListenerConfig(address: .tcp(host: "127.0.0.1", port: 8080), allowedHosts: allowedHosts, allowedOrigins: allowedOrigins, line: 0)]
+        if let entry = top["listen"] {
+            listeners = self.listeners(entry, allowRemote: allowRemote, allowedHosts: allowedHosts, allowedOrigins: allowedOrigins)
+        }
         let admin = top["admin"].flatMap { address($0.value, key: "admin") }
         if let admin, listeners.contains(where: { $0.address == admin }), let entry = top["admin"] {
             fail(entry.valueLine, "admin", "\(admin) is also a listen address; the admin endpoints need their own")

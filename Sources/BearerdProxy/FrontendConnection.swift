@@ -125,6 +125,17 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         return false
     }
 
+    /// The browser guard (DESIGN §5, `BrowserGuard`). True when the request may go on; otherwise
+    /// the 403 has been written and the connection is closing.
+    private func browserAdmitted(_ head: HTTPRequestHead, _ policy: ListenerPolicy) -> Bool {
+        guard case .refuse(let r) = policy.browserGuard.check(head) else { return true }
+        ctx.runtime.logger.warning("cross-site request refused", metadata: [
+            "client": "\(clientAddress)", "listener": "\(policy.label)", "reason": "\(r.reason)", "origin": "\(r.origin ?? "")",
+        ])
+        refuse(status: 403, bytes: ErrorResponse.make(status: 403, error: "cross_site_request", detail: r.detail, close: true))
+        return false
+    }
+
     /// Writes a refusal (403, 421) and closes: counted like other local errors, nothing forwarded.
     private func refuse(status: Int, bytes: [UInt8]) {
         ctx.metrics.countRequest(slot: 0, status: status)  // route="none": refused before routing
@@ -279,6 +290,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
             return
         }
         if let policy, policy.checksHost, !hostAdmitted(head, policy) { return }
+        if let policy, !browserAdmitted(head, policy) { return }
         let keepAlive = HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers) && !ctx.draining
         if let local {
             let ex = LocalExchange(frontend: self, responder: local, head: head, framing: framing, keepAlive: keepAlive)

@@ -161,7 +161,8 @@ struct HostKey: Hashable, Sendable {
 }
 
 /// What one bound listener enforces on its connections, fixed at bind: the SO_PEERCRED
-/// allowlist of a unix socket and whether the Host of requests is checked (loopback TCP).
+/// allowlist of a unix socket, whether the Host of requests is checked (loopback TCP), and
+/// the browser guard.
 /// Immutable; shared by every loop.
 public final class ListenerPolicy: Sendable {
     public let config: ListenerConfig
@@ -171,6 +172,8 @@ public final class ListenerPolicy: Sendable {
     public let checksPeer: Bool
     /// A loopback TCP listener without `allowed_hosts: ["*"]`: every request's Host is checked.
     public let checksHost: Bool
+    /// The browser guard (DESIGN §5), with the listener's `allowed_origins`: every request is checked.
+    public let browserGuard: BrowserGuard
 
     public init(_ config: ListenerConfig) {
         self.config = config
@@ -181,5 +184,6 @@ public final class ListenerPolicy: Sendable {
             checksPeer = false
         }
         checksHost = config.checksHost
+        browserGuard = BrowserGuard(scheme: .http, allowedOrigins: config.allowedOrigins)
     }
 }

@@ -74,6 +74,57 @@ struct ConfigListenerTests {
                 == ["bearerd.yaml:3: listen[0].allowed_hosts[0]: expected a host name without port (or * for any), got \"a b\""])
     }
 
+    @Test func allowedOrigins() throws {
+        let config = try parseConfig("""
+            allowed_origins: [HTTPS://App.Example.com:443]
+            listen:
+              - 127.0.0.1:8080
+              - address: 127.0.0.1:8081
+                allowed_origins: ["http://localhost:3000", "http://[::1]:3000", "http://localhost:3000"]
+              - address: unix:/run/b.sock
+                allowed_origins: []
+            """ + "\n" + minimalRoute)
+        #expect(config.listeners[0].allowedOrigins == ["https://app.example.com"])
+        #expect(config.listeners[1].allowedOrigins == ["http://localhost:3000", "http://[::1]:3000"])
+        #expect(config.listeners[2].allowedOrigins == [])
+        #expect(ListenerPolicy(config.listeners[1]).browserGuard.allowedOrigins == ["http://localhost:3000", "http://[::1]:3000"])
+        // Without listen: the default listener takes the top-level list; without either, none.
+        #expect(try parseConfig("allowed_origins: [\"http://localhost:5173\"]\n" + minimalRoute).listeners[0].allowedOrigins
+                == ["http://localhost:5173"])
+        #expect(try parseConfig(minimalRoute).listeners[0].allowedOrigins == [])
+        // A change is a change of the listener (a reload gives it a new policy).
+        var other = config.listeners[1]
+        other.allowedOrigins = []
+        #expect(other != config.listeners[1])
+    }
+
+    @Test func allowedOriginsErrorsNameFileLineAndKey() {
+        let errors = configErrors("""
+            allowed_origins: "*"
+            listen:
+              - address: 127.0.0.1:8080
+                allowed_origins:
+                  - "*"
+                  - https://*.example.com
+                  - "null"
+                  - https://app.example.com/
+                  - https://app.example.com/ui?x=1
+                  - app.example.com
+                  - http://app.example.com:99999
+                  - {origin: x}
+            """ + "\n" + minimalRoute)
+        #expect(errors.count == 9)
+        #expect(errors[0].hasPrefix("bearerd.yaml:1: allowed_origins[0]: a wildcard is not accepted"))
+        #expect(errors[1].hasPrefix("bearerd.yaml:5: listen[0].allowed_origins[0]: a wildcard is not accepted: with it any web page could"))
+        #expect(errors[2].hasPrefix("bearerd.yaml:6: listen[0].allowed_origins[1]: a wildcard is not accepted"))
+        #expect(errors[3].hasPrefix("bearerd.yaml:7: listen[0].allowed_origins[2]: null is not accepted"))
+        #expect(errors[4] == "bearerd.yaml:8: listen[0].allowed_origins[3]: an origin has no path, query or fragment: write https://app.example.com, got \"https://app.example.com/\"")
+        #expect(errors[5] == "bearerd.yaml:9: listen[0].allowed_origins[4]: an origin has no path, query or fragment: write https://app.example.com, got \"https://app.example.com/ui?x=1\"")
+        #expect(errors[6] == "bearerd.yaml:10: listen[0].allowed_origins[5]: expected an origin scheme://host[:port], such as https://app.example.com or http://localhost:3000, got \"app.example.com\"")
+        #expect(errors[7].hasPrefix("bearerd.yaml:11: listen[0].allowed_origins[6]: expected an origin scheme://host[:port]"))
+        #expect(errors[8].hasPrefix("bearerd.yaml:12: listen[0].allowed_origins[7]: expected an origin such as https://app.example.com, got "))
+    }
+
     @Test func listenerErrorsNameFileLineAndKey() {
         let errors = configErrors("""
             listen:
