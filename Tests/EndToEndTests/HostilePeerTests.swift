@@ -655,6 +655,25 @@ struct HostilePeerTests {
         #expect(count == 0, "\(count) requests refused, first: \(first)")
     }
 
+    // MARK: Item 17: browser guard
+
+    @Test func item17_crossSiteBrowserRequestIsRefused() throws {
+        let token = try ScriptedTokenEndpoint()
+        let origin = try ScriptedOrigin { _ in [.readBody, .respond(status: 200, body: "acted on")] }
+        defer { origin.stop(); token.stop() }
+        let b = try HostileBearerd(routes: [.init("/api/", origin.port, session: "partner")],
+                                   sessions: [.init("partner", token.tokenURL)])
+        defer { b.finish() }
+        let c = try Hostile.client(b.port)
+        try c.send("POST /api/transfer HTTP/1.1\r\nHost: localhost\r\nOrigin: https://evil.example\r\nSec-Fetch-Site: cross-site\r\n"
+                   + "Content-Type: text/plain\r\nContent-Length: 9\r\n\r\namount=1k")
+        let r = Hostile.read(c)
+        #expect((try? r.get()).map { Hostile.isJSONError($0, status: 403) && $0.bodyText.contains("cross_site_request") } == true,
+                "\(Hostile.describe(r))")
+        let reached = origin.requests.count
+        #expect(reached == 0, "a cross-site request reached the upstream with the token")
+    }
+
     // MARK: Generic hostility
 
     @Test func generic_upstreamResetsMidBody() throws {
