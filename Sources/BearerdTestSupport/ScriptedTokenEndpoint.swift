@@ -17,6 +17,8 @@ public final class ScriptedTokenEndpoint: @unchecked Sendable {  // @unchecked: 
     public struct Call: Sendable {
         /// 0-based.
         public var index: Int
+        /// The request target (several sessions can share one endpoint under different paths).
+        public var path: String
         /// The decoded form (RFC 6749 §4.4.2, §6: `grant_type`, `refresh_token`, `scope`, …).
         public var form: [String: String]
         /// The `Authorization` header (client_secret_basic), if any.
@@ -131,7 +133,7 @@ public final class ScriptedTokenEndpoint: @unchecked Sendable {  // @unchecked: 
 
     private func answer(_ request: ScriptedOrigin.Request) -> [ScriptedOrigin.Step] {
         let (call, script): (Call, Script) = lock.withLock {
-            let call = Call(index: _calls.count, form: Self.decodeForm(request.body), authorization: request.head.headers["Authorization"])
+            let call = Call(index: _calls.count, path: request.head.target, form: Self.decodeForm(request.body), authorization: request.head.headers["Authorization"])
             _calls.append(call)
             return (call, self.script)
         }

@@ -251,6 +251,7 @@ struct HostilePeerTests {
         try c.send("GET /api/x HTTP/1.1\r\nHost: localhost\r\n\r\n")
         let r = Hostile.read(c)
         #expect(token.calls.count >= 2, "the 401 triggered a refresh")
+        #expect(token.calls.allSatisfy { $0.grantType == "client_credentials" && $0.authorization?.hasPrefix("Basic ") == true })
         #expect((try? r.get()).map { Hostile.isJSONError($0, status: 502) } == true, "\(Hostile.describe(r))")
     }
 
@@ -675,6 +676,57 @@ struct HostilePeerTests {
     }
 
     // MARK: Generic hostility
+
+    /// Token endpoints that misbehave in every way at once, one session each: whatever they
+    /// answer, each route answers (200 with some token, or a JSON 503) and bearerd lives.
+    @Test func generic_misbehavingTokenEndpoints() throws {
+        let answers: [String: ScriptedTokenEndpoint.Answer] = [
+            "reset": .steps([.reset]),
+            "garbage": .steps([.text("NOT HTTP AT ALL\r\n\r\n"), .close]),
+            "truncated": .steps([.text("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"access"), .close]),
+            "empty": .json(status: 200, body: "{}"),
+            "mac": .json(status: 200, body: #"{"access_token":"m-1","token_type":"mac","expires_in":3600}"#),
+            "html500": .steps([.respond(status: 500, headers: [("Content-Type", "text/html")], body: "<h1>oops</h1>")]),
+            "huge": .json(status: 200, body: #"{"access_token":"h-1","token_type":"Bearer","pad":""# + String(repeating: "x", count: 2 << 20) + #""}"#),
+            "negative": .json(status: 200, body: #"{"access_token":"n-1","token_type":"Bearer","expires_in":-5}"#),
+            "int64max": .json(status: 200, body: #"{"access_token":"i-1","token_type":"Bearer","expires_in":9223372036854775807}"#),
+            "overflowing": .json(status: 200, body: #"{"access_token":"o-1","token_type":"Bearer","expires_in":1e400}"#),
+            "bignumber": .json(status: 200, body: #"{"access_token":"b-1","token_type":"Bearer","expires_in":123456789012345678901234567890}"#),
+            "jwtmax": .jwt(exp: Int64.max, lifetime: nil),
+            "retryafter": .steps([.respond(status: 503, headers: [("Retry-After", "99999999999999999999")], body: #"{"error":"temporarily_unavailable"}"#)]),
+        ]
+        let names = answers.keys.sorted()
+        let token = try ScriptedTokenEndpoint { call in
+            answers[String(call.path.dropFirst("/token/".count))] ?? .json(status: 404, body: "{}")
+        }
+        let origin = try ScriptedOrigin { _ in [.respond(status: 200, body: "ok")] }
+        defer { origin.stop(); token.stop() }
+        let b = try HostileBearerd(
+            routes: names.map { HostileBearerd.Route("/\($0)/", origin.port, session: $0) },
+            sessions: names.map { HostileBearerd.Session($0, token.tokenURL + "/" + $0, "wait_timeout: 1s") })
+        defer { b.finish() }
+        let results = Results()
+        DispatchQueue.concurrentPerform(iterations: names.count) { i in
+            let r = Result { () throws -> TestClient.Response in
+                let c = try Hostile.client(b.port, timeout: 4)
+                try c.send("GET /\(names[i])/x HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                return try c.readResponse()
+            }
+            if !((try? r.get()).map { $0.status == 200 || Hostile.isJSONError($0, status: 503) } ?? false) {
+                results.add("\(names[i]): \(Hostile.describe(r))")
+            }
+        }
+        let wrong = results.all
+        #expect(wrong.isEmpty, "\(wrong.joined(separator: "; "))")
+    }
+
+    /// Strings gathered from several threads.
+    final class Results: @unchecked Sendable {  // @unchecked: `items` guarded by `lock`
+        private let lock = NSLock()
+        private var items: [String] = []
+        func add(_ s: String) { lock.withLock { items.append(s) } }
+        var all: [String] { lock.withLock { items.sorted() } }
+    }
 
     @Test func generic_upstreamResetsMidBody() throws {
         let origin = try ScriptedOrigin { _ in
