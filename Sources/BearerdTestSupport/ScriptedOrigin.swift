@@ -304,7 +304,7 @@ public final class ScriptedOrigin: @unchecked Sendable {  // @unchecked: mutable
             case .send(let bytes):
                 if !sendAll(conn.fd, bytes) { return false }
             case .wait(let ms):
-                usleep(UInt32(max(0, ms)) * 1000)
+                Thread.sleep(forTimeInterval: Double(max(0, ms)) / 1000)
             case .await(let gate, let timeoutMs):
                 _ = gate.wait(timeoutMs: timeoutMs)
             case .readBody:
