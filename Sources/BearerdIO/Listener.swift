@@ -6,7 +6,13 @@ import Glibc
 
 /// A listening socket. Accepts on `acceptLoop` (draining the backlog on each event) and hands
 /// each new non-blocking fd to the next loop of `group`, where `onAccept` runs.
-/// Lives on `acceptLoop`; the fd is closed only in the accept source's cancel handler.
+///
+/// Lives on `acceptLoop`. Invariants: `state` says whether the accept source is resumed, and
+/// it is suspended at most once (`pausedOutOfDescriptors`), so suspend and resume balance by
+/// construction; `stop()` resumes a suspended source before cancelling it (libdispatch traps on
+/// releasing a suspended source, swift-service-lifecycle's `UnixSignalsSequence` does the same);
+/// the fd is closed only in the accept source's cancel handler (or, with the loop poller, right
+/// after leaving the epoll set).
 public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked: confined to `acceptLoop`
     public let fd: Int32
     public let localAddress: SocketAddress
@@ -16,7 +22,22 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
     private let acceptLoop: EventLoop
     private let group: EventLoopGroup
     private var unixPath: String?
-    private var stopped = false
+    private var state = AcceptState.accepting
+
+    /// Where accepting is. Exits: `accepting` → `pausedOutOfDescriptors` (accept failed with
+    /// EMFILE/ENFILE: the source is suspended, a retry is scheduled) → `accepting` (the retry
+    /// resumed it); either → `stopped` (final; a suspended source is resumed first).
+    enum AcceptState: Equatable {
+        case accepting
+        case pausedOutOfDescriptors
+        case stopped
+    }
+
+    /// For tests: where accepting is now. Read on `acceptLoop`.
+    var acceptState: AcceptState { state }
+
+    /// How long accepting pauses after running out of descriptors before trying again.
+    static let outOfDescriptorsRetry: Duration = .milliseconds(100)
 
     /// Binds and listens. `host` is numeric ("127.0.0.1", "::1", "0.0.0.0") or a name resolved
     /// synchronously at start-up. Port 0 picks a free port (see `localAddress`).
@@ -220,10 +241,11 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
     }
 
     public func pollerEvent(readable: Bool, writable: Bool, hangup: Bool) {
-        if readable && !stopped { acceptAll(onAccept) }
+        if readable && state == .accepting { acceptAll(onAccept) }
     }
 
     private func acceptAll(_ onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) {
+        guard state == .accepting else { return }
         // Drain the backlog (bounded per event; edge-triggered polling needs a second look then).
         for round in 0..<257 {
             if round == 256 {
@@ -240,14 +262,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
             if cfd < 0 {
                 let e = errno
                 if e == EINTR || e == ECONNABORTED { continue }
-                if e == EMFILE || e == ENFILE {
-                    // Out of descriptors: pause accepting briefly instead of spinning.
-                    source?.suspend()
-                    acceptLoop.schedule(after: .milliseconds(100)) { [weak self] in
-                        guard let self, !self.stopped else { return }
-                        if let source = self.source { source.resume() } else { self.acceptAll(self.onAccept) }
-                    }
-                }
+                if e == EMFILE || e == ENFILE { pauseOutOfDescriptors() }
                 return
             }
             let peer = SocketAddress(storage: storage, length: len)
@@ -261,12 +276,33 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         }
     }
 
+    /// Out of descriptors: stop accepting for `outOfDescriptorsRetry` instead of spinning on a
+    /// readable socket that cannot be accepted (the backlog waits in the kernel meanwhile).
+    private func pauseOutOfDescriptors() {
+        guard state == .accepting else { return }
+        state = .pausedOutOfDescriptors
+        source?.suspend()
+        acceptLoop.schedule(after: Self.outOfDescriptorsRetry) { [weak self] in self?.retryAfterOutOfDescriptors() }
+    }
+
+    private func retryAfterOutOfDescriptors() {
+        guard state == .pausedOutOfDescriptors else { return }  // stopped meanwhile
+        state = .accepting
+        if let source {
+            source.resume()  // level-triggered: fires again at once if connections wait
+        } else {
+            acceptAll(onAccept)  // edge-triggered: no new event for connections already waiting
+        }
+    }
+
     /// Stops accepting; the fd is closed in the cancel handler.
     public func stop() {
         acceptLoop.execute { [self] in
-            guard !stopped else { return }
-            stopped = true
+            let was = state
+            guard was != .stopped else { return }
+            state = .stopped
             if let source {
+                if was == .pausedOutOfDescriptors { source.resume() }  // never cancel a suspended source
                 source.cancel()
             } else {
                 acceptLoop.unregisterPollable(fd: fd)
