@@ -47,17 +47,20 @@ public protocol LoopFlushable: AnyObject {
 public final class EventLoop: @unchecked Sendable {  // @unchecked: state confined to `queue`
     /// How sockets get their readiness events.
     public enum IOMode: String, Sendable, CaseIterable {
-        /// One `DispatchSourceRead` and one `DispatchSourceWrite` per socket (DESIGN §2.2; default).
+        /// One `DispatchSourceRead` and one `DispatchSourceWrite` per socket (config `io: sources`).
         case socketSources = "sources"
         /// One edge-triggered epoll set per loop, watched by a single `DispatchSourceRead` on its
-        /// fd: one Dispatch event drains every ready socket of the loop (config `io: poller`;
-        /// about twice the requests/s at 64 connections, see bench/RESULTS.md).
+        /// fd: one Dispatch event drains every ready socket of the loop (DESIGN §2.2; the default,
+        /// config `io: poller`; about twice the requests/s at 64 connections, see bench/RESULTS.md).
         case loopPoller = "poller"
 
-        /// From `$BEARERD_IO` (`sources` or `poller`); default `sources`.
+        /// The mode when neither the config nor the environment names one (DESIGN §2.2).
+        public static let defaultMode = IOMode.loopPoller
+
+        /// From `$BEARERD_IO` (`sources` or `poller`); `defaultMode` when unset or unknown.
         public static var fromEnvironment: IOMode {
-            guard let v = getenv("BEARERD_IO") else { return .socketSources }
-            return IOMode(rawValue: String(cString: v)) ?? .socketSources
+            guard let v = getenv("BEARERD_IO") else { return defaultMode }
+            return IOMode(rawValue: String(cString: v)) ?? defaultMode
         }
     }
 
