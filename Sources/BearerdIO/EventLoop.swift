@@ -67,6 +67,8 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     public let queue: DispatchQueue
     public let index: Int
     public let ioMode: IOMode
+    /// The system calls of this loop's sockets and poller (`Syscalls.system` except in tests).
+    public let syscalls: Syscalls
     private var epfd: Int32 = -1
     private var pollerSource: DispatchSourceRead?
     private var pollables: [Int32: LoopPollable] = [:]
@@ -83,9 +85,10 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     private var deferred: [() -> Void] = []
     private var inEvent = false
 
-    public init(index: Int, readBufferSize: Int = 256 * 1024, ioMode: IOMode = .fromEnvironment) {
+    public init(index: Int, readBufferSize: Int = 256 * 1024, ioMode: IOMode = .fromEnvironment, syscalls: Syscalls = .system) {
         self.index = index
         self.ioMode = ioMode
+        self.syscalls = syscalls
         self.queue = DispatchQueue(label: "bearerd.loop.\(index)", qos: .userInitiated)
         self.readBuffer = .allocate(byteCount: readBufferSize, alignment: 16)
         queue.setSpecific(key: EventLoop.key, value: ObjectIdentifier(self))
@@ -95,11 +98,12 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         tick = timer
         timer.resume()
         if ioMode == .loopPoller {
-            epfd = bearerd_epoll_create()
-            precondition(epfd >= 0, "epoll_create1 failed")  // out of descriptors at start-up: nothing can run
+            let created = syscalls.epollCreate()
+            precondition(created >= 0, "epoll_create1 failed")  // out of descriptors at start-up: nothing can run
+            epfd = Int32(truncatingIfNeeded: created)
             let src = DispatchSource.makeReadSource(fileDescriptor: epfd, queue: queue)
             src.setEventHandler { [unowned self] in self.pollerFired() }
-            src.setCancelHandler { [epfd] in Glibc.close(epfd) }
+            src.setCancelHandler { [epfd, syscalls] in syscalls.closeFD(epfd) }
             src.resume()
             pollerSource = src
         }
@@ -109,14 +113,14 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     public func registerPollable(fd: Int32, _ p: LoopPollable) {
         assertInEventLoop()
         pollables[fd] = p
-        _ = bearerd_epoll_add(epfd, fd)
+        _ = syscalls.epollAdd(epfd, fd)
     }
 
     /// Removes a socket before it is closed.
     public func unregisterPollable(fd: Int32) {
         assertInEventLoop()
         pollables.removeValue(forKey: fd)
-        _ = bearerd_epoll_del(epfd, fd)
+        _ = syscalls.epollDelete(epfd, fd)
     }
 
     /// The epoll fd is readable: serve every ready socket, flush, then linger in epoll_wait for
@@ -140,13 +144,13 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         while true {
             let n = pollFDs.withUnsafeMutableBufferPointer { fds in
                 pollFlags.withUnsafeMutableBufferPointer { fl in
-                    bearerd_epoll_poll(epfd, fds.baseAddress, fl.baseAddress, Int32(fds.count), timeout)
+                    syscalls.epollWait(epfd, fds, fl, timeout)
                 }
             }
             if n <= 0 { return served }
             served = true
             timeout = 0
-            for i in 0..<Int(n) {
+            for i in 0..<min(n, pollFDs.count, pollFlags.count) {
                 let f = pollFlags[i]
                 pollables[pollFDs[i]]?.pollerEvent(readable: f & 1 != 0, writable: f & 2 != 0, hangup: f & 4 != 0)
             }
@@ -260,8 +264,14 @@ public final class EventLoopGroup: @unchecked Sendable {  // @unchecked: `loops`
     public let loops: [EventLoop]
     private var nextIndex = 0
 
-    public init(count: Int, ioMode: EventLoop.IOMode = .fromEnvironment) {
-        loops = (0..<max(1, count)).map { EventLoop(index: $0, ioMode: ioMode) }
+    public init(count: Int, ioMode: EventLoop.IOMode = .fromEnvironment, syscalls: Syscalls = .system) {
+        loops = (0..<max(1, count)).map { EventLoop(index: $0, ioMode: ioMode, syscalls: syscalls) }
+    }
+
+    /// A group of loops made elsewhere (tests: a loop on a scripted kernel).
+    public init(loops: [EventLoop]) {
+        precondition(!loops.isEmpty, "a group needs a loop")  // a caller's mistake, not input
+        self.loops = loops
     }
 
     public static var coreCount: Int {
