@@ -52,23 +52,28 @@ public protocol LoopFlushable: AnyObject {
 public final class EventLoop: @unchecked Sendable {  // @unchecked: state confined to `queue`
     /// How sockets get their readiness events.
     public enum IOMode: String, Sendable, CaseIterable {
-        /// One `DispatchSourceRead` and one `DispatchSourceWrite` per socket (DESIGN §2.2; default).
+        /// One `DispatchSourceRead` and one `DispatchSourceWrite` per socket (config `io: sources`).
         case socketSources = "sources"
         /// One edge-triggered epoll set per loop, watched by a single `DispatchSourceRead` on its
-        /// fd: one Dispatch event drains every ready socket of the loop (config `io: poller`;
-        /// about twice the requests/s at 64 connections, see bench/RESULTS.md).
+        /// fd: one Dispatch event drains every ready socket of the loop (DESIGN §2.2; the default,
+        /// config `io: poller`; about twice the requests/s at 64 connections, see bench/RESULTS.md).
         case loopPoller = "poller"
 
-        /// From `$BEARERD_IO` (`sources` or `poller`); default `sources`.
+        /// The mode when neither the config nor the environment names one (DESIGN §2.2).
+        public static let defaultMode = IOMode.loopPoller
+
+        /// From `$BEARERD_IO` (`sources` or `poller`); `defaultMode` when unset or unknown.
         public static var fromEnvironment: IOMode {
-            guard let v = getenv("BEARERD_IO") else { return .socketSources }
-            return IOMode(rawValue: String(cString: v)) ?? .socketSources
+            guard let v = getenv("BEARERD_IO") else { return defaultMode }
+            return IOMode(rawValue: String(cString: v)) ?? defaultMode
         }
     }
 
     public let queue: DispatchQueue
     public let index: Int
     public let ioMode: IOMode
+    /// The system calls of this loop's sockets and poller (`Syscalls.system` except in tests).
+    public let syscalls: Syscalls
     private var epfd: Int32 = -1
     private var pollerSource: DispatchSourceRead?
     private var pollables: [Int32: LoopPollable] = [:]
@@ -85,9 +90,10 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     private var deferred: [() -> Void] = []
     private var inEvent = false
 
-    public init(index: Int, readBufferSize: Int = 256 * 1024, ioMode: IOMode = .fromEnvironment) {
+    public init(index: Int, readBufferSize: Int = 256 * 1024, ioMode: IOMode = .fromEnvironment, syscalls: Syscalls = .system) {
         self.index = index
         self.ioMode = ioMode
+        self.syscalls = syscalls
         self.queue = DispatchQueue(label: "bearerd.loop.\(index)", qos: .userInitiated)
         self.readBuffer = .allocate(byteCount: readBufferSize, alignment: 16)
         queue.setSpecific(key: EventLoop.key, value: ObjectIdentifier(self))
@@ -97,11 +103,12 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         tick = timer
         timer.resume()
         if ioMode == .loopPoller {
-            epfd = bearerd_epoll_create()
-            precondition(epfd >= 0, "epoll_create1 failed")  // out of descriptors at start-up: nothing can run
+            let created = syscalls.epollCreate()
+            precondition(created >= 0, "epoll_create1 failed")  // out of descriptors at start-up: nothing can run
+            epfd = Int32(truncatingIfNeeded: created)
             let src = DispatchSource.makeReadSource(fileDescriptor: epfd, queue: queue)
             src.setEventHandler { [unowned self] in self.pollerFired() }
-            src.setCancelHandler { [epfd] in Glibc.close(epfd) }
+            src.setCancelHandler { [epfd, syscalls] in syscalls.closeFD(epfd) }
             src.resume()
             pollerSource = src
         }
@@ -111,14 +118,14 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     public func registerPollable(fd: Int32, _ p: LoopPollable) {
         assertInEventLoop()
         pollables[fd] = p
-        _ = bearerd_epoll_add(epfd, fd)
+        _ = syscalls.epollAdd(epfd, fd)
     }
 
     /// Removes a socket before it is closed.
     public func unregisterPollable(fd: Int32) {
         assertInEventLoop()
         pollables.removeValue(forKey: fd)
-        _ = bearerd_epoll_del(epfd, fd)
+        _ = syscalls.epollDelete(epfd, fd)
     }
 
     /// The epoll fd is readable: serve every ready socket, flush, then linger in epoll_wait for
@@ -142,13 +149,13 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         while true {
             let n = pollFDs.withUnsafeMutableBufferPointer { fds in
                 pollFlags.withUnsafeMutableBufferPointer { fl in
-                    bearerd_epoll_poll(epfd, fds.baseAddress, fl.baseAddress, Int32(fds.count), timeout)
+                    syscalls.epollWait(epfd, fds, fl, timeout)
                 }
             }
             if n <= 0 { return served }
             served = true
             timeout = 0
-            for i in 0..<Int(n) {
+            for i in 0..<min(n, pollFDs.count, pollFlags.count) {
                 let f = pollFlags[i]
                 pollables[pollFDs[i]]?.pollerEvent(readable: f & 1 != 0, writable: f & 2 != 0, hangup: f & 4 != 0)
             }
@@ -262,8 +269,14 @@ public final class EventLoopGroup: @unchecked Sendable {  // @unchecked: `loops`
     public let loops: [EventLoop]
     private var nextIndex = 0
 
-    public init(count: Int, ioMode: EventLoop.IOMode = .fromEnvironment) {
-        loops = (0..<max(1, count)).map { EventLoop(index: $0, ioMode: ioMode) }
+    public init(count: Int, ioMode: EventLoop.IOMode = .fromEnvironment, syscalls: Syscalls = .system) {
+        loops = (0..<max(1, count)).map { EventLoop(index: $0, ioMode: ioMode, syscalls: syscalls) }
+    }
+
+    /// A group of loops made elsewhere (tests: a loop on a scripted kernel).
+    public init(loops: [EventLoop]) {
+        precondition(!loops.isEmpty, "a group needs a loop")  // a caller's mistake, not input
+        self.loops = loops
     }
 
     public static var coreCount: Int {

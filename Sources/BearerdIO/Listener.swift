@@ -6,7 +6,13 @@ import Glibc
 
 /// A listening socket. Accepts on `acceptLoop` (draining the backlog on each event) and hands
 /// each new non-blocking fd to the next loop of `group`, where `onAccept` runs.
-/// Lives on `acceptLoop`; the fd is closed only in the accept source's cancel handler.
+///
+/// Lives on `acceptLoop`. Invariants: `state` says whether the accept source is resumed, and
+/// it is suspended at most once (`pausedOutOfDescriptors`), so suspend and resume balance by
+/// construction; `stop()` resumes a suspended source before cancelling it (libdispatch traps on
+/// releasing a suspended source, swift-service-lifecycle's `UnixSignalsSequence` does the same);
+/// the fd is closed only in the accept source's cancel handler (or, with the loop poller, right
+/// after leaving the epoll set).
 public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked: confined to `acceptLoop`
     public let fd: Int32
     public let localAddress: SocketAddress
@@ -15,8 +21,25 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
     private let onAccept: (Int32, SocketAddress, EventLoop) -> Void
     private let acceptLoop: EventLoop
     private let group: EventLoopGroup
+    /// The accepting loop's system calls.
+    private let sys: Syscalls
     private var unixPath: String?
-    private var stopped = false
+    private var state = AcceptState.accepting
+
+    /// Where accepting is. Exits: `accepting` → `pausedOutOfDescriptors` (accept failed with
+    /// EMFILE/ENFILE: the source is suspended, a retry is scheduled) → `accepting` (the retry
+    /// resumed it); either → `stopped` (final; a suspended source is resumed first).
+    enum AcceptState: Equatable {
+        case accepting
+        case pausedOutOfDescriptors
+        case stopped
+    }
+
+    /// For tests: where accepting is now. Read on `acceptLoop`.
+    var acceptState: AcceptState { state }
+
+    /// How long accepting pauses after running out of descriptors before trying again.
+    static let outOfDescriptorsRetry: Duration = .milliseconds(100)
 
     /// Binds and listens. `host` is numeric ("127.0.0.1", "::1", "0.0.0.0") or a name resolved
     /// synchronously at start-up. Port 0 picks a free port (see `localAddress`).
@@ -43,7 +66,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         guard let addr = SocketAddress.unix(path) else {
             throw IOError("bind \(shown)", ENAMETOOLONG, hint: "a unix socket path holds at most 107 bytes")
         }
-        try removeStaleSocket(path)
+        try removeStaleSocket(path, sys: group.loops[0].syscalls)
         let file = UnixFileSettings(path: path, mode: mode, owner: owner, group: fileGroup)
         return try make(address: addr, unixFile: file, group: group, onAccept: onAccept)
     }
@@ -57,7 +80,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
     }
 
     /// Removes a socket file left by an earlier run; refuses to touch anything else.
-    private static func removeStaleSocket(_ path: String) throws(IOError) {
+    private static func removeStaleSocket(_ path: String, sys: Syscalls) throws(IOError) {
         var st = stat()
         guard lstat(path, &st) == 0 else { return }
         guard (st.st_mode & S_IFMT) == S_IFSOCK else {
@@ -65,12 +88,10 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         }
         // Something still accepting there (another bearerd?) must not lose its socket.
         if let addr = SocketAddress.unix(path) {
-            let probe = bearerd_stream_socket(AF_UNIX)
-            if probe >= 0 {
-                let rc = addr.withSockAddr { Glibc.connect(probe, $0, $1) }
-                let e = errno
-                Glibc.close(probe)
-                if rc == 0 || e == EAGAIN || e == EINPROGRESS {
+            if let probe = try? sys.streamSocket(family: AF_UNIX) {
+                let e = sys.startConnect(probe, to: addr)
+                sys.closeFD(probe)
+                if e == 0 || e == EAGAIN || e == EINPROGRESS {
                     throw IOError("bind unix:\(path)", EADDRINUSE, hint: "another process is listening on \(path)")
                 }
             }
@@ -104,47 +125,43 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
     /// inherited unix socket belongs to the manager: `stop()` closes the fd but never unlinks it.
     public static func adopt(fd: Int32, group: EventLoopGroup,
                              onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) throws(IOError) -> Listener {
-        var value: Int32 = 0
-        var len = socklen_t(MemoryLayout<Int32>.size)
-        guard getsockopt(fd, SOL_SOCKET, SO_TYPE, &value, &len) == 0 else { throw IOError("getsockopt(SO_TYPE) on fd \(fd)", errno) }
-        guard value == bearerd_SOCK_STREAM() else { throw IOError("fd \(fd) is not a stream socket", ENOTSUP) }
-        len = socklen_t(MemoryLayout<Int32>.size)
-        guard getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &value, &len) == 0 else { throw IOError("getsockopt(SO_ACCEPTCONN) on fd \(fd)", errno) }
-        guard value != 0 else { throw IOError("fd \(fd) is not listening (Accept=yes is not supported)", EINVAL) }
-        guard let local = boundAddress(fd: fd) else { throw IOError("getsockname on fd \(fd)", errno) }
-        try Sys.setNonBlocking(fd)
-        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        let sys = group.loops[0].syscalls
+        let type = sys.getOption(fd, SOL_SOCKET, SO_TYPE)
+        guard type >= 0 else { throw IOError("getsockopt(SO_TYPE) on fd \(fd)", Int32(-type)) }
+        guard type == Int(bearerd_SOCK_STREAM()) else { throw IOError("fd \(fd) is not a stream socket", ENOTSUP) }
+        let listening = sys.getOption(fd, SOL_SOCKET, SO_ACCEPTCONN)
+        guard listening >= 0 else { throw IOError("getsockopt(SO_ACCEPTCONN) on fd \(fd)", Int32(-listening)) }
+        guard listening != 0 else { throw IOError("fd \(fd) is not listening (Accept=yes is not supported)", EINVAL) }
+        guard let local = sys.boundAddress(fd) else { throw IOError("getsockname on fd \(fd)", errno) }
+        let nb = sys.setNonBlocking(fd)
+        if nb < 0 { throw IOError("fcntl", Int32(-nb)) }
+        _ = sys.setCloseOnExec(fd)
         return Listener(fd: fd, local: local, unixPath: nil, group: group, onAccept: onAccept)
     }
 
     /// The address a socket is bound to (getsockname), nil on error.
     public static func boundAddress(fd: Int32) -> SocketAddress? {
-        var storage = sockaddr_storage()
-        var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        let rc = withUnsafeMutablePointer(to: &storage) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
-        }
-        return rc == 0 ? SocketAddress(storage: storage, length: len) : nil
+        Syscalls.system.boundAddress(fd)
     }
 
     private static func make(address: SocketAddress, unixFile: UnixFileSettings?, group: EventLoopGroup,
                              onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) throws(IOError) -> Listener {
-        let fd = bearerd_stream_socket(address.family)
-        if fd < 0 { throw IOError("socket", errno) }
+        let sys = group.loops[0].syscalls
+        let fd = try sys.streamSocket(family: address.family)
         if address.family != AF_UNIX {
-            Sys.setOption(fd, SOL_SOCKET, SO_REUSEADDR, 1)
-            if address.family == AF_INET6 { Sys.setOption(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, 1) }
+            sys.setSocketOption(fd, SOL_SOCKET, SO_REUSEADDR, 1)
+            if address.family == AF_INET6 { sys.setSocketOption(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, 1) }
         }
         var savedMask: mode_t?
         if unixFile != nil && fchmod(fd, 0) != 0 {
             // Kernels that refuse fchmod on a socket: a process-wide umask for the bind instead.
             savedMask = umask(0o777)
         }
-        let rc = address.withSockAddr { Glibc.bind(fd, $0, $1) }
-        let bindErrno = errno
+        let rc = address.withSockAddr { sys.bind(fd, $0, $1) }
+        let bindErrno = Int32(truncatingIfNeeded: -rc)
         if let savedMask { umask(savedMask) }
         if rc < 0 {
-            Glibc.close(fd)
+            sys.closeFD(fd)
             let shown = unixFile.map { "unix:" + $0.path } ?? address.description
             throw IOError("bind \(shown)", bindErrno, hint: bindHint(address, unixPath: unixFile?.path, errno: bindErrno))
         }
@@ -152,23 +169,18 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
             do throws(IOError) {
                 try applyFileSettings(file)
             } catch {
-                Glibc.close(fd)
+                sys.closeFD(fd)
                 unlink(file.path)
                 throw error
             }
         }
-        if Glibc.listen(fd, 1024) < 0 {
-            let e = errno
-            Glibc.close(fd)
+        let listened = sys.listen(fd, 1024)
+        if listened < 0 {
+            sys.closeFD(fd)
             if let file = unixFile { unlink(file.path) }
-            throw IOError("listen", e)
+            throw IOError("listen", Int32(truncatingIfNeeded: -listened))
         }
-        var storage = sockaddr_storage()
-        var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        _ = withUnsafeMutablePointer(to: &storage) { p in
-            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
-        }
-        let local = address.family == AF_UNIX ? address : SocketAddress(storage: storage, length: len)
+        let local = address.family == AF_UNIX ? address : (sys.boundAddress(fd) ?? address)
         return Listener(fd: fd, local: local, unixPath: unixFile?.path, group: group, onAccept: onAccept)
     }
 
@@ -205,13 +217,14 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         self.unixPath = unixPath
         self.group = group
         self.acceptLoop = group.loops[0]
+        self.sys = group.loops[0].syscalls
         self.onAccept = onAccept
         if acceptLoop.ioMode == .loopPoller {
             acceptLoop.execute { [self] in acceptLoop.registerPollable(fd: fd, self) }
             return
         }
         let source = DispatchSource.makeReadSource(fileDescriptor: fd, queue: acceptLoop.queue)
-        source.setCancelHandler { [fd] in Glibc.close(fd) }
+        source.setCancelHandler { [fd, sys] in sys.closeFD(fd) }
         source.setEventHandler { [unowned self] in
             self.acceptAll(onAccept)
         }
@@ -220,38 +233,30 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
     }
 
     public func pollerEvent(readable: Bool, writable: Bool, hangup: Bool) {
-        if readable && !stopped { acceptAll(onAccept) }
+        if readable && state == .accepting { acceptAll(onAccept) }
     }
 
     private func acceptAll(_ onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) {
+        guard state == .accepting else { return }
         // Drain the backlog (bounded per event; edge-triggered polling needs a second look then).
         for round in 0..<257 {
             if round == 256 {
                 if source == nil { acceptLoop.execute { [weak self] in self.map { $0.acceptAll($0.onAccept) } } }
                 return
             }
-            var storage = sockaddr_storage()
-            var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
-            let cfd = withUnsafeMutablePointer(to: &storage) { p in
-                p.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bearerd_accept4(fd, $0, &len, bearerd_accept_flags())
-                }
-            }
-            if cfd < 0 {
-                let e = errno
-                if e == EINTR || e == ECONNABORTED { continue }
-                if e == EMFILE || e == ENFILE {
-                    // Out of descriptors: pause accepting briefly instead of spinning.
-                    source?.suspend()
-                    acceptLoop.schedule(after: .milliseconds(100)) { [weak self] in
-                        guard let self, !self.stopped else { return }
-                        if let source = self.source { source.resume() } else { self.acceptAll(self.onAccept) }
-                    }
-                }
+            let cfd: Int32
+            let peer: SocketAddress
+            switch sys.acceptOne(fd) {
+            case .accepted(let f, let p):
+                cfd = f
+                peer = p
+            case .wouldBlock, .failed:
+                return
+            case .outOfDescriptors:
+                pauseOutOfDescriptors()
                 return
             }
-            let peer = SocketAddress(storage: storage, length: len)
-            if peer.family != AF_UNIX { Sys.setOption(cfd, Int32(IPPROTO_TCP), TCP_NODELAY, 1) }
+            if peer.family != AF_UNIX { sys.setSocketOption(cfd, Int32(IPPROTO_TCP), TCP_NODELAY, 1) }
             let loop = group.next()
             if loop === acceptLoop {
                 onAccept(cfd, peer, loop)
@@ -261,16 +266,37 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         }
     }
 
+    /// Out of descriptors: stop accepting for `outOfDescriptorsRetry` instead of spinning on a
+    /// readable socket that cannot be accepted (the backlog waits in the kernel meanwhile).
+    private func pauseOutOfDescriptors() {
+        guard state == .accepting else { return }
+        state = .pausedOutOfDescriptors
+        source?.suspend()
+        acceptLoop.schedule(after: Self.outOfDescriptorsRetry) { [weak self] in self?.retryAfterOutOfDescriptors() }
+    }
+
+    private func retryAfterOutOfDescriptors() {
+        guard state == .pausedOutOfDescriptors else { return }  // stopped meanwhile
+        state = .accepting
+        if let source {
+            source.resume()  // level-triggered: fires again at once if connections wait
+        } else {
+            acceptAll(onAccept)  // edge-triggered: no new event for connections already waiting
+        }
+    }
+
     /// Stops accepting; the fd is closed in the cancel handler.
     public func stop() {
         acceptLoop.execute { [self] in
-            guard !stopped else { return }
-            stopped = true
+            let was = state
+            guard was != .stopped else { return }
+            state = .stopped
             if let source {
+                if was == .pausedOutOfDescriptors { source.resume() }  // never cancel a suspended source
                 source.cancel()
             } else {
                 acceptLoop.unregisterPollable(fd: fd)
-                Glibc.close(fd)
+                sys.closeFD(fd)
             }
             if let unixPath { unlink(unixPath) }
         }

@@ -57,27 +57,105 @@ public struct ReadPauseReasons: OptionSet, Sendable {
     public static let owner = ReadPauseReasons(rawValue: 1 << 2)
 }
 
-/// A non-blocking stream socket on one loop: read and write Dispatch sources, an output buffer
-/// with high/low-water marks, optional TLS (an OpenSSL memory-BIO engine between socket and owner).
+/// A Dispatch source with its suspension tracked, so suspend and resume balance by construction
+/// and cancelling always resumes first (libdispatch traps when a suspended or never-activated
+/// source is released; swift-service-lifecycle's `UnixSignalsSequence` does the same).
+/// Owned by one object and touched on its queue only.
+struct SourceGate {
+    /// Exits: `inactive` (as created) → `running`; `running` ⇄ `suspended`; any → `cancelled` (final).
+    enum State: Equatable {
+        case inactive
+        case running
+        case suspended
+        case cancelled
+    }
+
+    let source: DispatchSourceProtocol
+    private(set) var state = State.inactive
+
+    init(_ source: DispatchSourceProtocol) { self.source = source }
+
+    mutating func resume() {
+        switch state {
+        case .inactive, .suspended:
+            state = .running
+            source.resume()
+        case .running, .cancelled:
+            break
+        }
+    }
+
+    mutating func suspend() {
+        guard state == .running else { return }
+        state = .suspended
+        source.suspend()
+    }
+
+    /// Cancels, then resumes a source that is not running, so its cancel handler runs and the
+    /// source can be released; its event handler never runs again.
+    mutating func cancel() {
+        let was = state
+        guard was != .cancelled else { return }
+        state = .cancelled
+        source.cancel()
+        if was != .running { source.resume() }
+    }
+}
+
+/// A non-blocking stream socket on one loop: readiness from the loop poller or from a read and
+/// a write Dispatch source, an output buffer with high/low-water marks, optional TLS (an OpenSSL
+/// memory-BIO engine between socket and owner). Every system call goes through `sys`.
 ///
-/// Lives on `loop` only. Invariants: the fd is closed only in the sources' cancel handler, after
-/// both sources are cancelled; each source's suspend count is tracked so cancel can resume it;
-/// output is written directly, and the write source is armed only after EAGAIN.
+/// Lives on `loop` only. Invariants: `phase` is the one record of where the socket is (see
+/// `Phase`); with sources, each source's suspension is a `SourceGate`, so suspend/resume balance
+/// and close resumes before cancelling; the fd is closed exactly once, in the second cancel
+/// handler (sources) or right after leaving the epoll set (poller); output is written directly,
+/// and writability is awaited (`writeInterest`) only after EAGAIN or during connect; reads run
+/// only while `pauseReasons` is empty.
 public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendable {  // @unchecked: confined to `loop`
+    /// Where the connection is. Valid transitions:
+    /// - `connecting` → `handshaking` (TLS) | `open` | `closed` (connect failed)
+    /// - `handshaking` → `open` | `closed`
+    /// - `open` → `flushingBeforeClose` | `lingering` (nothing left to flush) | `closed`
+    /// - `flushingBeforeClose` → `lingering` | `closed`
+    /// - `lingering` → `closed` (the peer's EOF, an error, or 2 s)
+    /// - `connecting`/`handshaking` → `flushingBeforeClose`/`lingering` when the owner gives up early
+    enum Phase: Equatable {
+        /// connect(2) in progress; writability (or an error reported as readable) completes it.
+        case connecting
+        /// TCP is up; the TLS client handshake runs (only with TLS).
+        case handshaking
+        /// Reading and writing.
+        case open
+        /// `closeAfterFlush`: the queued output is written, then `lingering`.
+        case flushingBeforeClose
+        /// SHUT_WR sent: input is discarded until the peer's EOF, then `closed`.
+        case lingering
+        /// Sources cancelled (or the poller left); no delegate call follows `channelClosed`.
+        case closed
+    }
+
+    /// Whether the channel waits for the socket to become writable (after EAGAIN, or connecting).
+    enum WriteInterest: Equatable {
+        case none
+        case awaitingWritable
+    }
+
     public let loop: EventLoop
     public let fd: Int32
     public weak var delegate: ChannelDelegate?
     public var peerAddress: SocketAddress?
+    let sys: Syscalls
 
     /// Per-socket sources (`IOMode.socketSources`); nil when the loop poller serves this socket.
-    private let readSource: DispatchSourceRead?
-    private let writeSource: DispatchSourceWrite?
-    private var polled: Bool { readSource == nil }
+    private var readGate: SourceGate?
+    private var writeGate: SourceGate?
+    private var polled: Bool { readGate == nil }
     /// Poller mode: the peer's FIN (or an error) arrived; a short read no longer means "nothing
     /// more", because edge-triggered polling will not report the EOF again.
     private var peerHungUp = false
-    private var readSuspended = false
-    private var writeArmed = false
+    private(set) var phase: Phase = .open
+    private(set) var writeInterest = WriteInterest.none
     private var pauseReasons: ReadPauseReasons = []
 
     private var out: [UInt8] = []
@@ -88,40 +166,37 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     public var lowWaterMark = 64 * 1024
 
     private var tls: TLSEngine?
-    private var tlsHandshakeDone = true
-    private var connecting = false
-    public private(set) var isClosed = false
     private var cancelsPending = 2
-    /// Half-closed after a final response: discard input until EOF, then close.
-    private var lingering = false
-    private var closeWhenFlushed = false
+
+    public var isClosed: Bool { phase == .closed }
+
+    /// For tests: the sources' states (nil in poller mode).
+    var readSourceState: SourceGate.State? { readGate?.state }
+    var writeSourceState: SourceGate.State? { writeGate?.state }
 
     public init(fd: Int32, loop: EventLoop) {
         self.fd = fd
         self.loop = loop
-        guard loop.ioMode == .socketSources else {
-            readSource = nil
-            writeSource = nil
-            return
-        }
+        self.sys = loop.syscalls
+        guard loop.ioMode == .socketSources else { return }
         let readSource = DispatchSource.makeReadSource(fileDescriptor: fd, queue: loop.queue)
         let writeSource = DispatchSource.makeWriteSource(fileDescriptor: fd, queue: loop.queue)
-        self.readSource = readSource
-        self.writeSource = writeSource
         // Strong capture on purpose: the channel stays alive until both cancel handlers ran
         // (libdispatch releases the handlers after cancellation, breaking the cycle).
         let closeFD: () -> Void = { [fd] in
             self.cancelsPending -= 1
-            if self.cancelsPending == 0 { Glibc.close(fd) }
+            if self.cancelsPending == 0 { self.sys.closeFD(fd) }
         }
         readSource.setCancelHandler(handler: closeFD)
         writeSource.setCancelHandler(handler: closeFD)
+        readGate = SourceGate(readSource)
+        writeGate = SourceGate(writeSource)
     }
 
     /// Starts reading. Call once, on the loop, after setting the delegate.
     public func start() {
         loop.assertInEventLoop()
-        guard let readSource, let writeSource else {
+        guard let readSource = readGate?.source, let writeSource = writeGate?.source else {
             loop.registerPollable(fd: fd, self)
             return
         }
@@ -131,30 +206,28 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         writeSource.setEventHandler { [unowned self] in
             self.loop.runEvent { self.handleWritable() }
         }
-        readSource.resume()
-        // The write source starts suspended; it is armed only on EAGAIN or during connect.
+        if pauseReasons.isEmpty { readGate?.resume() }
+        // The write source stays inactive; it is armed only on EAGAIN or during connect.
     }
 
     /// Opens a non-blocking connection to `address`; `channelActive` follows on success (after the
     /// TLS handshake when `tls` is given), `channelError(.connect)` on failure.
     public static func connect(to address: SocketAddress, loop: EventLoop, tls: TLSEngine?, delegate: ChannelDelegate) throws(IOError) -> SocketChannel {
-        let fd = bearerd_stream_socket(address.family)
-        if fd < 0 { throw IOError("socket", errno) }
+        let sys = loop.syscalls
+        let fd = try sys.streamSocket(family: address.family)
         if address.family != AF_UNIX {
-            Sys.setOption(fd, Int32(IPPROTO_TCP), TCP_NODELAY, 1)
+            sys.setSocketOption(fd, Int32(IPPROTO_TCP), TCP_NODELAY, 1)
         }
-        let rc = address.withSockAddr { Glibc.connect(fd, $0, $1) }
-        if rc < 0 && errno != EINPROGRESS {
-            let e = errno
-            Glibc.close(fd)
+        let e = sys.startConnect(fd, to: address)
+        if e != 0 && e != EINPROGRESS {
+            sys.closeFD(fd)
             throw IOError("connect", e)
         }
         let ch = SocketChannel(fd: fd, loop: loop)
         ch.delegate = delegate
         ch.peerAddress = address
         ch.tls = tls
-        ch.tlsHandshakeDone = tls == nil
-        ch.connecting = true
+        ch.phase = .connecting
         ch.start()
         ch.armWrite()
         return ch
@@ -163,50 +236,50 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     // MARK: reading
 
     public func pauseReading(_ reason: ReadPauseReasons) {
-        guard !isClosed else { return }
+        guard phase != .closed, !reason.isEmpty else { return }
         pauseReasons.insert(reason)
-        if !readSuspended {
-            readSuspended = true
-            readSource?.suspend()
-        }
+        readGate?.suspend()
     }
 
     public func resumeReading(_ reason: ReadPauseReasons) {
-        guard !isClosed else { return }
+        guard phase != .closed else { return }
+        let wasPaused = !pauseReasons.isEmpty
         pauseReasons.remove(reason)
-        if pauseReasons.isEmpty && readSuspended {
-            readSuspended = false
-            if let readSource {
-                readSource.resume()
-            } else {
-                // Edge-triggered: data that arrived while paused raised no new event.
-                loop.deferToEndOfEvent { [weak self] in self?.handleReadable() }
-            }
-        }
+        if wasPaused && pauseReasons.isEmpty { readsResumed() }
     }
 
     public var isReadPaused: Bool { !pauseReasons.isEmpty }
 
+    /// The last pause reason went away.
+    private func readsResumed() {
+        if readGate != nil {
+            readGate?.resume()
+        } else {
+            // Edge-triggered: data that arrived while paused raised no new event.
+            loop.deferToEndOfEvent { [weak self] in self?.handleReadable() }
+        }
+    }
+
     private func handleReadable() {
-        guard !isClosed else { return }
-        if connecting {
+        guard phase != .closed else { return }
+        if phase == .connecting {
             // A refused connect may be reported as readable (EPOLLERR/EPOLLHUP) rather than writable.
-            if Sys.socketError(fd) != 0 { completeConnect() }
+            if sys.socketError(fd) != 0 { completeConnect() }
             return
         }
         let buf = loop.readBuffer
         // Drain until EAGAIN (DESIGN §2.2), bounded so one busy peer cannot starve the loop.
         var rounds = 0
-        while !isClosed && pauseReasons.isEmpty {
+        while phase != .closed && pauseReasons.isEmpty {
             if rounds == 16 {
                 // Edge-triggered polling raises no new event for data left behind: come back.
                 if polled { loop.execute { [weak self] in self?.handleReadable() } }
                 return
             }
             rounds += 1
-            let result: Sys.IOResult
+            let result: Syscalls.IOResult
             do {
-                result = try Sys.read(fd, buf)
+                result = try sys.read(fd, into: buf)
             } catch {
                 fail(.io(error))
                 return
@@ -215,18 +288,18 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             case .wouldBlock:
                 return
             case .eof:
-                if let tls {
+                if phase == .lingering {
+                    close()
+                } else if let tls {
                     tls.feedEOF()
                     deliverTLSPlaintext(tls, eof: true)
-                } else if lingering {
-                    close()
                 } else {
                     delegate?.channelEOF(self)
                 }
                 return
             case .bytes(let n):
-                let chunk = UnsafeRawBufferPointer(rebasing: buf[0..<n])
-                if lingering { continue }
+                if phase == .lingering { continue }
+                let chunk = UnsafeRawBufferPointer(rebasing: buf[0..<min(n, buf.count)])
                 if let tls {
                     tls.feedCiphertext(chunk)
                     deliverTLSPlaintext(tls, eof: false)
@@ -239,10 +312,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     }
 
     private func deliverTLSPlaintext(_ tls: TLSEngine, eof: Bool) {
-        if !tlsHandshakeDone {
+        if !tls.isHandshakeComplete {
             do {
                 if try tls.handshake() == .complete {
-                    tlsHandshakeDone = true
+                    if phase == .handshaking { phase = .open }
                     flushTLSOutput()
                     delegate?.channelActive(self)
                 } else {
@@ -257,7 +330,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         }
         // Decrypt into a scratch area separate from the raw read buffer.
         var scratch = [UInt8](repeating: 0, count: 32 * 1024)
-        while !isClosed {
+        while phase != .closed {
             let r: TLSEngine.ReadResult
             do {
                 r = try scratch.withUnsafeMutableBytes { try tls.readPlaintext(into: $0) }
@@ -267,7 +340,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             }
             switch r {
             case .bytes(let n):
-                scratch.withUnsafeBytes { delegate?.channelRead(self, UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+                scratch.withUnsafeBytes { delegate?.channelRead(self, UnsafeRawBufferPointer(rebasing: $0[0..<min(n, $0.count)])) }
             case .wantMore:
                 flushTLSOutput()
                 if eof { delegate?.channelEOF(self) }
@@ -296,7 +369,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     /// Queues `bytes`; they are written at the end of the current event (one syscall per event).
     public func write(_ bytes: UnsafeRawBufferPointer) {
-        guard !isClosed else { return }
+        guard phase != .closed else { return }
         if let tls {
             do { try tls.writePlaintext(bytes) } catch { fail(.tls(error)); return }
             compactIfNeeded()
@@ -314,7 +387,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     /// Moves a whole prepared buffer in when nothing is pending (no copy).
     public func write(taking bytes: inout [UInt8]) {
-        if tls == nil && out.count == outOffset && !isClosed {
+        if tls == nil && out.count == outOffset && phase != .closed {
             swap(&out, &bytes)
             outOffset = 0
             bytes.removeAll(keepingCapacity: true)
@@ -342,68 +415,69 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     public func flushNow() {
         flushScheduled = false
-        guard !isClosed, !connecting else { return }
-        if writeArmed { return }  // the write source will continue when the socket drains
+        guard phase != .closed, phase != .connecting else { return }
+        if writeInterest == .awaitingWritable { return }  // writability will continue when the socket drains
         writeOut()
     }
 
     private func writeOut() {
         while outOffset < out.count {
-            let r: Sys.IOResult
+            let r: Syscalls.IOResult
             do {
-                r = try out.withUnsafeBytes { try Sys.write(fd, UnsafeRawBufferPointer(rebasing: $0[outOffset...])) }
+                r = try out.withUnsafeBytes { try sys.write(fd, from: UnsafeRawBufferPointer(rebasing: $0[outOffset...])) }
             } catch {
-                fail(.io(error as? IOError ?? IOError("send", EIO)))
+                fail(.io(error as? IOError ?? IOError("send", EIO)))  // withUnsafeBytes rethrows untyped
                 return
             }
             switch r {
-            case .bytes(let n): outOffset += n
+            case .bytes(let n):
+                outOffset += min(n, out.count - outOffset)  // a kernel never reports more than asked
             case .wouldBlock, .eof:
                 armWrite()
+                notifyIfBelowLowWater()
                 return
             }
         }
         out.removeAll(keepingCapacity: out.capacity <= 1 << 20)
         outOffset = 0
         disarmWrite()
-        afterDrain()
-    }
-
-    private func afterDrain() {
-        if aboveHighWater && pendingOutputBytes <= lowWaterMark {
-            aboveHighWater = false
-            delegate?.channelWritable(self)
-        }
-        if closeWhenFlushed && pendingOutputBytes == 0 {
-            closeWhenFlushed = false
+        notifyIfBelowLowWater()
+        if phase == .flushingBeforeClose && pendingOutputBytes == 0 {
             finishClose()
         }
     }
 
-    private func armWrite() {
-        if !writeArmed {
-            writeArmed = true
-            writeSource?.resume()
+    /// `channelWritable` once per crossing: above the high-water mark, then down to the
+    /// low-water mark (also when the kernel took only part of the rest).
+    private func notifyIfBelowLowWater() {
+        if aboveHighWater && pendingOutputBytes <= lowWaterMark {
+            aboveHighWater = false
+            delegate?.channelWritable(self)
         }
     }
 
+    private func armWrite() {
+        guard writeInterest == .none else { return }
+        writeInterest = .awaitingWritable
+        writeGate?.resume()
+    }
+
     private func disarmWrite() {
-        if writeArmed {
-            writeArmed = false
-            writeSource?.suspend()
-        }
+        guard writeInterest == .awaitingWritable else { return }
+        writeInterest = .none
+        writeGate?.suspend()
     }
 
     /// Loop poller readiness (edge-triggered).
     public func pollerEvent(readable: Bool, writable: Bool, hangup: Bool) {
         if hangup { peerHungUp = true }
-        if writable && (connecting || writeArmed) { handleWritable() }
-        if readable && !isClosed && pauseReasons.isEmpty { handleReadable() }
+        if writable && (phase == .connecting || writeInterest == .awaitingWritable) { handleWritable() }
+        if readable && phase != .closed && pauseReasons.isEmpty { handleReadable() }
     }
 
     private func handleWritable() {
-        guard !isClosed else { return }
-        if connecting {
+        guard phase != .closed else { return }
+        if phase == .connecting {
             completeConnect()
             return
         }
@@ -411,26 +485,26 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     }
 
     private func completeConnect() {
-        if connecting {
-            connecting = false
-            let err = Sys.socketError(fd)
-            if err != 0 {
-                fail(.connect(IOError("connect", err)))
+        guard phase == .connecting else { return }
+        let err = sys.socketError(fd)
+        if err != 0 {
+            fail(.connect(IOError("connect", err)))
+            return
+        }
+        disarmWrite()
+        if let tls {
+            phase = .handshaking
+            do {
+                _ = try tls.handshake()
+            } catch {
+                fail(.tls(error))
                 return
             }
-            disarmWrite()
-            if let tls {
-                do {
-                    _ = try tls.handshake()
-                } catch {
-                    fail(.tls(error))
-                    return
-                }
-                flushTLSOutput()
-                writeOut()
-            } else {
-                delegate?.channelActive(self)
-            }
+            flushTLSOutput()
+            writeOut()
+        } else {
+            phase = .open
+            delegate?.channelActive(self)
         }
     }
 
@@ -440,49 +514,45 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     /// EOF arrives (lingering close, so the peer reads our final response instead of a reset).
     /// The owner's `deadline` handling should call `close()` if the peer lingers too long.
     public func closeAfterFlush() {
-        guard !isClosed else { return }
+        switch phase {
+        case .closed, .lingering, .flushingBeforeClose:
+            return
+        case .connecting, .handshaking, .open:
+            break
+        }
         if let tls {
             tls.shutdown()
             flushTLSOutput()
         }
-        closeWhenFlushed = true
         if pendingOutputBytes == 0 {
-            closeWhenFlushed = false
             finishClose()
         } else {
+            phase = .flushingBeforeClose
             scheduleFlush()
         }
     }
 
     private func finishClose() {
-        shutdown(fd, Int32(SHUT_WR))
-        lingering = true
+        sys.shutdownWrite(fd)
+        phase = .lingering
+        let wasPaused = !pauseReasons.isEmpty
         pauseReasons = []
-        if readSuspended {
-            readSuspended = false
-            if let readSource {
-                readSource.resume()
-            } else {
-                loop.deferToEndOfEvent { [weak self] in self?.handleReadable() }
-            }
-        }
+        if wasPaused { readsResumed() }
         // Bound the linger: at most 2 s more.
         loop.schedule(after: .seconds(2)) { [weak self] in self?.close() }
     }
 
-    /// Closes now: cancels both sources; the fd is closed in their cancel handlers.
+    /// Closes now: cancels both sources (resuming them first where suspended); the fd is closed
+    /// in their cancel handlers (poller: right after leaving the epoll set).
     public func close() {
-        guard !isClosed else { return }
-        isClosed = true
-        if let readSource, let writeSource {
-            readSource.cancel()
-            writeSource.cancel()
-            if readSuspended { readSuspended = false; readSource.resume() }
-            if !writeArmed { writeArmed = true; writeSource.resume() }
+        guard phase != .closed else { return }
+        phase = .closed
+        if readGate != nil {
+            readGate?.cancel()
+            writeGate?.cancel()
         } else {
-            // Poller mode has no cancel handler: leave the epoll set, then close.
             loop.unregisterPollable(fd: fd)
-            Glibc.close(fd)
+            sys.closeFD(fd)
         }
         let d = delegate
         delegate = nil
@@ -490,7 +560,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     }
 
     private func fail(_ error: ChannelError) {
-        guard !isClosed else { return }
+        guard phase != .closed else { return }
         let d = delegate
         d?.channelError(self, error)
         close()

@@ -35,21 +35,160 @@ public struct PeerCredentials: Sendable, Equatable {
     }
 }
 
-/// The system calls the shell uses, behind one typed wrapper. EINTR is retried here and nowhere else.
-public enum Sys {
+/// The raw system calls of the shell's sockets and loop poller, as function references, so a
+/// test can play the kernel (swift-nio's `SyscallAbstractionLayer` model): partial writes,
+/// EAGAIN, ECONNRESET, EOF, EMFILE, all scripted, for one loop and its sockets only.
+///
+/// Each call is C-shaped and returns its result, or `-errno` on failure (the kernel's own
+/// convention), so a scripted one never touches the thread's `errno`. EINTR is retried by the
+/// typed methods below and nowhere else.
+///
+/// Immutable and shared: every `EventLoop` holds one (`.system` unless a test passes its own)
+/// and its channels and listeners keep a reference. Cost on the hot path: one load and one
+/// indirect call per syscall instead of a direct call, nothing next to the syscall itself; no
+/// global is mutated, so tests running in parallel in one process cannot see each other's.
+public final class Syscalls: Sendable {
+    public typealias Read = @Sendable (_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) -> Int
+    public typealias Send = @Sendable (_ fd: Int32, _ buffer: UnsafeRawBufferPointer) -> Int
+    /// The new fd (non-blocking, close-on-exec) with the peer written to `address`/`length`.
+    public typealias Accept = @Sendable (_ fd: Int32, _ address: UnsafeMutablePointer<sockaddr>, _ length: UnsafeMutablePointer<socklen_t>) -> Int
+    public typealias Socket = @Sendable (_ family: Int32) -> Int
+    public typealias AddressCall = @Sendable (_ fd: Int32, _ address: UnsafePointer<sockaddr>, _ length: socklen_t) -> Int
+    public typealias FDCall = @Sendable (_ fd: Int32) -> Int
+    public typealias Listen = @Sendable (_ fd: Int32, _ backlog: Int32) -> Int
+    public typealias Shutdown = @Sendable (_ fd: Int32, _ how: Int32) -> Int
+    public typealias SetOption = @Sendable (_ fd: Int32, _ level: Int32, _ name: Int32, _ value: Int32) -> Int
+    /// The option's value, or `-errno`.
+    public typealias GetOption = @Sendable (_ fd: Int32, _ level: Int32, _ name: Int32) -> Int
+    public typealias SockName = @Sendable (_ fd: Int32, _ address: UnsafeMutablePointer<sockaddr>, _ length: UnsafeMutablePointer<socklen_t>) -> Int
+    public typealias EpollCreate = @Sendable () -> Int
+    public typealias EpollControl = @Sendable (_ epfd: Int32, _ fd: Int32) -> Int
+    /// Fills `fds`/`flags` (bearerd_epoll.h's flag bits) and returns how many are ready.
+    public typealias EpollWait = @Sendable (_ epfd: Int32, _ fds: UnsafeMutableBufferPointer<Int32>, _ flags: UnsafeMutableBufferPointer<UInt32>, _ timeoutMs: Int32) -> Int
+
+    public let read: Read
+    public let send: Send
+    public let accept: Accept
+    public let socket: Socket
+    public let connect: AddressCall
+    public let bind: AddressCall
+    public let listen: Listen
+    public let close: FDCall
+    public let shutdown: Shutdown
+    public let setNonBlocking: FDCall
+    public let setCloseOnExec: FDCall
+    public let setOption: SetOption
+    public let getOption: GetOption
+    public let localName: SockName
+    public let epollCreate: EpollCreate
+    public let epollAdd: EpollControl
+    public let epollDelete: EpollControl
+    public let epollWait: EpollWait
+
+    /// Every call the real one unless given.
+    public init(read: @escaping Read = System.read, send: @escaping Send = System.send, accept: @escaping Accept = System.accept,
+                socket: @escaping Socket = System.socket, connect: @escaping AddressCall = System.connect,
+                bind: @escaping AddressCall = System.bind, listen: @escaping Listen = System.listen,
+                close: @escaping FDCall = System.close, shutdown: @escaping Shutdown = System.shutdown,
+                setNonBlocking: @escaping FDCall = System.setNonBlocking, setCloseOnExec: @escaping FDCall = System.setCloseOnExec,
+                setOption: @escaping SetOption = System.setOption, getOption: @escaping GetOption = System.getOption,
+                localName: @escaping SockName = System.localName, epollCreate: @escaping EpollCreate = System.epollCreate,
+                epollAdd: @escaping EpollControl = System.epollAdd, epollDelete: @escaping EpollControl = System.epollDelete,
+                epollWait: @escaping EpollWait = System.epollWait) {
+        self.read = read
+        self.send = send
+        self.accept = accept
+        self.socket = socket
+        self.connect = connect
+        self.bind = bind
+        self.listen = listen
+        self.close = close
+        self.shutdown = shutdown
+        self.setNonBlocking = setNonBlocking
+        self.setCloseOnExec = setCloseOnExec
+        self.setOption = setOption
+        self.getOption = getOption
+        self.localName = localName
+        self.epollCreate = epollCreate
+        self.epollAdd = epollAdd
+        self.epollDelete = epollDelete
+        self.epollWait = epollWait
+    }
+
+    /// The kernel's.
+    public static let system = Syscalls()
+
+    /// The libc calls behind `Syscalls.system`: a result, or `-errno`.
+    public enum System {
+        @inline(__always) static func result(_ rc: Int) -> Int { rc >= 0 ? rc : -Int(errno) }
+        @inline(__always) static func result(_ rc: Int32) -> Int { result(Int(rc)) }
+
+        @Sendable public static func read(_ fd: Int32, _ b: UnsafeMutableRawBufferPointer) -> Int { result(Glibc.read(fd, b.baseAddress, b.count)) }
+        @Sendable public static func send(_ fd: Int32, _ b: UnsafeRawBufferPointer) -> Int {
+            result(Glibc.send(fd, b.baseAddress, b.count, Int32(MSG_NOSIGNAL)))
+        }
+        @Sendable public static func accept(_ fd: Int32, _ a: UnsafeMutablePointer<sockaddr>, _ l: UnsafeMutablePointer<socklen_t>) -> Int {
+            result(bearerd_accept4(fd, a, l, bearerd_accept_flags()))
+        }
+        @Sendable public static func socket(_ family: Int32) -> Int { result(bearerd_stream_socket(family)) }
+        @Sendable public static func connect(_ fd: Int32, _ a: UnsafePointer<sockaddr>, _ l: socklen_t) -> Int { result(Glibc.connect(fd, a, l)) }
+        @Sendable public static func bind(_ fd: Int32, _ a: UnsafePointer<sockaddr>, _ l: socklen_t) -> Int { result(Glibc.bind(fd, a, l)) }
+        @Sendable public static func listen(_ fd: Int32, _ backlog: Int32) -> Int { result(Glibc.listen(fd, backlog)) }
+        @Sendable public static func close(_ fd: Int32) -> Int { result(Glibc.close(fd)) }
+        @Sendable public static func shutdown(_ fd: Int32, _ how: Int32) -> Int { result(Glibc.shutdown(fd, how)) }
+        @Sendable public static func setNonBlocking(_ fd: Int32) -> Int {
+            let flags = fcntl(fd, F_GETFL)
+            if flags < 0 { return result(flags) }
+            return result(fcntl(fd, F_SETFL, flags | O_NONBLOCK))
+        }
+        @Sendable public static func setCloseOnExec(_ fd: Int32) -> Int { result(fcntl(fd, F_SETFD, FD_CLOEXEC)) }
+        @Sendable public static func setOption(_ fd: Int32, _ level: Int32, _ name: Int32, _ value: Int32) -> Int {
+            var v = value
+            return result(setsockopt(fd, level, name, &v, socklen_t(MemoryLayout<Int32>.size)))
+        }
+        @Sendable public static func getOption(_ fd: Int32, _ level: Int32, _ name: Int32) -> Int {
+            var v: Int32 = 0
+            var len = socklen_t(MemoryLayout<Int32>.size)
+            let rc = getsockopt(fd, level, name, &v, &len)
+            return rc < 0 ? result(rc) : Int(v)
+        }
+        @Sendable public static func localName(_ fd: Int32, _ a: UnsafeMutablePointer<sockaddr>, _ l: UnsafeMutablePointer<socklen_t>) -> Int {
+            result(getsockname(fd, a, l))
+        }
+        @Sendable public static func epollCreate() -> Int { result(bearerd_epoll_create()) }
+        @Sendable public static func epollAdd(_ epfd: Int32, _ fd: Int32) -> Int { result(bearerd_epoll_add(epfd, fd)) }
+        @Sendable public static func epollDelete(_ epfd: Int32, _ fd: Int32) -> Int { result(bearerd_epoll_del(epfd, fd)) }
+        @Sendable public static func epollWait(_ epfd: Int32, _ fds: UnsafeMutableBufferPointer<Int32>, _ flags: UnsafeMutableBufferPointer<UInt32>,
+                                               _ timeoutMs: Int32) -> Int {
+            result(bearerd_epoll_poll(epfd, fds.baseAddress, flags.baseAddress, Int32(min(fds.count, flags.count)), timeoutMs))
+        }
+    }
+
+    // MARK: typed calls (EINTR retried here)
+
     public enum IOResult: Equatable {
         case bytes(Int)
         case wouldBlock
         case eof
     }
 
+    /// What an `accept` on a non-blocking listening socket gave.
+    public enum AcceptResult {
+        case accepted(fd: Int32, peer: SocketAddress)
+        /// The backlog is empty.
+        case wouldBlock
+        /// EMFILE or ENFILE: no descriptor for the connection, which stays in the backlog.
+        case outOfDescriptors(Int32)
+        case failed(Int32)
+    }
+
     @inline(__always)
-    public static func read(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) throws(IOError) -> IOResult {
+    public func read(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) throws(IOError) -> IOResult {
         while true {
-            let n = Glibc.read(fd, buffer.baseAddress, buffer.count)
+            let n = read(fd, buffer)
             if n > 0 { return .bytes(n) }
             if n == 0 { return .eof }
-            let e = errno
+            let e = Int32(-n)
             if e == EINTR { continue }
             if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
             throw IOError("read", e)
@@ -57,33 +196,111 @@ public enum Sys {
     }
 
     @inline(__always)
-    public static func write(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
+    public func write(_ fd: Int32, from buffer: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
         while true {
-            let n = Glibc.send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL))
+            let n = send(fd, buffer)
             if n >= 0 { return .bytes(n) }
-            let e = errno
+            let e = Int32(-n)
             if e == EINTR { continue }
             if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
             throw IOError("send", e)
         }
     }
 
+    /// One connection from the backlog; ECONNABORTED (a connection reset while queued) and
+    /// EINTR are skipped.
+    public func acceptOne(_ fd: Int32) -> AcceptResult {
+        while true {
+            var storage = sockaddr_storage()
+            var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
+            let n = withUnsafeMutablePointer(to: &storage) { p in
+                p.withMemoryRebound(to: sockaddr.self, capacity: 1) { accept(fd, $0, &len) }
+            }
+            if n >= 0 { return .accepted(fd: Int32(truncatingIfNeeded: n), peer: SocketAddress(storage: storage, length: len)) }
+            let e = Int32(-n)
+            switch e {
+            case EINTR, ECONNABORTED: continue
+            case EAGAIN, EWOULDBLOCK: return .wouldBlock
+            case EMFILE, ENFILE: return .outOfDescriptors(e)
+            default: return .failed(e)
+            }
+        }
+    }
+
+    /// A non-blocking, close-on-exec stream socket.
+    public func streamSocket(family: Int32) throws(IOError) -> Int32 {
+        let n = socket(family)
+        if n < 0 { throw IOError("socket", Int32(-n)) }
+        return Int32(truncatingIfNeeded: n)
+    }
+
+    /// Starts a non-blocking connect: 0, or the errno (EINPROGRESS while it completes).
+    public func startConnect(_ fd: Int32, to address: SocketAddress) -> Int32 {
+        while true {
+            let rc = address.withSockAddr { connect(fd, $0, $1) }
+            if rc >= 0 { return 0 }
+            let e = Int32(-rc)
+            if e == EINTR { return EINPROGRESS }  // connect(2): an interrupted connect completes asynchronously
+            return e
+        }
+    }
+
+    /// Closes `fd` (EINTR is not retried: on Linux the descriptor is released anyway, close(2)).
+    public func closeFD(_ fd: Int32) {
+        _ = close(fd)
+    }
+
+    public func shutdownWrite(_ fd: Int32) {
+        _ = shutdown(fd, Int32(SHUT_WR))
+    }
+
+    public func setSocketOption(_ fd: Int32, _ level: Int32, _ name: Int32, _ value: Int32) {
+        _ = self.setOption(fd, level, name, value)
+    }
+
+    /// SO_ERROR: the pending error of a socket (0: none).
+    public func socketError(_ fd: Int32) -> Int32 {
+        let v = getOption(fd, SOL_SOCKET, SO_ERROR)
+        return Int32(truncatingIfNeeded: v < 0 ? -v : v)
+    }
+
+    /// The address a socket is bound to, nil on error.
+    public func boundAddress(_ fd: Int32) -> SocketAddress? {
+        var storage = sockaddr_storage()
+        var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let rc = withUnsafeMutablePointer(to: &storage) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { localName(fd, $0, &len) }
+        }
+        return rc >= 0 ? SocketAddress(storage: storage, length: len) : nil
+    }
+}
+
+/// The shell's system calls through `Syscalls.system`, for code that has no loop at hand (and the
+/// process-wide ones). EINTR is retried in `Syscalls` and nowhere else.
+public enum Sys {
+    public typealias IOResult = Syscalls.IOResult
+
+    @inline(__always)
+    public static func read(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) throws(IOError) -> IOResult {
+        try Syscalls.system.read(fd, into: buffer)
+    }
+
+    @inline(__always)
+    public static func write(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
+        try Syscalls.system.write(fd, from: buffer)
+    }
+
     public static func setNonBlocking(_ fd: Int32) throws(IOError) {
-        let flags = fcntl(fd, F_GETFL)
-        if flags < 0 { throw IOError("fcntl", errno) }
-        if fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 { throw IOError("fcntl", errno) }
+        let rc = Syscalls.system.setNonBlocking(fd)
+        if rc < 0 { throw IOError("fcntl", Int32(-rc)) }
     }
 
     public static func setOption(_ fd: Int32, _ level: Int32, _ name: Int32, _ value: Int32) {
-        var v = value
-        _ = setsockopt(fd, level, name, &v, socklen_t(MemoryLayout<Int32>.size))
+        Syscalls.system.setSocketOption(fd, level, name, value)
     }
 
     public static func socketError(_ fd: Int32) -> Int32 {
-        var err: Int32 = 0
-        var len = socklen_t(MemoryLayout<Int32>.size)
-        if getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 { return errno }
-        return err
+        Syscalls.system.socketError(fd)
     }
 
     /// SO_PEERCRED of a connected unix socket.

@@ -15,7 +15,7 @@ public struct BearerdConfig: Sendable {
     public var stateDir: String?
     /// Number of event loops; default one per core.
     public var loops: Int?
-    /// How sockets get readiness events (`io:`; extension). nil: `$BEARERD_IO`, else per-socket sources.
+    /// How sockets get readiness events (`io:`; extension). nil: `$BEARERD_IO`, else the loop poller (`IOMode.defaultMode`).
     public var ioMode: EventLoop.IOMode?
     /// Frontend limits (`limits:`; extension of DESIGN §4, defaults of issue 2).
     public var limits: HTTP1Limits

@@ -97,6 +97,7 @@ struct Run: ParsableCommand {
     @OptionGroup var logOptions: LogOptions
 
     func run() throws {
+        ProcessSignals.block()  // first: a SIGTERM at any later moment of the start waits for `serve`
         let config = try configOption.load(orExit: 2)
         let settings = logOptions.settings(for: config)
         let logger = logOptions.makeLogger(settings: settings)
@@ -107,10 +108,16 @@ struct Run: ParsableCommand {
 /// Runs a server until SIGTERM/SIGINT; SIGHUP re-reads `reloadPath` when given (and applies its
 /// `log:` to `logSettings` unless the command line or environment set them).
 ///
+/// Signals: the caller blocked them (`ProcessSignals.block()`) before anything started, so one
+/// sent during the start waits; once started, this thread (the server's controlling thread)
+/// takes them one by one and never returns. A SIGTERM or SIGINT begins the shutdown; repeats
+/// and SIGHUPs after it are logged and ignored. The process exits when the drain completes.
+///
 /// Under systemd: listeners come from socket activation when LISTEN_FDS is set, and
 /// $NOTIFY_SOCKET hears READY=1, RELOADING=1, STOPPING=1, STATUS= and WATCHDOG=1 (Systemd.swift).
 func serve(config: BearerdConfig, logger: Logger, logOptions: LogOptions, logSettings: LogSettings, reloadPath: String?,
            before: (() throws -> Void)? = nil) throws -> Never {
+    ProcessSignals.block()  // normally done by the command already; harmless twice
     let systemd = SystemdService(logger: logger)
     let inherited = SocketActivation.takeFromEnvironment(logger: logger)
     let server: BearerdServer
@@ -129,25 +136,24 @@ func serve(config: BearerdConfig, logger: Logger, logOptions: LogOptions, logSet
     }
     try before?()
     systemd?.started(probe: SystemdService.Probe(server: server), startupTimeout: config.startupTimeout)
-    let signals = SignalHandlers()
-    signals.install { sig in
-        switch sig {
-        case SIGHUP:
-            guard let reloadPath else { return }
+    var phase = ServePhase.serving
+    while true {
+        let sig = ProcessSignals.next()
+        switch (sig, phase) {
+        case (SIGHUP, .serving):
+            guard let reloadPath else { continue }
             systemd?.reloading()
-            do {
+            do throws(ConfigErrors) {
                 let next = try ConfigLoader.load(path: reloadPath)
                 try server.reload(next, accessLog: logOptions.accessLog(for: next))
                 logOptions.apply(next, to: logSettings)
                 systemd?.reloaded(failure: nil)
-            } catch let e as ConfigErrors {
-                logger.error("reload failed; keeping the running configuration", metadata: ["errors": "\(e.description)"])
-                systemd?.reloaded(failure: firstError(e))
             } catch {
-                logger.error("reload failed; keeping the running configuration", metadata: ["error": "\(error)"])
-                systemd?.reloaded(failure: "\(error)")
+                logger.error("reload failed; keeping the running configuration", metadata: ["errors": "\(error.description)"])
+                systemd?.reloaded(failure: firstError(error))
             }
-        default:
+        case (_, .serving):
+            phase = .stopping
             let grace = server.runtime.config.frontendTimeouts.shutdownGrace  // a reload may have changed it
             systemd?.stopping(grace: grace)
             logger.info("shutting down", metadata: ["signal": "\(sig)", "grace": "\(grace)"])
@@ -156,29 +162,22 @@ func serve(config: BearerdConfig, logger: Logger, logOptions: LogOptions, logSet
                 LogSink.stderr.flush()
                 exit(0)
             }
+        case (_, .stopping):
+            logger.notice("already shutting down; signal ignored", metadata: ["signal": "\(sig)"])
         }
     }
-    dispatchMain()
+}
+
+/// Where `serve`'s signal loop is: serving (SIGHUP reloads), or draining after SIGTERM/SIGINT.
+enum ServePhase {
+    case serving
+    case stopping
 }
 
 /// The first of several configuration errors, with how many more there are (for STATUS=).
 func firstError(_ errors: ConfigErrors) -> String {
     guard let first = errors.errors.first else { return "invalid configuration" }
     return first.description + (errors.errors.count > 1 ? " (and \(errors.errors.count - 1) more)" : "")
-}
-
-/// SIGTERM, SIGINT and SIGHUP delivered on the main queue through Dispatch signal sources.
-final class SignalHandlers {
-    private var sources: [DispatchSourceSignal] = []
-    func install(_ handler: @escaping (Int32) -> Void) {
-        for sig in [SIGTERM, SIGINT, SIGHUP] {
-            signal(sig, SIG_IGN)
-            let s = DispatchSource.makeSignalSource(signal: sig, queue: .main)
-            s.setEventHandler { handler(sig) }
-            s.resume()
-            sources.append(s)
-        }
-    }
 }
 
 struct Check: ParsableCommand {
@@ -213,6 +212,7 @@ struct Demo: ParsableCommand {
     @OptionGroup var logOptions: LogOptions
 
     func run() throws {
+        ProcessSignals.block()  // first: a SIGTERM at any later moment of the start waits for `serve`
         let settings = logOptions.settings(for: nil)
         let logger = logOptions.makeLogger(settings: settings)
         let upstreamConfig = BearerdConfig(file: "<demo>", listen: [.tcp(host: "127.0.0.1", port: upstreamPort)], loops: 1, routes: [])

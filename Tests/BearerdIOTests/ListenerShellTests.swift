@@ -1,0 +1,90 @@
+// Listener against a scripted kernel: accept hitting EMFILE pauses accepting, the retry
+// recovers, and stopping a paused listener leaves no suspended source behind (issue 8 item 4).
+
+import Testing
+@testable import BearerdIO
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Accepted fds, recorded on the accepting loop and read by the test after a hop there.
+final class AcceptLog: @unchecked Sendable {  // @unchecked: guarded by `lock`
+    private let lock = Lock()
+    private var _fds: [Int32] = []
+    func add(_ fd: Int32) { lock.withLock { _fds.append(fd) } }
+    var fds: [Int32] { lock.withLock { _fds } }
+}
+
+@Suite("Listener on a scripted kernel")
+struct ListenerShellTests {
+    /// A listener on the scripted loop. Poller mode: a fake socket (the scripted kernel answers
+    /// socket, bind, listen). Sources mode: a real listening socket on 127.0.0.1 (a Dispatch
+    /// source needs one), whose accepts the script still answers.
+    static func listener(_ s: ScriptedLoop, accepted: AcceptLog) throws -> Listener {
+        // socket, bind, listen and getsockname stay the real kernel's (see `ScriptedKernel`).
+        let l = try Listener.bind(host: "127.0.0.1", port: 0, group: EventLoopGroup(loops: [s.loop])) { fd, _, _ in accepted.add(fd) }
+        s.kernel.ownsRealFD(l.fd)
+        return l
+    }
+
+    @Test func outOfDescriptorsPausesAcceptingAndTheRetryRecovers() throws {
+        let s = ScriptedLoop(.loopPoller)
+        let accepted = AcceptLog()
+        let l = try Self.listener(s, accepted: accepted)
+        #expect(s.eventually { s.kernel.count("epoll add") == 1 })
+        s.kernel.script(accepts: [.connection(700), .error(EMFILE)])
+        s.event { l.pollerEvent(readable: true, writable: false, hangup: false) }
+        #expect(accepted.fds == [700])
+        #expect(s.event { l.acceptState } == .pausedOutOfDescriptors)
+        // Paused: readiness is ignored (no accept spin on a backlog that cannot be served).
+        s.event { l.pollerEvent(readable: true, writable: false, hangup: false) }
+        #expect(s.kernel.count("accept") == 2)
+        // After the pause the listener looks again by itself (edge-triggered: no new event comes).
+        s.kernel.script(accepts: [.connection(701), .connection(702), .again])
+        #expect(s.eventually { accepted.fds == [700, 701, 702] })
+        #expect(s.event { l.acceptState } == .accepting)
+        l.stop()
+        #expect(s.eventually { l.acceptState == .stopped })
+        #expect(s.kernel.calls.suffix(2).first?.hasPrefix("epoll del") == true)
+        #expect(s.kernel.closed.count == 1)
+    }
+
+    @Test func stoppingWhilePausedForDescriptorsResumesTheSuspendedSourceFirst() throws {
+        let s = ScriptedLoop(.socketSources)
+        let accepted = AcceptLog()
+        let l = try Self.listener(s, accepted: accepted)
+        let port = l.localAddress.port
+        #expect(port != 0)
+        s.kernel.script(accepts: [.error(EMFILE)])
+        let client = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(client) }
+        let rc = SocketAddress.numeric("127.0.0.1", port: port)!.withSockAddr { connect(client, $0, $1) }
+        #expect(rc == 0)
+        #expect(s.eventually { l.acceptState == .pausedOutOfDescriptors }, "the source fired, accept hit EMFILE, the source is suspended")
+        // A reload moving the listener: stop while suspended. libdispatch traps if a suspended
+        // source is released; the listener resumes it before cancelling.
+        l.stop()
+        #expect(s.eventually { l.acceptState == .stopped })
+        #expect(s.eventually { s.kernel.closed.count == 1 }, "the cancel handler ran and closed the socket")
+        // The retry scheduled at the pause finds the listener stopped and does nothing.
+        usleep(150_000)
+        #expect(s.kernel.count("accept") == 1)
+        #expect(accepted.fds.isEmpty)
+    }
+
+    @Test func sourcesModeRecoversWhenDescriptorsComeBack() throws {
+        let s = ScriptedLoop(.socketSources)
+        let accepted = AcceptLog()
+        let l = try Self.listener(s, accepted: accepted)
+        s.kernel.script(accepts: [.error(EMFILE), .real, .again])
+        let client = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(client) }
+        _ = SocketAddress.numeric("127.0.0.1", port: l.localAddress.port)!.withSockAddr { connect(client, $0, $1) }
+        #expect(s.eventually { accepted.fds.count == 1 }, "after the pause the resumed source fired again and the connection was accepted")
+        #expect(s.event { l.acceptState } == .accepting)
+        l.stop()
+        #expect(s.eventually { l.acceptState == .stopped })
+        for fd in accepted.fds { close(fd) }
+    }
+}
+
