@@ -170,6 +170,15 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     public var isClosed: Bool { phase == .closed }
 
+    /// Whether the socket holds unread bytes or the peer's EOF, without consuming anything (a
+    /// `MSG_PEEK`). An idle pooled connection for which this holds must not carry a new request:
+    /// those bytes would be read as its response (DESIGN §5, issue 8 item 7).
+    public var hasUnreadInput: Bool {
+        guard !isClosed else { return true }
+        let rc = sys.peek(fd)
+        return rc >= 0 || rc != -Int(EAGAIN) && rc != -Int(EWOULDBLOCK)
+    }
+
     /// For tests: the sources' states (nil in poller mode).
     var readSourceState: SourceGate.State? { readGate?.state }
     var writeSourceState: SourceGate.State? { writeGate?.state }

@@ -84,6 +84,9 @@ public final class Syscalls: Sendable {
     public let epollAdd: EpollControl
     public let epollDelete: EpollControl
     public let epollWait: EpollWait
+    /// `recv(fd, 1 byte, MSG_PEEK | MSG_DONTWAIT)`: bytes waiting (> 0), the peer's EOF (0), or `-errno`
+    /// (`-EAGAIN`: nothing). Used before reusing an idle pooled connection.
+    public let peek: FDCall
 
     /// Every call the real one unless given.
     public init(read: @escaping Read = System.read, send: @escaping Send = System.send, accept: @escaping Accept = System.accept,
@@ -94,7 +97,7 @@ public final class Syscalls: Sendable {
                 setOption: @escaping SetOption = System.setOption, getOption: @escaping GetOption = System.getOption,
                 localName: @escaping SockName = System.localName, epollCreate: @escaping EpollCreate = System.epollCreate,
                 epollAdd: @escaping EpollControl = System.epollAdd, epollDelete: @escaping EpollControl = System.epollDelete,
-                epollWait: @escaping EpollWait = System.epollWait) {
+                epollWait: @escaping EpollWait = System.epollWait, peek: @escaping FDCall = System.peek) {
         self.read = read
         self.send = send
         self.accept = accept
@@ -113,6 +116,7 @@ public final class Syscalls: Sendable {
         self.epollAdd = epollAdd
         self.epollDelete = epollDelete
         self.epollWait = epollWait
+        self.peek = peek
     }
 
     /// The kernel's.
@@ -154,6 +158,10 @@ public final class Syscalls: Sendable {
         }
         @Sendable public static func localName(_ fd: Int32, _ a: UnsafeMutablePointer<sockaddr>, _ l: UnsafeMutablePointer<socklen_t>) -> Int {
             result(getsockname(fd, a, l))
+        }
+        @Sendable public static func peek(_ fd: Int32) -> Int {
+            var byte: UInt8 = 0
+            return result(recv(fd, &byte, 1, Int32(MSG_PEEK) | Int32(MSG_DONTWAIT)))
         }
         @Sendable public static func epollCreate() -> Int { result(bearerd_epoll_create()) }
         @Sendable public static func epollAdd(_ epfd: Int32, _ fd: Int32) -> Int { result(bearerd_epoll_add(epfd, fd)) }

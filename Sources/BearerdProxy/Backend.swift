@@ -150,6 +150,9 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
         deadline = monotonicNanos() &+ target.responseTimeout
     }
 
+    /// The parser holds bytes beyond the response it delivered.
+    var hasBufferedInput: Bool { parser.bufferedByteCount > 0 }
+
     func pauseReading() { channel?.pauseReading(.peerBackpressure) }
     func resumeReading() { channel?.resumeReading(.peerBackpressure) }
 
@@ -303,11 +306,15 @@ final class BackendPool {
     func acquire(_ target: UpstreamTarget, completion: @escaping (Result<BackendConnection, ChannelError>) -> Void) {
         while var list = idle[target.key], let conn = list.popLast() {
             idle[target.key] = list
-            if conn.state == .idle, let ch = conn.channel, !ch.isClosed {
-                conn.reused = true
-                completion(.success(conn))
-                return
+            guard conn.state == .idle, let ch = conn.channel, !ch.isClosed else { continue }
+            // Stray bytes or a close that the loop has not read yet: never reuse (issue 8 item 7).
+            if ch.hasUnreadInput {
+                conn.close()
+                continue
             }
+            conn.reused = true
+            completion(.success(conn))
+            return
         }
         connectNew(target, completion: completion)
     }
@@ -330,7 +337,9 @@ final class BackendPool {
 
     /// Returns a connection after a complete exchange; closes it when not reusable or the pool is full.
     func release(_ conn: BackendConnection) {
-        guard conn.state == .busy, conn.reusable, let ch = conn.channel, !ch.isClosed else {
+        // Bytes after a complete response (a second response, a body on 204/304/HEAD) mean the
+        // connection's framing cannot be trusted: close it, never pool it (DESIGN §5).
+        guard conn.state == .busy, conn.reusable, !conn.hasBufferedInput, let ch = conn.channel, !ch.isClosed else {
             conn.close()
             return
         }

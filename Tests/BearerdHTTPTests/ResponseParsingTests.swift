@@ -10,6 +10,17 @@ import Testing
         #expect(o.ends == [nil])
     }
 
+    /// DESIGN §5: chunk sizes and lengths above 2^63-1 are refused, never waited for.
+    @Test func hugeChunkSizeAndContentLengthAreRefused() {
+        _ = expectFailure("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nx",
+                          "http1.chunk_size_too_large", role: .client, methods: ["GET"])
+        _ = expectFailure("HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551615\r\n\r\nx",
+                          "http1.invalid_content_length", role: .client, methods: ["GET"])
+        let ok = expectSuccess("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0000000000000001\r\nx\r\n0\r\n\r\n",
+                               role: .client, methods: ["GET"])
+        #expect(ok.bodies == [bytes("x")])
+    }
+
     @Test func headResponseWithContentLengthHasNoBody() {
         let o = expectSuccess("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
                               role: .client, methods: ["HEAD", "GET"])

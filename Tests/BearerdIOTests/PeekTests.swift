@@ -1,0 +1,25 @@
+import Testing
+@testable import BearerdIO
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `Syscalls.peek`, which decides whether an idle pooled upstream connection may carry another
+/// request (issue 8 item 7): stray bytes or the peer's EOF must be seen without consuming them.
+@Suite struct PeekTests {
+    @Test func peekSeesBytesAndEOFWithoutConsumingThem() throws {
+        var fds: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
+        defer { close(fds[0]) }
+        #expect(Syscalls.System.peek(fds[0]) == -Int(EAGAIN), "nothing waiting")
+        var stray: [UInt8] = Array("HTTP/1.1 200 OK\r\n".utf8)
+        #expect(send(fds[1], &stray, stray.count, 0) == stray.count)
+        #expect(Syscalls.System.peek(fds[0]) == 1, "bytes waiting")
+        #expect(Syscalls.System.peek(fds[0]) == 1, "still there: peeking consumes nothing")
+        var buf = [UInt8](repeating: 0, count: 64)
+        #expect(read(fds[0], &buf, buf.count) == stray.count)
+        #expect(Syscalls.System.peek(fds[0]) == -Int(EAGAIN))
+        close(fds[1])
+        #expect(Syscalls.System.peek(fds[0]) == 0, "the peer's EOF")
+    }
+}
