@@ -30,8 +30,8 @@
 #                     so it does what nginx does (add an Authorization header); none: plain
 #                     proxying route without a session
 #   BEARERD_ACCESS_LOG=1   keep bearerd's per-request log line (off by default, as nginx's is)
-#   BEARERD_IO=sources|poller   bearerd's `io:` mode (default sources: a Dispatch source per
-#                     socket; poller: one epoll set per loop behind one Dispatch source)
+#   BEARERD_IO=poller|sources   bearerd's `io:` mode (default poller, as bearerd's own default; sources: a Dispatch source per
+#                     socket)
 #   PROXY_CPUS, LOAD_CPUS   taskset CPU lists (default 0 and 1-(N-1))
 #   KEEP=1            keep the temporary directory (configs, logs, raw wrk output)
 #
@@ -44,7 +44,7 @@ DURATION=${DURATION:-5}
 TARGETS=${TARGETS:-origin nginx bearerd}
 BEARERD=${BEARERD:-}
 BEARERD_AUTH=${BEARERD_AUTH:-session}
-BEARERD_IO=${BEARERD_IO:-sources}
+BEARERD_IO=${BEARERD_IO:-poller}
 KEEP=${KEEP:-0}
 
 ORIGIN_PORT=18081
