@@ -161,11 +161,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason))
             resumeClientBodyIfHeld()
             reportRejectedWithoutReplay()
-            kept = []
-            writeResponseHead(closeClient: closeClient)
-            let held = heldBody
-            heldBody = []
-            if !held.isEmpty { held.withUnsafeBytes { writeResponseBody($0) } }
+            writeHeldRejection(closeClient: closeClient)
         case .rejectionDrained(let disposal, let reportNow):
             dispose(disposal)
             resumeClientBodyIfHeld()
@@ -175,11 +171,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         case .sendHeldRejection(let reason, let refreshOnly, let closeClient):
             if let reason { ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason)) }
             if refreshOnly { reportRejectedWithoutReplay() }
-            kept = []
-            writeResponseHead(closeClient: closeClient)
-            let held = heldBody
-            heldBody = []
-            if !held.isEmpty { held.withUnsafeBytes { writeResponseBody($0) } }
+            writeHeldRejection(closeClient: closeClient)
             finishClientResponse(trailers: nil)
             complete()
         case .writeResponseHead(let closeClient):
@@ -511,14 +503,23 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         frontend.writeTaking(&buf)
     }
 
+    /// The held rejection goes to the client after all: its head, then the body held so far. The
+    /// kept copy of the request is no longer needed.
+    private func writeHeldRejection(closeClient: Bool) {
+        kept = []
+        writeResponseHead(closeClient: closeClient)
+        let held = heldBody
+        heldBody = []
+        if !held.isEmpty { held.withUnsafeBytes { writeResponseBody($0) } }
+    }
+
     private func writeResponseBody(_ raw: UnsafeRawBufferPointer) {
         guard raw.count > 0 else { return }
         bodyBytes = bodyBytes.saturatingAdd(UInt64(raw.count))
         if clientFraming == .chunked {
-            var enc: [UInt8] = []
-            enc.reserveCapacity(raw.count + 16)
-            HTTP1Serializer.writeChunk(raw, into: &enc)
-            frontend.writeTaking(&enc)
+            scratch.removeAll(keepingCapacity: true)
+            HTTP1Serializer.writeChunk(raw, into: &scratch)
+            frontend.writeTaking(&scratch)
         } else {
             frontend.writeRaw(raw)
         }
@@ -527,9 +528,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
 
     private func finishClientResponse(trailers: HTTPHeaders?) {
         if clientFraming == .chunked {
-            var enc: [UInt8] = []
-            HTTP1Serializer.writeLastChunk(trailers: trailers, into: &enc)
-            frontend.writeRaw(enc)
+            scratch.removeAll(keepingCapacity: true)
+            HTTP1Serializer.writeLastChunk(trailers: trailers, into: &scratch)
+            frontend.writeTaking(&scratch)
         }
     }
 
