@@ -305,8 +305,11 @@ extension TokenSession {
 
             let generation: UInt64
             if let old = token {
+                // DESIGN §6 (corrected, issue 8 item 14): only the *same* access token is no
+                // progress. A different token is progress even when it expires sooner: servers
+                // shorten lifetimes, and holding those refreshes back starved clients with 503s.
                 let sameToken = old.accessToken == grant.accessToken
-                if sameToken || expiresAt <= old.expiresAt {
+                if sameToken {
                     let guardUntil = max(now + policy.noProgressDelay, hardAt)
                     notBefore = guardUntil
                     refreshAt = max(refreshAt, guardUntil)

@@ -261,15 +261,46 @@ extension UInt64 {
         #expect(m.refreshTimerFired(now: t(110)).fetches.count == 1)
     }
 
-    @Test func noProgressNewTokenExpiringNoLater() throws {
+    @Test func newTokenExpiringSoonerIsProgress() throws {
         var (m, _) = readyMachine(lifetime: 3600)
         #expect(m.refreshTimerFired(now: t(3331)).fetches.count == 1)
         let a = m.fetchSucceeded(tokenGrant("B", lifetime: 200), sentAt: t(3331), now: t(3332))
         #expect(a.published.first??.generation == 2)
-        // B expires at 3531 ≤ 3600: no progress. Hard point of B: 3531 − min(60, 50) = 3481 > now + 30.
-        #expect(a.refreshAt == t(3481))
-        #expect(m.tokenRequested(waiter: WaiterID(1), now: t(3480)).fetches.isEmpty)
+        // B expires at 3531, sooner than A (3600), but it is a new token: the usual soft point
+        // (3531 − [90, 100] s), no 30 s guard. Its hard point (3481) makes callers wait for a refresh.
+        let refreshAt = try #require(a.refreshAt)
+        #expect(refreshAt >= t(3431) && refreshAt <= t(3441))
         #expect(m.tokenRequested(waiter: WaiterID(2), now: t(3482)).fetches.map(\.reason) == [.hard])
+    }
+
+    /// Issue 8 item 14: a server that shortens lifetimes (60 s, then 5 s) gives new tokens each
+    /// time; none of them is "no progress", so no client gets `token.no_progress`.
+    @Test func shorteningLifetimesNeverCountAsNoProgress() throws {
+        var (m, _) = readyMachine(lifetime: 60)
+        var now = 31.0
+        var waiter: UInt64 = 100
+        for i in 0..<6 {
+            let fired = m.refreshTimerFired(now: t(now))
+            if fired.fetches.isEmpty {
+                // Not due yet: a caller past the hard point starts the refresh.
+                now += 5
+                waiter += 1
+                let asked = m.tokenRequested(waiter: WaiterID(waiter), now: t(now))
+                #expect(asked.resumedFailures.isEmpty, "round \(i): \(asked)")
+                if asked.fetches.isEmpty { continue }
+            }
+            let done = m.fetchSucceeded(tokenGrant("T\(i)", lifetime: 5), sentAt: t(now), now: t(now))
+            #expect(done.resumedFailures.isEmpty)
+            now += 4.9  // inside the new token's hard margin, before its expiry
+            waiter += 1
+            let a = m.tokenRequested(waiter: WaiterID(waiter), now: t(now))
+            #expect(!a.resumedFailures.contains { $0.reason == "token.no_progress" }, "round \(i): \(a)")
+            #expect(a.fetches.count == 1 || !a.resumedTokens.isEmpty, "round \(i): a refresh or a token, never a refusal")
+            if !a.fetches.isEmpty {
+                _ = m.fetchSucceeded(tokenGrant("U\(i)", lifetime: 5), sentAt: t(now), now: t(now))
+            }
+            now += 0.05
+        }
     }
 
     @Test func invalidGrantNeedsReauthentication() throws {
