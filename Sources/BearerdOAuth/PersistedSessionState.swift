@@ -15,6 +15,10 @@
 /// all; `source_fingerprint` is optional. Unknown members are refused (strict).
 public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertible {
     public static let formatVersion: Int64 = 1
+    /// The largest state file written or read: the token response's own limit (1 MiB, see
+    /// `TokenResponseParser.maxBodyBytes`), so whatever a server could send fits, and whatever was
+    /// persisted is read back (issue 8 item 15: a larger token was written, then refused on read).
+    public static let maxFileBytes = 1 << 20
     /// 9999-12-31T23:59:59Z: the largest `updated_at` read back (a larger one is clamped to it).
     public static let latestTimestamp: Int64 = 253_402_300_799
 
@@ -67,11 +71,24 @@ public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertibl
         return Array(("{" + members.joined(separator: ",") + "}\n").utf8)
     }
 
+    /// The bytes to persist, never more than `maxFileBytes`: when the access token does not fit
+    /// beside the refresh token it is left out (it is optional in the file; a restart then fetches
+    /// a new one). Nil when the refresh token alone does not fit: nothing could be read back.
+    public func encodeForFile() -> [UInt8]? {
+        let full = encode()
+        if full.count <= Self.maxFileBytes { return full }
+        guard accessToken != nil else { return nil }
+        var lean = self
+        lean.accessToken = nil
+        let bytes = lean.encode()
+        return bytes.count <= Self.maxFileBytes ? bytes : nil
+    }
+
     static let knownFields: Set<String> = ["format", "refresh_token", "access_token", "access_token_expires_at",
                                            "generation", "updated_at", "source_fingerprint"]
 
     public static func decode(_ bytes: [UInt8]) throws(DecodingError) -> PersistedSessionState {
-        guard let value = try? JSONParser(maxDepth: 4, maxBytes: 64 * 1024).parse(bytes), let o = value.objectValue else {
+        guard let value = try? JSONParser(maxDepth: 4, maxBytes: maxFileBytes).parse(bytes), let o = value.objectValue else {
             throw DecodingError(reason: "state.malformed_json", field: nil)
         }
         for key in o.keys where !knownFields.contains(key) { throw DecodingError(reason: "state.unknown_field", field: key) }

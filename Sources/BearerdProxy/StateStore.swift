@@ -6,7 +6,7 @@ import Glibc
 /// Why the state store could not do what was asked. Never carries a token.
 public struct StateStoreError: Error, Sendable, Equatable, CustomStringConvertible {
     /// Stable dotted reason: `state.mkdir`, `state.not_a_directory`, `state.open`, `state.write`,
-    /// `state.fsync`, `state.rename`, `state.lock`, `state.read`.
+    /// `state.fsync`, `state.rename`, `state.lock`, `state.read`, `state.too_large`.
     public let reason: String
     public let path: String
     public let errno: Int32
@@ -126,7 +126,7 @@ final class StateStore {
             }
             if n == 0 { break }
             bytes.append(contentsOf: chunk[0..<n])
-            if bytes.count > 64 * 1024 { return .unreadable("state.too_large") }
+            if bytes.count > PersistedSessionState.maxFileBytes { return .unreadable("state.too_large") }
         }
         do throws(PersistedSessionState.DecodingError) {
             return .state(try PersistedSessionState.decode(bytes))
@@ -144,7 +144,10 @@ final class StateStore {
     /// Replaces the state file durably: temp file (0600) in the same directory, write, fsync,
     /// rename over the state file, fsync the directory.
     func write(_ state: PersistedSessionState) throws(StateStoreError) {
-        let bytes = state.encode()
+        // Never write what `read` would refuse (one limit both ways).
+        guard let bytes = state.encodeForFile() else {
+            throw StateStoreError(reason: "state.too_large", path: statePath, errno: 0)
+        }
         let tempPath = directory + "/." + session + ".json.tmp." + String(getpid())
         let fd = open(tempPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw StateStoreError(reason: "state.open", path: tempPath, errno: errno) }

@@ -90,6 +90,25 @@ import Testing
         #expect(!full.description.contains("rt-") && !full.description.contains("at-1"))
     }
 
+    /// Issue 8 item 15: whatever is written is read back; what cannot fit is never written.
+    @Test func oneSizeLimitForWritingAndReading() throws {
+        let large = PersistedSessionState(refreshToken: OAuthSecret(String(repeating: "r", count: 100 * 1024)), updatedAt: 1)
+        let bytes = try #require(large.encodeForFile())
+        #expect(try PersistedSessionState.decode(bytes) == large)
+        // An access token that does not fit beside the refresh token is left out, not the file.
+        let crowded = PersistedSessionState(
+            refreshToken: OAuthSecret(String(repeating: "r", count: 600 * 1024)),
+            accessToken: .init(token: OAuthSecret(String(repeating: "a", count: 600 * 1024)), expiresAt: 9, generation: 2),
+            updatedAt: 1)
+        let lean = try #require(crowded.encodeForFile())
+        #expect(lean.count <= PersistedSessionState.maxFileBytes)
+        let back = try PersistedSessionState.decode(lean)
+        #expect(back.refreshToken == crowded.refreshToken)
+        #expect(back.accessToken == nil)
+        let tooLarge = PersistedSessionState(refreshToken: OAuthSecret(String(repeating: "r", count: PersistedSessionState.maxFileBytes)), updatedAt: 1)
+        #expect(tooLarge.encodeForFile() == nil)
+    }
+
     @Test(arguments: [
         ("", "state.malformed_json"), ("[]", "state.malformed_json"),
         (#"{"format":2,"refresh_token":"r","updated_at":1}"#, "state.unsupported_format"),

@@ -18,9 +18,12 @@ struct SessionRefreshTokenTests {
         private var valid: String
         private var issued = 0
         let expiresIn: Int
-        init(first: String = "refresh-RRR-0", expiresIn: Int = 3600) {
+        /// Bytes of padding appended to every issued refresh token (servers with large tokens).
+        let padding: Int
+        init(first: String = "refresh-RRR-0", expiresIn: Int = 3600, padding: Int = 0) {
             valid = first
             self.expiresIn = expiresIn
+            self.padding = padding
         }
         /// Makes `token` the valid refresh token (the operator got a new one).
         func accept(_ token: String) { lock.withLock { valid = token } }
@@ -31,7 +34,7 @@ struct SessionRefreshTokenTests {
                         return ScriptedTokenEndpoint.error(400, "invalid_grant", "refresh token expired or revoked")
                     }
                     issued += 1
-                    valid = "refresh-RRR-\(issued)"
+                    valid = "refresh-RRR-\(issued)" + String(repeating: "p", count: padding)
                     return ScriptedTokenEndpoint.token("access-AAA-\(issued)", expiresIn: expiresIn, refresh: valid)
                 }
             }
@@ -149,6 +152,30 @@ struct SessionRefreshTokenTests {
         #expect(endpoint.received.last?.form["refresh_token"] == "refresh-RRR-1")
         #expect(try f.stored().refreshToken.exposedValue == "refresh-RRR-2")
         #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
+    }
+
+    /// Issue 8 item 15: a rotated refresh token over 64 KiB was written but refused on read, so a
+    /// restart sent the already-rotated initial token. One limit (1 MiB) both ways now.
+    @Test func aLargeRotatedRefreshTokenSurvivesARestart() async throws {
+        let server = RotatingServer(expiresIn: 30, padding: 100 * 1024)
+        let endpoint = try ScriptedTokenEndpoint(handler: server.handler)
+        defer { endpoint.stop() }
+        let f = Fixture(endpoint: endpoint)
+        defer { removeTree(f.root) }
+        let logs = CapturedLogs()
+
+        let first = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        _ = try await requestToken(try #require(first.session(named: "me"))).get()
+        first.stop()
+        let big = "refresh-RRR-1" + String(repeating: "p", count: 100 * 1024)
+        #expect(try f.stored().refreshToken.exposedValue == big)
+
+        let second = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        defer { second.stop() }
+        let t = try await requestToken(try #require(second.session(named: "me"))).get()
+        #expect(t.value == "access-AAA-2", "the restart used the persisted (large) refresh token")
+        #expect(endpoint.received.last?.form["refresh_token"] == big)
+        #expect(!logs.text.contains("state.too_large"))
     }
 
     @Test func twoProcessesShareTheStateUnderTheLock() async throws {
