@@ -83,7 +83,8 @@ final class AdminResponder: LocalResponder, @unchecked Sendable {  // @unchecked
     /// per session without an unexpired token: `session`, `state` (`idle`, `fetching`,
     /// `backing_off`, `negative_cached`, `needs_reauthentication`, `expired`), `retry_in_s`
     /// when a retry is scheduled, and `detail` (the last token endpoint failure as in the 503
-    /// bodies, scrubbed of secrets, else why there is no token yet).
+    /// bodies, scrubbed of secrets, else why there is no token yet); and one entry with state
+    /// `state_not_persisted` per session whose rotated refresh token could not be written.
     static func readiness(phase: ServerLifecycle.Phase, sessions: [SessionSnapshot], now: UInt64) -> (status: Int, body: String) {
         switch phase {
         case .starting: return (503, "{\"status\":\"starting\"}\n")
@@ -110,6 +111,13 @@ final class AdminResponder: LocalResponder, @unchecked Sendable {  // @unchecked
             let detail = s.lastFailure ?? (s.expiresAt == nil ? "no token yet" : "the token has expired")
             entry += ",\"detail\":" + ErrorResponse.jsonString(detail) + "}"
             missing.append(entry)
+        }
+        // A session serving tokens whose refresh token is only in memory: a restart would lose
+        // it (issue 8 item 16). Not ready, so an operator sees it before restarting.
+        for s in sessions where s.holdsValidToken(now: now) {
+            guard let why = s.persistFailure else { continue }
+            missing.append("{\"session\":" + ErrorResponse.jsonString(s.name) + ",\"state\":\"state_not_persisted\",\"detail\":"
+                           + ErrorResponse.jsonString("the rotated refresh token is only in memory: " + why + " (retrying)") + "}")
         }
         if missing.isEmpty { return (200, "{\"status\":\"ready\"}\n") }
         return (503, "{\"status\":\"not_ready\",\"missing\":[" + missing.joined(separator: ",") + "]}\n")
@@ -184,6 +192,8 @@ final class AdminResponder: LocalResponder, @unchecked Sendable {  // @unchecked
         }
         perSession("bearerd_forced_refreshes_total", .counter, "Refreshes started because an upstream rejected the current token.") { $0.counters.forcedRefreshes }
         perSession("bearerd_breaker_trips_total", .counter, "Times the rejection breaker opened.") { $0.counters.breakerTrips }
+        perSession("bearerd_token_state_persist_failures_total", .counter,
+                   "Failed writes of a session's state file (rotated refresh token kept in memory and retried).") { $0.counters.statePersistFailures }
         perSession("bearerd_token_waits_total", .counter, "Callers that waited for a shared token fetch.") { $0.counters.waits }
         w.family("bearerd_token_waiters", .gauge, help: "Callers waiting for a shared token fetch now.")
         for s in sessions { w.sample("bearerd_token_waiters", [("session", s.name)], s.waiters) }

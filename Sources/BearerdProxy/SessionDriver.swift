@@ -188,6 +188,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private var publishedWaiters = 0
     /// The last token request failure's detail (scrubbed); nil once a token was obtained since.
     private var publishedFailure: String?
+    /// Why the newest refresh token is only in memory (a state file write failed); nil once on disk.
+    private var publishedPersistFailure: String?
     private var counters = SessionMetrics()
 
     // Session queue only.
@@ -204,6 +206,14 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private var fetchSerial: UInt64 = 0
     private var stopped = false
     private var lastConverted: PublishedToken?
+    /// Whether `own` is on disk (issue 8 item 16). While `.failing`, a retry is scheduled.
+    private enum Persistence {
+        case persisted
+        /// `attempt` failed writes in a row; `serial` identifies the scheduled retry.
+        case failing(attempt: Int, serial: UInt64)
+    }
+    private var persistence: Persistence = .persisted
+    private var persistSerial: UInt64 = 0
 
     private enum Waiter {
         case token(EventLoop, (Result<PublishedToken, TokenUnavailable>) -> Void)
@@ -291,7 +301,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     public var snapshot: SessionSnapshot {
         publishLock.withLock {
             SessionSnapshot(name: name, counters: counters, status: publishedStatus, generation: publishedGeneration,
-                            expiresAt: publishedExpiresAt, waiters: publishedWaiters, lastFailure: publishedFailure)
+                            expiresAt: publishedExpiresAt, waiters: publishedWaiters, lastFailure: publishedFailure,
+                            persistFailure: publishedPersistFailure)
         }
     }
 
@@ -750,8 +761,14 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         }
     }
 
-    /// Writes the state durably before the token is handed out. A failure is logged: the
-    /// session keeps the new refresh token in memory (the old one on disk may be dead now).
+    /// Writes the state durably before the token is handed out (the caller holds the lock).
+    ///
+    /// A failure (disk full, directory gone) does not stop the session (issue 8 item 16): the
+    /// server has already consumed the old refresh token, so failing closed gains nothing. The new
+    /// tokens are served and kept in memory (`own`), the write is retried with backoff (1 s,
+    /// 2 s, … 60 s), and it is loud: one error line per failure streak, a counter
+    /// (`bearerd_token_state_persist_failures_total`), and `/readyz` reports `state_not_persisted`
+    /// for this session until a write succeeds.
     private func persist(_ state: PersistedSessionState, rotated: Bool) {
         guard let store else { return }
         do throws(StateStoreError) {
@@ -760,11 +777,62 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 "refresh_token.fingerprint": "\(state.refreshToken.fingerprint)",
                 "refresh_token.rotated": "\(rotated)",
             ])
+            persistSucceeded()
         } catch {
-            logger.error("cannot persist the session state; a restart may need a new refresh token", metadata: [
-                "error": "\(error.description)",
-                "refresh_token.rotated": "\(rotated)",
-            ])
+            persistFailed(error, fingerprint: state.refreshToken.fingerprint)
         }
+    }
+
+    private func persistSucceeded() {
+        guard case .failing = persistence else { return }
+        persistence = .persisted
+        publishLock.withLock { publishedPersistFailure = nil }
+        logger.notice("session state persisted again", metadata: ["path": "\(store?.statePath ?? "")"])
+    }
+
+    private func persistFailed(_ error: StateStoreError, fingerprint: String) {
+        let attempt: Int
+        switch persistence {
+        case .persisted:
+            attempt = 1
+            logger.error("cannot persist the session state; serving the new tokens from memory and retrying (a restart before a write succeeds needs a new refresh token)", metadata: [
+                "error": "\(error.description)", "refresh_token.fingerprint": "\(fingerprint)",
+            ])
+        case .failing(let previous, _):
+            attempt = previous &+ 1
+        }
+        persistSerial &+= 1
+        let serial = persistSerial
+        persistence = .failing(attempt: attempt, serial: serial)
+        publishLock.withLock {
+            counters.statePersistFailures &+= 1
+            publishedPersistFailure = error.description
+        }
+        let delay = Self.persistRetryDelay(attempt: attempt)
+        queue.schedule(after: delay) { [weak self] in self?.retryPersist(serial: serial) }
+    }
+
+    /// 1 s, 2 s, 4 s … capped at 60 s.
+    static func persistRetryDelay(attempt: Int) -> Duration {
+        let exponent = min(max(attempt - 1, 0), 6)
+        return .seconds(min(1 << exponent, 60))
+    }
+
+    private func retryPersist(serial: UInt64) {
+        guard !stopped, case .failing(_, let current) = persistence, current == serial, let store, let own else { return }
+        do throws(StateStoreError) {
+            try store.lock()
+        } catch {
+            persistFailed(error, fingerprint: own.refreshToken.fingerprint)
+            return
+        }
+        defer { store.unlock() }
+        // Another process may have written a newer state meanwhile: then the disk is current.
+        if let stored = store.readState(), RefreshTokenAdoption.underLock(stored: stored, own: own) == .adoptStored {
+            self.own = stored
+            persistSucceeded()
+            return
+        }
+        persist(own, rotated: false)
     }
 }

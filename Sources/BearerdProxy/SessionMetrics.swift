@@ -20,6 +20,8 @@ public struct SessionMetrics: Sendable, Equatable {
     public var forcedRefreshes: UInt64 = 0
     /// Times the rejection breaker opened.
     public var breakerTrips: UInt64 = 0
+    /// Failed writes of the state file (issue 8 item 16).
+    public var statePersistFailures: UInt64 = 0
     /// Every finished token fetch attempt, by what triggered it, how it ended and why.
     public var refreshes: [TokenRefreshKey: UInt64] = [:]
     /// Callers (requests, or rejected requests waiting to replay) that waited for a shared fetch.
@@ -102,9 +104,13 @@ public struct SessionSnapshot: Sendable {
     public var waiters: Int
     /// The last token endpoint failure (scrubbed of secrets, as in the 503 bodies), cleared by a success.
     public var lastFailure: String?
+    /// Why the newest refresh token is only in memory (its state file write failed); nil when on disk.
+    public var persistFailure: String?
 
     public init(name: String, counters: SessionMetrics = SessionMetrics(), status: TokenSession.Status = .idle,
-                generation: UInt64 = 0, expiresAt: UInt64? = nil, waiters: Int = 0, lastFailure: String? = nil) {
+                generation: UInt64 = 0, expiresAt: UInt64? = nil, waiters: Int = 0, lastFailure: String? = nil,
+                persistFailure: String? = nil) {
+        self.persistFailure = persistFailure
         self.name = name
         self.counters = counters
         self.status = status

@@ -154,6 +154,50 @@ struct SessionRefreshTokenTests {
         #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
     }
 
+    /// Issue 8 item 16: a rotated refresh token that cannot be written (here the state file's
+    /// path is taken by a directory, so the rename fails) is still served, kept in memory, and
+    /// retried until the write succeeds; meanwhile it is loud (error log, counter, /readyz).
+    @Test func aFailedStateWriteKeepsServingAndRetriesUntilItSucceeds() async throws {
+        let server = RotatingServer()
+        let endpoint = try ScriptedTokenEndpoint(handler: server.handler)
+        defer { endpoint.stop() }
+        let f = Fixture(endpoint: endpoint)
+        defer { removeTree(f.root) }
+        let logs = CapturedLogs()
+        let manager = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "me"))
+        let first = try await requestToken(driver).get()
+        #expect(try f.stored().refreshToken.exposedValue == "refresh-RRR-1")
+
+        try FileManager.default.removeItem(atPath: f.statePath)
+        try FileManager.default.createDirectory(atPath: f.statePath, withIntermediateDirectories: false)
+        guard case .replay(let second, _) = await reportRejected(driver, generation: first.generation) else {
+            Issue.record("expected replay")
+            return
+        }
+        #expect(second.value == "access-AAA-2", "the new token is served although it could not be written")
+        let failing = driver.snapshot
+        #expect(failing.persistFailure != nil)
+        #expect(failing.counters.statePersistFailures >= 1)
+        let ready = AdminResponder.readiness(phase: .serving, sessions: [failing], now: monotonicNanos())
+        #expect(ready.status == 503)
+        #expect(ready.body.contains("\"state\":\"state_not_persisted\""))
+        #expect(logs.lines.contains { $0.contains("cannot persist the session state") })
+
+        // The next refresh must use the rotated token kept in memory, not the one on disk.
+        try FileManager.default.removeItem(atPath: f.statePath)
+        var recovered = false
+        for _ in 0..<60 where !recovered {
+            try await Task.sleep(for: .milliseconds(100))
+            recovered = driver.snapshot.persistFailure == nil
+        }
+        #expect(recovered, "the write was retried and succeeded")
+        #expect(try f.stored().refreshToken.exposedValue == "refresh-RRR-2")
+        #expect(AdminResponder.readiness(phase: .serving, sessions: [driver.snapshot], now: monotonicNanos()).status == 200)
+        #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
+    }
+
     /// Issue 8 item 15: a rotated refresh token over 64 KiB was written but refused on read, so a
     /// restart sent the already-rotated initial token. One limit (1 MiB) both ways now.
     @Test func aLargeRotatedRefreshTokenSurvivesARestart() async throws {
