@@ -36,9 +36,14 @@ let package = Package(
         .target(name: "BearerdOAuth"),
         .target(name: "BearerdProxyCore", dependencies: ["BearerdHTTP", "BearerdOAuth"]),
         .target(
+            name: "BearerdTLS",
+            dependencies: ["COpenSSL", "CBearerdShim"],
+            swiftSettings: shellSettings
+        ),
+        .target(
             name: "BearerdIO",
             dependencies: [
-                "BearerdHTTP", "COpenSSL", "CNghttp2", "CBearerdShim",
+                "BearerdHTTP", "BearerdTLS", "COpenSSL", "CNghttp2", "CBearerdShim",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: shellSettings
@@ -46,7 +51,7 @@ let package = Package(
         .target(
             name: "BearerdProxy",
             dependencies: [
-                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdIO",
+                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdTLS", "BearerdIO",
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -63,17 +68,18 @@ let package = Package(
         ),
         .target(
             name: "BearerdTestSupport",
-            dependencies: ["BearerdIO", "COpenSSL", "CBearerdShim", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["BearerdIO", "BearerdTLS", "COpenSSL", "CBearerdShim", .product(name: "Logging", package: "swift-log")],
             swiftSettings: shellSettings
         ),
         .testTarget(name: "BearerdHTTPTests", dependencies: ["BearerdHTTP"]),
         .testTarget(name: "BearerdOAuthTests", dependencies: ["BearerdOAuth"]),
         .testTarget(name: "BearerdProxyCoreTests", dependencies: ["BearerdProxyCore", "BearerdHTTP", "BearerdOAuth"]),
+        .testTarget(name: "BearerdTLSTests", dependencies: ["BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdIOTests", dependencies: ["BearerdIO", "BearerdTestSupport"], swiftSettings: shellSettings),
-        .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdTestSupport"], swiftSettings: shellSettings),
+        .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(
             name: "EndToEndTests",
-            dependencies: ["bearerd", "BearerdProxy", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],
+            dependencies: ["bearerd", "BearerdProxy", "BearerdTLS", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],
             swiftSettings: shellSettings
         ),
     ]

@@ -2,6 +2,7 @@ import Dispatch
 import CBearerdShim
 #if canImport(Glibc)
 import Glibc
+import BearerdTLS
 #endif
 
 /// What a `SocketChannel` tells its owner. All calls arrive on the channel's loop.

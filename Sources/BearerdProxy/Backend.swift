@@ -1,5 +1,6 @@
 import BearerdHTTP
 import BearerdIO
+import BearerdTLS
 
 /// Where a route's requests go: everything needed to open or reuse a connection, precomputed
 /// once per configuration (the TLS context is shared by all loops).

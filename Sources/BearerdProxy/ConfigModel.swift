@@ -1,5 +1,6 @@
 import BearerdHTTP
 import BearerdIO
+import BearerdTLS
 
 /// The validated configuration (shared/DESIGN.md §4). Produced by `ConfigLoader`; immutable
 /// once loaded. Every value here has already been checked: ports in range, durations positive,

@@ -1,6 +1,7 @@
 import BearerdHTTP
 import BearerdIO
 import Logging
+import BearerdTLS
 
 /// Everything derived from one configuration that request handling needs: the router, one
 /// `UpstreamTarget` per route (TLS contexts built once), limits and timeouts. Immutable; each loop

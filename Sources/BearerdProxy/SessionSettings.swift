@@ -1,5 +1,6 @@
 import BearerdIO
 import BearerdOAuth
+import BearerdTLS
 
 /// One session's configuration with its secrets read and its TLS context built: everything a
 /// `TokenSessionDriver` needs to make a token request. Built off the loops (start-up, SIGHUP,

@@ -1,6 +1,7 @@
 import BearerdHTTP
 import BearerdIO
 import BearerdOAuth
+import BearerdTLS
 
 /// What one token request produced, before RFC 6749 classification.
 enum TokenEndpointOutcome {

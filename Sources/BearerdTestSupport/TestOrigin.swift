@@ -3,6 +3,7 @@ import BearerdHTTP
 import BearerdIO
 #if canImport(Glibc)
 import Glibc
+import BearerdTLS
 #endif
 
 /// A real HTTP/1.1 origin for end-to-end tests: blocking sockets on 127.0.0.1, one thread per

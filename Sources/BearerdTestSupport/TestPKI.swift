@@ -3,6 +3,7 @@
 import BearerdIO
 import COpenSSL
 import Foundation
+import BearerdTLS
 
 /// A failure while making or writing test certificates; `message` carries OpenSSL's error queue.
 public struct TestPKIError: Error, CustomStringConvertible {

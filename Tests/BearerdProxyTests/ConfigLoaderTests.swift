@@ -2,6 +2,7 @@ import BearerdHTTP
 import Foundation
 import Testing
 @testable import BearerdProxy
+import BearerdTLS
 
 /// Messages of a configuration that must fail, as `FILE:LINE: key: what is wrong` lines.
 func configErrors(_ yaml: String, environment: [String: String] = [:], checkFiles: Bool = false,

@@ -7,6 +7,7 @@ import BearerdTestSupport
 @testable import BearerdProxy
 #if canImport(Glibc)
 import Glibc
+import BearerdTLS
 #endif
 
 // Test-local helpers for the session tests. BearerdProxyTests does not depend on

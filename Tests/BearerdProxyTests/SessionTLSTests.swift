@@ -4,6 +4,7 @@ import Foundation
 import BearerdTestSupport
 import Testing
 @testable import BearerdProxy
+import BearerdTLS
 
 /// Token endpoints over https: verified like upstreams (DESIGN §2.3) — a `ca_file` anchors
 /// the chain, an unknown CA is a transport failure, never a silent success.

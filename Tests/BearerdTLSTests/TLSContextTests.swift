@@ -4,7 +4,7 @@
 import Foundation
 import Testing
 import BearerdTestSupport
-@testable import BearerdIO
+@testable import BearerdTLS
 
 @Suite struct TLSContextOptionTests {
     @Test func contextsRequireTLS12OrLater() throws {

@@ -3,7 +3,7 @@
 
 import Testing
 import BearerdTestSupport
-@testable import BearerdIO
+@testable import BearerdTLS
 
 /// Carries ciphertext between two engines and records what each side decrypted or failed with.
 /// Confined to the test that made it.

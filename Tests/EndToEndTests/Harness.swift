@@ -4,6 +4,7 @@ import BearerdHTTP
 import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
+import BearerdTLS
 
 /// bearerd running in-process on 127.0.0.1 with an ephemeral port.
 final class TestProxy {

@@ -4,6 +4,7 @@ import BearerdHTTP
 import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
+import BearerdTLS
 
 @Suite("TLS upstreams over real sockets", .serialized)
 struct TLSUpstreamTests {
