@@ -1,6 +1,7 @@
 import BearerdHTTP
 import Foundation
 import Yams
+import BearerdProxyCore
 
 /// One pass over one configuration text: composes the YAML node tree, walks it section by
 /// section and collects every error on the way.

@@ -2,6 +2,7 @@
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
+import BearerdProxyCore
 #endif
 
 /// Blocking file access for configuration loading and secret resolution. Runs only at start-up,

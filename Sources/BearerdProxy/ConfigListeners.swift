@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Yams
+import BearerdProxyCore
 
 /// One entry of `listen:` with its access-control settings (issue 4).
 ///

@@ -1,6 +1,7 @@
 import BearerdHTTP
 import Foundation
 import Yams
+import BearerdProxyCore
 
 /// Reads `bearerd.yaml` (shared/DESIGN.md §4) into a validated `BearerdConfig`.
 ///

@@ -1,6 +1,7 @@
 import BearerdHTTP
 import BearerdIO
 import BearerdTLS
+import BearerdProxyCore
 
 /// The validated configuration (shared/DESIGN.md §4). Produced by `ConfigLoader`; immutable
 /// once loaded. Every value here has already been checked: ports in range, durations positive,

@@ -2,6 +2,7 @@ import BearerdHTTP
 import BearerdIO
 import Yams
 import BearerdTLS
+import BearerdProxyCore
 
 /// The walk over the sections of DESIGN §4: top level, `sessions:`, `routes:`, then the checks
 /// that span sections (routes naming sessions, `state_dir` for refresh tokens, shadowed routes).

@@ -1,4 +1,5 @@
 import Foundation
+import BearerdProxyCore
 
 /// Parsers for the scalar syntaxes of the configuration (shared/DESIGN.md §4): durations, sizes,
 /// listen addresses and upstream URLs, plus the "did you mean" helper.

@@ -1,5 +1,6 @@
 import BearerdHTTP
 import BearerdIO
+import BearerdProxyCore
 
 /// Serves requests for local endpoints (admin, demo upstream) instead of proxying them.
 public protocol LocalResponder: AnyObject, Sendable {

@@ -1,3 +1,4 @@
+import BearerdProxyCore
 /// The Host names one loopback TCP listener answers under one configuration: the guard against
 /// DNS rebinding (a web page whose name the attacker re-points at 127.0.0.1 must not reach
 /// bearerd, whose every request spends a token).

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import Synchronization
 import BearerdIO
+import BearerdProxyCore
 
 /// The process's log level and format, shared by every `BearerdLogHandler` made with it so a
 /// SIGHUP can change them for loggers already handed out. Lock-free reads (one atomic load per

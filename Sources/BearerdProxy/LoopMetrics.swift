@@ -1,4 +1,5 @@
 import BearerdOAuth
+import BearerdProxyCore
 
 /// One loop's counters, read by the admin `/metrics` endpoint by hopping onto each loop
 /// (`BearerdServer.collectMetrics`) and summed by route label (`merge`).

@@ -1,4 +1,5 @@
 import BearerdHTTP
+import BearerdProxyCore
 
 /// The route table: first match wins on path prefix and optional Host (DESIGN §4 `routes`).
 /// Immutable; built once per configuration and shared by all loops.

@@ -2,6 +2,7 @@ import BearerdHTTP
 import BearerdIO
 import Logging
 import BearerdTLS
+import BearerdProxyCore
 
 /// Everything derived from one configuration that request handling needs: the router, one
 /// `UpstreamTarget` per route (TLS contexts built once), limits and timeouts. Immutable; each loop

@@ -3,6 +3,7 @@ import Foundation
 import BearerdHTTP
 import BearerdIO
 import Logging
+import BearerdProxyCore
 
 /// The running proxy: event loops, listeners, the admin listener and each loop's context.
 ///

@@ -1,6 +1,7 @@
 import BearerdIO
 import BearerdOAuth
 import Logging
+import BearerdProxyCore
 
 /// All token sessions of a configuration (DESIGN §2.5, §6): one `TokenSessionDriver` per
 /// `sessions:` entry, each on its own serial queue.

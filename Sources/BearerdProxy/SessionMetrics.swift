@@ -1,4 +1,5 @@
 import BearerdOAuth
+import BearerdProxyCore
 
 /// Counters of one token session, for `/metrics` (one counter per outcome, failures
 /// classified). Monotonic since the session was created. A value snapshot: read it with

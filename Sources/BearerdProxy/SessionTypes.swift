@@ -1,4 +1,5 @@
 import BearerdIO
+import BearerdProxyCore
 
 /// An access token as the loops see it: the value to inject, its generation (for the replay
 /// rule of DESIGN §6) and a fingerprint for logs. Never logged or printed whole.

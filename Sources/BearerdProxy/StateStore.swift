@@ -1,6 +1,7 @@
 import BearerdOAuth
 #if canImport(Glibc)
 import Glibc
+import BearerdProxyCore
 #endif
 
 /// Why the state store could not do what was asked. Never carries a token.

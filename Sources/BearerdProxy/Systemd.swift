@@ -4,6 +4,7 @@ import Foundation
 import Logging
 #if canImport(Glibc)
 import Glibc
+import BearerdProxyCore
 #endif
 
 // systemd integration without libsystemd.

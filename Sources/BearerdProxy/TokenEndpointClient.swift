@@ -2,6 +2,7 @@ import BearerdHTTP
 import BearerdIO
 import BearerdOAuth
 import BearerdTLS
+import BearerdProxyCore
 
 /// What one token request produced, before RFC 6749 classification.
 enum TokenEndpointOutcome {

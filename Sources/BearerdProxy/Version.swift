@@ -1,3 +1,4 @@
+import BearerdProxyCore
 public enum BearerdVersion {
     public static let string = "0.1.0"
 }

@@ -8,37 +8,37 @@
 /// histogram has one `_bucket` per bound in increasing order, the last with `le="+Inf"`, then
 /// `_sum` and `_count` (equal to the `+Inf` bucket). Counter family names end in `_total`.
 /// Metric and label names are the caller's constants and are not validated here.
-struct PrometheusText {
-    enum Kind: String {
+package struct PrometheusText {
+    package enum Kind: String {
         case counter, gauge, histogram
     }
 
-    private(set) var text = ""
+    package private(set) var text = ""
 
-    init() {
+    package init() {
         text.reserveCapacity(8 * 1024)
     }
 
     /// Opens a family: its `# HELP` and `# TYPE` lines.
-    mutating func family(_ name: String, _ kind: Kind, help: String) {
+    package mutating func family(_ name: String, _ kind: Kind, help: String) {
         text += "# HELP " + name + " " + Self.escapeHelp(help) + "\n"
         text += "# TYPE " + name + " " + kind.rawValue + "\n"
     }
 
-    mutating func sample(_ name: String, _ labels: [(String, String)], _ value: UInt64) {
+    package mutating func sample(_ name: String, _ labels: [(String, String)], _ value: UInt64) {
         line(name, labels, String(value))
     }
 
-    mutating func sample(_ name: String, _ labels: [(String, String)], _ value: Int) {
+    package mutating func sample(_ name: String, _ labels: [(String, String)], _ value: Int) {
         line(name, labels, String(value))
     }
 
-    mutating func sample(_ name: String, _ labels: [(String, String)], _ value: Double) {
+    package mutating func sample(_ name: String, _ labels: [(String, String)], _ value: Double) {
         line(name, labels, Self.format(value))
     }
 
     /// The samples of one histogram series (the family must be open, of kind `.histogram`).
-    mutating func histogram(_ name: String, _ labels: [(String, String)], _ h: LatencyHistogram) {
+    package mutating func histogram(_ name: String, _ labels: [(String, String)], _ h: LatencyHistogram) {
         var cumulative: UInt64 = 0
         for (i, le) in LatencyHistogram.boundLabels.enumerated() {
             cumulative &+= h.counts[i]
@@ -63,7 +63,7 @@ struct PrometheusText {
     }
 
     /// Label value escaping of the text format: `\` → `\\`, `"` → `\"`, line feed → `\n`.
-    static func escapeLabelValue(_ s: String) -> String {
+    package static func escapeLabelValue(_ s: String) -> String {
         guard s.utf8.contains(where: { $0 == 0x5C || $0 == 0x22 || $0 == 0x0A }) else { return s }
         var out = ""
         for c in s.unicodeScalars {
@@ -78,7 +78,7 @@ struct PrometheusText {
     }
 
     /// `# HELP` escaping: `\` → `\\`, line feed → `\n` (quotes stay as they are).
-    static func escapeHelp(_ s: String) -> String {
+    package static func escapeHelp(_ s: String) -> String {
         guard s.utf8.contains(where: { $0 == 0x5C || $0 == 0x0A }) else { return s }
         var out = ""
         for c in s.unicodeScalars {
@@ -92,7 +92,7 @@ struct PrometheusText {
     }
 
     /// A sample value: Go's spelling of the special values, else Swift's shortest round-trip form.
-    static func format(_ v: Double) -> String {
+    package static func format(_ v: Double) -> String {
         if v.isNaN { return "NaN" }
         if v.isInfinite { return v > 0 ? "+Inf" : "-Inf" }
         return v.description
@@ -106,12 +106,12 @@ struct PrometheusText {
 /// size: observing allocates nothing. Invariant: `counts.count == boundsNanos.count + 1`.
 public struct LatencyHistogram: Sendable, Equatable {
     /// Upper bounds (inclusive, as Prometheus' `le`), in nanoseconds.
-    static let boundsNanos: [UInt64] = [
+    package static let boundsNanos: [UInt64] = [
         5_000_000, 10_000_000, 25_000_000, 50_000_000, 100_000_000, 250_000_000, 500_000_000,
         1_000_000_000, 2_500_000_000, 5_000_000_000, 10_000_000_000, 30_000_000_000,
     ]
     /// The same bounds in seconds as `le` label values.
-    static let boundLabels = ["0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "30.0"]
+    package static let boundLabels = ["0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "30.0"]
 
     public private(set) var counts: [UInt64] = Array(repeating: 0, count: 13)
     public private(set) var sumNanos: UInt64 = 0
@@ -129,7 +129,7 @@ public struct LatencyHistogram: Sendable, Equatable {
     public var count: UInt64 { counts.reduce(0, &+) }
     public var sumSeconds: Double { Double(sumNanos) / 1e9 }
 
-    mutating func merge(_ o: LatencyHistogram) {
+    package mutating func merge(_ o: LatencyHistogram) {
         for i in counts.indices { counts[i] &+= o.counts[i] }
         sumNanos &+= o.sumNanos
     }

@@ -6,7 +6,7 @@ import BearerdOAuth
 /// log line passes `scrub` as a last line of defence, at every level and in both formats.
 public enum Redaction {
     /// Header fields whose values are credentials (lower-case).
-    static let sensitiveHeaders: Set<String> = [
+    package static let sensitiveHeaders: Set<String> = [
         "authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key",
         "x-auth-token", "x-access-token", "x-amz-security-token", "x-csrf-token", "x-xsrf-token",
     ]
@@ -53,7 +53,7 @@ public enum Redaction {
 
     /// Markers after which a credential follows in free text (lower-case), e.g. a server's error
     /// description echoing a header or a form body.
-    static let markers: [[UInt8]] = [
+    package static let markers: [[UInt8]] = [
         "bearer ", "basic ", "access_token", "refresh_token", "id_token", "client_secret", "password", "cookie:", "set-cookie:",
     ].map { Array($0.utf8) }
 

@@ -4,6 +4,7 @@ import BearerdIO
 import Dispatch
 import Foundation
 import Logging
+import BearerdProxyCore
 
 @main
 struct Bearerd: ParsableCommand {

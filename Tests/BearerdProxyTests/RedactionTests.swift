@@ -2,6 +2,7 @@ import BearerdHTTP
 import BearerdOAuth
 import Testing
 @testable import BearerdProxy
+import BearerdProxyCore
 
 /// Issue 4 item 6: credentials never reach a log line, whatever the level or format.
 @Suite struct RedactionTests {
