@@ -1,0 +1,160 @@
+import BearerdIO
+import BearerdOAuth
+import Logging
+import BearerdProxyCore
+
+/// All token sessions of a configuration (DESIGN §2.5, §6): one `TokenSessionDriver` per
+/// `sessions:` entry, each on its own serial queue.
+///
+/// Owns the drivers by name and the configuration they were built from. `drivers` is guarded
+/// by `lock` (read by `session(named:)` from any thread; replaced by `reload` on SIGHUP).
+/// Drivers survive a reload under the same name (the proxy may hold them): their settings are
+/// replaced in place. A removed session's driver is stopped.
+public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable state guarded by `lock`
+    private let lock = Lock()
+    private var drivers: [String: TokenSessionDriver] = [:]
+    private var config: BearerdConfig
+    private var started = false
+    private let logger: Logger
+    private let tunePolicy: (@Sendable (inout TokenSession.Policy) -> Void)?
+    private var nextQueueIndex = 0
+
+    /// Resolves every session's secrets, builds its TLS context and opens the state store of
+    /// refresh_token sessions (`state_dir` created 0700). Throws every problem found.
+    public convenience init(config: BearerdConfig, logger: Logger, environment: [String: String]) throws(ConfigErrors) {
+        try self.init(config: config, logger: logger, environment: environment, tunePolicy: nil)
+    }
+
+    /// `tunePolicy` adjusts the DESIGN §6 defaults (tests use shorter delays).
+    init(config: BearerdConfig, logger: Logger, environment: [String: String],
+         tunePolicy: (@Sendable (inout TokenSession.Policy) -> Void)?) throws(ConfigErrors) {
+        self.config = config
+        self.logger = logger
+        self.tunePolicy = tunePolicy
+        var errors: [ConfigError] = []
+        var built: [String: TokenSessionDriver] = [:]
+        for session in config.sessions {
+            do throws(ConfigErrors) {
+                built[session.name] = try makeDriver(session, in: config, environment: environment)
+            } catch {
+                errors += error.errors
+            }
+        }
+        guard errors.isEmpty else { throw ConfigErrors(errors) }
+        drivers = built
+    }
+
+    private func makeDriver(_ session: SessionConfig, in config: BearerdConfig,
+                            environment: [String: String]) throws(ConfigErrors) -> TokenSessionDriver {
+        let settings = try SessionSettings.resolve(session, in: config, environment: environment)
+        var store: StateStore?
+        if session.grant == .refreshToken {
+            guard let dir = config.stateDir else {
+                throw ConfigErrors([ConfigError(file: config.file, line: session.line, key: "state_dir",
+                                                message: "missing: session '\(session.name)' uses grant refresh_token, whose rotated refresh tokens are kept in state_dir")])
+            }
+            do throws(StateStoreError) {
+                store = try StateStore(directory: dir, session: session.name)
+            } catch {
+                throw ConfigErrors([ConfigError(file: config.file, line: 0, key: "state_dir", message: error.description)])
+            }
+        }
+        var policy = settings.policy
+        tunePolicy?(&policy)
+        nextQueueIndex += 1
+        return TokenSessionDriver(settings: settings, policy: policy, store: store, logger: logger,
+                                  queueIndex: 10_000 + nextQueueIndex)
+    }
+
+    /// The session of that name, nil if the configuration has none.
+    public func session(named name: String) -> TokenSessionDriver? {
+        lock.withLock { drivers[name] }
+    }
+
+    /// Names of the configured sessions, in file order.
+    public var sessionNames: [String] {
+        lock.withLock { config.sessions.map(\.name) }
+    }
+
+    /// Every session begins its initial fetch (reason `start`) in the background.
+    public func start() {
+        let all: [TokenSessionDriver] = lock.withLock {
+            started = true
+            return Array(drivers.values)
+        }
+        for d in all { d.start() }
+    }
+
+    /// SIGHUP: re-reads secrets and `refresh_token_file`s; sessions whose credentials or
+    /// settings changed get `credentialsChanged` (lifting a dead refresh token, the negative
+    /// cache and backoff); new sessions are added (and started), removed ones stopped. On any
+    /// error nothing changes and every problem is thrown.
+    ///
+    /// Note: `refresh_before` and `wait_timeout` of an existing session apply from its next
+    /// restart; every other setting applies to the next token request.
+    public func reload(_ newConfig: BearerdConfig, environment: [String: String]) throws(ConfigErrors) {
+        var errors: [ConfigError] = []
+        var settings: [String: SessionSettings] = [:]
+        for session in newConfig.sessions {
+            do throws(ConfigErrors) {
+                settings[session.name] = try SessionSettings.resolve(session, in: newConfig, environment: environment)
+            } catch {
+                errors += error.errors
+            }
+        }
+        guard errors.isEmpty else { throw ConfigErrors(errors) }
+
+        let existing: [String: TokenSessionDriver] = lock.withLock { drivers }
+        var next: [String: TokenSessionDriver] = [:]
+        var added: [TokenSessionDriver] = []
+        for session in newConfig.sessions {
+            if let driver = existing[session.name], driver.grant == session.grant,
+               driver.stateDirectory == (session.grant == .refreshToken ? newConfig.stateDir : nil) {
+                // Resolved above, so present.
+                driver.update(settings[session.name]!)
+                next[session.name] = driver
+            } else {
+                let driver = try makeDriver(session, in: newConfig, environment: environment)
+                next[session.name] = driver
+                added.append(driver)
+            }
+        }
+        let removed = existing.filter { next[$0.key] !== $0.value }.map(\.value)
+        let start: Bool = lock.withLock {
+            drivers = next
+            config = newConfig
+            return started
+        }
+        for d in removed { d.stop() }
+        if start { for d in added { d.start() } }
+    }
+
+    /// For `bearerd check` (DESIGN §6): refresh_token sessions whose refresh token the server
+    /// refused (`invalid_grant`) while their `refresh_token_file` still holds the same content,
+    /// as `FILE:LINE: sessions.NAME.refresh_token_file: …` errors. Reads only: creates nothing.
+    public static func reauthenticationProblems(config: BearerdConfig,
+                                                environment: [String: String]) -> [ConfigError] {
+        guard let dir = config.stateDir else { return [] }
+        var problems: [ConfigError] = []
+        for session in config.sessions where session.grant == .refreshToken {
+            let fingerprint = session.refreshTokenFile.flatMap { path in
+                try? ConfigLoader.resolveSecret(.file(path), environment: environment)
+            }.map { OAuthSecret($0.value).fingerprint }
+            if StateStore.needsReauthentication(directory: dir, session: session.name, operatorFingerprint: fingerprint) {
+                let file = session.refreshTokenFile ?? "refresh_token_file"
+                problems.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).refresh_token_file",
+                                            message: "the token endpoint refused the refresh token (invalid_grant): put a new one in \(file) and send SIGHUP"))
+            }
+        }
+        return problems
+    }
+
+    /// Stops every session: timers disarmed, the request in flight abandoned, waiters failed.
+    public func stop() {
+        let all: [TokenSessionDriver] = lock.withLock {
+            started = false
+            return Array(drivers.values)
+        }
+        for d in all { d.stop() }
+    }
+}
