@@ -47,6 +47,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     let logPath: Substring
     /// The route's token session; nil on routes without credentials.
     private let session: TokenSessionDriver?
+    /// The route's index in `runtime` (for the loop's token cache).
+    private let routeIndex: Int
     /// The client asked for a persistent connection (and the server is not draining).
     private let clientWantsKeepAlive: Bool
 
@@ -93,6 +95,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         self.runtime = runtime
         self.head = head
         self.framing = framing
+        self.routeIndex = routeIndex
         self.metricsSlot = ctx.routeSlots[routeIndex]
         self.target = runtime.targets[routeIndex]
         self.upstreamHead = upstreamHead
@@ -193,7 +196,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
 
     private func acquireToken() {
         guard let session else { return }
-        if let t = session.usableToken(now: monotonicNanos()) {
+        if let t = ctx.usableToken(route: routeIndex, of: runtime, session: session, now: monotonicNanos()) {
             token = t
             perform(machine.tokenAcquired())
             return

@@ -90,6 +90,29 @@ final class LoopContext {
 
     private func assignRouteSlots() {
         routeSlots = runtime.config.routes.map { metrics.slot(for: RouteMetrics.label(for: $0)) }
+        tokenCache = Array(repeating: CachedToken(), count: runtime.routeSessions.count)
+    }
+
+    /// This loop's copy of each route's published token (`runtime.routeSessions[i]`), with the
+    /// publication version it was read at: the request path reads it with one atomic load and no
+    /// mutex; the session's lock is taken only when the version moved (DESIGN §2.5).
+    private struct CachedToken {
+        var version: UInt64 = .max
+        var token: PublishedToken?
+    }
+    private var tokenCache: [CachedToken] = []
+
+    /// The token of route `index` of `runtime` if it may be used now without asking the session.
+    /// `runtime` must be this loop's current one (else the session is asked directly).
+    func usableToken(route index: Int, of runtime: ProxyRuntime, session: TokenSessionDriver, now: UInt64) -> PublishedToken? {
+        guard runtime === self.runtime, index >= 0, index < tokenCache.count else { return session.usableToken(now: now) }
+        let version = session.publishedVersion
+        if tokenCache[index].version != version {
+            // Read after the version: the token is at least as new as `version` says.
+            tokenCache[index] = CachedToken(version: version, token: session.publishedToken)
+        }
+        guard let t = tokenCache[index].token, now < t.usableUntil else { return nil }
+        return t
     }
 
     /// A copy of the counters with the gauges filled in (`/metrics`). On `loop`.

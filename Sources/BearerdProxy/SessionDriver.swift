@@ -2,6 +2,7 @@ import BearerdIO
 import BearerdOAuth
 import Logging
 import BearerdProxyCore
+import Synchronization
 
 /// One token session's driver (DESIGN §2.5, §6): carries out `TokenSession.StateMachine`'s
 /// actions on the session's own serial queue (an `EventLoop`, which also runs the token
@@ -26,6 +27,10 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     // Hot path (any thread), guarded by `publishLock`.
     private let publishLock = Lock()
+    /// Bumped (releasing) after every change of `published`: loops keep a copy of the token with
+    /// the version they read it at, and take `publishLock` only when the version moved
+    /// (`TokenCache`), so the request path reads the token without a mutex in steady state.
+    private let publicationVersion = Atomic<UInt64>(0)
     private var published: PublishedToken?
     private var publishedGeneration: UInt64 = 0
     private var publishedStatus: TokenSession.Status = .idle
@@ -87,7 +92,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// The published token if it may be used now without asking the session (before its hard
     /// point, not rejected). Hot path: a lock held for a copy, no hop.
     public func usableToken(now: UInt64) -> PublishedToken? {
-        let p = publishLock.withLock { published }
+        let p = publishedToken
         guard let p, now < p.usableUntil else { return nil }
         return p
     }
@@ -295,7 +300,15 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             publishedExpiresAt = expiresAt
             if let p { publishedGeneration = p.generation }
         }
+        publicationVersion.wrappingAdd(1, ordering: .releasing)
     }
+
+    /// The published token, usable or not (under `publishLock`; loops cache it per version).
+    public var publishedToken: PublishedToken? { publishLock.withLock { published } }
+
+    /// The version of the published token (see `publicationVersion`). Any thread, lock-free.
+    @inline(__always)
+    public var publishedVersion: UInt64 { publicationVersion.load(ordering: .acquiring) }
 
     private func convert(_ t: TokenSession.CurrentToken) -> PublishedToken {
         let until = t.usableWithoutWaitingUntil.nanoseconds

@@ -294,6 +294,25 @@ struct SessionDriverTests {
         #expect(logs.lines.contains { $0.contains("token.reason=rejected") && $0.contains("token.generation=2") })
     }
 
+    /// The loops' lock-free read (DESIGN §2.5): a loop caches the published token with the
+    /// publication version and re-reads it under the lock only when the version moved.
+    @Test func publicationVersionMovesWithEveryPublishedToken() async throws {
+        let endpoint = try ScriptedTokenEndpoint(handler: Self.numbered)
+        defer { endpoint.stop() }
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: CapturedLogs().logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+        let first = try await requestToken(driver).get()
+        let v1 = driver.publishedVersion
+        #expect(driver.publishedToken == first)
+        #expect(driver.publishedVersion == v1, "no publication, no new version")
+        guard case .replay(let second, _) = await reportRejected(driver, generation: first.generation) else { Issue.record("expected replay"); return }
+        // The rejection unpublished the usable window, then the refresh published the new token.
+        #expect(driver.publishedVersion > v1)
+        #expect(driver.publishedToken == second)
+        #expect(driver.usableToken(now: monotonicNanos()) == second)
+    }
+
     @Test func fiftyConcurrentRejectionsOfTheCurrentGenerationShareOneRefresh() async throws {
         let endpoint = try ScriptedTokenEndpoint { _, n in
             n == 1 ? ScriptedTokenEndpoint.token("access-AAA-1") : .delayed(0.3, ScriptedTokenEndpoint.token("access-AAA-\(n)"))
