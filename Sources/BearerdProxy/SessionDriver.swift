@@ -1,4 +1,5 @@
 import BearerdIO
+import Dispatch
 import BearerdOAuth
 import Logging
 import BearerdProxyCore
@@ -63,6 +64,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         case failing(attempt: Int, serial: UInt64)
     }
     private var persistence: Persistence = .persisted
+    /// Where the state file's `flock` is waited for, off the session queue.
+    private lazy var stateQueue = DispatchQueue(label: "bearerd.session-state." + name)
     private var persistSerial: UInt64 = 0
 
     private enum Waiter {
@@ -526,18 +529,42 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// DESIGN §6 "Rotation durability": under the `flock`, re-read the state; adopt what
     /// another process already rotated (without calling the server when its access token is
     /// still good); else refresh, persist the new refresh token, then hand the token out.
+    ///
+    /// The `flock` may wait for another process's whole refresh: it is taken on `stateQueue`,
+    /// so the session queue's timers and waiter timeouts keep running meanwhile (issue 8).
     private func performRefreshFetch(_ request: TokenSession.FetchRequest, startedAt: UInt64) {
-        if let store {
+        guard let store else {
+            continueRefreshFetch(request, startedAt: startedAt)
+            return
+        }
+        stateQueue.async { [self] in
+            let locked: Result<PersistedSessionState?, StateStoreError>
             do throws(StateStoreError) {
                 try store.lock()
+                locked = .success(store.readState())
             } catch {
-                finishFetch(request, startedAt: startedAt, sentAt: now(), result: .failure(TokenEndpointFailure(
-                    classification: .retryable, reason: error.reason, errorDescription: error.description)),
-                    requestSent: false, adopted: false)
-                return
+                locked = .failure(error)
             }
-            adoptNewerStoredState(store.readState())
+            queue.execute { [self] in
+                switch locked {
+                case .failure(let error):
+                    finishFetch(request, startedAt: startedAt, sentAt: now(), result: .failure(TokenEndpointFailure(
+                        classification: .retryable, reason: error.reason, errorDescription: error.description)),
+                        requestSent: false, adopted: false)
+                case .success(let stored):
+                    if stopped {
+                        store.unlock()
+                        return
+                    }
+                    adoptNewerStoredState(stored)
+                    continueRefreshFetch(request, startedAt: startedAt)
+                }
+            }
         }
+    }
+
+    /// `performRefreshFetch` under the lock (when there is a store), on the session queue.
+    private func continueRefreshFetch(_ request: TokenSession.FetchRequest, startedAt: UInt64) {
         guard let state = own else {
             store?.unlock()
             let problem = settings.operatorFileProblem.map { ": \($0)" } ?? ""

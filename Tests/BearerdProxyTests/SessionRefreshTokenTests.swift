@@ -58,6 +58,14 @@ struct SessionRefreshTokenTests {
             config = sessionConfig(session, stateDir: stateDir)
         }
 
+        /// The same files with another configuration.
+        init(endpoint: ScriptedTokenEndpoint, config: BearerdConfig, from other: Fixture) {
+            root = other.root
+            stateDir = other.stateDir
+            refreshFile = other.refreshFile
+            self.config = config
+        }
+
         func stored() throws -> PersistedSessionState {
             let bytes = try #require(FileManager.default.contents(atPath: statePath))
             return try PersistedSessionState.decode(Array(bytes))
@@ -152,6 +160,43 @@ struct SessionRefreshTokenTests {
         #expect(endpoint.received.last?.form["refresh_token"] == "refresh-RRR-1")
         #expect(try f.stored().refreshToken.exposedValue == "refresh-RRR-2")
         #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
+    }
+
+    /// Issue 8: the state file's `flock` may be held by another process for its whole refresh;
+    /// waiting for it must not stall the session queue, whose waiter timeouts keep firing.
+    @Test func waitingForTheStateLockDoesNotStallTheSessionQueue() async throws {
+        let server = RotatingServer()
+        let endpoint = try ScriptedTokenEndpoint(handler: server.handler)
+        defer { endpoint.stop() }
+        var f = Fixture(endpoint: endpoint)
+        defer { removeTree(f.root) }
+        var config = f.config
+        config.sessions[0].waitTimeout = .milliseconds(300)
+        f = Fixture(endpoint: endpoint, config: config, from: f)
+        // Another process holds the lock.
+        try FileManager.default.createDirectory(atPath: f.stateDir, withIntermediateDirectories: true)
+        let lockFD = open(f.stateDir + "/me.lock", O_RDWR | O_CREAT, 0o600)
+        #expect(flock(lockFD, LOCK_EX) == 0)
+        // A bound for the case this test guards against (a session queue blocked in flock would
+        // otherwise wait forever): the "other process" gives the lock up after 5 s at the latest.
+        DispatchQueue.global().asyncAfter(deadline: .now() + 5) { flock(lockFD, LOCK_UN); close(lockFD) }
+        let manager = try SessionManager(config: f.config, logger: CapturedLogs().logger, environment: [:])
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "me"))
+        let started = ContinuousClock.now
+        let result = await requestToken(driver)
+        let waited = ContinuousClock.now - started
+        guard case .failure(let u) = result else { Issue.record("expected a wait timeout, got \(result)"); return }
+        #expect(u.detail.contains("wait_timeout"), "\(u.detail)")
+        #expect(waited < .seconds(3), "the waiter's timeout fired while the lock was held")
+        // The other process finishes: the refresh goes on and later callers get a token.
+        flock(lockFD, LOCK_UN)
+        var token: PublishedToken?
+        for _ in 0..<50 where token == nil {
+            token = try? await requestToken(driver).get()
+            if token == nil { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(token?.value == "access-AAA-1")
     }
 
     /// Issue 8 item 16: a rotated refresh token that cannot be written (here the state file's
