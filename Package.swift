@@ -36,6 +36,15 @@ let package = Package(
         .target(name: "BearerdOAuth"),
         .target(name: "BearerdProxyCore", dependencies: ["BearerdHTTP", "BearerdOAuth"]),
         .target(
+            name: "BearerdConfig",
+            dependencies: [
+                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore",
+                .product(name: "Yams", package: "Yams"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: shellSettings
+        ),
+        .target(
             name: "BearerdTLS",
             dependencies: ["COpenSSL", "CBearerdShim"],
             swiftSettings: shellSettings
@@ -51,7 +60,7 @@ let package = Package(
         .target(
             name: "BearerdProxy",
             dependencies: [
-                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdTLS", "BearerdIO",
+                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdTLS", "BearerdIO",
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -76,10 +85,10 @@ let package = Package(
         .testTarget(name: "BearerdProxyCoreTests", dependencies: ["BearerdProxyCore", "BearerdHTTP", "BearerdOAuth"]),
         .testTarget(name: "BearerdTLSTests", dependencies: ["BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdIOTests", dependencies: ["BearerdIO", "BearerdTestSupport"], swiftSettings: shellSettings),
-        .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
+        .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(
             name: "EndToEndTests",
-            dependencies: ["bearerd", "BearerdProxy", "BearerdTLS", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],
+            dependencies: ["bearerd", "BearerdProxy", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],
             swiftSettings: shellSettings
         ),
     ]

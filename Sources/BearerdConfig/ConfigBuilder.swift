@@ -1,3 +1,4 @@
+import BearerdOAuth
 import BearerdHTTP
 import Foundation
 import Yams

@@ -1,3 +1,4 @@
+import BearerdOAuth
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)

@@ -1,3 +1,4 @@
+import BearerdOAuth
 import Foundation
 import Logging
 import Yams
@@ -77,6 +78,11 @@ public struct ListenerConfig: Sendable, Equatable, CustomStringConvertible {
 }
 
 /// `log:` — format and level of the log, and the per-request access line.
+/// Output format of log lines.
+public enum LogFormat: String, Sendable, CaseIterable {
+    case text, json
+}
+
 public struct LogConfig: Sendable, Equatable {
     public var format: LogFormat = .text
     public var level: Logger.Level = .info

@@ -1,6 +1,5 @@
+import BearerdOAuth
 import BearerdHTTP
-import BearerdIO
-import BearerdTLS
 import BearerdProxyCore
 
 /// The validated configuration (shared/DESIGN.md §4). Produced by `ConfigLoader`; immutable
@@ -18,7 +17,7 @@ public struct BearerdConfig: Sendable {
     /// Number of event loops; default one per core.
     public var loops: Int?
     /// How sockets get readiness events (`io:`; extension). nil: `$BEARERD_IO`, else the loop poller (`IOMode.defaultMode`).
-    public var ioMode: EventLoop.IOMode?
+    public var ioMode: IOModeSetting?
     /// Frontend limits (`limits:`; extension of DESIGN §4, defaults of issue 2).
     public var limits: HTTP1Limits
     /// Frontend timeouts (`timeouts:` at top level).
@@ -95,6 +94,15 @@ public enum SecretSource: Sendable, Equatable {
     case file(String)
     case env(String)
     case literal(Secret)
+}
+
+/// `io:` (DESIGN §2.2): how the event loops get readiness events. BearerdIO's `EventLoop.IOMode`
+/// has the same raw values; the server maps one to the other.
+public enum IOModeSetting: String, Sendable, CaseIterable {
+    /// A Dispatch read and write source per socket.
+    case sources
+    /// One edge-triggered epoll set per loop behind one Dispatch source (the default).
+    case poller
 }
 
 public enum GrantType: String, Sendable, Equatable, CaseIterable {

@@ -1,7 +1,6 @@
+import BearerdOAuth
 import BearerdHTTP
-import BearerdIO
 import Yams
-import BearerdTLS
 import BearerdProxyCore
 
 /// The walk over the sections of DESIGN §4: top level, `sessions:`, `routes:`, then the checks
@@ -40,7 +39,7 @@ extension ConfigBuilder {
             if kind.exists, !kind.isDirectory { fail(entry.valueLine, "state_dir", "\(stateDir) exists and is not a directory") }
         }
         let loops = integer(top, "loops", range: 1...1024)
-        let ioMode = choice(top, "io", EventLoop.IOMode.self)
+        let ioMode = choice(top, "io", IOModeSetting.self)
         let limits = top["limits"].flatMap { limitsSection($0) } ?? HTTP1Limits()
         let nested = top["timeouts"].flatMap { frontendTimeouts($0) }
         var timeouts = nested?.timeouts ?? FrontendTimeouts()

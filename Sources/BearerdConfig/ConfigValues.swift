@@ -1,3 +1,4 @@
+import BearerdOAuth
 import Foundation
 import BearerdProxyCore
 

@@ -2,6 +2,7 @@ import BearerdHTTP
 import BearerdIO
 import BearerdOAuth
 import BearerdProxyCore
+import BearerdConfig
 
 /// Where the server is in its life, for `/readyz`: `starting` until `start()` has bound every
 /// listener, `serving`, then `shuttingDown` from the moment `shutdown` is called.

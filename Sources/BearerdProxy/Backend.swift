@@ -2,6 +2,7 @@ import BearerdHTTP
 import BearerdIO
 import BearerdTLS
 import BearerdProxyCore
+import BearerdConfig
 
 /// Where a route's requests go: everything needed to open or reuse a connection, precomputed
 /// once per configuration (the TLS context is shared by all loops).

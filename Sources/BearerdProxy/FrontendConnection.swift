@@ -1,6 +1,7 @@
 import BearerdHTTP
 import BearerdIO
 import BearerdProxyCore
+import BearerdConfig
 
 /// Serves requests for local endpoints (admin, demo upstream) instead of proxying them.
 public protocol LocalResponder: AnyObject, Sendable {

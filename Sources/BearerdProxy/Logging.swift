@@ -4,6 +4,7 @@ import Logging
 import Synchronization
 import BearerdIO
 import BearerdProxyCore
+import BearerdConfig
 
 /// The process's log level and format, shared by every `BearerdLogHandler` made with it so a
 /// SIGHUP can change them for loggers already handed out. Lock-free reads (one atomic load per
@@ -120,11 +121,6 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
         if replayed { s += ",\"replayed\":true" }
         return s
     }
-}
-
-/// Output format of log lines.
-public enum LogFormat: String, Sendable, CaseIterable {
-    case text, json
 }
 
 /// swift-log handler writing one line per message, `text` (logfmt-like) or `json`.

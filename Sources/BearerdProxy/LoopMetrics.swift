@@ -1,5 +1,6 @@
 import BearerdOAuth
 import BearerdProxyCore
+import BearerdConfig
 
 /// One loop's counters, read by the admin `/metrics` endpoint by hopping onto each loop
 /// (`BearerdServer.collectMetrics`) and summed by route label (`merge`).

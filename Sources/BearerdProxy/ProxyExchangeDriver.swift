@@ -3,6 +3,7 @@ import BearerdIO
 import BearerdOAuth
 import BearerdProxyCore
 import Logging
+import BearerdConfig
 
 /// What a frontend connection drives for each request: the proxy, or a local responder (admin,
 /// demo upstream). All calls on the connection's loop.

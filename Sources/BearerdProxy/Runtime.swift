@@ -3,6 +3,7 @@ import BearerdIO
 import Logging
 import BearerdTLS
 import BearerdProxyCore
+import BearerdConfig
 
 /// Everything derived from one configuration that request handling needs: the router, one
 /// `UpstreamTarget` per route (TLS contexts built once), limits and timeouts. Immutable; each loop

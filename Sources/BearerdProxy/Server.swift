@@ -4,6 +4,7 @@ import BearerdHTTP
 import BearerdIO
 import Logging
 import BearerdProxyCore
+import BearerdConfig
 
 /// The running proxy: event loops, listeners, the admin listener and each loop's context.
 ///
@@ -47,7 +48,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         runtime = try ProxyRuntime(config: config, logger: logger, accessLog: accessLog, sessions: sessions)
         self.logger = logger
         extraResponder = responder
-        group = EventLoopGroup(count: config.loops ?? EventLoopGroup.coreCount, ioMode: config.ioMode ?? .fromEnvironment)
+        group = EventLoopGroup(count: config.loops ?? EventLoopGroup.coreCount, ioMode: config.ioMode.flatMap { EventLoop.IOMode(rawValue: $0.rawValue) } ?? .fromEnvironment)
         contexts = group.loops.map { LoopContext(loop: $0, runtime: runtime) }
     }
 

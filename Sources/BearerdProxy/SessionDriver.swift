@@ -4,6 +4,7 @@ import BearerdOAuth
 import Logging
 import BearerdProxyCore
 import Synchronization
+import BearerdConfig
 
 /// One token session's driver (DESIGN §2.5, §6): carries out `TokenSession.StateMachine`'s
 /// actions on the session's own serial queue (an `EventLoop`, which also runs the token

@@ -2,6 +2,7 @@ import BearerdIO
 import BearerdOAuth
 import Logging
 import BearerdProxyCore
+import BearerdConfig
 
 /// All token sessions of a configuration (DESIGN §2.5, §6): one `TokenSessionDriver` per
 /// `sessions:` entry, each on its own serial queue.

@@ -1,5 +1,6 @@
 import BearerdOAuth
 import BearerdProxyCore
+import BearerdConfig
 
 /// Counters of one token session, for `/metrics` (one counter per outcome, failures
 /// classified). Monotonic since the session was created. A value snapshot: read it with

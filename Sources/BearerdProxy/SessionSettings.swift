@@ -2,6 +2,7 @@ import BearerdIO
 import BearerdOAuth
 import BearerdTLS
 import BearerdProxyCore
+import BearerdConfig
 
 /// One session's configuration with its secrets read and its TLS context built: everything a
 /// `TokenSessionDriver` needs to make a token request. Built off the loops (start-up, SIGHUP,

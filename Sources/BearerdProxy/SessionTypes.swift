@@ -1,5 +1,6 @@
 import BearerdIO
 import BearerdProxyCore
+import BearerdConfig
 
 /// An access token as the loops see it: the value to inject, its generation (for the replay
 /// rule of DESIGN §6) and a fingerprint for logs. Never logged or printed whole.

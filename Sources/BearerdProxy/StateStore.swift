@@ -2,6 +2,7 @@ import BearerdOAuth
 #if canImport(Glibc)
 import Glibc
 import BearerdProxyCore
+import BearerdConfig
 #endif
 
 /// Why the state store could not do what was asked. Never carries a token.

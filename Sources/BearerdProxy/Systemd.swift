@@ -5,6 +5,7 @@ import Logging
 #if canImport(Glibc)
 import Glibc
 import BearerdProxyCore
+import BearerdConfig
 #endif
 
 // systemd integration without libsystemd.

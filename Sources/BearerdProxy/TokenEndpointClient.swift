@@ -3,6 +3,7 @@ import BearerdIO
 import BearerdOAuth
 import BearerdTLS
 import BearerdProxyCore
+import BearerdConfig
 
 /// What one token request produced, before RFC 6749 classification.
 enum TokenEndpointOutcome {

@@ -5,6 +5,7 @@ import Dispatch
 import Foundation
 import Logging
 import BearerdProxyCore
+import BearerdConfig
 
 @main
 struct Bearerd: ParsableCommand {

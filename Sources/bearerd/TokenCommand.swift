@@ -5,6 +5,7 @@ import Dispatch
 import Foundation
 import Logging
 import BearerdProxyCore
+import BearerdConfig
 
 /// `bearerd token -c FILE SESSION` (DESIGN §3): prints a current access token of one session
 /// on stdout, and nothing else, for scripts (`curl -H "Authorization: Bearer $(bearerd token …)"`).

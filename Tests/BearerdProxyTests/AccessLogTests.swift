@@ -2,6 +2,8 @@ import Foundation
 import Logging
 import Testing
 @testable import BearerdProxy
+@testable import BearerdConfig
+@testable import BearerdProxyCore
 
 @Suite("Access log line")
 struct AccessLogTests {

@@ -1,6 +1,8 @@
 import Testing
 import BearerdIO
 @testable import BearerdProxy
+@testable import BearerdConfig
+@testable import BearerdProxyCore
 
 @Suite("io: key")
 struct ConfigIOModeTests {
@@ -8,8 +10,8 @@ struct ConfigIOModeTests {
 
     @Test func acceptsBothModesAndDefaultsToNil() throws {
         #expect(try ConfigLoader.parse(yaml: base, file: "c.yaml", environment: [:], checkFiles: false).ioMode == nil)
-        #expect(try ConfigLoader.parse(yaml: "io: poller\n" + base, file: "c.yaml", environment: [:], checkFiles: false).ioMode == .loopPoller)
-        #expect(try ConfigLoader.parse(yaml: "io: sources\n" + base, file: "c.yaml", environment: [:], checkFiles: false).ioMode == .socketSources)
+        #expect(try ConfigLoader.parse(yaml: "io: poller\n" + base, file: "c.yaml", environment: [:], checkFiles: false).ioMode == .poller)
+        #expect(try ConfigLoader.parse(yaml: "io: sources\n" + base, file: "c.yaml", environment: [:], checkFiles: false).ioMode == .sources)
     }
 
     @Test func rejectsOtherValuesWithFileAndLine() {

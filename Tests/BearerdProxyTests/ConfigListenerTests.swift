@@ -1,5 +1,7 @@
 import Testing
 @testable import BearerdProxy
+@testable import BearerdConfig
+@testable import BearerdProxyCore
 
 /// `listen:` entries with access control, top-level `allow_remote`/`allowed_hosts`, `log:`,
 /// `shutdown_grace` and `startup_timeout` (issue 4).

@@ -3,6 +3,8 @@ import Foundation
 import Testing
 @testable import BearerdProxy
 import BearerdTLS
+@testable import BearerdConfig
+@testable import BearerdProxyCore
 
 /// Messages of a configuration that must fail, as `FILE:LINE: key: what is wrong` lines.
 func configErrors(_ yaml: String, environment: [String: String] = [:], checkFiles: Bool = false,

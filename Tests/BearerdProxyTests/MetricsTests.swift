@@ -5,7 +5,8 @@ import Foundation
 import BearerdTestSupport
 import Testing
 @testable import BearerdProxy
-import BearerdProxyCore
+@testable import BearerdProxyCore
+@testable import BearerdConfig
 
 /// The Prometheus text writer, the per-loop counters and their merge, the rendering of every
 /// family, `/readyz`, the replay-outcome and error-label vocabularies, and the session

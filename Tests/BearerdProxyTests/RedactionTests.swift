@@ -2,7 +2,7 @@ import BearerdHTTP
 import BearerdOAuth
 import Testing
 @testable import BearerdProxy
-import BearerdProxyCore
+@testable import BearerdProxyCore
 
 /// Issue 4 item 6: credentials never reach a log line, whatever the level or format.
 @Suite struct RedactionTests {
@@ -74,6 +74,7 @@ import BearerdProxyCore
 import Glibc
 #endif
 import Foundation
+@testable import BearerdConfig
 
 /// A temporary file to capture a LogSink's output.
 func memfdLikeTempFile() -> (fd: Int32, read: () -> String) {

@@ -1,6 +1,8 @@
 import Testing
 import BearerdHTTP
 @testable import BearerdProxy
+@testable import BearerdConfig
+@testable import BearerdProxyCore
 
 @Suite("Routing and target rewriting (pure)")
 struct RouterTests {

@@ -4,6 +4,8 @@ import Foundation
 import BearerdTestSupport
 import Testing
 @testable import BearerdProxy
+@testable import BearerdConfig
+@testable import BearerdProxyCore
 
 /// The session driver against a real token endpoint on 127.0.0.1: grants and client
 /// authentication on the wire, coalescing, an endpoint that is down then back, rejections.

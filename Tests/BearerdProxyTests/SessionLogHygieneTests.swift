@@ -6,6 +6,8 @@ import Testing
 @testable import BearerdProxy
 #if canImport(Glibc)
 import Glibc
+@testable import BearerdConfig
+@testable import BearerdProxyCore
 #endif
 
 /// DESIGN §5: tokens, secrets and refresh tokens never appear in logs. Runs the session flows

@@ -4,6 +4,8 @@ import Foundation
 import BearerdTestSupport
 import Testing
 @testable import BearerdProxy
+@testable import BearerdConfig
+@testable import BearerdProxyCore
 
 /// refresh_token sessions (DESIGN §6 "Rotation durability"): the endpoint rotates refresh
 /// tokens and accepts only the newest; the state file must hold the newest before the access

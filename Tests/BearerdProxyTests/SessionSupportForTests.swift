@@ -8,6 +8,8 @@ import BearerdTestSupport
 #if canImport(Glibc)
 import Glibc
 import BearerdTLS
+@testable import BearerdConfig
+@testable import BearerdProxyCore
 #endif
 
 // Test-local helpers for the session tests. BearerdProxyTests does not depend on

@@ -5,6 +5,8 @@ import BearerdTestSupport
 import Testing
 @testable import BearerdProxy
 import BearerdTLS
+@testable import BearerdConfig
+@testable import BearerdProxyCore
 
 /// Token endpoints over https: verified like upstreams (DESIGN §2.3) — a `ca_file` anchors
 /// the chain, an unknown CA is a transport failure, never a silent success.

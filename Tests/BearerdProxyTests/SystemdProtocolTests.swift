@@ -6,6 +6,8 @@ import Glibc
 import Logging
 import Testing
 @testable import BearerdProxy
+@testable import BearerdConfig
+@testable import BearerdProxyCore
 
 @Suite("systemd notify protocol")
 struct SystemdNotifyTests {

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import BearerdTestSupport
+import BearerdConfig
 
 /// The `bearerd` executable itself: `check`, `--version`, `run` with a config file, SIGTERM.
 @Suite("Command line", .serialized)

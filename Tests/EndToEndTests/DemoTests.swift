@@ -5,6 +5,7 @@ import BearerdHTTP
 import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
+import BearerdConfig
 
 /// `bearerd demo`'s parts: the demo authority as token endpoint and protected API, bearerd in
 /// front with a client_credentials session; revoking shows refresh and replay.

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import BearerdProxy
+import BearerdConfig
 
 /// The files under deploy/: the systemd units pass `systemd-analyze verify` and keep their
 /// `systemd-analyze security` exposure (the README quotes it); the Kubernetes example's

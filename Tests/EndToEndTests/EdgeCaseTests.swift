@@ -7,6 +7,7 @@ import BearerdHTTP
 import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
+import BearerdConfig
 
 @Suite("Malformed input, limits, timeouts and upstream failures", .serialized)
 struct EdgeCaseTests {

@@ -5,6 +5,7 @@ import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
 import BearerdTLS
+import BearerdConfig
 
 /// bearerd running in-process on 127.0.0.1 with an ephemeral port.
 final class TestProxy {

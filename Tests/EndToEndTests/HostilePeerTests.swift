@@ -4,6 +4,7 @@ import Glibc
 #endif
 import Testing
 import BearerdTestSupport
+import BearerdConfig
 
 // Issue 8's hostile-peer suite: misbehaving origins and token endpoints (`ScriptedOrigin`,
 // `ScriptedTokenEndpoint`) and raw-socket clients against the real `bearerd run` binary as a

@@ -5,6 +5,7 @@ import BearerdHTTP
 import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
+import BearerdConfig
 
 @Suite("Reload, shutdown and listeners", .serialized)
 struct LifecycleTests {

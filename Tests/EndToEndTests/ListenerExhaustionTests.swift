@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import BearerdIO
 import BearerdTestSupport
+import BearerdConfig
 
 /// Issue 8 item 4: the real `bearerd run` under a low RLIMIT_NOFILE (through util-linux's
 /// `prlimit`) runs out of descriptors, so its accept source is suspended; a SIGHUP then moves

@@ -4,6 +4,7 @@ import BearerdHTTP
 import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
+import BearerdConfig
 
 /// The admin listener over real sockets: traffic through bearerd (a 401 → refresh → replay, a
 /// token endpoint that starts refusing the client, a session that never gets a token, routes

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import BearerdTestSupport
+import BearerdConfig
 
 /// The real `bearerd run` process with a config file: stderr goes to a file (a pipe could fill
 /// up and block bearerd), signals are sent with kill(2).

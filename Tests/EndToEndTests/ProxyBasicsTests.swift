@@ -4,6 +4,7 @@ import BearerdHTTP
 import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
+import BearerdConfig
 
 @Suite("Proxying over 127.0.0.1", .serialized)
 struct ProxyBasicsTests {

@@ -5,6 +5,7 @@ import BearerdIO
 import BearerdOAuth
 import BearerdProxy
 import BearerdTestSupport
+import BearerdConfig
 
 /// Token sessions end to end: bearerd in front of a real Authlib authorization server whose
 /// Bearer-protected `/api/` is the upstream (it validates tokens and answers 401 with

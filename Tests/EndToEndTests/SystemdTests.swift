@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import BearerdIO
 import BearerdTestSupport
+import BearerdConfig
 
 /// The real `bearerd run` under systemd's protocols: launched by `systemd-socket-activate`
 /// (Debian's systemd package) with inherited listening sockets, and with $NOTIFY_SOCKET pointed

@@ -5,6 +5,7 @@ import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
 import BearerdTLS
+import BearerdConfig
 
 @Suite("TLS upstreams over real sockets", .serialized)
 struct TLSUpstreamTests {

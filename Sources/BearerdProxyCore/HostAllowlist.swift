@@ -1,4 +1,3 @@
-import BearerdProxyCore
 /// The Host names one loopback TCP listener answers under one configuration: the guard against
 /// DNS rebinding (a web page whose name the attacker re-points at 127.0.0.1 must not reach
 /// bearerd, whose every request spends a token).
@@ -17,14 +16,6 @@ public struct HostAllowlist: Sendable {
     /// `allowed_hosts` held `*`: every Host passes.
     public let allowsAny: Bool
 
-    /// - Parameters:
-    ///   - listener: supplies its own address host and `allowed_hosts`.
-    ///   - routeHosts: the `host:` of every route of the configuration in force.
-    public init(listener: ListenerConfig, routeHosts: [String]) {
-        var extra = listener.allowedHosts + routeHosts
-        if case .tcp(let host, _) = listener.address { extra.append(host) }
-        self.init(names: extra)
-    }
 
     /// An allowlist of the built-in names plus `names` (`*` among them allows any Host).
     public init(names: [String]) {
@@ -158,33 +149,5 @@ struct HostKey: Hashable, Sendable {
     static func == (a: HostKey, b: HostKey) -> Bool {
         guard a.text.utf8.count == b.text.utf8.count else { return false }
         return a.text.utf8.elementsEqual(b.text.utf8) { fold($0) == fold($1) }
-    }
-}
-
-/// What one bound listener enforces on its connections, fixed at bind: the SO_PEERCRED
-/// allowlist of a unix socket, whether the Host of requests is checked (loopback TCP), and
-/// the browser guard.
-/// Immutable; shared by every loop.
-public final class ListenerPolicy: Sendable {
-    public let config: ListenerConfig
-    /// `unix:/path` or `host:port`, for messages.
-    public let label: String
-    /// A unix listener with `allow_uids`/`allow_gids`: every connection's peer is checked.
-    public let checksPeer: Bool
-    /// A loopback TCP listener without `allowed_hosts: ["*"]`: every request's Host is checked.
-    public let checksHost: Bool
-    /// The browser guard (DESIGN §5), with the listener's `allowed_origins`: every request is checked.
-    public let browserGuard: BrowserGuard
-
-    public init(_ config: ListenerConfig) {
-        self.config = config
-        label = config.address.description
-        if case .unix = config.address {
-            checksPeer = config.allowUIDs != nil || config.allowGIDs != nil
-        } else {
-            checksPeer = false
-        }
-        checksHost = config.checksHost
-        browserGuard = BrowserGuard(scheme: .http, allowedOrigins: config.allowedOrigins)
     }
 }

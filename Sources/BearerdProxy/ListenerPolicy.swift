@@ -1,0 +1,41 @@
+import BearerdConfig
+import BearerdProxyCore
+
+extension HostAllowlist {
+    /// - Parameters:
+    ///   - listener: supplies its own address host and `allowed_hosts`.
+    ///   - routeHosts: the `host:` of every route of the configuration in force.
+    public init(listener: ListenerConfig, routeHosts: [String]) {
+        var extra = listener.allowedHosts + routeHosts
+        if case .tcp(let host, _) = listener.address { extra.append(host) }
+        self.init(names: extra)
+    }
+}
+
+/// What one bound listener enforces on its connections, fixed at bind: the SO_PEERCRED
+/// allowlist of a unix socket, whether the Host of requests is checked (loopback TCP), and
+/// the browser guard.
+/// Immutable; shared by every loop.
+public final class ListenerPolicy: Sendable {
+    public let config: ListenerConfig
+    /// `unix:/path` or `host:port`, for messages.
+    public let label: String
+    /// A unix listener with `allow_uids`/`allow_gids`: every connection's peer is checked.
+    public let checksPeer: Bool
+    /// A loopback TCP listener without `allowed_hosts: ["*"]`: every request's Host is checked.
+    public let checksHost: Bool
+    /// The browser guard (DESIGN §5), with the listener's `allowed_origins`: every request is checked.
+    public let browserGuard: BrowserGuard
+
+    public init(_ config: ListenerConfig) {
+        self.config = config
+        label = config.address.description
+        if case .unix = config.address {
+            checksPeer = config.allowUIDs != nil || config.allowGIDs != nil
+        } else {
+            checksPeer = false
+        }
+        checksHost = config.checksHost
+        browserGuard = BrowserGuard(scheme: .http, allowedOrigins: config.allowedOrigins)
+    }
+}
