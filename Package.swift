@@ -45,6 +45,14 @@ let package = Package(
             swiftSettings: shellSettings
         ),
         .target(
+            name: "BearerdSessions",
+            dependencies: [
+                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdTLS", "BearerdIO",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: shellSettings
+        ),
+        .target(
             name: "BearerdTLS",
             dependencies: ["COpenSSL", "CBearerdShim"],
             swiftSettings: shellSettings
@@ -60,7 +68,7 @@ let package = Package(
         .target(
             name: "BearerdProxy",
             dependencies: [
-                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdTLS", "BearerdIO",
+                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdSessions", "BearerdTLS", "BearerdIO",
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -85,10 +93,10 @@ let package = Package(
         .testTarget(name: "BearerdProxyCoreTests", dependencies: ["BearerdProxyCore", "BearerdHTTP", "BearerdOAuth"]),
         .testTarget(name: "BearerdTLSTests", dependencies: ["BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdIOTests", dependencies: ["BearerdIO", "BearerdTestSupport"], swiftSettings: shellSettings),
-        .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
+        .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(
             name: "EndToEndTests",
-            dependencies: ["bearerd", "BearerdProxy", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],
+            dependencies: ["bearerd", "BearerdProxy", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],
             swiftSettings: shellSettings
         ),
     ]

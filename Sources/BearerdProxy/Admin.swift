@@ -3,6 +3,7 @@ import BearerdIO
 import BearerdOAuth
 import BearerdProxyCore
 import BearerdConfig
+import BearerdSessions
 
 /// Where the server is in its life, for `/readyz`: `starting` until `start()` has bound every
 /// listener, `serving`, then `shuttingDown` from the moment `shutdown` is called.

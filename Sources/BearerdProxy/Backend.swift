@@ -3,6 +3,7 @@ import BearerdIO
 import BearerdTLS
 import BearerdProxyCore
 import BearerdConfig
+import BearerdSessions
 
 /// Where a route's requests go: everything needed to open or reuse a connection, precomputed
 /// once per configuration (the TLS context is shared by all loops).

@@ -2,6 +2,7 @@ import BearerdHTTP
 import BearerdIO
 import BearerdProxyCore
 import BearerdConfig
+import BearerdSessions
 
 /// Serves requests for local endpoints (admin, demo upstream) instead of proxying them.
 public protocol LocalResponder: AnyObject, Sendable {

@@ -1,5 +1,6 @@
 import BearerdConfig
 import BearerdProxyCore
+import BearerdSessions
 
 extension HostAllowlist {
     /// - Parameters:

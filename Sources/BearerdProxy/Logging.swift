@@ -5,6 +5,7 @@ import Synchronization
 import BearerdIO
 import BearerdProxyCore
 import BearerdConfig
+import BearerdSessions
 
 /// The process's log level and format, shared by every `BearerdLogHandler` made with it so a
 /// SIGHUP can change them for loggers already handed out. Lock-free reads (one atomic load per

@@ -1,6 +1,7 @@
 import BearerdOAuth
 import BearerdProxyCore
 import BearerdConfig
+import BearerdSessions
 
 /// One loop's counters, read by the admin `/metrics` endpoint by hopping onto each loop
 /// (`BearerdServer.collectMetrics`) and summed by route label (`merge`).

@@ -4,6 +4,7 @@ import BearerdOAuth
 import BearerdProxyCore
 import Logging
 import BearerdConfig
+import BearerdSessions
 
 /// What a frontend connection drives for each request: the proxy, or a local responder (admin,
 /// demo upstream). All calls on the connection's loop.

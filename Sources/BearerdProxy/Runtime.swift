@@ -4,6 +4,7 @@ import Logging
 import BearerdTLS
 import BearerdProxyCore
 import BearerdConfig
+import BearerdSessions
 
 /// Everything derived from one configuration that request handling needs: the router, one
 /// `UpstreamTarget` per route (TLS contexts built once), limits and timeouts. Immutable; each loop

@@ -5,6 +5,7 @@ import BearerdIO
 import Logging
 import BearerdProxyCore
 import BearerdConfig
+import BearerdSessions
 
 /// The running proxy: event loops, listeners, the admin listener and each loop's context.
 ///

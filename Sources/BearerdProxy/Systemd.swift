@@ -6,6 +6,7 @@ import Logging
 import Glibc
 import BearerdProxyCore
 import BearerdConfig
+import BearerdSessions
 #endif
 
 // systemd integration without libsystemd.

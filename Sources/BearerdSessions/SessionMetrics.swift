@@ -1,3 +1,4 @@
+import BearerdTLS
 import BearerdOAuth
 import BearerdProxyCore
 import BearerdConfig

@@ -1,3 +1,4 @@
+import BearerdTLS
 import BearerdIO
 import BearerdProxyCore
 import BearerdConfig

@@ -1,3 +1,4 @@
+import BearerdTLS
 import BearerdOAuth
 #if canImport(Glibc)
 import Glibc

@@ -6,6 +6,7 @@ import Foundation
 import Logging
 import BearerdProxyCore
 import BearerdConfig
+import BearerdSessions
 
 @main
 struct Bearerd: ParsableCommand {

@@ -6,6 +6,7 @@ import Foundation
 import Logging
 import BearerdProxyCore
 import BearerdConfig
+import BearerdSessions
 
 /// `bearerd token -c FILE SESSION` (DESIGN §3): prints a current access token of one session
 /// on stdout, and nothing else, for scripts (`curl -H "Authorization: Bearer $(bearerd token …)"`).

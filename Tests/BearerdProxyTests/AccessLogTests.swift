@@ -4,6 +4,7 @@ import Testing
 @testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
+@testable import BearerdSessions
 
 @Suite("Access log line")
 struct AccessLogTests {

@@ -3,6 +3,7 @@ import BearerdIO
 @testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
+@testable import BearerdSessions
 
 @Suite("io: key")
 struct ConfigIOModeTests {

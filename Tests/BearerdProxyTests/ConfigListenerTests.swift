@@ -2,6 +2,7 @@ import Testing
 @testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
+@testable import BearerdSessions
 
 /// `listen:` entries with access control, top-level `allow_remote`/`allowed_hosts`, `log:`,
 /// `shutdown_grace` and `startup_timeout` (issue 4).

@@ -5,6 +5,7 @@ import Testing
 import BearerdTLS
 @testable import BearerdConfig
 @testable import BearerdProxyCore
+@testable import BearerdSessions
 
 /// Messages of a configuration that must fail, as `FILE:LINE: key: what is wrong` lines.
 func configErrors(_ yaml: String, environment: [String: String] = [:], checkFiles: Bool = false,

@@ -2,6 +2,7 @@ import Testing
 @testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
+@testable import BearerdSessions
 
 /// The Host allowlist of loopback listeners (DNS rebinding guard, issue 4 item 5).
 @Suite("Host allowlist")

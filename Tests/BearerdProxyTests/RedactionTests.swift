@@ -75,6 +75,7 @@ import Glibc
 #endif
 import Foundation
 @testable import BearerdConfig
+@testable import BearerdSessions
 
 /// A temporary file to capture a LogSink's output.
 func memfdLikeTempFile() -> (fd: Int32, read: () -> String) {

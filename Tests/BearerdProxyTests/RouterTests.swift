@@ -3,6 +3,7 @@ import BearerdHTTP
 @testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
+@testable import BearerdSessions
 
 @Suite("Routing and target rewriting (pure)")
 struct RouterTests {

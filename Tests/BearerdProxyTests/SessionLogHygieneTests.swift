@@ -8,6 +8,7 @@ import Testing
 import Glibc
 @testable import BearerdConfig
 @testable import BearerdProxyCore
+@testable import BearerdSessions
 #endif
 
 /// DESIGN §5: tokens, secrets and refresh tokens never appear in logs. Runs the session flows

@@ -10,6 +10,7 @@ import Glibc
 import BearerdTLS
 @testable import BearerdConfig
 @testable import BearerdProxyCore
+@testable import BearerdSessions
 #endif
 
 // Test-local helpers for the session tests. BearerdProxyTests does not depend on

@@ -8,6 +8,7 @@ import Testing
 @testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
+@testable import BearerdSessions
 
 @Suite("systemd notify protocol")
 struct SystemdNotifyTests {

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 /// The `bearerd` executable itself: `check`, `--version`, `run` with a config file, SIGTERM.
 @Suite("Command line", .serialized)

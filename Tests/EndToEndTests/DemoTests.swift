@@ -6,6 +6,7 @@ import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 /// `bearerd demo`'s parts: the demo authority as token endpoint and protected API, bearerd in
 /// front with a client_credentials session; revoking shows refresh and replay.

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import BearerdProxy
 import BearerdConfig
+import BearerdSessions
 
 /// The files under deploy/: the systemd units pass `systemd-analyze verify` and keep their
 /// `systemd-analyze security` exposure (the README quotes it); the Kubernetes example's

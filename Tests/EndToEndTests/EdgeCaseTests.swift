@@ -8,6 +8,7 @@ import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 @Suite("Malformed input, limits, timeouts and upstream failures", .serialized)
 struct EdgeCaseTests {

@@ -6,6 +6,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdTLS
 import BearerdConfig
+import BearerdSessions
 
 /// bearerd running in-process on 127.0.0.1 with an ephemeral port.
 final class TestProxy {

@@ -5,6 +5,7 @@ import Glibc
 import Testing
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 // Issue 8's hostile-peer suite: misbehaving origins and token endpoints (`ScriptedOrigin`,
 // `ScriptedTokenEndpoint`) and raw-socket clients against the real `bearerd run` binary as a

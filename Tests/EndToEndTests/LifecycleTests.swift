@@ -6,6 +6,7 @@ import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 @Suite("Reload, shutdown and listeners", .serialized)
 struct LifecycleTests {

@@ -3,6 +3,7 @@ import Testing
 import BearerdIO
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 /// Issue 8 item 4: the real `bearerd run` under a low RLIMIT_NOFILE (through util-linux's
 /// `prlimit`) runs out of descriptors, so its accept source is suspended; a SIGHUP then moves

@@ -5,6 +5,7 @@ import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 /// The admin listener over real sockets: traffic through bearerd (a 401 → refresh → replay, a
 /// token endpoint that starts refusing the client, a session that never gets a token, routes

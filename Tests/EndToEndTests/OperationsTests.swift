@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 /// The real `bearerd run` process with a config file: stderr goes to a file (a pipe could fill
 /// up and block bearerd), signals are sent with kill(2).

@@ -5,6 +5,7 @@ import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 @Suite("Proxying over 127.0.0.1", .serialized)
 struct ProxyBasicsTests {

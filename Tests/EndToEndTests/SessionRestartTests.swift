@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 /// A refresh_token session whose server rotates refresh tokens with no grace window: every
 /// rotated token must be persisted before use, or a restart after kill -9 loses the session

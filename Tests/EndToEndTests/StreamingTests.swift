@@ -5,6 +5,7 @@ import BearerdIO
 import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 /// Bodies are streamed, never buffered whole: a large body passes both ways while the process's
 /// resident memory stays flat. (`BEARERD_TEST_BIG_MIB` raises the size, e.g. 1024 for 1 GiB.)

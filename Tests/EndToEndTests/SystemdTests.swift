@@ -3,6 +3,7 @@ import Testing
 import BearerdIO
 import BearerdTestSupport
 import BearerdConfig
+import BearerdSessions
 
 /// The real `bearerd run` under systemd's protocols: launched by `systemd-socket-activate`
 /// (Debian's systemd package) with inherited listening sockets, and with $NOTIFY_SOCKET pointed

@@ -6,6 +6,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdTLS
 import BearerdConfig
+import BearerdSessions
 
 @Suite("TLS upstreams over real sockets", .serialized)
 struct TLSUpstreamTests {
