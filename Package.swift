@@ -53,6 +53,14 @@ let package = Package(
             swiftSettings: shellSettings
         ),
         .target(
+            name: "BearerdService",
+            dependencies: [
+                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdSessions", "BearerdIO",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: shellSettings
+        ),
+        .target(
             name: "BearerdTLS",
             dependencies: ["COpenSSL", "CBearerdShim"],
             swiftSettings: shellSettings
@@ -68,7 +76,7 @@ let package = Package(
         .target(
             name: "BearerdProxy",
             dependencies: [
-                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdSessions", "BearerdTLS", "BearerdIO",
+                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdSessions", "BearerdService", "BearerdTLS", "BearerdIO",
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -93,10 +101,10 @@ let package = Package(
         .testTarget(name: "BearerdProxyCoreTests", dependencies: ["BearerdProxyCore", "BearerdHTTP", "BearerdOAuth"]),
         .testTarget(name: "BearerdTLSTests", dependencies: ["BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdIOTests", dependencies: ["BearerdIO", "BearerdTestSupport"], swiftSettings: shellSettings),
-        .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
+        .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdService", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(
             name: "EndToEndTests",
-            dependencies: ["bearerd", "BearerdProxy", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],
+            dependencies: ["bearerd", "BearerdProxy", "BearerdService", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],
             swiftSettings: shellSettings
         ),
     ]

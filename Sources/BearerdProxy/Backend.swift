@@ -4,6 +4,7 @@ import BearerdTLS
 import BearerdProxyCore
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// Where a route's requests go: everything needed to open or reuse a connection, precomputed
 /// once per configuration (the TLS context is shared by all loops).

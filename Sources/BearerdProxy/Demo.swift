@@ -4,6 +4,7 @@ import BearerdOAuth
 import BearerdProxyCore
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// The demo authorization server and upstream of `bearerd demo`, so a newcomer sees the whole
 /// flow with no outside server: `POST /oauth/token` (client_credentials, client `demo`, secret

@@ -3,12 +3,7 @@ import BearerdIO
 import BearerdProxyCore
 import BearerdConfig
 import BearerdSessions
-
-/// Serves requests for local endpoints (admin, demo upstream) instead of proxying them.
-public protocol LocalResponder: AnyObject, Sendable {
-    /// Answers a complete request (body collected up to 1 MiB). Runs on the connection's loop.
-    func respond(to head: HTTPRequestHead, body: [UInt8], loop: EventLoop, reply: @escaping (HTTPResponseHead, [UInt8]) -> Void)
-}
+import BearerdService
 
 /// One client connection (HTTP/1.1 server side). Lives on its loop for its whole life.
 ///

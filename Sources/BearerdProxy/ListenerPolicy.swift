@@ -1,6 +1,7 @@
 import BearerdConfig
 import BearerdProxyCore
 import BearerdSessions
+import BearerdService
 
 extension HostAllowlist {
     /// - Parameters:

@@ -5,6 +5,7 @@ import BearerdProxyCore
 import Logging
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// What a frontend connection drives for each request: the proxy, or a local responder (admin,
 /// demo upstream). All calls on the connection's loop.

@@ -2,6 +2,7 @@ import BearerdHTTP
 import BearerdProxyCore
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// The route table: first match wins on path prefix and optional Host (DESIGN §4 `routes`).
 /// Immutable; built once per configuration and shared by all loops.

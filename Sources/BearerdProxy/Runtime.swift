@@ -5,6 +5,7 @@ import BearerdTLS
 import BearerdProxyCore
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// Everything derived from one configuration that request handling needs: the router, one
 /// `UpstreamTarget` per route (TLS contexts built once), limits and timeouts. Immutable; each loop
@@ -91,7 +92,7 @@ final class LoopContext {
     }
 
     private func assignRouteSlots() {
-        routeSlots = runtime.config.routes.map { metrics.slot(for: RouteMetrics.label(for: $0)) }
+        routeSlots = runtime.config.routes.map { metrics.slot(for: RouteMetrics.label(host: $0.host, match: $0.match)) }
         tokenCache = Array(repeating: CachedToken(), count: runtime.routeSessions.count)
     }
 

@@ -6,6 +6,7 @@ import Logging
 import BearerdProxyCore
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// The running proxy: event loops, listeners, the admin listener and each loop's context.
 ///

@@ -1,7 +1,4 @@
 import BearerdOAuth
-import BearerdProxyCore
-import BearerdConfig
-import BearerdSessions
 
 /// One loop's counters, read by the admin `/metrics` endpoint by hopping onto each loop
 /// (`BearerdServer.collectMetrics`) and summed by route label (`merge`).
@@ -25,34 +22,34 @@ public struct LoopMetrics: Sendable {
     public init() {}
 
     /// The slot of `label`, appended if new.
-    mutating func slot(for label: String) -> Int {
+    package mutating func slot(for label: String) -> Int {
         if let i = routes.firstIndex(where: { $0.label == label }) { return i }
         routes.append(RouteMetrics(label: label))
         return routes.count - 1
     }
 
     @inline(__always)
-    mutating func countRequest(slot: Int, status: Int) {
+    package mutating func countRequest(slot: Int, status: Int) {
         routes[slot].statuses[status, default: 0] &+= 1
     }
 
     @inline(__always)
-    mutating func countUpstreamError(slot: Int, _ kind: UpstreamErrorKind) {
+    package mutating func countUpstreamError(slot: Int, _ kind: UpstreamErrorKind) {
         routes[slot].upstreamErrors[kind.rawValue] &+= 1
     }
 
     @inline(__always)
-    mutating func countReplay(slot: Int, _ outcome: ReplayOutcome) {
+    package mutating func countReplay(slot: Int, _ outcome: ReplayOutcome) {
         routes[slot].replays[outcome.rawValue] &+= 1
     }
 
     @inline(__always)
-    mutating func observeUpstreamLatency(slot: Int, nanoseconds: UInt64) {
+    package mutating func observeUpstreamLatency(slot: Int, nanoseconds: UInt64) {
         routes[slot].upstreamLatency.observe(nanoseconds: nanoseconds)
     }
 
     /// Adds `o` to these counters, route by route label (loops number their slots independently).
-    mutating func merge(_ o: LoopMetrics) {
+    package mutating func merge(_ o: LoopMetrics) {
         var index: [String: Int] = [:]
         for (i, r) in routes.enumerated() { index[r.label] = i }
         for r in o.routes {
@@ -91,13 +88,13 @@ public struct RouteMetrics: Sendable {
         self.label = label
     }
 
-    /// The `route` label of a configured route.
-    public static func label(for route: RouteConfig) -> String {
-        guard let host = route.host, !host.isEmpty else { return route.match }
-        return host + route.match
+    /// The `route` label of a configured route (its `host:` and `match:`).
+    public static func label(host: String?, match: String) -> String {
+        guard let host, !host.isEmpty else { return match }
+        return host + match
     }
 
-    mutating func merge(_ o: RouteMetrics) {
+    package mutating func merge(_ o: RouteMetrics) {
         for (k, v) in o.statuses { statuses[k, default: 0] &+= v }
         for i in upstreamErrors.indices { upstreamErrors[i] &+= o.upstreamErrors[i] }
         for i in replays.indices { replays[i] &+= o.replays[i] }

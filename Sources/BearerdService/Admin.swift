@@ -34,14 +34,14 @@ public final class ServerLifecycle: @unchecked Sendable {  // @unchecked: `curre
 ///
 /// Holds only a weak reference to the server; every answer is built from snapshots (the
 /// loops' counters are gathered by hopping onto each loop, the sessions' under their locks).
-final class AdminResponder: LocalResponder, @unchecked Sendable {  // @unchecked: `server` is weak and only read
-    weak var server: BearerdServer?
-    init(server: BearerdServer) { self.server = server }
+public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @unchecked: `server` is weak and only read
+    weak var server: AdminStatusSource?
+    public init(server: AdminStatusSource) { self.server = server }
 
     static let jsonType = "application/json"
     static let metricsType = "text/plain; version=0.0.4; charset=utf-8"
 
-    func respond(to head: HTTPRequestHead, body: [UInt8], loop: EventLoop, reply: @escaping (HTTPResponseHead, [UInt8]) -> Void) {
+    public func respond(to head: HTTPRequestHead, body: [UInt8], loop: EventLoop, reply: @escaping (HTTPResponseHead, [UInt8]) -> Void) {
         let path = head.target.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.target
         @Sendable func send(_ status: Int, _ s: String, type: String) {
             var headers = HTTPHeaders()
@@ -57,7 +57,7 @@ final class AdminResponder: LocalResponder, @unchecked Sendable {  // @unchecked
         case "/healthz":
             send(200, "{\"status\":\"ok\"}\n", type: Self.jsonType)
         case "/readyz":
-            let r = Self.readiness(phase: server?.lifecycle.phase ?? .shuttingDown,
+            let r = Self.readiness(phase: server?.lifecyclePhase ?? .shuttingDown,
                                    sessions: server.map(Self.sessionSnapshots) ?? [], now: monotonicNanos())
             send(r.status, r.body, type: Self.jsonType)
         case "/metrics":
@@ -75,7 +75,7 @@ final class AdminResponder: LocalResponder, @unchecked Sendable {  // @unchecked
         }
     }
 
-    static func sessionSnapshots(_ server: BearerdServer) -> [SessionSnapshot] {
+    static func sessionSnapshots(_ server: AdminStatusSource) -> [SessionSnapshot] {
         server.sessions.sessionNames.compactMap { server.sessions.session(named: $0)?.snapshot }
     }
 

@@ -92,6 +92,21 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
     public var generation: UInt64?
     public var replayed: Bool
 
+    public init(method: String, path: String, route: String, status: Int, upstreamMicros: Int, totalMicros: Int, bytes: UInt64,
+                outcome: String?, session: String?, generation: UInt64?, replayed: Bool) {
+        self.method = method
+        self.path = path
+        self.route = route
+        self.status = status
+        self.upstreamMicros = upstreamMicros
+        self.totalMicros = totalMicros
+        self.bytes = bytes
+        self.outcome = outcome
+        self.session = session
+        self.generation = generation
+        self.replayed = replayed
+    }
+
     public var description: String { logfmt }
 
     static func millis(_ micros: Int) -> String {

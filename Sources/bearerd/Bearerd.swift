@@ -7,6 +7,7 @@ import Logging
 import BearerdProxyCore
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 @main
 struct Bearerd: ParsableCommand {

@@ -7,6 +7,7 @@ import Logging
 import BearerdProxyCore
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// `bearerd token -c FILE SESSION` (DESIGN §3): prints a current access token of one session
 /// on stdout, and nothing else, for scripts (`curl -H "Authorization: Bearer $(bearerd token …)"`).

@@ -5,6 +5,7 @@ import Testing
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
+@testable import BearerdService
 
 @Suite("Access log line")
 struct AccessLogTests {

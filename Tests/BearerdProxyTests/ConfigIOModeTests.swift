@@ -4,6 +4,7 @@ import BearerdIO
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
+@testable import BearerdService
 
 @Suite("io: key")
 struct ConfigIOModeTests {

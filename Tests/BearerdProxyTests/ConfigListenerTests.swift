@@ -3,6 +3,7 @@ import Testing
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
+@testable import BearerdService
 
 /// `listen:` entries with access control, top-level `allow_remote`/`allowed_hosts`, `log:`,
 /// `shutdown_grace` and `startup_timeout` (issue 4).

@@ -8,6 +8,7 @@ import Testing
 @testable import BearerdProxyCore
 @testable import BearerdConfig
 @testable import BearerdSessions
+@testable import BearerdService
 
 /// The Prometheus text writer, the per-loop counters and their merge, the rendering of every
 /// family, `/readyz`, the replay-outcome and error-label vocabularies, and the session

@@ -76,6 +76,7 @@ import Glibc
 import Foundation
 @testable import BearerdConfig
 @testable import BearerdSessions
+@testable import BearerdService
 
 /// A temporary file to capture a LogSink's output.
 func memfdLikeTempFile() -> (fd: Int32, read: () -> String) {

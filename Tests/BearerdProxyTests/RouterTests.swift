@@ -4,6 +4,7 @@ import BearerdHTTP
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
+@testable import BearerdService
 
 @Suite("Routing and target rewriting (pure)")
 struct RouterTests {

@@ -7,6 +7,7 @@ import Testing
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
+@testable import BearerdService
 
 /// The session driver against a real token endpoint on 127.0.0.1: grants and client
 /// authentication on the wire, coalescing, an endpoint that is down then back, rejections.

@@ -9,6 +9,7 @@ import Glibc
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
+@testable import BearerdService
 #endif
 
 /// DESIGN §5: tokens, secrets and refresh tokens never appear in logs. Runs the session flows

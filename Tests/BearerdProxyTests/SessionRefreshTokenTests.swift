@@ -7,6 +7,7 @@ import Testing
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
+@testable import BearerdService
 
 /// refresh_token sessions (DESIGN §6 "Rotation durability"): the endpoint rotates refresh
 /// tokens and accepts only the newest; the state file must hold the newest before the access

@@ -11,6 +11,7 @@ import BearerdTLS
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
+@testable import BearerdService
 #endif
 
 // Test-local helpers for the session tests. BearerdProxyTests does not depend on

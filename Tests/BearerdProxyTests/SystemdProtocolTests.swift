@@ -9,6 +9,7 @@ import Testing
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
+@testable import BearerdService
 
 @Suite("systemd notify protocol")
 struct SystemdNotifyTests {

@@ -7,6 +7,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// Access control of listeners (issue 4 item 5) over real sockets: the Host allowlist of
 /// loopback listeners (421), unix socket file mode and owner, and SO_PEERCRED (403) checked by

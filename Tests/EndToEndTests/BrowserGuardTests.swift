@@ -5,6 +5,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// The browser guard over real sockets (DESIGN §5; issue 8 item 17): a web page the developer
 /// visits must not make the local bearerd act for it. Requests a browser marks as cross-site get

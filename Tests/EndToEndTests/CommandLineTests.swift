@@ -3,6 +3,7 @@ import Testing
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// The `bearerd` executable itself: `check`, `--version`, `run` with a config file, SIGTERM.
 @Suite("Command line", .serialized)

@@ -7,6 +7,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// `bearerd demo`'s parts: the demo authority as token endpoint and protected API, bearerd in
 /// front with a client_credentials session; revoking shows refresh and replay.

@@ -3,6 +3,7 @@ import Testing
 import BearerdProxy
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// The files under deploy/: the systemd units pass `systemd-analyze verify` and keep their
 /// `systemd-analyze security` exposure (the README quotes it); the Kubernetes example's

@@ -8,6 +8,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// An origin that answers as soon as it has the request head (as servers do with an early 413 or
 /// a streaming echo), then keeps reading: one connection, raw sockets, on its own thread.

@@ -9,6 +9,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 @Suite("Malformed input, limits, timeouts and upstream failures", .serialized)
 struct EdgeCaseTests {

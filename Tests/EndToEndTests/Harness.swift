@@ -7,6 +7,7 @@ import BearerdTestSupport
 import BearerdTLS
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// bearerd running in-process on 127.0.0.1 with an ephemeral port.
 final class TestProxy {

@@ -6,6 +6,7 @@ import Testing
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 // Issue 8's hostile-peer suite: misbehaving origins and token endpoints (`ScriptedOrigin`,
 // `ScriptedTokenEndpoint`) and raw-socket clients against the real `bearerd run` binary as a

@@ -7,6 +7,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 @Suite("Reload, shutdown and listeners", .serialized)
 struct LifecycleTests {

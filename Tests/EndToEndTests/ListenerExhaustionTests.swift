@@ -4,6 +4,7 @@ import BearerdIO
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// Issue 8 item 4: the real `bearerd run` under a low RLIMIT_NOFILE (through util-linux's
 /// `prlimit`) runs out of descriptors, so its accept source is suspended; a SIGHUP then moves

@@ -6,6 +6,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// The admin listener over real sockets: traffic through bearerd (a 401 → refresh → replay, a
 /// token endpoint that starts refusing the client, a session that never gets a token, routes

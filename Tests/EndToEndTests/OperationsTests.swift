@@ -3,6 +3,7 @@ import Testing
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// The real `bearerd run` process with a config file: stderr goes to a file (a pipe could fill
 /// up and block bearerd), signals are sent with kill(2).

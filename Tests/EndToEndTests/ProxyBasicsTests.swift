@@ -6,6 +6,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 @Suite("Proxying over 127.0.0.1", .serialized)
 struct ProxyBasicsTests {

@@ -7,6 +7,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// Token sessions end to end: bearerd in front of a real Authlib authorization server whose
 /// Bearer-protected `/api/` is the upstream (it validates tokens and answers 401 with

@@ -3,6 +3,7 @@ import Testing
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// A refresh_token session whose server rotates refresh tokens with no grace window: every
 /// rotated token must be persisted before use, or a restart after kill -9 loses the session

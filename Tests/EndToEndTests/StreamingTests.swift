@@ -6,6 +6,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// Bodies are streamed, never buffered whole: a large body passes both ways while the process's
 /// resident memory stays flat. (`BEARERD_TEST_BIG_MIB` raises the size, e.g. 1024 for 1 GiB.)

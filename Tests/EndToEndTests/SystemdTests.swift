@@ -4,6 +4,7 @@ import BearerdIO
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 /// The real `bearerd run` under systemd's protocols: launched by `systemd-socket-activate`
 /// (Debian's systemd package) with inherited listening sockets, and with $NOTIFY_SOCKET pointed

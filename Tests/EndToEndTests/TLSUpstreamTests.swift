@@ -7,6 +7,7 @@ import BearerdTestSupport
 import BearerdTLS
 import BearerdConfig
 import BearerdSessions
+import BearerdService
 
 @Suite("TLS upstreams over real sockets", .serialized)
 struct TLSUpstreamTests {
