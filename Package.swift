@@ -1,9 +1,12 @@
 // swift-tools-version:6.0
 import PackageDescription
 
-/// Module split (shared/DESIGN.md §2): pure cores (BearerdHTTP, BearerdOAuth, BearerdProxyCore)
-/// import neither Foundation, Dispatch nor a C module (BearerdProxyCore imports only the other two); engines and the Dispatch shell live in BearerdIO;
-/// configuration, routing and the request pipeline in BearerdProxy; the command line in bearerd.
+/// Module split (shared/DESIGN.md §2). Pure cores import neither Foundation, Dispatch nor a C
+/// module: BearerdHTTP, BearerdOAuth, BearerdProxyCore (which imports only the other two).
+/// BearerdTLS: the OpenSSL engine; BearerdIO: Dispatch loops and sockets; BearerdConfig: the YAML
+/// contract (no I/O module); BearerdSessions: session drivers, token endpoint client, state store;
+/// BearerdService: admin endpoints, logging, systemd; BearerdProxy: connections, pools, the
+/// exchange driver, runtime and server; bearerd: the command line. `.ci/run` checks the purity rules.
 let shellSettings: [SwiftSetting] = [.swiftLanguageMode(.v5)]
 
 let package = Package(
