@@ -14,36 +14,22 @@ import BearerdConfig
 ///
 /// Owns, on `queue`: the state machine, the waiters (each a caller's loop and completion),
 /// the session timer, the token request in flight, the settings and the state store.
-/// Owns, under `publishLock`: the published token (a pointer-sized copy for the hot path),
+/// Publishes, through `TokenPublication`: the current token for the loops' lock-free fast path,
 /// and what the admin endpoints read: status, expiry, waiter count, last failure, counters.
 ///
 /// Invariants: every waiter handed to the machine is completed exactly once, with
 /// `loop.execute` on its own loop; at most one token request in flight (the machine's rule);
 /// a rotated refresh token is persisted before `fetchSucceeded` hands the access token out;
 /// no token, refresh token or secret is ever logged (only `fingerprint`s).
-public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: state confined to `queue`, `published` guarded by `publishLock`
+public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: state confined to `queue`; what others read is in `publication`
     public let name: String
     let grant: GrantType
     let stateDirectory: String?
     let queue: EventLoop
     private let logger: Logger
 
-    // Hot path (any thread), guarded by `publishLock`.
-    private let publishLock = Lock()
-    /// Bumped (releasing) after every change of `published`: loops keep a copy of the token with
-    /// the version they read it at, and take `publishLock` only when the version moved
-    /// (`TokenCache`), so the request path reads the token without a mutex in steady state.
-    private let publicationVersion = Atomic<UInt64>(0)
-    private var published: PublishedToken?
-    private var publishedGeneration: UInt64 = 0
-    private var publishedStatus: TokenSession.Status = .idle
-    private var publishedExpiresAt: UInt64?
-    private var publishedWaiters = 0
-    /// The last token request failure's detail (scrubbed); nil once a token was obtained since.
-    private var publishedFailure: String?
-    /// Why the newest refresh token is only in memory (a state file write failed); nil once on disk.
-    private var publishedPersistFailure: String?
-    private var counters = SessionMetrics()
+    /// The token and the facts other threads read (any thread; written on `queue` only).
+    private let publication = TokenPublication()
 
     // Session queue only.
     private var settings: SessionSettings
@@ -120,7 +106,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// marked rejected (compare-and-swap in the state machine) and the one forced refresh is
     /// joined or started; `.passThrough` when the breaker is open or no newer token could be had.
     public func reportRejected(generation: UInt64, on loop: EventLoop, completion: @escaping (RejectionOutcome) -> Void) {
-        let current = publishLock.withLock { published }
+        let current = publication.token
         if let current, generation < current.generation {
             loop.execute { completion(.replay(current, refreshed: false)) }
             return
@@ -137,32 +123,32 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     /// The generation of the published token (0 before the first). Thread-safe.
     public var currentGeneration: UInt64 {
-        publishLock.withLock { publishedGeneration }
+        publication.read { $0.generation }
     }
 
     /// The session's coarse state as of its last event (for `/readyz` and `bearerd check`:
     /// `.needsReauthentication` means a new refresh token is needed). Thread-safe.
     public var status: TokenSession.Status {
-        publishLock.withLock { publishedStatus }
+        publication.read { $0.status }
     }
 
     /// The session's counters (for `/metrics`). Thread-safe.
     public var metrics: SessionMetrics {
-        publishLock.withLock { counters }
+        publication.read { $0.counters }
     }
 
     /// Counters, gauges and readiness facts in one consistent read (for `/metrics` and
     /// `/readyz`). Thread-safe; carries no token.
     public var snapshot: SessionSnapshot {
-        publishLock.withLock {
-            SessionSnapshot(name: name, counters: counters, status: publishedStatus, generation: publishedGeneration,
-                            expiresAt: publishedExpiresAt, waiters: publishedWaiters, lastFailure: publishedFailure,
-                            persistFailure: publishedPersistFailure)
+        publication.read { p in
+            SessionSnapshot(name: name, counters: p.counters, status: p.status, generation: p.generation,
+                            expiresAt: p.expiresAt, waiters: p.waiters, lastFailure: p.failure,
+                            persistFailure: p.persistFailure)
         }
     }
 
     private func count(_ body: (inout SessionMetrics) -> Void) {
-        publishLock.withLock { body(&counters) }
+        publication.update { body(&$0.counters) }
     }
 
     func start() {
@@ -199,7 +185,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             timerSerial &+= 1
             let pending = waiters
             waiters = [:]
-            publishLock.withLock { publishedWaiters = 0 }
+            publication.update { $0.waiters = 0 }
             inFlight?.cancel(detail: "session stopped")
             inFlight = nil
             store?.unlock()
@@ -233,9 +219,9 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         defer {
             let s = machine.status
             let w = waiters.count
-            publishLock.withLock {
-                publishedStatus = s
-                publishedWaiters = w
+            publication.update {
+                $0.status = s
+                $0.waiters = w
             }
         }
         for action in actions {
@@ -300,20 +286,15 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private func publish(_ token: TokenSession.CurrentToken?) {
         let p = token.map(convert)
         let expiresAt = token?.expiresAt.nanoseconds
-        publishLock.withLock {
-            published = p
-            publishedExpiresAt = expiresAt
-            if let p { publishedGeneration = p.generation }
-        }
-        publicationVersion.wrappingAdd(1, ordering: .releasing)
+        publication.publish(p, expiresAt: expiresAt)
     }
 
-    /// The published token, usable or not (under `publishLock`; loops cache it per version).
-    public var publishedToken: PublishedToken? { publishLock.withLock { published } }
+    /// The published token, usable or not (loops cache it per version).
+    public var publishedToken: PublishedToken? { publication.token }
 
-    /// The version of the published token (see `publicationVersion`). Any thread, lock-free.
+    /// The version of the published token (`TokenPublication`). Any thread, lock-free.
     @inline(__always)
-    public var publishedVersion: UInt64 { publicationVersion.load(ordering: .acquiring) }
+    public var publishedVersion: UInt64 { publication.currentVersion }
 
     private func convert(_ t: TokenSession.CurrentToken) -> PublishedToken {
         let until = t.usableWithoutWaitingUntil.nanoseconds
@@ -330,7 +311,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         guard let w = waiters.removeValue(forKey: id) else { return }
         // Before the completion runs, so a caller that has its answer never sees itself counted.
         let remaining = waiters.count
-        publishLock.withLock { publishedWaiters = remaining }
+        publication.update { $0.waiters = remaining }
         switch w {
         case .token(let loop, let completion):
             switch result {
@@ -426,7 +407,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 if adopted { $0.tokensAdopted += 1 } else { $0.tokensObtained += 1 }
                 $0.refreshes[TokenRefreshKey(reason: request.reason.rawValue, outcome: adopted ? "adopted" : "success", error: ""), default: 0] += 1
             }
-            publishLock.withLock { publishedFailure = nil }
+            publication.update { $0.failure = nil }
             if self.grant == .refreshToken { store?.clearNeedsReauthentication() }
             // Logged before the actions run, so the line precedes the token's delivery.
             let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
@@ -444,14 +425,14 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             let failure = scrubbed(serverFailure)
             let key = TokenRefreshKey(reason: request.reason.rawValue, outcome: "failure",
                                       error: TokenRefreshKey.errorLabel(for: failure))
-            publishLock.withLock {
+            publication.update { p in
                 switch failure.classification {
-                case .retryable: counters.failuresRetryable += 1
-                case .permanent: counters.failuresPermanent += 1
-                case .invalidGrant: counters.failuresInvalidGrant += 1
+                case .retryable: p.counters.failuresRetryable += 1
+                case .permanent: p.counters.failuresPermanent += 1
+                case .invalidGrant: p.counters.failuresInvalidGrant += 1
                 }
-                counters.refreshes[key, default: 0] += 1
-                publishedFailure = failure.detail
+                p.counters.refreshes[key, default: 0] += 1
+                p.failure = failure.detail
             }
             var m = failureMetadata(failure)
             m["token.reason"] = "\(request.reason.rawValue)"
@@ -673,7 +654,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private func persistSucceeded() {
         guard case .failing = persistence else { return }
         persistence = .persisted
-        publishLock.withLock { publishedPersistFailure = nil }
+        publication.update { $0.persistFailure = nil }
         logger.notice("session state persisted again", metadata: ["path": "\(store?.statePath ?? "")"])
     }
 
@@ -691,9 +672,9 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         persistSerial &+= 1
         let serial = persistSerial
         persistence = .failing(attempt: attempt, serial: serial)
-        publishLock.withLock {
-            counters.statePersistFailures &+= 1
-            publishedPersistFailure = error.description
+        publication.update {
+            $0.counters.statePersistFailures &+= 1
+            $0.persistFailure = error.description
         }
         let delay = Self.persistRetryDelay(attempt: attempt)
         queue.schedule(after: delay) { [weak self] in self?.retryPersist(serial: serial) }
