@@ -55,7 +55,10 @@ extension ProxyExchange {
             self.setup = setup
             state = .initial
             clientBody = setup.hasBody ? .streaming(received: 0) : .complete
-            keep = setup.hasSession && setup.replayBodyLimit > 0 || !setup.hasBody ? .keeping(bytes: 0) : .notKept
+            // No body: trivially all kept. A body is kept (up to replay_body_limit) only on routes
+            // with a session, where a rejection may have to be replayed.
+            let keeps = !setup.hasBody || (setup.hasSession && setup.replayBodyLimit > 0)
+            keep = keeps ? .keeping(bytes: 0) : .notKept
             continueState = setup.expectsContinue && setup.hasBody && setup.clientSpeaksHTTP11 ? .expected : .notExpected
         }
 
