@@ -225,8 +225,9 @@ struct SessionDriverTests {
     }
 
     @Test func backgroundRefreshBeforeExpiryWithoutAnyCaller() async throws {
-        // L = 4 s: soft margin ≈ 2 s (min(300 s, L/2) × [0.9, 1]), hard margin 1 s (L/4).
-        let endpoint = try ScriptedTokenEndpoint { _, n in ScriptedTokenEndpoint.token("access-AAA-\(n)", expiresIn: 4) }
+        // L = 8 s: soft margin ≈ 4 s (min(300 s, L/2) × [0.9, 1]), hard margin 2 s (L/4). (A 4 s
+        // lifetime left too little slack for a loaded 2-core CI run between fetch and check.)
+        let endpoint = try ScriptedTokenEndpoint { _, n in ScriptedTokenEndpoint.token("access-AAA-\(n)", expiresIn: 8) }
         defer { endpoint.stop() }
         let logs = CapturedLogs()
         let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
@@ -236,9 +237,9 @@ struct SessionDriverTests {
         #expect(await eventually(3) { driver.currentGeneration == 1 })
         let first = try #require(driver.usableToken(now: monotonicNanos()))
         #expect(first.value == "access-AAA-1")
-        // Usable without asking until the hard point (≈ 3 s after the request was sent).
-        #expect(first.usableUntil > monotonicNanos() + 2_000_000_000)
-        #expect(await eventually(5) { driver.currentGeneration == 2 })
+        // Usable without asking until the hard point (≈ 6 s after the request was sent).
+        #expect(first.usableUntil > monotonicNanos() + 3_000_000_000)
+        #expect(await eventually(8) { driver.currentGeneration == 2 })
         #expect(driver.usableToken(now: monotonicNanos())?.value == "access-AAA-2")
         #expect(logs.lines.contains { $0.contains("token.reason=soft") && $0.contains("token.generation=2") })
     }
