@@ -688,6 +688,12 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     private func retryPersist(serial: UInt64) {
         guard !stopped, case .failing(_, let current) = persistence, current == serial, let store, let own else { return }
+        if machine.status == .fetching {
+            // A refresh holds (or is waiting for) the lock and will persist its own result; this
+            // retry must not take or release that lock underneath it.
+            queue.schedule(after: .seconds(1)) { [weak self] in self?.retryPersist(serial: serial) }
+            return
+        }
         do throws(StateStoreError) {
             try store.lock()
         } catch {

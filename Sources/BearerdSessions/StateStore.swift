@@ -1,3 +1,4 @@
+import BearerdIO
 import BearerdTLS
 import BearerdOAuth
 #if canImport(Glibc)
@@ -46,6 +47,7 @@ final class StateStore {
     let lockPath: String
     let reauthPath: String
     private var lockFD: Int32 = -1
+    private let fdLock = Lock()
 
     /// Creates `directory` (0700) if it does not exist. Session names are restricted by the
     /// config loader to letters, digits, `.`, `_`, `-` (no leading `.`), so they are safe file names.
@@ -80,7 +82,7 @@ final class StateStore {
     /// Takes the exclusive lock, blocking until any other holder (another process, or another
     /// store object on the same files) releases it. Re-entrant calls are no-ops.
     func lock() throws(StateStoreError) {
-        guard lockFD < 0 else { return }
+        guard !isLocked else { return }
         let fd = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw StateStoreError(reason: "state.open", path: lockPath, errno: errno) }
         while flock(fd, LOCK_EX) != 0 {
@@ -89,18 +91,24 @@ final class StateStore {
             close(fd)
             throw StateStoreError(reason: "state.lock", path: lockPath, errno: e)
         }
-        lockFD = fd
+        fdLock.withLock { lockFD = fd }
     }
 
     /// Releases the lock (closing the descriptor releases the `flock`).
     func unlock() {
-        guard lockFD >= 0 else { return }
-        _ = flock(lockFD, LOCK_UN)
-        close(lockFD)
-        lockFD = -1
+        let fd: Int32 = fdLock.withLock {
+            let fd = lockFD
+            lockFD = -1
+            return fd
+        }
+        guard fd >= 0 else { return }
+        _ = flock(fd, LOCK_UN)
+        close(fd)
     }
 
-    var isLocked: Bool { lockFD >= 0 }
+    /// The flock is taken on the session's state queue and released on its session queue:
+    /// `lockFD` is read and written under `fdLock`.
+    var isLocked: Bool { fdLock.withLock { lockFD >= 0 } }
 
     // MARK: Read / write
 
