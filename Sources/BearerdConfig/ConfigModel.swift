@@ -304,3 +304,11 @@ public struct ConfigErrors: Error, Sendable, CustomStringConvertible {
     public init(_ errors: [ConfigError]) { self.errors = errors }
     public var description: String { errors.map(\.description).joined(separator: "\n") }
 }
+
+extension RouteConfig {
+    /// What the pure router and header rules need of this route.
+    public var rule: RouteRule {
+        RouteRule(match: match, host: host, stripPrefix: stripPrefix, upstreamBasePath: upstream.basePath,
+                  upstreamAuthority: upstream.authority)
+    }
+}

@@ -326,8 +326,9 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
             return
         }
         let route = runtime.config.routes[routeIndex]
-        let target = RequestTarget.upstreamTarget(path: parts.path, query: parts.query, route: route)
-        let upstreamHead = ProxyHeaders.upstreamRequest(client: head, framing: framing, target: target, route: route,
+        let rule = runtime.router.routes[routeIndex]
+        let target = RequestTarget.upstreamTarget(path: parts.path, query: parts.query, route: rule)
+        let upstreamHead = ProxyHeaders.upstreamRequest(client: head, framing: framing, target: target, route: rule,
                                                         clientAddress: clientAddress, originalHost: host)
         let ex = ProxyExchangeDriver(frontend: self, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
                                      upstreamHead: upstreamHead, logPath: parts.path, keepAlive: keepAlive)

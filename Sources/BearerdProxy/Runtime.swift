@@ -29,7 +29,7 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
         self.config = config
         self.logger = logger
         self.accessLog = accessLog
-        router = Router(routes: config.routes)
+        router = Router(rules: config.routes.map(\.rule))
         var targets: [UpstreamTarget] = []
         var errors: [ConfigError] = []
         for (i, r) in config.routes.enumerated() {

@@ -1,16 +1,36 @@
 import BearerdHTTP
-import BearerdProxyCore
-import BearerdConfig
-import BearerdSessions
-import BearerdService
+
+/// What routing and header rewriting need of one configured route (`RouteConfig.rule` builds
+/// it once per configuration). Immutable, pure data.
+public struct RouteRule: Sendable, Equatable {
+    /// Path prefix.
+    public var match: String
+    /// Host the request must name (ASCII case-insensitive, port ignored), if any.
+    public var host: String?
+    /// Forward `/prefix/x` as `/x`.
+    public var stripPrefix: Bool
+    /// The upstream URL's base path ("" or "/v1").
+    public var upstreamBasePath: String
+    /// The upstream's `host[:port]`, the `Host` of forwarded requests.
+    public var upstreamAuthority: String
+
+    public init(match: String, host: String? = nil, stripPrefix: Bool = false, upstreamBasePath: String = "",
+                upstreamAuthority: String) {
+        self.match = match
+        self.host = host
+        self.stripPrefix = stripPrefix
+        self.upstreamBasePath = upstreamBasePath
+        self.upstreamAuthority = upstreamAuthority
+    }
+}
 
 /// The route table: first match wins on path prefix and optional Host (DESIGN §4 `routes`).
 /// Immutable; built once per configuration and shared by all loops.
 public struct Router: Sendable {
-    public let routes: [RouteConfig]
+    public let routes: [RouteRule]
 
-    public init(routes: [RouteConfig]) {
-        self.routes = routes
+    public init(rules: [RouteRule]) {
+        self.routes = rules
     }
 
     /// Index of the first route whose prefix matches `path` and whose `host` (if any) equals the
@@ -29,14 +49,14 @@ public struct Router: Sendable {
 
 extension RequestTarget {
     /// The upstream target: base path + (path with the route prefix stripped when asked) + query.
-    public static func upstreamTarget(path: Substring, query: Substring?, route: RouteConfig) -> String {
+    public static func upstreamTarget(path: Substring, query: Substring?, route: RouteRule) -> String {
         var p = path
         if route.stripPrefix {
             var prefix = Substring(route.match)
             if prefix.hasSuffix("/") { prefix = prefix.dropLast() }
             p = p.dropFirst(prefix.count)
         }
-        var out = route.upstream.basePath
+        var out = route.upstreamBasePath
         if p.isEmpty || !p.hasPrefix("/") { out += "/" }
         out += p
         if let query {
@@ -56,7 +76,7 @@ public enum ProxyHeaders {
     /// - `Host` set to the upstream authority; `X-Forwarded-For/-Proto/-Host` and `Via` added.
     /// - Body framing re-declared from the parsed framing.
     public static func upstreamRequest(client head: HTTPRequestHead, framing: HTTP1BodyFraming, target: String,
-                                       route: RouteConfig, clientAddress: String, originalHost: Substring?) -> HTTPRequestHead {
+                                       route: RouteRule, clientAddress: String, originalHost: Substring?) -> HTTPRequestHead {
         var h = head.headers
         HTTPHeaderRules.removeHopByHop(&h)
         h.remove("Expect")
@@ -65,7 +85,7 @@ public enum ProxyHeaders {
         h.remove("X-Forwarded-Proto")
         var fields: [HTTPField] = []
         fields.reserveCapacity(h.count + 6)
-        fields.append(HTTPField(name: "Host", value: route.upstream.authority))
+        fields.append(HTTPField(name: "Host", value: route.upstreamAuthority))
         fields.append(contentsOf: h.fields)
         var out = HTTPHeaders(fields)
         if let prior = out["X-Forwarded-For"] {

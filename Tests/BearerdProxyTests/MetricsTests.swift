@@ -423,8 +423,10 @@ struct MetricsTests {
     }
 
     @Test func aWaitTimeoutServesTheValidTokenAsStale() async throws {
+        // The forced refresh is slow (8 s) so it is still running when the third caller comes,
+        // however long a loaded run keeps this task waiting between the steps.
         let endpoint = try ScriptedTokenEndpoint { _, n in
-            n == 1 ? ScriptedTokenEndpoint.token("access-M-1") : .delayed(3, ScriptedTokenEndpoint.token("access-M-\(n)"))
+            n == 1 ? ScriptedTokenEndpoint.token("access-M-1") : .delayed(8, ScriptedTokenEndpoint.token("access-M-\(n)"))
         }
         defer { endpoint.stop() }
         let manager = try SessionManager(config: sessionConfig(session(endpoint.url, waitTimeout: .milliseconds(300))),
