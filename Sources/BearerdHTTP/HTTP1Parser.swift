@@ -11,10 +11,12 @@
 // are not followed by `.end`; the final response head follows them. After `.end` the parser
 // continues with the next pipelined message from the bytes it holds.
 //
-// Not handled here (the driver's decision): a CONNECT request or a request with `Upgrade` turns
-// the rest of the stream into something else; the parser would go on reading HTTP/1.1 from it,
-// so a driver that does not tunnel must reject such requests (bearerd does not tunnel). A 101
-// response is an error (`http1.unexpected_switching_protocols`); a 2xx answer to CONNECT is
+// Protocol switches (RFC 9110 §7.8) are the driver's decision: a request with `Upgrade` is parsed
+// like any other; a driver that tunnels it calls `switchProtocols()` once the upstream agreed,
+// which hands back the bytes after the head and stops parsing for good. On the client role a 101
+// is accepted only for a request announced with `expectResponse(to:upgrade: true)`; it ends
+// parsing the same way (`.responseHead` with status 101, then `switchProtocols()` for the rest).
+// Any other 101 is an error (`http1.unexpected_switching_protocols`); a 2xx answer to CONNECT is
 // framed like any other response, since bearerd never sends CONNECT.
 //
 // Rules (strictness beats leniency; every ambiguity that enables request smuggling is an error):
@@ -81,6 +83,8 @@ public struct HTTP1Parser: Sendable {
     private var pendingStart = 0
     /// Client role: a 1xx head was returned and the final response to the same request is due.
     private var awaitingFinalResponse = false
+    /// Client role: the request awaiting its response asked to upgrade (a 101 is acceptable).
+    private var upgradeOffered = false
 
     private enum State: Sendable {
         /// Parsing a start line and header section.
@@ -101,6 +105,8 @@ public struct HTTP1Parser: Sendable {
         case endPending
         /// EOF seen between messages (or after a close-delimited body): nothing more, ever.
         case finished
+        /// The connection switched protocols (101): the bytes are no longer HTTP/1.1.
+        case switched
     }
 
     /// What is known of the head (or trailer section) being parsed.
@@ -166,8 +172,20 @@ public struct HTTP1Parser: Sendable {
 
     /// Client role: the next response (in order) answers a request with this method.
     /// Call once per request sent, in sending order (pipelining is FIFO).
-    public mutating func expectResponse(to method: String) {
+    public mutating func expectResponse(to method: String, upgrade: Bool = false) {
         pendingMethods.append(method)
+        upgradeOffered = upgrade
+    }
+
+    /// The connection leaves HTTP/1.1 (a 101 was sent or received): returns the bytes received
+    /// after the last message's head and stops parsing; `next()` returns nil from now on.
+    public mutating func switchProtocols() -> [UInt8] {
+        let rest = Array(buffer[readIndex...])
+        buffer = []
+        readIndex = 0
+        lineScanned = 0
+        state = .switched
+        return rest
     }
 
     /// Bytes received and not yet returned as events (parsed head lines are not counted).
@@ -250,7 +268,7 @@ public struct HTTP1Parser: Sendable {
             return nil
         case .chunkLine, .chunkDataEnd, .trailers:
             return try parseChunkedFraming()
-        case .finished:
+        case .finished, .switched:
             return nil
         }
     }
@@ -852,7 +870,16 @@ public struct HTTP1Parser: Sendable {
         case .client:
             let response = HTTPResponseHead(status: progress.status, reason: progress.reason, version: progress.version, headers: headers)
             if progress.status == 101 {
-                throw error("http1.unexpected_switching_protocols", 502, at: endIndex, "101 Switching Protocols without an upgrade request")
+                guard upgradeOffered, pendingStart < pendingMethods.count else {
+                    throw error("http1.unexpected_switching_protocols", 502, at: endIndex, "101 Switching Protocols without an upgrade request")
+                }
+                // RFC 9110 §15.2.2: the connection now speaks the upgraded protocol.
+                upgradeOffered = false
+                pendingMethods.removeAll(keepingCapacity: true)
+                pendingStart = 0
+                awaitingFinalResponse = false
+                state = .switched
+                return .responseHead(response, framing: .none)
             }
             if response.isInformational {
                 // RFC 9110 §15.2: 1xx has no body; the final response to the same request follows.
@@ -861,6 +888,7 @@ public struct HTTP1Parser: Sendable {
                 return .responseHead(response, framing: .none)
             }
             awaitingFinalResponse = false
+            upgradeOffered = false
             let method = pendingMethods[pendingStart]
             pendingStart += 1
             if pendingStart == pendingMethods.count {

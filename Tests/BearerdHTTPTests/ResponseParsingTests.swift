@@ -86,6 +86,45 @@ import Testing
         expectFailure("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", "http1.unexpected_switching_protocols", role: .client, methods: ["GET"])
     }
 
+    /// RFC 9110 §15.2.2: a 101 answers only a request that offered the upgrade; parsing then
+    /// stops and the bytes after the head belong to the new protocol.
+    @Test func switchingProtocolsAfterAnUpgradeOffer() throws {
+        var p = HTTP1Parser(role: .client)
+        p.expectResponse(to: "GET", upgrade: true)
+        p.feed(Array("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\u{81}\u{02}hi".utf8))
+        guard case .responseHead(let head, let framing)? = try p.next() else {
+            Issue.record("expected a head")
+            return
+        }
+        #expect(head.status == 101)
+        #expect(framing == .none)
+        #expect(try p.next() == nil)
+        #expect(p.switchProtocols() == Array("\u{81}\u{02}hi".utf8))
+        p.feed(Array("HTTP/1.1 200 OK\r\n\r\n".utf8))
+        #expect(try p.next() == nil)  // no longer HTTP/1.1
+        // An offer answered with a final status clears it: a later 101 is an error.
+        var q = HTTP1Parser(role: .client)
+        q.expectResponse(to: "GET", upgrade: true)
+        q.feed(Array("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".utf8))
+        _ = try q.next()
+        _ = try q.next()
+        q.expectResponse(to: "GET")
+        q.feed(Array("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n".utf8))
+        #expect(throws: HTTP1Error.self) { try q.next() }
+    }
+
+    @Test func serverSideSwitchHandsBackTheRest() throws {
+        var p = HTTP1Parser(role: .server)
+        p.feed(Array("GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nframes".utf8))
+        guard case .requestHead? = try p.next() else {
+            Issue.record("expected a head")
+            return
+        }
+        #expect(try p.next() == .end(trailers: nil))
+        #expect(p.switchProtocols() == Array("frames".utf8))
+        #expect(try p.next() == nil)
+    }
+
     @Test func closeDelimited() {
         let o = expectSuccess("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of this until close", role: .client, methods: ["GET"], eof: true)
         #expect(o.framings == [.closeDelimited])
