@@ -121,6 +121,18 @@ public enum HTTPHeaderRules {
         }
     }
 
+    /// The non-empty elements of every `name` field's comma-separated list (RFC 9110 §5.6.1),
+    /// OWS-trimmed, in order.
+    public static func listValues(_ headers: HTTPHeaders, _ name: String) -> [String] {
+        var out: [String] = []
+        for field in headers.fields where asciiCaseInsensitiveEquals(field.name, name) {
+            for element in HTTP1Syntax.listElements(field.value.utf8) where !element.isEmpty {
+                out.append(String(decoding: element, as: UTF8.self))
+            }
+        }
+        return out
+    }
+
     /// The lowercased connection options of all `Connection` fields (RFC 9110 §7.6.1), empty list
     /// elements dropped, in order.
     public static func connectionTokens(_ headers: HTTPHeaders) -> [String] {

@@ -47,6 +47,9 @@ public enum ReplayPolicy {
         public var methodAllowed: Bool
         /// This response already answers a replay.
         public var alreadyReplayed: Bool
+        /// A trailers-only gRPC response with `grpc-status: 16` (UNAUTHENTICATED): a rejection
+        /// whatever its HTTP status (DESIGN §5).
+        public var grpcUnauthenticated: Bool = false
 
         public init(status: Int, rejectStatuses: [Int] = [401], wwwAuthenticate: [String] = [],
                     bodyReplayable: Bool = true, methodAllowed: Bool = true, alreadyReplayed: Bool = false) {
@@ -72,7 +75,7 @@ public enum ReplayPolicy {
     }
 
     public static func decide(_ input: Input) -> Decision {
-        guard input.rejectStatuses.contains(input.status) else { return .notRejected }
+        guard input.rejectStatuses.contains(input.status) || input.grpcUnauthenticated else { return .notRejected }
         if input.alreadyReplayed { return .passThrough(.rejectedAgain) }
         guard challengesBlameToken(input.wwwAuthenticate) else { return .passThrough(.notTokenError) }
         if !input.bodyReplayable { return .refreshOnlyPassThrough(.notReplayable) }

@@ -37,9 +37,10 @@ public final class UpstreamTarget: @unchecked Sendable {  // @unchecked: immutab
     }
 }
 
-/// What a backend connection reports to the exchange using it. Calls arrive on the loop.
+/// What an upstream stream reports to the exchange using it. Calls arrive on the loop.
 protocol BackendConnectionDelegate: AnyObject {
-    func backendResponseHead(_ head: HTTPResponseHead, framing: HTTP1BodyFraming)
+    /// `endStream`: the head is the whole response (an HTTP/2 HEADERS frame with END_STREAM).
+    func backendResponseHead(_ head: HTTPResponseHead, framing: HTTP1BodyFraming, endStream: Bool)
     func backendBody(_ bytes: ArraySlice<UInt8>)
     func backendEnd(trailers: HTTPHeaders?)
     /// Everything one read produced has been delivered (a response head still held back goes out now).
@@ -48,14 +49,18 @@ protocol BackendConnectionDelegate: AnyObject {
     /// response to this request arrived (both decide whether a retry on a fresh connection is safe).
     func backendFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool)
     func backendWritable()
+    /// After `switchProtocols()`: raw bytes from the upstream, and its end.
+    func backendTunnelBytes(_ raw: UnsafeRawBufferPointer)
+    func backendTunnelEnded()
 }
 
 /// One HTTP/1.1 connection to an upstream, used by one exchange at a time (no upstream pipelining).
 /// Lives on its loop; owned by the exchange while busy and by the pool while idle.
-/// Invariant: `delegate` is non-nil exactly while busy; an idle connection that receives bytes
-/// or EOF is closed and leaves the pool.
-final class BackendConnection: ChannelDelegate, LoopTimeoutable {
-    enum State { case connecting, idle, busy, closed }
+/// Invariant: `delegate` is non-nil exactly while busy or tunnelling; an idle connection that
+/// receives bytes or EOF is closed and leaves the pool. A tunnelling connection (after a 101)
+/// never goes back to the pool.
+final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream {
+    enum State { case connecting, idle, busy, tunnelling, closed }
 
     let target: UpstreamTarget
     unowned let pool: BackendPool
@@ -71,6 +76,11 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
     private(set) var reusable = false
     var deadline: UInt64 = 0
     var idleSince: UInt64 = 0
+    /// The request body in flight is chunked (RFC 9112 §7.1): `writeBody` frames each piece.
+    private var requestChunked = false
+    /// Scratch for chunk framing, reused.
+    private var scratch: [UInt8] = []
+    var protocolName: String { "h1" }
 
     init(target: UpstreamTarget, pool: BackendPool) {
         self.target = target
@@ -136,8 +146,9 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
     }
 
     /// Sends a request head (and whatever body bytes the exchange writes after it).
-    func sendHead(_ head: HTTPRequestHead) {
-        parser.expectResponse(to: head.method)
+    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool) {
+        parser.expectResponse(to: head.method, upgrade: upgrade)
+        requestChunked = body == .chunked
         var buf: [UInt8] = []
         buf.reserveCapacity(512)
         HTTP1Serializer.writeRequestHead(head, into: &buf)
@@ -145,8 +156,42 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
         touch()
     }
 
-    func write(_ bytes: UnsafeRawBufferPointer) { channel?.write(bytes) }
-    func write(_ bytes: [UInt8]) { channel?.write(bytes) }
+    func writeBody(_ raw: UnsafeRawBufferPointer) {
+        guard raw.count > 0 else { return }
+        if requestChunked {
+            scratch.removeAll(keepingCapacity: true)
+            HTTP1Serializer.writeChunk(raw, into: &scratch)
+            channel?.write(scratch)
+        } else {
+            channel?.write(raw)
+        }
+    }
+
+    func endBody(trailers: HTTPHeaders?) {
+        guard requestChunked else { return }
+        scratch.removeAll(keepingCapacity: true)
+        HTTP1Serializer.writeLastChunk(trailers: trailers, into: &scratch)
+        channel?.write(scratch)
+    }
+
+    func release() { pool.release(self) }
+
+    /// After a 101 (RFC 9110 §15.2.2): the connection is a byte pipe from now on; no deadline
+    /// (WebSockets idle for long), never pooled.
+    func switchProtocols() -> [UInt8] {
+        state = .tunnelling
+        deadline = 0
+        return parser.switchProtocols()
+    }
+
+    func tunnelWrite(_ raw: UnsafeRawBufferPointer) { channel?.write(raw) }
+
+    func endTunnel() {
+        guard state != .closed else { return }
+        state = .closed
+        delegate = nil
+        channel?.closeAfterFlush()
+    }
 
     var isOverHighWater: Bool { channel?.isOverHighWater ?? false }
 
@@ -177,6 +222,10 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
     }
 
     func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
+        if state == .tunnelling {
+            delegate?.backendTunnelBytes(bytes)
+            return
+        }
         guard state == .busy else {
             // Bytes on an idle connection: the upstream is misbehaving or closing; drop it.
             close()
@@ -190,6 +239,12 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
     }
 
     func channelEOF(_ channel: SocketChannel) {
+        if state == .tunnelling {
+            let d = delegate
+            delegate = nil
+            d?.backendTunnelEnded()
+            return
+        }
         guard state == .busy else {
             close()
             return
@@ -211,6 +266,14 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
             finishConnect(.failure(error))
             return
         }
+        if state == .tunnelling {
+            let d = delegate
+            delegate = nil
+            state = .closed
+            channel.close()
+            d?.backendTunnelEnded()
+            return
+        }
         fail(error)
     }
 
@@ -220,14 +283,18 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
 
     func channelClosed(_ channel: SocketChannel) {
         if self.channel !== channel { return }  // an abandoned attempt
-        let wasBusy = state == .busy
+        let was = state
         state = .closed
         deadline = 0
         pool.loop.unregister(self)
         pool.forget(self)
-        if wasBusy, let d = delegate {
+        if let d = delegate {
             delegate = nil
-            d.backendFailed(.protocolError("upstream connection closed"), reused: reused, responseBytesSeen: receivedResponseBytes)
+            if was == .busy {
+                d.backendFailed(.protocolError("upstream connection closed"), reused: reused, responseBytesSeen: receivedResponseBytes)
+            } else if was == .tunnelling {
+                d.backendTunnelEnded()
+            }
         }
     }
 
@@ -242,7 +309,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
             fail(.timeout("upstream response"))
         case .idle:
             close()
-        case .closed:
+        case .tunnelling, .closed:
             break
         }
     }
@@ -272,7 +339,8 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable {
                 if !head.isInformational {
                     reusable = framing != .closeDelimited && HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers)
                 }
-                d.backendResponseHead(head, framing: framing)
+                d.backendResponseHead(head, framing: framing, endStream: false)
+                if head.status == 101 { return }  // the exchange switched (or refused) the connection
             case .body(let slice):
                 d.backendBody(slice)
             case .end(let trailers):
@@ -308,7 +376,7 @@ final class BackendPool {
     }
 
     /// An idle connection for `target`, or a new one (resolve off-loop, connect, TLS handshake).
-    func acquire(_ target: UpstreamTarget, completion: @escaping (Result<BackendConnection, ChannelError>) -> Void) {
+    func acquire(_ target: UpstreamTarget, completion: @escaping (Result<UpstreamStream, ChannelError>) -> Void) {
         while var list = idle[target.key], let conn = list.popLast() {
             idle[target.key] = list
             guard conn.state == .idle, let ch = conn.channel, !ch.isClosed else { continue }
@@ -325,7 +393,7 @@ final class BackendPool {
     }
 
     /// A new connection for `target`, never a pooled one (resolve off-loop, connect, TLS handshake).
-    func connectNew(_ target: UpstreamTarget, completion: @escaping (Result<BackendConnection, ChannelError>) -> Void) {
+    func connectNew(_ target: UpstreamTarget, completion: @escaping (Result<UpstreamStream, ChannelError>) -> Void) {
         Resolver.shared.resolve(host: target.url.host, port: target.url.port, on: loop) { [self] result in
             switch result {
             case .failure(let e):
@@ -333,8 +401,13 @@ final class BackendPool {
             case .success(let addrs):
                 let conn = BackendConnection(target: target, pool: self)
                 conn.connect(addresses: addrs) { r in
-                    if case .success(let c) = r { c.reused = false }
-                    completion(r)
+                    switch r {
+                    case .success(let c):
+                        c.reused = false
+                        completion(.success(c))
+                    case .failure(let e):
+                        completion(.failure(e))
+                    }
                 }
             }
         }

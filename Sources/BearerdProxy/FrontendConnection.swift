@@ -14,7 +14,11 @@ import BearerdService
 /// its body; none while the upstream answers (its response timeout governs).
 ///
 /// Phases (`Phase`): `awaitingHead(deadline)` → a head → `exchanging` → finished with keep-alive
-/// → `awaitingHead(.idle)`; any phase → `closing` (error answered, refusal, close, drain).
+/// → `awaitingHead(.idle)`; `exchanging` → a 101 relayed → `tunnelling` (bytes pass unparsed);
+/// any phase → `closing` (error answered, refusal, close, drain).
+///
+/// As the `ExchangeClient` of its exchanges it writes HTTP/1.1: it owns the framing of the
+/// response in progress (`responseFraming`: Content-Length, chunked or until close).
 ///
 /// Access control (issue 4) comes from the listener's `policy`: a unix peer refused by
 /// SO_PEERCRED gets 403 for its first request, a Host outside the loopback allowlist gets 421;
@@ -46,6 +50,8 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         /// `clientHalfClosed`: the client sent EOF after a complete request; close once answered
         /// (RFC 9112 §9.6).
         case exchanging(FrontendExchange, clientHalfClosed: Bool)
+        /// After a 101: client bytes go to the exchange unparsed, until either side ends.
+        case tunnelling(ProxyExchangeDriver)
         /// Nothing more is read or started; the channel is closing or closed.
         case closing
     }
@@ -149,9 +155,18 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     func writeTaking(_ bytes: inout [UInt8]) { channel.write(taking: &bytes) }
     var isOverHighWater: Bool { channel.isOverHighWater }
 
+    /// How the response in progress is framed for this client.
+    private var responseFraming: ProxyHeaders.ClientFraming = .none
+    /// Scratch for chunk framing and heads, reused across responses.
+    private var scratch: [UInt8] = []
+
     // MARK: ChannelDelegate
 
     func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
+        if case .tunnelling(let ex) = phase {
+            ex.clientTunnelBytes(bytes)
+            return
+        }
         parser.feed(bytes)
         processInput()
         armBodyDeadline()
@@ -170,6 +185,10 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     }
 
     func channelEOF(_ channel: SocketChannel) {
+        if case .tunnelling(let ex) = phase {
+            ex.clientTunnelEnded()
+            return
+        }
         parser.feedEOF()
         if let ex = exchange, !ex.requestComplete {
             processInput()
@@ -192,15 +211,25 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     }
 
     func channelError(_ channel: SocketChannel, _ error: ChannelError) {
+        if case .tunnelling(let ex) = phase {
+            phase = .closing
+            ex.abort()
+            return
+        }
         exchange?.abort()
         phase = .closing
     }
 
     func channelWritable(_ channel: SocketChannel) {
+        if case .tunnelling(let ex) = phase {
+            ex.frontendWritable()
+            return
+        }
         exchange?.frontendWritable()
     }
 
     func channelClosed(_ channel: SocketChannel) {
+        if case .tunnelling(let ex) = phase { ex.abort() }
         exchange?.abort()
         phase = .closing
         deadline = 0
@@ -224,6 +253,8 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
                 phase = .closing
                 channel.close()
             }
+        case .tunnelling:
+            break  // WebSockets may idle for long; either side ending ends the tunnel
         case .closing:
             channel.close()
         }
@@ -296,6 +327,12 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
             ex.start()
             return
         }
+        let upgrade = ProxyHeaders.upgradeRequest(head)
+        if case .unsupported(let why) = upgrade {
+            // Never a silent downgrade (DESIGN §5).
+            respondError(status: 400, reason: "proxy.unsupported_upgrade", message: why)
+            return
+        }
         guard let parts = RequestTarget.split(head.target) else {
             if head.method == "CONNECT" {
                 respondError(status: 405, reason: "proxy.connect_not_supported", message: "bearerd is a reverse proxy; CONNECT is not supported", allow: true)
@@ -328,10 +365,12 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         let route = runtime.config.routes[routeIndex]
         let rule = runtime.router.routes[routeIndex]
         let target = RequestTarget.upstreamTarget(path: parts.path, query: parts.query, route: rule)
-        let upstreamHead = ProxyHeaders.upstreamRequest(client: head, framing: framing, target: target, route: rule,
+        var upstreamHead = ProxyHeaders.upstreamRequest(client: head, framing: framing, target: target, route: rule,
                                                         clientAddress: clientAddress, originalHost: host)
-        let ex = ProxyExchangeDriver(frontend: self, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
-                                     upstreamHead: upstreamHead, logPath: parts.path, keepAlive: keepAlive)
+        let websocket = upgrade == .websocket && framing == .none
+        if websocket { ProxyHeaders.addWebSocketUpgrade(&upstreamHead) }
+        let ex = ProxyExchangeDriver(client: self, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
+                                     upstreamHead: upstreamHead, logPath: parts.path, keepAlive: keepAlive, upgrade: websocket)
         phase = .exchanging(ex, clientHalfClosed: false)
         ex.start()
     }
@@ -387,6 +426,91 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     /// Shutdown: close now if idle; otherwise the running exchange finishes and the connection closes.
     func drain() {
         if exchange == nil { channel.close() }
+    }
+}
+
+// MARK: - HTTP/1.1 output of exchanges
+
+extension FrontendConnection: ExchangeClient {
+    var protocolName: String { "h1" }
+
+    func sendContinue() { channel.write(continueLine) }
+
+    func sendInformational(_ upstream: HTTPResponseHead) {
+        let h: HTTPResponseHead
+        if upstream.status == 101 {
+            h = upstream  // built by ProxyHeaders.switchingProtocolsResponse: its upgrade fields stay
+        } else {
+            h = ProxyHeaders.clientResponse(upstream: upstream, framing: .none, requestMethod: "GET",
+                                            clientVersion: .http1_1, keepAlive: true).0
+        }
+        scratch.removeAll(keepingCapacity: true)
+        HTTP1Serializer.writeResponseHead(h, into: &scratch)
+        channel.write(scratch)
+    }
+
+    func sendResponseHead(_ upstream: HTTPResponseHead, framing: HTTP1BodyFraming, request: HTTPRequestHead,
+                          keepAlive: Bool, endStream: Bool) -> Bool {
+        let (h, cf) = ProxyHeaders.clientResponse(upstream: upstream, framing: framing, requestMethod: request.method,
+                                                  clientVersion: request.version, keepAlive: keepAlive)
+        responseFraming = cf
+        var buf: [UInt8] = []
+        buf.reserveCapacity(512)
+        HTTP1Serializer.writeResponseHead(h, into: &buf)
+        if endStream && cf == .chunked {
+            HTTP1Serializer.writeLastChunk(trailers: nil, into: &buf)
+            responseFraming = .none
+        }
+        channel.write(taking: &buf)
+        return cf != .untilClose
+    }
+
+    func sendResponseBody(_ raw: UnsafeRawBufferPointer) {
+        if responseFraming == .chunked {
+            scratch.removeAll(keepingCapacity: true)
+            HTTP1Serializer.writeChunk(raw, into: &scratch)
+            channel.write(taking: &scratch)
+        } else {
+            channel.write(raw)
+        }
+    }
+
+    func finishResponse(trailers: HTTPHeaders?) {
+        if responseFraming == .chunked {
+            scratch.removeAll(keepingCapacity: true)
+            HTTP1Serializer.writeLastChunk(trailers: trailers, into: &scratch)
+            channel.write(taking: &scratch)
+        }
+        responseFraming = .none
+    }
+
+    func sendLocalResponse(_ head: HTTPResponseHead, body: [UInt8], keepAlive: Bool) {
+        var h = head
+        if !keepAlive { h.headers.add("Connection", "close") }
+        var buf: [UInt8] = []
+        buf.reserveCapacity(256 + body.count)
+        HTTP1Serializer.writeResponseHead(h, into: &buf)
+        buf.append(contentsOf: body)
+        channel.write(taking: &buf)
+    }
+
+    func startTunnel(_ ex: ProxyExchangeDriver) -> [UInt8]? {
+        guard case .exchanging(let current, _) = phase, current === ex else { return nil }
+        phase = .tunnelling(ex)
+        deadline = 0
+        channel.resumeReading(.pipelineFull)
+        channel.resumeReading(.peerBackpressure)
+        return parser.switchProtocols()
+    }
+
+    func tunnelWrite(_ raw: UnsafeRawBufferPointer) { channel.write(raw) }
+    func pauseTunnelReading() { channel.pauseReading(.peerBackpressure) }
+    func resumeTunnelReading() { channel.resumeReading(.peerBackpressure) }
+
+    func endTunnel() {
+        phase = .closing
+        channel.pauseReading(.owner)  // a seen EOF stays readable; nothing more is read anyway
+        channel.closeAfterFlush()
     }
 }
 

@@ -27,17 +27,83 @@ protocol FrontendExchange: AnyObject {
 /// `HTTP/1.1 100 Continue`, sent on the upstream's behalf (RFC 9110 §10.1.1; HTTP/1.1 clients only).
 let continueLine: [UInt8] = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
 
+/// The client side of one proxied exchange: an HTTP/1.1 connection (`FrontendConnection`) or one
+/// HTTP/2 stream (`FrontendH2Stream`). The exchange says what to send; the client writes it in
+/// its protocol (HTTP/1.1 framing and `Connection`, or HTTP/2 frames). Calls on the client's loop.
+protocol ExchangeClient: AnyObject {
+    /// `h1` or `h2`, for metrics and the access log.
+    var protocolName: String { get }
+    var isOverHighWater: Bool { get }
+    /// `100 Continue` on the upstream's behalf (HTTP/1.1 clients: RFC 9110 §10.1.1).
+    func sendContinue()
+    func sendInformational(_ upstream: HTTPResponseHead)
+    /// The final response head built from the upstream's. `keepAlive`: the client connection may
+    /// carry another request; `endStream`: nothing follows (no body, no trailers). Returns whether
+    /// the connection stays persistent (HTTP/1.0 clients without a length: false).
+    func sendResponseHead(_ upstream: HTTPResponseHead, framing: HTTP1BodyFraming, request: HTTPRequestHead,
+                          keepAlive: Bool, endStream: Bool) -> Bool
+    func sendResponseBody(_ raw: UnsafeRawBufferPointer)
+    /// The response is complete (trailers relayed where the protocol carries them).
+    func finishResponse(trailers: HTTPHeaders?)
+    /// A whole response of bearerd's own (a JSON error, a trailers-only gRPC error).
+    func sendLocalResponse(_ head: HTTPResponseHead, body: [UInt8], keepAlive: Bool)
+    /// The exchange can take request body again (after backpressure).
+    func exchangeWantsBody()
+    func exchangeFinished(_ ex: FrontendExchange, keepAlive: Bool, abort: Bool)
+    /// After a 101 relayed: the client side becomes a byte pipe to `ex`. Returns the bytes the
+    /// client already sent after its handshake, or nil when this client cannot tunnel.
+    func startTunnel(_ ex: ProxyExchangeDriver) -> [UInt8]?
+    func tunnelWrite(_ raw: UnsafeRawBufferPointer)
+    func pauseTunnelReading()
+    func resumeTunnelReading()
+    /// The tunnel is over: close once the output drained.
+    func endTunnel()
+}
+
+/// One request's upstream side: a request on an HTTP/1.1 connection (`BackendConnection`) or one
+/// HTTP/2 stream (`BackendH2Stream`). The exchange sends the head and raw body bytes; framing is
+/// the stream's (chunked encoding, DATA frames). Calls on the loop.
+protocol UpstreamStream: AnyObject {
+    /// `h1` or `h2`.
+    var protocolName: String { get }
+    /// Taken from the pool (not fresh): a failure before any response byte may be retried.
+    var reused: Bool { get }
+    func assign(to delegate: BackendConnectionDelegate)
+    /// `body`: the request body's framing (`.none`: the head is the whole request); `upgrade`: a
+    /// WebSocket handshake (a 101 is acceptable).
+    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool)
+    func writeBody(_ raw: UnsafeRawBufferPointer)
+    func endBody(trailers: HTTPHeaders?)
+    var isOverHighWater: Bool { get }
+    /// Restarts the response deadline.
+    func touch()
+    func pauseReading()
+    func resumeReading()
+    /// The exchange is done with it and the response was read whole: back to the pool.
+    func release()
+    /// Abandon it (closes an HTTP/1.1 connection, resets an HTTP/2 stream).
+    func close()
+    /// After a 101: the bytes that followed it; from now on reads arrive as `backendTunnelBytes`.
+    func switchProtocols() -> [UInt8]
+    /// Tunnel: write raw bytes / close once they are flushed.
+    func tunnelWrite(_ raw: UnsafeRawBufferPointer)
+    func endTunnel()
+}
+
 /// Carries out the decisions of one `ProxyExchange.StateMachine`: the thin I/O side of one proxied
 /// request, from the client's head to the last byte of the upstream's response.
 ///
-/// Lives on the frontend connection's loop. It owns the bytes the machine only counts: the body
-/// buffered while connecting (`pending`), the kept copy for replays (`kept`), the held rejection,
-/// the response head not yet written, and the backend connection of the current attempt. The
-/// route, its session, target and metrics slot are captured at start, so a reload never changes
-/// a running exchange (issue 8 item 3). Every phase is the machine's; the only state here besides
-/// bytes is socket backpressure (`bodyHold`).
+/// Lives on the client's loop. It owns the bytes the machine only counts: the body buffered
+/// while connecting (`pending`), the kept copy for replays (`kept`), the held rejection, the
+/// response head not yet written, and the upstream stream of the current attempt. The client
+/// side (`ExchangeClient`: an HTTP/1.1 connection or an HTTP/2 stream) and the upstream side
+/// (`UpstreamStream`: HTTP/1.1 or HTTP/2) each frame bytes in their own protocol. The route, its
+/// session, target and metrics slot are captured at start, so a reload never changes a running
+/// exchange (issue 8 item 3). Every phase is the machine's; the only state here besides bytes is
+/// socket backpressure (`bodyHold`).
 final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
-    unowned let frontend: FrontendConnection
+    /// Strong: an HTTP/2 stream lives as long as its exchange; a connection outlives it anyway.
+    let client: ExchangeClient
     let ctx: LoopContext
     let runtime: ProxyRuntime
     let route: RouteConfig
@@ -56,7 +122,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private let clientWantsKeepAlive: Bool
 
     private var machine: ProxyExchange.StateMachine
-    private var backend: BackendConnection?
+    private var backend: UpstreamStream?
     /// The token the current attempt carries.
     private var token: PublishedToken?
 
@@ -66,10 +132,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private var requestTrailers: HTTPHeaders?
     private var responseHead: (head: HTTPResponseHead, framing: HTTP1BodyFraming)?
     private var heldBody: [UInt8] = []
-    private var clientFraming: ProxyHeaders.ClientFraming = .none
     private var clientKeepAlive = true
-    /// Scratch for chunk encoding, reused across chunks.
-    private var scratch: [UInt8] = []
     /// The last upstream failure, for the 502/504 body.
     private var lastFailure: ChannelError?
 
@@ -89,10 +152,14 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private var status = 0
     private var bodyBytes: UInt64 = 0
     private var replayed = false
+    /// gRPC calls: the `grpc-status` the client got (from the head or the trailers), for the log.
+    private var grpcStatus: String?
+    /// The upstream stream's protocol of the last attempt, for the log.
+    private var upstreamProtocol: String?
 
-    init(frontend: FrontendConnection, ctx: LoopContext, head: HTTPRequestHead, framing: HTTP1BodyFraming,
-         routeIndex: Int, upstreamHead: HTTPRequestHead, logPath: Substring, keepAlive: Bool) {
-        self.frontend = frontend
+    init(client: ExchangeClient, ctx: LoopContext, head: HTTPRequestHead, framing: HTTP1BodyFraming,
+         routeIndex: Int, upstreamHead: HTTPRequestHead, logPath: Substring, keepAlive: Bool, upgrade: Bool = false) {
+        self.client = client
         self.ctx = ctx
         let runtime = ctx.runtime
         self.runtime = runtime
@@ -117,7 +184,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             replayBodyLimit: route.replayBodyLimit,
             rejectStatuses: route.rejectStatuses,
             methodReplayable: route.replayMethods.allows(head.method),
-            methodIdempotent: ProxyExchange.Setup.isIdempotent(head.method)))
+            methodIdempotent: ProxyExchange.Setup.isIdempotent(head.method),
+            upgrade: upgrade,
+            grpc: ErrorResponse.isGRPC(head.headers)))
     }
 
     var requestComplete: Bool { machine.clientBody.isComplete }
@@ -126,7 +195,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
     var responseStarted: Bool {
         switch machine.state {
-        case .forwarding(_, _, .streaming), .finished: return true
+        case .forwarding(_, _, .streaming), .tunnelling, .finished: return true
         default: return false
         }
     }
@@ -167,7 +236,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason))
             resumeClientBodyIfHeld()
             reportRejectedWithoutReplay()
-            writeHeldRejection(closeClient: closeClient)
+            writeHeldRejection(closeClient: closeClient, endStream: false)
         case .rejectionDrained(let disposal, let reportNow):
             dispose(disposal)
             resumeClientBodyIfHeld()
@@ -177,11 +246,12 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         case .sendHeldRejection(let reason, let refreshOnly, let closeClient):
             if let reason { ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason)) }
             if refreshOnly { reportRejectedWithoutReplay() }
-            writeHeldRejection(closeClient: closeClient)
-            finishClientResponse(trailers: nil)
+            let bodyless = heldBody.isEmpty && requestTrailersOfHeld == nil
+            writeHeldRejection(closeClient: closeClient, endStream: bodyless)
+            if !bodyless { client.finishResponse(trailers: requestTrailersOfHeld) }
             complete()
         case .writeResponseHead(let closeClient):
-            writeResponseHead(closeClient: closeClient)
+            writeResponseHead(closeClient: closeClient, endStream: false)
         case .finishResponse:
             break  // handled in backendEnd, which has the trailers
         case .respondTokenUnavailable:
@@ -192,8 +262,15 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             abortClient(outcome: "upstream_aborted")
         case .abortExchange:
             closeBackend()
+        case .startTunnel:
+            startTunnel()
+        case .finishTunnel:
+            finishTunnel()
         }
     }
+
+    /// Trailers of the held rejection (a gRPC rejection carries its status there).
+    private var requestTrailersOfHeld: HTTPHeaders?
 
     // MARK: token
 
@@ -217,14 +294,18 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         }
     }
 
-    /// DESIGN §5: 503 JSON with Retry-After; the upstream is not called.
+    /// DESIGN §5: 503 JSON with Retry-After (gRPC clients: UNAVAILABLE); the upstream is not called.
     private func respondTokenUnavailable(_ u: TokenUnavailable, closeClient: Bool) {
         status = 503
         ctx.metrics.countUpstreamError(slot: metricsSlot, .tokenUnavailable)
         clientKeepAlive = clientWantsKeepAlive && !closeClient && !ctx.draining
-        frontend.writeRaw(ErrorResponse.make(status: 503, error: "token_unavailable", detail: u.detail,
-                                             extra: [("Retry-After", String(u.retryAfterSeconds))],
-                                             fields: [("session", u.session)], close: !clientKeepAlive))
+        if machine.setup.grpc {
+            respondGRPC(.unavailable, message: "token_unavailable: session \(u.session): \(u.detail)")
+            return
+        }
+        let (h, body) = ErrorResponse.parts(status: 503, error: "token_unavailable", detail: u.detail,
+                                            extra: [("Retry-After", String(u.retryAfterSeconds))], fields: [("session", u.session)])
+        client.sendLocalResponse(h, body: body, keepAlive: clientKeepAlive)
         complete()
     }
 
@@ -267,7 +348,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         attemptStarted = monotonicNanos()
         upstreamHeadAt = 0
         headSentAt = 0
-        let completion: (Result<BackendConnection, ChannelError>) -> Void = { [weak self] result in
+        let completion: (Result<UpstreamStream, ChannelError>) -> Void = { [weak self] result in
             guard let self else {
                 if case .success(let c) = result { c.close() }
                 return
@@ -279,6 +360,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                     return
                 }
                 self.backend = conn
+                self.upstreamProtocol = conn.protocolName
                 conn.assign(to: self)
                 self.perform(self.machine.backendAcquired())
             case .failure(let error):
@@ -305,49 +387,37 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 "http.headers": "\(Redaction.describe(h.headers))", "token.generation": "\(token?.generation ?? 0)"])
         }
         headSentAt = monotonicNanos()
-        conn.sendHead(h)
+        conn.sendHead(h, body: framing, upgrade: machine.setup.upgrade)
+        // The stream may have failed while sending (an HTTP/2 connection that just went away).
+        guard let conn = backend else { return }
         switch send.body {
         case .pending:
-            if !pending.isEmpty { pending.withUnsafeBytes { writeUpstreamBody($0, to: conn) } }
+            if !pending.isEmpty { pending.withUnsafeBytes { conn.writeBody($0) } }
         case .kept:
-            if !kept.isEmpty { kept.withUnsafeBytes { writeUpstreamBody($0, to: conn) } }
+            if !kept.isEmpty { kept.withUnsafeBytes { conn.writeBody($0) } }
         }
         // Whatever was pending is on its way (or is in the kept copy just sent).
         pending = []
         if send.endBody { endUpstreamBody() }
-        if send.sendContinue { frontend.writeRaw(continueLine) }
+        if send.sendContinue { client.sendContinue() }
         if conn.isOverHighWater {
             bodyHold.insert(.upstreamFull)
         } else if !machine.clientBody.isComplete {
             // The client may have been paused while the pending buffer was full.
             bodyHold = []
-            frontend.exchangeWantsBody()
+            client.exchangeWantsBody()
         }
     }
 
     private func resumeClientBodyIfHeld() {
         guard !bodyHold.isEmpty else { return }
         bodyHold = []
-        frontend.exchangeWantsBody()
-    }
-
-    private func writeUpstreamBody(_ raw: UnsafeRawBufferPointer, to conn: BackendConnection) {
-        if framing == .chunked {
-            scratch.removeAll(keepingCapacity: true)
-            HTTP1Serializer.writeChunk(raw, into: &scratch)
-            conn.write(scratch)
-        } else {
-            conn.write(raw)
-        }
+        client.exchangeWantsBody()
     }
 
     private func endUpstreamBody() {
         guard let b = backend else { return }
-        if framing == .chunked {
-            scratch.removeAll(keepingCapacity: true)
-            HTTP1Serializer.writeLastChunk(trailers: requestTrailers, into: &scratch)
-            b.write(scratch)
-        }
+        if framing != .none { b.endBody(trailers: requestTrailers) }
         b.touch()
     }
 
@@ -355,7 +425,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         guard let b = backend else { return }
         backend = nil
         switch disposal {
-        case .release: ctx.pool.release(b)
+        case .release: b.release()
         case .close, .alreadyClosed: b.close()
         }
     }
@@ -374,7 +444,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         case .forwardClientBody(let keep):
             apply(keep, bytes)
             if let b = backend {
-                bytes.withUnsafeBytes { writeUpstreamBody($0, to: b) }
+                bytes.withUnsafeBytes { b.writeBody($0) }
                 if b.isOverHighWater { bodyHold.insert(.upstreamFull) }
             }
         case .bufferClientBody(let keep):
@@ -407,7 +477,11 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     func backendWritable() {
         if bodyHold.contains(.upstreamFull) {
             bodyHold.remove(.upstreamFull)
-            frontend.exchangeWantsBody()
+            if case .tunnelling = machine.state {
+                client.resumeTunnelReading()
+                return
+            }
+            client.exchangeWantsBody()
         }
     }
 
@@ -415,16 +489,18 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         backend?.resumeReading()
     }
 
-    func backendResponseHead(_ upstream: HTTPResponseHead, framing respFraming: HTTP1BodyFraming) {
+    /// `endStream`: an HTTP/2 HEADERS frame that ended the stream (a trailers-only gRPC answer).
+    func backendResponseHead(_ upstream: HTTPResponseHead, framing respFraming: HTTP1BodyFraming, endStream: Bool) {
+        if upstream.status == 101 {
+            responseHead = (upstream, .none)
+            perform(machine.upstreamSwitchedProtocols())
+            return
+        }
         if upstream.isInformational {
             guard case .relayInformational = machine.upstreamInformationalHead(status: upstream.status) else { return }
-            let (h, _) = ProxyHeaders.clientResponse(upstream: upstream, framing: .none, requestMethod: head.method,
-                                                     clientVersion: head.version, keepAlive: true)
-            scratch.removeAll(keepingCapacity: true)
-            HTTP1Serializer.writeResponseHead(h, into: &scratch)
-            frontend.writeRaw(scratch)
+            client.sendInformational(upstream)
             // 1xx relays obey the same backpressure as bodies (issue 8 item 8).
-            if frontend.isOverHighWater { backend?.pauseReading() }
+            if client.isOverHighWater { backend?.pauseReading() }
             return
         }
         upstreamHeadAt = monotonicNanos()
@@ -437,7 +513,14 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 "http.status": "\(upstream.status)", "http.headers": "\(Redaction.describe(upstream.headers))"])
         }
         responseHead = (upstream, respFraming)
-        perform(machine.upstreamFinalHead(status: upstream.status, wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") }))
+        var grpcUnauthenticated = false
+        if machine.setup.grpc, let g = upstream.headers["grpc-status"] {
+            grpcStatus = g
+            // Trailers-only (gRPC over HTTP/2: the head carries the status and ends the stream).
+            grpcUnauthenticated = endStream && g == "16"
+        }
+        perform(machine.upstreamFinalHead(status: upstream.status, grpcUnauthenticated: grpcUnauthenticated,
+                                          wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") }))
     }
 
     func backendBody(_ bytes: ArraySlice<UInt8>) {
@@ -446,7 +529,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         case .holdRejectionBody:
             heldBody.append(contentsOf: bytes)
         case .forwardResponseBody(let writeHeadFirst, let closeClient):
-            if writeHeadFirst { writeResponseHead(closeClient: closeClient) }
+            if writeHeadFirst { writeResponseHead(closeClient: closeClient, endStream: false) }
             bytes.withUnsafeBytes { writeResponseBody($0) }
         case .releaseHeldRejection:
             perform(action)
@@ -461,14 +544,23 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
 
     func backendEnd(trailers: HTTPHeaders?) {
+        if let g = trailers?["grpc-status"] { grpcStatus = g }
+        if case .forwarding(_, _, .holding) = machine.state { requestTrailersOfHeld = trailers }
         let action = machine.upstreamEnded()
         guard case .finishResponse(let writeHeadFirst, let disposal, let closeClient) = action else {
             perform(action)
             return
         }
-        if writeHeadFirst { writeResponseHead(closeClient: closeClient) }
         if closeClient { clientKeepAlive = false }
-        finishClientResponse(trailers: trailers)
+        if writeHeadFirst {
+            // Nothing was relayed yet: a bodyless response without trailers is its head alone
+            // (HTTP/2: one HEADERS frame with END_STREAM, as trailers-only gRPC answers need).
+            let whole = trailers == nil
+            writeResponseHead(closeClient: closeClient, endStream: whole)
+            if !whole { client.finishResponse(trailers: trailers) }
+        } else {
+            client.finishResponse(trailers: trailers)
+        }
         dispose(disposal)
         complete()
     }
@@ -492,28 +584,80 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         perform(machine.upstreamFailed(failure, reusedConnection: reused, responseBytesSeen: responseBytesSeen))
     }
 
+    // MARK: tunnel (WebSocket after a 101)
+
+    private func startTunnel() {
+        guard let b = backend, let (upstream, _) = responseHead else {
+            perform(machine.tunnelEnded())
+            return
+        }
+        responseHead = nil
+        status = 101
+        guard let clientEarly = client.startTunnel(self) else {
+            perform(machine.tunnelEnded())
+            return
+        }
+        let switched = ProxyHeaders.switchingProtocolsResponse(upstream: upstream)
+        client.sendInformational(switched)
+        let upstreamEarly = b.switchProtocols()
+        if !upstreamEarly.isEmpty { upstreamEarly.withUnsafeBytes { client.tunnelWrite($0) } }
+        if !clientEarly.isEmpty { clientEarly.withUnsafeBytes { b.tunnelWrite($0) } }
+        runtime.logger.debug("tunnel started", metadata: ["route": "\(route.match)", "path": "\(Redaction.target(String(logPath)))"])
+    }
+
+    /// Bytes from the client after the switch.
+    func clientTunnelBytes(_ raw: UnsafeRawBufferPointer) {
+        guard case .tunnelling = machine.state, let b = backend else { return }
+        b.tunnelWrite(raw)
+        bodyBytes = bodyBytes.saturatingAdd(UInt64(raw.count))
+        if b.isOverHighWater {
+            bodyHold.insert(.upstreamFull)
+            client.pauseTunnelReading()
+        }
+    }
+
+    /// The client closed its side (or failed).
+    func clientTunnelEnded() {
+        perform(machine.tunnelEnded())
+    }
+
+    func backendTunnelBytes(_ raw: UnsafeRawBufferPointer) {
+        guard case .tunnelling = machine.state else { return }
+        client.tunnelWrite(raw)
+        bodyBytes = bodyBytes.saturatingAdd(UInt64(raw.count))
+        if client.isOverHighWater { backend?.pauseReading() }
+    }
+
+    func backendTunnelEnded() {
+        perform(machine.tunnelEnded())
+    }
+
+    private func finishTunnel() {
+        let b = backend
+        backend = nil
+        b?.endTunnel()
+        client.endTunnel()
+        log(outcome: "tunnel_closed")
+        client.exchangeFinished(self, keepAlive: false, abort: false)
+    }
+
     // MARK: writing to the client
 
-    private func writeResponseHead(closeClient: Bool) {
+    private func writeResponseHead(closeClient: Bool, endStream: Bool) {
         guard let (upstream, respFraming) = responseHead else { return }
         responseHead = nil
         // A request whose body is not fully read cannot be followed by another on this connection.
         clientKeepAlive = clientWantsKeepAlive && !closeClient && !ctx.draining
-        let (h, cf) = ProxyHeaders.clientResponse(upstream: upstream, framing: respFraming, requestMethod: head.method,
-                                                  clientVersion: head.version, keepAlive: clientKeepAlive)
-        if cf == .untilClose { clientKeepAlive = false }
-        clientFraming = cf
-        var buf: [UInt8] = []
-        buf.reserveCapacity(512)
-        HTTP1Serializer.writeResponseHead(h, into: &buf)
-        frontend.writeTaking(&buf)
+        let persistent = client.sendResponseHead(upstream, framing: respFraming, request: head,
+                                                 keepAlive: clientKeepAlive, endStream: endStream)
+        if !persistent { clientKeepAlive = false }
     }
 
     /// The held rejection goes to the client after all: its head, then the body held so far. The
     /// kept copy of the request is no longer needed.
-    private func writeHeldRejection(closeClient: Bool) {
+    private func writeHeldRejection(closeClient: Bool, endStream: Bool) {
         kept = []
-        writeResponseHead(closeClient: closeClient)
+        writeResponseHead(closeClient: closeClient, endStream: endStream)
         let held = heldBody
         heldBody = []
         if !held.isEmpty { held.withUnsafeBytes { writeResponseBody($0) } }
@@ -522,22 +666,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private func writeResponseBody(_ raw: UnsafeRawBufferPointer) {
         guard raw.count > 0 else { return }
         bodyBytes = bodyBytes.saturatingAdd(UInt64(raw.count))
-        if clientFraming == .chunked {
-            scratch.removeAll(keepingCapacity: true)
-            HTTP1Serializer.writeChunk(raw, into: &scratch)
-            frontend.writeTaking(&scratch)
-        } else {
-            frontend.writeRaw(raw)
-        }
-        if frontend.isOverHighWater { backend?.pauseReading() }
-    }
-
-    private func finishClientResponse(trailers: HTTPHeaders?) {
-        if clientFraming == .chunked {
-            scratch.removeAll(keepingCapacity: true)
-            HTTP1Serializer.writeLastChunk(trailers: trailers, into: &scratch)
-            frontend.writeTaking(&scratch)
-        }
+        client.sendResponseBody(raw)
+        if client.isOverHighWater { backend?.pauseReading() }
     }
 
     private func respondUpstreamError(closeClient: Bool) {
@@ -558,40 +688,60 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         case .tls(let e): detail = e.message
         default: detail = "\(target.url.authority): \(error)"
         }
-        frontend.writeRaw(ErrorResponse.make(status: st, error: code, detail: detail, fields: [("route", route.match)],
-                                             close: !clientKeepAlive))
         runtime.logger.warning("upstream failed", metadata: ["route": "\(route.match)", "upstream": "\(target.url.authority)",
                                                              "error": "\(code)", "detail": "\(detail)"])
+        if machine.setup.grpc {
+            // gRPC clients read the status from trailers, not from a JSON body (DESIGN §5).
+            let grpcCode: ErrorResponse.GRPCCode = st == 504 ? .deadlineExceeded : .unavailable
+            respondGRPC(grpcCode, message: "\(code): \(detail)")
+            return
+        }
+        let (h, body) = ErrorResponse.parts(status: st, error: code, detail: detail, fields: [("route", route.match)])
+        client.sendLocalResponse(h, body: body, keepAlive: clientKeepAlive)
+        complete()
+    }
+
+    /// A trailers-only gRPC error in place of a JSON one.
+    private func respondGRPC(_ code: ErrorResponse.GRPCCode, message: String) {
+        grpcStatus = String(code.rawValue)
+        client.sendLocalResponse(ErrorResponse.grpcTrailersOnly(code, message: message), body: [], keepAlive: clientKeepAlive)
         complete()
     }
 
     private func abortClient(outcome: String) {
         closeBackend()
         log(outcome: outcome)
-        frontend.exchangeFinished(self, keepAlive: false, abort: true)
+        client.exchangeFinished(self, keepAlive: false, abort: true)
     }
 
     private func complete() {
         log(outcome: nil)
-        frontend.exchangeFinished(self, keepAlive: clientKeepAlive, abort: false)
+        client.exchangeFinished(self, keepAlive: clientKeepAlive, abort: false)
     }
 
     func abort() {
-        guard case .abortExchange = machine.clientClosed() else { return }
-        closeBackend()
-        log(outcome: "client_aborted")
+        switch machine.clientClosed() {
+        case .abortExchange:
+            closeBackend()
+            log(outcome: "client_aborted")
+        default:
+            break
+        }
     }
 
     private func log(outcome: String?) {
-        ctx.metrics.countRequest(slot: metricsSlot, status: status)
+        ctx.metrics.countRequest(slot: metricsSlot, status: status, http2: client.protocolName == "h2", grpcStatus: grpcStatus)
         ctx.metrics.responseBytes &+= bodyBytes
         guard runtime.accessLog else { return }
         let now = monotonicNanos()
-        let record = AccessRecord(
+        var record = AccessRecord(
             method: head.method, path: String(logPath), route: route.match, status: status,
             upstreamMicros: upstreamHeadAt > 0 ? Int(clamping: upstreamHeadAt.saturatingSubtract(attemptStarted) / 1000) : -1,
             totalMicros: Int(clamping: now.saturatingSubtract(started) / 1000), bytes: bodyBytes, outcome: outcome,
             session: session?.name, generation: session == nil ? nil : token?.generation, replayed: replayed)
+        record.protocolName = client.protocolName
+        record.upstreamProtocol = upstreamProtocol
+        record.grpcStatus = grpcStatus
         runtime.logger.info("request", metadata: ["access": .stringConvertible(record)])
     }
 }

@@ -3,9 +3,22 @@ import BearerdOAuth
 
 /// The JSON error bodies bearerd itself answers with (DESIGN §5), built in one place.
 public enum ErrorResponse {
-    /// `{"error":"<code>","route":"...","detail":"..."}` with the status and extra headers.
+    /// `{"error":"<code>","route":"...","detail":"..."}` with the status and extra headers, as
+    /// HTTP/1.1 bytes.
     public static func make(status: Int, error code: String, detail: String? = nil, extra: [(String, String)] = [],
                             fields: [(String, String)] = [], close: Bool) -> [UInt8] {
+        var (head, body) = parts(status: status, error: code, detail: detail, extra: extra, fields: fields)
+        if close { head.headers.add("Connection", "close") }
+        var out: [UInt8] = []
+        out.reserveCapacity(256 + body.count)
+        HTTP1Serializer.writeResponseHead(head, into: &out)
+        out.append(contentsOf: body)
+        return out
+    }
+
+    /// The same response as a head and a body, for any protocol (HTTP/2 maps the head itself).
+    public static func parts(status: Int, error code: String, detail: String? = nil, extra: [(String, String)] = [],
+                             fields: [(String, String)] = []) -> (head: HTTPResponseHead, body: [UInt8]) {
         var body = "{\"error\":" + jsonString(code)
         for (k, v) in fields { body += "," + jsonString(k) + ":" + jsonString(v) }
         if let detail { body += ",\"detail\":" + jsonString(detail) }
@@ -15,11 +28,49 @@ public enum ErrorResponse {
         headers.add("Content-Length", String(body.utf8.count))
         headers.add("Cache-Control", "no-store")
         for (k, v) in extra { headers.add(k, v) }
-        if close { headers.add("Connection", "close") }
+        return (HTTPResponseHead(status: status, reason: reasonPhrase(status), headers: headers), Array(body.utf8))
+    }
+
+    /// gRPC status codes bearerd answers with (grpc/doc/statuscodes.md).
+    public enum GRPCCode: Int, Sendable {
+        case deadlineExceeded = 4, permissionDenied = 7, unimplemented = 12, `internal` = 13, unavailable = 14, unauthenticated = 16
+    }
+
+    /// A trailers-only gRPC error (gRPC over HTTP/2 spec: `:status 200`, `content-type:
+    /// application/grpc`, `grpc-status`, `grpc-message` percent-encoded), for gRPC clients where
+    /// others get the JSON answer (DESIGN §5).
+    public static func grpcTrailersOnly(_ code: GRPCCode, message: String) -> HTTPResponseHead {
+        var headers = HTTPHeaders()
+        headers.add("content-type", "application/grpc")
+        headers.add("grpc-status", String(code.rawValue))
+        headers.add("grpc-message", grpcPercentEncode(message))
+        return HTTPResponseHead(status: 200, reason: "OK", headers: headers)
+    }
+
+    /// gRPC's percent-encoding of `grpc-message`: bytes outside 0x20...0x7E and '%' as %XX.
+    public static func grpcPercentEncode(_ s: String) -> String {
+        let hex: [UInt8] = Array("0123456789ABCDEF".utf8)
         var out: [UInt8] = []
-        HTTP1Serializer.writeResponseHead(HTTPResponseHead(status: status, reason: reasonPhrase(status), headers: headers), into: &out)
-        out.append(contentsOf: body.utf8)
-        return out
+        out.reserveCapacity(s.utf8.count)
+        for b in s.utf8 {
+            if b >= 0x20 && b <= 0x7E && b != 0x25 {
+                out.append(b)
+            } else {
+                out.append(0x25)
+                out.append(hex[Int(b >> 4)])
+                out.append(hex[Int(b & 0x0F)])
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Whether a request is a gRPC call (`content-type: application/grpc`, `+proto`, `;...`).
+    public static func isGRPC(_ headers: HTTPHeaders) -> Bool {
+        guard let ct = headers["content-type"] else { return false }
+        let lowered = ct.lowercased()
+        guard lowered.hasPrefix("application/grpc") else { return false }
+        let rest = lowered.dropFirst("application/grpc".count)
+        return rest.isEmpty || rest.hasPrefix("+") || rest.hasPrefix(";")
     }
 
     public static func jsonString(_ s: String) -> String {

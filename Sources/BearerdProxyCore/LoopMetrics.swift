@@ -33,6 +33,14 @@ public struct LoopMetrics: Sendable {
         routes[slot].statuses[status, default: 0] &+= 1
     }
 
+    /// A proxied request with its client protocol and, for gRPC calls, the `grpc-status` relayed.
+    @inline(__always)
+    package mutating func countRequest(slot: Int, status: Int, http2: Bool, grpcStatus: String?) {
+        routes[slot].statuses[status, default: 0] &+= 1
+        routes[slot].protocols[http2 ? 1 : 0] &+= 1
+        if let grpcStatus { routes[slot].grpcStatuses[grpcStatus, default: 0] &+= 1 }
+    }
+
     @inline(__always)
     package mutating func countUpstreamError(slot: Int, _ kind: UpstreamErrorKind) {
         routes[slot].upstreamErrors[kind.rawValue] &+= 1
@@ -83,6 +91,10 @@ public struct RouteMetrics: Sendable {
     public var replays: [UInt64] = Array(repeating: 0, count: ReplayOutcome.allCases.count)
     /// From the request head handed to the upstream connection to the upstream's final response head.
     public var upstreamLatency = LatencyHistogram()
+    /// Proxied requests by client protocol: [h1, h2].
+    public var protocols: [UInt64] = [0, 0]
+    /// gRPC calls by the `grpc-status` the client got (a string: relayed as the upstream sent it).
+    public var grpcStatuses: [String: UInt64] = [:]
 
     public init(label: String) {
         self.label = label
@@ -99,6 +111,8 @@ public struct RouteMetrics: Sendable {
         for i in upstreamErrors.indices { upstreamErrors[i] &+= o.upstreamErrors[i] }
         for i in replays.indices { replays[i] &+= o.replays[i] }
         upstreamLatency.merge(o.upstreamLatency)
+        for i in protocols.indices { protocols[i] &+= o.protocols[i] }
+        for (k, v) in o.grpcStatuses { grpcStatuses[k, default: 0] &+= v }
     }
 }
 

@@ -28,6 +28,8 @@ extension ProxyExchange {
     ///   overflowing → `.finished` (the held rejection goes to the client).
     /// - `.awaitingReplayToken` → `rejectionOutcome(.replay)` → `.connecting(replay)`;
     ///   `.passThrough` → `.finished` (the held rejection goes to the client).
+    /// - `.forwarding(_, .sent, .awaitingHead)` of an upgrade request → `upstreamSwitchedProtocols`
+    ///   (a 101) → `.tunnelling` → `tunnelEnded` / `clientClosed` / `upstreamFailed` → `.finished`.
     /// - any state → `clientClosed` → `.finished`.
     ///
     /// Invariants: the client gets at most one final response head; an error answer (JSON 5xx) is
@@ -174,6 +176,8 @@ extension ProxyExchange {
                 return .keepClientBody(keepAction)
             case .awaitingReplayToken, .finished:
                 return .keepClientBody(keepAction)
+            case .tunnelling:
+                return .discardClientBody  // cannot happen: an upgrade request has no body
             }
         }
 
@@ -207,16 +211,25 @@ extension ProxyExchange {
 
         /// A final response head arrived. `wwwAuthenticate` is read only when the status is one of
         /// `reject_statuses` on a route with a session.
-        public mutating func upstreamFinalHead(status: Int, wwwAuthenticate: () -> [String]) -> Action {
+        ///
+        /// `grpcUnauthenticated`: the head is a trailers-only gRPC answer with `grpc-status: 16`,
+        /// a rejection like a listed status. A gRPC call is replayed only when its whole body is
+        /// already kept (unary calls): a streaming client waits for responses before it ends its
+        /// body, so waiting for the rest would stall it; such a rejection is passed through and
+        /// the token refreshed for later calls.
+        public mutating func upstreamFinalHead(status: Int, grpcUnauthenticated: Bool = false,
+                                               wwwAuthenticate: () -> [String]) -> Action {
             guard case .forwarding(let attempt, let upstreamBody, .awaitingHead) = state else { return .none }
-            guard setup.hasSession, setup.rejectStatuses.contains(status) else {
+            guard setup.hasSession, setup.rejectStatuses.contains(status) || grpcUnauthenticated else {
                 state = .forwarding(attempt, upstreamBody, .headPending)
                 return .none
             }
-            let verdict = ReplayPolicy.decide(ReplayPolicy.Input(
+            var input = ReplayPolicy.Input(
                 status: status, rejectStatuses: setup.rejectStatuses, wwwAuthenticate: wwwAuthenticate(),
-                bodyReplayable: keep.isKeeping, methodAllowed: setup.methodReplayable,
-                alreadyReplayed: attempt.kind == .replay))
+                bodyReplayable: keep.isKeeping && (clientBody.isComplete || !setup.grpc), methodAllowed: setup.methodReplayable,
+                alreadyReplayed: attempt.kind == .replay)
+            input.grpcUnauthenticated = grpcUnauthenticated
+            let verdict = ReplayPolicy.decide(input)
             switch verdict {
             case .notRejected:
                 state = .forwarding(attempt, upstreamBody, .headPending)
@@ -322,6 +335,9 @@ extension ProxyExchange {
                     state = .collectingReplayBody(heldWhole: false)
                     return .rejectionDrained(backend: .alreadyClosed, reportNow: false)
                 }
+            case .tunnelling:
+                state = .finished
+                return .finishTunnel
             case .initial, .awaitingToken, .collectingReplayBody, .awaitingReplayToken, .finished:
                 return .none
             }
@@ -340,6 +356,25 @@ extension ProxyExchange {
                 guard heldWhole else { return .respondUpstreamError(closeClient: false) }
                 return .sendHeldRejection(reason: nil, refreshOnly: false, closeClient: false)
             }
+        }
+
+        /// The upstream answered the upgrade request with 101 (RFC 9110 §15.2.2): both connections
+        /// become one byte tunnel.
+        public mutating func upstreamSwitchedProtocols() -> Action {
+            guard case .forwarding(_, .sent, .awaitingHead) = state, setup.upgrade else {
+                if case .finished = state { return .none }
+                state = .finished
+                return .respondUpstreamError(closeClient: true)
+            }
+            state = .tunnelling
+            return .startTunnel
+        }
+
+        /// One side of the tunnel ended (EOF or error); the other is closed after its output drains.
+        public mutating func tunnelEnded() -> Action {
+            guard case .tunnelling = state else { return .none }
+            state = .finished
+            return .finishTunnel
         }
 
         /// The client closed or reset its connection, or stopped sending in time.
@@ -400,9 +435,16 @@ extension ProxyExchange {
         public var methodReplayable: Bool
         /// RFC 9110 §9.2.2: may be retried on a fresh connection after a stale pooled one.
         public var methodIdempotent: Bool
+        /// A WebSocket handshake: a 101 turns the exchange into a tunnel.
+        public var upgrade: Bool
+        /// A gRPC call (`content-type: application/grpc`): UNAUTHENTICATED is a rejection, and
+        /// failures are answered in gRPC's form.
+        public var grpc: Bool
 
         public init(hasBody: Bool, clientSpeaksHTTP11: Bool, expectsContinue: Bool, hasSession: Bool, replayBodyLimit: Int,
-                    rejectStatuses: [Int], methodReplayable: Bool, methodIdempotent: Bool) {
+                    rejectStatuses: [Int], methodReplayable: Bool, methodIdempotent: Bool, upgrade: Bool = false, grpc: Bool = false) {
+            self.upgrade = upgrade
+            self.grpc = grpc
             self.hasBody = hasBody
             self.clientSpeaksHTTP11 = clientSpeaksHTTP11
             self.expectsContinue = expectsContinue
@@ -432,6 +474,8 @@ extension ProxyExchange {
         case collectingReplayBody(heldWhole: Bool)
         /// The rejection drained and the body is complete: the session decides on the replay.
         case awaitingReplayToken(heldWhole: Bool)
+        /// After a 101: bytes flow both ways unparsed until one side ends.
+        case tunnelling
         case finished
     }
 
@@ -574,6 +618,10 @@ extension ProxyExchange {
         case abortClient
         /// The client is gone: close the backend, finish.
         case abortExchange
+        /// Relay the 101 and join the two connections into a byte tunnel.
+        case startTunnel
+        /// The tunnel is over: close both sides once their output drained, finish.
+        case finishTunnel
     }
 }
 

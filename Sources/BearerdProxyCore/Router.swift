@@ -147,6 +147,50 @@ public enum ProxyHeaders {
         return (HTTPResponseHead(status: head.status, reason: head.reason, version: .http1_1, headers: h), clientFraming)
     }
 
+    /// What a request's `Upgrade` asks for (RFC 9110 §7.8; DESIGN §5).
+    public enum UpgradeRequest: Equatable, Sendable {
+        case none
+        /// `Upgrade: websocket` on an HTTP/1.1 GET (RFC 6455 §4.1): tunnelled after the upstream's 101.
+        case websocket
+        /// `Upgrade: h2c` only: ignored, as RFC 9113 §3.1 deprecates it; the request goes on in HTTP/1.1
+        /// (clients that want HTTP/2 without TLS use prior knowledge, which every listener accepts).
+        case ignoredH2C
+        /// Anything else: refused with 400, never silently downgraded.
+        case unsupported(String)
+    }
+
+    public static func upgradeRequest(_ head: HTTPRequestHead) -> UpgradeRequest {
+        guard head.headers.contains("Upgrade") else { return .none }
+        let protocols = HTTPHeaderRules.listValues(head.headers, "Upgrade")
+        if protocols.isEmpty { return .unsupported("an empty Upgrade field") }
+        let connectionNamesUpgrade = HTTPHeaderRules.connectionTokens(head.headers).contains("upgrade")
+        if protocols.contains(where: { asciiCaseInsensitiveEquals($0, "websocket") }) {
+            guard head.method == "GET", head.version == .http1_1, connectionNamesUpgrade else {
+                return .unsupported("a WebSocket handshake is an HTTP/1.1 GET with Connection: Upgrade (RFC 6455 §4.1)")
+            }
+            return .websocket
+        }
+        if protocols.allSatisfy({ asciiCaseInsensitiveEquals($0, "h2c") }) { return .ignoredH2C }
+        return .unsupported("bearerd tunnels Upgrade: websocket only, not \(protocols.joined(separator: ", "))")
+    }
+
+    /// Re-adds the upgrade fields that the hop-by-hop rule removed from an upstream request.
+    public static func addWebSocketUpgrade(_ head: inout HTTPRequestHead) {
+        head.headers.set("Connection", "Upgrade")
+        head.headers.set("Upgrade", "websocket")
+    }
+
+    /// The client's copy of the upstream's 101: the upgrade fields are kept (they are the point).
+    public static func switchingProtocolsResponse(upstream head: HTTPResponseHead) -> HTTPResponseHead {
+        var h = head.headers
+        let upgrade = h.values("Upgrade")
+        HTTPHeaderRules.removeHopByHop(&h)
+        h.add("Connection", "Upgrade")
+        for u in upgrade { h.add("Upgrade", u) }
+        appendVia(&h, version: head.version)
+        return HTTPResponseHead(status: 101, reason: head.reason.isEmpty ? "Switching Protocols" : head.reason, version: .http1_1, headers: h)
+    }
+
     static func appendVia(_ h: inout HTTPHeaders, version: HTTPVersion) {
         let token = version == .http1_0 ? "1.0 bearerd" : viaToken
         if let prior = h["Via"] {

@@ -147,6 +147,21 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
             }
         }
 
+        w.family("bearerd_requests_by_protocol_total", .counter,
+                 help: "Proxied requests by route and the client's protocol (h1: HTTP/1.x, h2: HTTP/2).")
+        for r in routes where r.protocols.contains(where: { $0 > 0 }) {
+            w.sample("bearerd_requests_by_protocol_total", [("route", r.label), ("protocol", "h1")], r.protocols[0])
+            w.sample("bearerd_requests_by_protocol_total", [("route", r.label), ("protocol", "h2")], r.protocols[1])
+        }
+
+        w.family("bearerd_grpc_responses_total", .counter,
+                 help: "gRPC calls by route and the grpc-status their client got (from the upstream or bearerd's own).")
+        for r in routes {
+            for (code, n) in r.grpcStatuses.sorted(by: { $0.key < $1.key }) {
+                w.sample("bearerd_grpc_responses_total", [("route", r.label), ("grpc_status", code)], n)
+            }
+        }
+
         w.family("bearerd_upstream_errors_total", .counter,
                  help: "Routed requests answered by bearerd with an error instead of an upstream response, by route and error.")
         for r in routes where r.upstreamErrors.contains(where: { $0 > 0 }) {

@@ -91,6 +91,11 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
     public var session: String?
     public var generation: UInt64?
     public var replayed: Bool
+    /// The client's protocol (`h1`, `h2`) and the upstream's, when known.
+    public var protocolName: String?
+    public var upstreamProtocol: String?
+    /// gRPC calls: the `grpc-status` the client got.
+    public var grpcStatus: String?
 
     public init(method: String, path: String, route: String, status: Int, upstreamMicros: Int, totalMicros: Int, bytes: UInt64,
                 outcome: String?, session: String?, generation: UInt64?, replayed: Bool) {
@@ -123,6 +128,9 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
         if let session { s += " session=" + session }
         if let generation { s += " token.generation=" + String(generation) }
         if replayed { s += " replayed=1" }
+        if let protocolName { s += " protocol=" + protocolName }
+        if let upstreamProtocol { s += " upstream_protocol=" + upstreamProtocol }
+        if let grpcStatus { s += " grpc_status=" + BearerdLogHandler.quoteIfNeeded(grpcStatus) }
         return s
     }
 
@@ -135,6 +143,9 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
         if let session { s += ",\"session\":" + ErrorResponse.jsonString(session) }
         if let generation { s += ",\"token.generation\":" + String(generation) }
         if replayed { s += ",\"replayed\":true" }
+        if let protocolName { s += ",\"protocol\":" + ErrorResponse.jsonString(protocolName) }
+        if let upstreamProtocol { s += ",\"upstream_protocol\":" + ErrorResponse.jsonString(upstreamProtocol) }
+        if let grpcStatus { s += ",\"grpc_status\":" + ErrorResponse.jsonString(grpcStatus) }
         return s
     }
 }

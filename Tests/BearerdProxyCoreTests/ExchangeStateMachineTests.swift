@@ -1,5 +1,6 @@
 import Testing
 import BearerdOAuth
+import BearerdHTTP
 @testable import BearerdProxyCore
 
 typealias Machine = ProxyExchange.StateMachine
@@ -346,5 +347,123 @@ struct ExchangeInvariantTests {
             if !s.hasSession { #expect(replays == 0) }
             _ = sends
         }
+    }
+}
+
+@Suite("ProxyExchange.StateMachine: tunnels and gRPC (issue 9)")
+struct ExchangeTunnelAndGRPCTests {
+    func grpcSetup() -> ProxyExchange.Setup {
+        var s = setup(body: true)
+        s.grpc = true
+        return s
+    }
+
+    @Test func aSwitchOnAnUpgradeRequestStartsTheTunnel() {
+        var s = setup()
+        s.upgrade = true
+        var m = forwarding(s)
+        #expect(m.upstreamSwitchedProtocols() == .startTunnel)
+        #expect(m.state == .tunnelling)
+        #expect(m.upstreamFailed(.unreachable, reusedConnection: false, responseBytesSeen: true) == .finishTunnel)
+        #expect(m.isFinished)
+        #expect(m.tunnelEnded() == .none)
+
+        var n = forwarding(s)
+        _ = n.upstreamSwitchedProtocols()
+        #expect(n.tunnelEnded() == .finishTunnel)
+        #expect(n.clientClosed() == .none)
+    }
+
+    @Test func aSwitchWithoutAnUpgradeRequestIsAnUpstreamError() {
+        var m = forwarding(setup())
+        #expect(m.upstreamSwitchedProtocols() == .respondUpstreamError(closeClient: true))
+        #expect(m.isFinished)
+    }
+
+    /// A rejected handshake is replayed like any GET.
+    @Test func aRejectedHandshakeIsReplayed() {
+        var s = setup()
+        s.upgrade = true
+        var m = forwarding(s)
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] }) == .holdRejection)
+        #expect(m.upstreamEnded() == .rejectionDrained(backend: .release, reportNow: true))
+        #expect(m.rejectionOutcome(.replay) == .acquireBackend(fresh: false))
+        _ = m.backendAcquired()
+        #expect(m.upstreamSwitchedProtocols() == .startTunnel)
+    }
+
+    /// DESIGN §5: a trailers-only UNAUTHENTICATED answers a unary call whose body is complete:
+    /// held and replayed, whatever its HTTP status (200).
+    @Test func grpcUnauthenticatedOnAUnaryCallIsReplayed() {
+        var m = Machine(setup: grpcSetup())
+        _ = m.start()
+        _ = m.tokenAcquired()
+        _ = m.clientBodyReceived(count: 12)
+        _ = m.clientBodyEnded()
+        _ = m.backendAcquired()
+        #expect(m.upstreamFinalHead(status: 200, grpcUnauthenticated: true, wwwAuthenticate: { [] }) == .holdRejection)
+        #expect(m.upstreamEnded() == .rejectionDrained(backend: .release, reportNow: true))
+        #expect(m.rejectionOutcome(.replay) == .acquireBackend(fresh: false))
+        _ = m.backendAcquired()
+        // The replay answered UNAUTHENTICATED again: it goes to the client.
+        #expect(m.upstreamFinalHead(status: 200, grpcUnauthenticated: true, wwwAuthenticate: { [] })
+                == .rejectionNotReplayed(reason: .rejectedAgain, refreshOnly: false))
+    }
+
+    /// A streaming call still sending: waiting for the rest would stall a client that waits for
+    /// responses, so the rejection goes through and the token is refreshed for later calls.
+    @Test func grpcUnauthenticatedOnAStreamingCallIsPassedThrough() {
+        var m = Machine(setup: grpcSetup())
+        _ = m.start()
+        _ = m.tokenAcquired()
+        _ = m.backendAcquired()
+        _ = m.clientBodyReceived(count: 12)
+        #expect(m.upstreamFinalHead(status: 200, grpcUnauthenticated: true, wwwAuthenticate: { [] })
+                == .rejectionNotReplayed(reason: .notReplayable, refreshOnly: true))
+        // An OK status with the same HTTP status is no rejection.
+        var n = Machine(setup: grpcSetup())
+        _ = n.start()
+        _ = n.tokenAcquired()
+        _ = n.backendAcquired()
+        #expect(n.upstreamFinalHead(status: 200, grpcUnauthenticated: false, wwwAuthenticate: { [] }) == .none)
+    }
+}
+
+@Suite("Upgrade decisions and gRPC answers (issue 9)")
+struct UpgradeAndGRPCHeaderTests {
+    func head(_ method: String = "GET", _ fields: [(String, String)], version: HTTPVersion = .http1_1) -> HTTPRequestHead {
+        HTTPRequestHead(method: method, target: "/", version: version, headers: HTTPHeaders(fields))
+    }
+
+    @Test func upgradeRequestKinds() {
+        #expect(ProxyHeaders.upgradeRequest(head("GET", [("Host", "a")])) == .none)
+        #expect(ProxyHeaders.upgradeRequest(head("GET", [("Connection", "keep-alive, Upgrade"), ("Upgrade", "WebSocket")])) == .websocket)
+        #expect(ProxyHeaders.upgradeRequest(head("GET", [("Connection", "Upgrade, HTTP2-Settings"), ("Upgrade", "h2c")])) == .ignoredH2C)
+        if case .unsupported = ProxyHeaders.upgradeRequest(head("GET", [("Connection", "Upgrade"), ("Upgrade", "TLS/1.2")])) {} else { Issue.record("TLS upgrade") }
+        if case .unsupported = ProxyHeaders.upgradeRequest(head("POST", [("Connection", "Upgrade"), ("Upgrade", "websocket")])) {} else { Issue.record("POST") }
+        if case .unsupported = ProxyHeaders.upgradeRequest(head("GET", [("Upgrade", "websocket")])) {} else { Issue.record("no Connection: Upgrade") }
+        if case .unsupported = ProxyHeaders.upgradeRequest(head("GET", [("Connection", "Upgrade"), ("Upgrade", "websocket")], version: .http1_0)) {} else { Issue.record("1.0") }
+    }
+
+    @Test func switchingResponseKeepsItsUpgradeFields() {
+        let up = HTTPResponseHead(status: 101, reason: "Switching Protocols",
+                                  headers: HTTPHeaders([("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Accept", "abc"), ("Keep-Alive", "5")]))
+        let h = ProxyHeaders.switchingProtocolsResponse(upstream: up)
+        #expect(h.headers["Upgrade"] == "websocket")
+        #expect(h.headers["Connection"] == "Upgrade")
+        #expect(h.headers["Sec-WebSocket-Accept"] == "abc")
+        #expect(h.headers["Keep-Alive"] == nil)
+    }
+
+    @Test func grpcTrailersOnlyErrors() {
+        let h = ErrorResponse.grpcTrailersOnly(.unavailable, message: "upstream_unreachable: 10.0.0.1:50051 café 100%")
+        #expect(h.status == 200)
+        #expect(h.headers["content-type"] == "application/grpc")
+        #expect(h.headers["grpc-status"] == "14")
+        #expect(h.headers["grpc-message"] == "upstream_unreachable: 10.0.0.1:50051 caf%C3%A9 100%25")
+        #expect(ErrorResponse.isGRPC(HTTPHeaders([("Content-Type", "application/grpc+proto")])))
+        #expect(ErrorResponse.isGRPC(HTTPHeaders([("content-type", "application/grpc")])))
+        #expect(!ErrorResponse.isGRPC(HTTPHeaders([("content-type", "application/grpc-web")])))
+        #expect(!ErrorResponse.isGRPC(HTTPHeaders([("content-type", "application/json")])))
     }
 }

@@ -231,7 +231,7 @@ struct MetricsTests {
         let text = AdminResponder.renderMetrics(LoopMetrics(), sessions: [], now: 1)
         #expect(!text.contains("session="))
         #expect(text.contains("# TYPE bearerd_requests_total counter"))
-        #expect(Self.families(text).count == 8)
+        #expect(Self.families(text).count == 10)
     }
 
     // MARK: /readyz

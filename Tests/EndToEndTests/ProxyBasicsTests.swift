@@ -148,18 +148,6 @@ struct ProxyBasicsTests {
         #expect(try c.readResponse().bodyText == "until the end")
     }
 
-    @Test func upgradeIsDeclinedAndForwardedAsPlainRequest() throws {
-        let origin = try TestOrigin(handler: echoHandler)
-        defer { origin.stop() }
-        let proxy = try TestProxy(routes: [route(origin: origin.port)])
-        defer { proxy.stop() }
-        let c = try TestClient(port: proxy.port)
-        try c.send("GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-        let r = try c.readResponse()
-        #expect(r.status == 200)
-        #expect(origin.requests.first?.head.headers["Upgrade"] == nil)
-    }
-
     @Test func routesMatchByPrefixAndHostAndUnmatchedIs404() throws {
         let a = try TestOrigin { _ in .response(status: 200, headers: [], body: Array("a".utf8)) }
         let b = try TestOrigin { _ in .response(status: 200, headers: [], body: Array("b".utf8)) }
