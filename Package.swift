@@ -64,6 +64,11 @@ let package = Package(
             swiftSettings: shellSettings
         ),
         .target(
+            name: "BearerdHTTP2",
+            dependencies: ["BearerdHTTP", "CNghttp2"],
+            swiftSettings: shellSettings
+        ),
+        .target(
             name: "BearerdTLS",
             dependencies: ["COpenSSL", "CBearerdShim"],
             swiftSettings: shellSettings
@@ -79,7 +84,7 @@ let package = Package(
         .target(
             name: "BearerdProxy",
             dependencies: [
-                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdSessions", "BearerdService", "BearerdTLS", "BearerdIO",
+                "BearerdHTTP", "BearerdHTTP2", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdSessions", "BearerdService", "BearerdTLS", "BearerdIO",
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -102,6 +107,7 @@ let package = Package(
         .testTarget(name: "BearerdHTTPTests", dependencies: ["BearerdHTTP"]),
         .testTarget(name: "BearerdOAuthTests", dependencies: ["BearerdOAuth"]),
         .testTarget(name: "BearerdProxyCoreTests", dependencies: ["BearerdProxyCore", "BearerdHTTP", "BearerdOAuth"]),
+        .testTarget(name: "BearerdHTTP2Tests", dependencies: ["BearerdHTTP2", "BearerdHTTP"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdTLSTests", dependencies: ["BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdIOTests", dependencies: ["BearerdIO", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdService", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),

@@ -1,0 +1,507 @@
+import BearerdHTTP
+import CNghttp2
+
+/// An nghttp2 failure: a library error code (negative) and its message.
+public struct HTTP2Error: Error, Sendable, Equatable, CustomStringConvertible {
+    public var code: Int32
+    public var message: String
+    public init(code: Int32, message: String) {
+        self.code = code
+        self.message = message
+    }
+    init(_ rc: Int, _ what: String) {
+        code = Int32(truncatingIfNeeded: rc)
+        message = what + ": " + String(cString: nghttp2_strerror(Int32(truncatingIfNeeded: rc)))
+    }
+    public var description: String { message }
+}
+
+/// RFC 9113 §7 error codes.
+public enum HTTP2ErrorCode: UInt32, Sendable {
+    case noError = 0, protocolError = 1, internalError = 2, flowControlError = 3, settingsTimeout = 4, streamClosed = 5,
+         frameSizeError = 6, refusedStream = 7, cancel = 8, compressionError = 9, connectError = 10, enhanceYourCalm = 11,
+         inadequateSecurity = 12, http11Required = 13
+}
+
+/// What we advertise in our SETTINGS.
+public struct HTTP2Settings: Sendable, Equatable {
+    public var maxConcurrentStreams: UInt32 = 128
+    /// Per-stream receive window (SETTINGS_INITIAL_WINDOW_SIZE): how much one stream may have in
+    /// flight towards us before the application consumed it.
+    public var initialWindowSize: UInt32 = 1 << 20
+    /// Connection receive window (raised by WINDOW_UPDATE on stream 0 at start).
+    public var connectionWindowSize: UInt32 = 16 << 20
+    /// Bytes of one header block (names + values + 32 per field, RFC 9113 §6.5.2); more resets
+    /// the stream.
+    public var maxHeaderListSize: UInt32 = 64 * 1024
+    /// RFC 8441 SETTINGS_ENABLE_CONNECT_PROTOCOL (server role).
+    public var enableConnectProtocol: Bool = false
+    public init() {}
+}
+
+/// What a received frame meant, in order. Pseudo-header fields are included in `fields`.
+public enum HTTP2Event: Sendable, Equatable {
+    case headers(stream: Int32, fields: [HTTPField], kind: HeadersKind, endStream: Bool)
+    /// DATA payload (copied). A DATA frame with END_STREAM adds `.data(stream, [], endStream: true)`.
+    case data(stream: Int32, bytes: [UInt8], endStream: Bool)
+    /// The stream closed (both ends done, or RST_STREAM either way, or refused after GOAWAY).
+    case streamClosed(stream: Int32, errorCode: UInt32)
+    case goAway(lastStreamID: Int32, errorCode: UInt32)
+    /// The peer's SETTINGS arrived.
+    case remoteSettings(maxConcurrentStreams: UInt32, enableConnectProtocol: Bool)
+    case pingAck
+    /// The stream's outbound buffer drained below `lowWater` after reaching `highWater`.
+    case streamWritable(stream: Int32)
+
+    public enum HeadersKind: Sendable, Equatable { case request, response, informational, trailers }
+}
+
+/// One HTTP/2 connection's protocol state (RFC 9113), driven only through memory: bytes in with
+/// `receive`, bytes out with `produce` (nghttp2's `mem_recv`/`mem_send`; Debian's 1.52 has no
+/// `*2` variants). No sockets, no clock.
+///
+/// Owns the `nghttp2_session` (deleted in `deinit`) and, per stream, the outbound body bytes the
+/// session's data source reads from. Callbacks only record events (`takeEvents`) and hand out
+/// buffered bytes; the owner acts after `receive` returns. Flow control is manual
+/// (`no_auto_window_update`): received DATA opens the windows again only when the owner calls
+/// `consumed`, so a slow reader stalls its own stream, never the connection.
+/// Not thread-safe: one owner, the connection's event loop.
+public final class HTTP2Session {
+    public enum Role: Sendable { case client, server }
+
+    /// Per-stream outbound buffer bounds for the owner's backpressure (`streamWritable`).
+    public static let highWater = 256 * 1024
+    public static let lowWater = 64 * 1024
+
+    public let role: Role
+    public let settings: HTTP2Settings
+    private var session: OpaquePointer?
+    private var events: [HTTP2Event] = []
+    private var outbound: [Int32: Outbound] = [:]
+    /// Header block being received, per stream.
+    private var inbound: [Int32: HeaderBlock] = [:]
+    /// Set by a callback when a Swift-side rule failed fatally (never thrown across C).
+    private var fatal: HTTP2Error?
+    /// Client role: streams we opened that have not closed.
+    private var opened: Set<Int32> = []
+
+    struct Outbound {
+        var bytes: [UInt8] = []
+        var readIndex = 0
+        var ended = false
+        var trailers: [HTTPField]?
+        /// nghttp2 was told `DEFERRED`: `resume_data` when more arrives.
+        var deferred = false
+        /// Went over `highWater`; a drain below `lowWater` reports `streamWritable`.
+        var wasFull = false
+        var count: Int { bytes.count - readIndex }
+    }
+
+    struct HeaderBlock {
+        var fields: [HTTPField] = []
+        var size = 0
+    }
+
+    public init(role: Role, settings: HTTP2Settings = HTTP2Settings()) throws(HTTP2Error) {
+        self.role = role
+        self.settings = settings
+        var callbacks: OpaquePointer?
+        guard nghttp2_session_callbacks_new(&callbacks) == 0, let callbacks else {
+            throw HTTP2Error(code: -901, message: "out of memory")
+        }
+        defer { nghttp2_session_callbacks_del(callbacks) }
+        nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, h2OnBeginHeaders)
+        nghttp2_session_callbacks_set_on_header_callback(callbacks, h2OnHeader)
+        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, h2OnFrameRecv)
+        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, h2OnDataChunk)
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, h2OnStreamClose)
+
+        var option: OpaquePointer?
+        guard nghttp2_option_new(&option) == 0, let option else { throw HTTP2Error(code: -901, message: "out of memory") }
+        defer { nghttp2_option_del(option) }
+        nghttp2_option_set_no_auto_window_update(option, 1)
+        if role == .client {
+            // Until the server's SETTINGS say otherwise (RFC 9113 §6.5.2: initially unlimited;
+            // nghttp2's default is 100).
+            nghttp2_option_set_peer_max_concurrent_streams(option, 100)
+        }
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        var s: OpaquePointer?
+        let rc = role == .client
+            ? nghttp2_session_client_new2(&s, callbacks, me, option)
+            : nghttp2_session_server_new2(&s, callbacks, me, option)
+        guard rc == 0, let s else { throw HTTP2Error(Int(rc), "nghttp2_session_new") }
+        session = s
+
+        var iv: [nghttp2_settings_entry] = [
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: settings.maxConcurrentStreams),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: min(settings.initialWindowSize, 0x7FFF_FFFF)),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue), value: settings.maxHeaderListSize),
+        ]
+        if role == .client {
+            // A client never receives pushes (RFC 9113 §8.4).
+            iv.append(nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0))
+        }
+        if role == .server && settings.enableConnectProtocol {
+            iv.append(nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL.rawValue), value: 1))
+        }
+        let src = iv.withUnsafeBufferPointer { nghttp2_submit_settings(s, UInt8(NGHTTP2_FLAG_NONE.rawValue), $0.baseAddress, $0.count) }
+        guard src == 0 else { throw HTTP2Error(Int(src), "nghttp2_submit_settings") }
+        let window = Int32(clamping: min(settings.connectionWindowSize, 0x7FFF_FFFF))
+        let wrc = nghttp2_session_set_local_window_size(s, UInt8(NGHTTP2_FLAG_NONE.rawValue), 0, window)
+        guard wrc == 0 else { throw HTTP2Error(Int(wrc), "nghttp2_session_set_local_window_size") }
+    }
+
+    deinit {
+        if let session { nghttp2_session_del(session) }
+    }
+
+    // MARK: bytes in, bytes out
+
+    /// Feeds bytes from the peer; events accumulate (`takeEvents`). Throws on a fatal error (bad
+    /// client magic, flooding). Other connection errors (RFC 9113 §5.4.1) queue a GOAWAY and end
+    /// `wantsRead`: the owner sends what `produce` yields and closes when `isFinished`.
+    public func receive(_ bytes: UnsafeRawBufferPointer) throws(HTTP2Error) {
+        guard let session, let base = bytes.baseAddress, bytes.count > 0 else { return }
+        let rc = nghttp2_session_mem_recv(session, base.assumingMemoryBound(to: UInt8.self), bytes.count)
+        if let fatal { throw fatal }
+        if rc < 0 { throw HTTP2Error(rc, "invalid HTTP/2 input") }
+    }
+
+    public func receive(_ bytes: [UInt8]) throws(HTTP2Error) {
+        var failure: HTTP2Error?
+        bytes.withUnsafeBytes { raw in
+            do throws(HTTP2Error) { try receive(raw) } catch { failure = error }
+        }
+        if let failure { throw failure }
+    }
+
+    /// Returns and clears the events recorded so far, in order.
+    public func takeEvents() -> [HTTP2Event] {
+        defer { events.removeAll(keepingCapacity: true) }
+        return events
+    }
+
+    /// Whether events are waiting.
+    public var hasEvents: Bool { !events.isEmpty }
+
+    /// Appends everything nghttp2 wants to send now to `out`.
+    public func produce(into out: inout [UInt8]) throws(HTTP2Error) {
+        guard let session else { return }
+        while true {
+            var data: UnsafePointer<UInt8>?
+            let n = nghttp2_session_mem_send(session, &data)
+            if let fatal { throw fatal }
+            if n < 0 { throw HTTP2Error(n, "nghttp2_session_mem_send") }
+            guard n > 0, let data else { return }
+            out.append(contentsOf: UnsafeBufferPointer(start: data, count: n))
+        }
+    }
+
+    public var wantsRead: Bool { session.map { nghttp2_session_want_read($0) != 0 } ?? false }
+    public var wantsWrite: Bool { session.map { nghttp2_session_want_write($0) != 0 } ?? false }
+    /// Neither side has anything left to do (GOAWAY exchanged and every stream closed).
+    public var isFinished: Bool { !wantsRead && !wantsWrite }
+
+    // MARK: submitting
+
+    /// Client role: a request. Returns the new stream id. `endStream`: no body follows.
+    public func submitRequest(_ fields: [HTTPField], endStream: Bool) throws(HTTP2Error) -> Int32 {
+        guard let session else { throw HTTP2Error(code: -902, message: "session closed") }
+        // After GOAWAY (either way) no new stream may be opened (RFC 9113 §6.8).
+        guard nghttp2_session_check_request_allowed(session) != 0 else {
+            throw HTTP2Error(code: Int32(NGHTTP2_ERR_START_STREAM_NOT_ALLOWED.rawValue), message: "the connection is going away")
+        }
+        let id: Int32 = withHeaderArray(fields) { nva, count in
+            if endStream {
+                return nghttp2_submit_request(session, nil, nva, count, nil, nil)
+            }
+            var provider = Self.provider()
+            return nghttp2_submit_request(session, nil, nva, count, &provider, nil)
+        }
+        guard id > 0 else { throw HTTP2Error(Int(id), "nghttp2_submit_request") }
+        opened.insert(id)
+        if !endStream { outbound[id] = Outbound() }
+        return id
+    }
+
+    /// Server role: a response head (`:status` first). 1xx heads are informational (no END_STREAM).
+    public func submitResponse(stream: Int32, _ fields: [HTTPField], endStream: Bool) throws(HTTP2Error) {
+        guard let session else { throw HTTP2Error(code: -902, message: "session closed") }
+        let informational = fields.first.map { $0.name == ":status" && $0.value.hasPrefix("1") } ?? false
+        let rc: Int32 = withHeaderArray(fields) { nva, count in
+            if informational {
+                return nghttp2_submit_headers(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream, nil, nva, count, nil)
+            }
+            if endStream {
+                return nghttp2_submit_response(session, stream, nva, count, nil)
+            }
+            var provider = Self.provider()
+            return nghttp2_submit_response(session, stream, nva, count, &provider)
+        }
+        guard rc >= 0 else { throw HTTP2Error(Int(rc), "nghttp2_submit_response") }
+        if !informational && !endStream && outbound[stream] == nil { outbound[stream] = Outbound() }
+    }
+
+    /// Queues body bytes on a stream whose head was submitted without END_STREAM.
+    public func sendData(stream: Int32, _ bytes: UnsafeRawBufferPointer) {
+        guard bytes.count > 0, var o = outbound[stream], !o.ended else { return }
+        o.bytes.append(contentsOf: bytes)
+        if o.count >= Self.highWater { o.wasFull = true }
+        let resume = o.deferred
+        o.deferred = false
+        outbound[stream] = o
+        if resume, let session { nghttp2_session_resume_data(session, stream) }
+    }
+
+    /// Ends the stream's body: END_STREAM on the last DATA frame, or a trailing HEADERS frame
+    /// with END_STREAM when `trailers` is non-empty.
+    public func endStream(stream: Int32, trailers: [HTTPField]?) {
+        guard var o = outbound[stream], !o.ended else { return }
+        o.ended = true
+        if let trailers, !trailers.isEmpty { o.trailers = trailers }
+        let resume = o.deferred
+        o.deferred = false
+        outbound[stream] = o
+        if resume, let session { nghttp2_session_resume_data(session, stream) }
+    }
+
+    /// Bytes queued on the stream that nghttp2 has not taken yet.
+    public func outboundBuffered(stream: Int32) -> Int { outbound[stream]?.count ?? 0 }
+
+    /// The application forwarded `count` received DATA bytes of `stream`: open the stream's and
+    /// the connection's windows again.
+    public func consumed(stream: Int32, count: Int) {
+        guard let session, count > 0 else { return }
+        _ = nghttp2_session_consume(session, stream, count)
+    }
+
+    public func resetStream(_ stream: Int32, error: HTTP2ErrorCode) {
+        guard let session else { return }
+        outbound[stream] = nil
+        _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream, error.rawValue)
+    }
+
+    /// GOAWAY with the last stream the peer opened that we processed (or `lastStreamID`).
+    public func goAway(error: HTTP2ErrorCode = .noError, lastStreamID: Int32? = nil) {
+        guard let session else { return }
+        let last = lastStreamID ?? nghttp2_session_get_last_proc_stream_id(session)
+        _ = nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, error.rawValue, nil, 0)
+    }
+
+    /// Sends a PING (keep-alive); its ACK comes back as `.pingAck`.
+    public func ping() {
+        guard let session else { return }
+        _ = nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
+    }
+
+    public var remoteMaxConcurrentStreams: UInt32 {
+        session.map { nghttp2_session_get_remote_settings($0, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS) } ?? 0
+    }
+
+    public var peerEnablesConnectProtocol: Bool {
+        session.map { nghttp2_session_get_remote_settings($0, NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL) == 1 } ?? false
+    }
+
+    /// Streams we opened (client role) that are not closed yet.
+    public var openStreamCount: Int { opened.count }
+
+    /// Whether another request can be submitted now (client role): below the peer's limit and
+    /// no GOAWAY received.
+    public var canOpenStream: Bool {
+        guard let session else { return false }
+        return nghttp2_session_check_request_allowed(session) != 0
+            && UInt32(clamping: opened.count) < nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS)
+    }
+
+    // MARK: helpers
+
+    private static func provider() -> nghttp2_data_provider {
+        nghttp2_data_provider(source: nghttp2_data_source(fd: 0), read_callback: h2ReadData)
+    }
+
+    /// Calls `body` with an `nghttp2_nv` array for `fields` (names lower-cased; credentials sent
+    /// never-indexed, STYLE 9). nghttp2 copies the fields during the call.
+    private func withHeaderArray<R>(_ fields: [HTTPField], _ body: (UnsafePointer<nghttp2_nv>, Int) -> R) -> R {
+        var storage: [UInt8] = []
+        var spans: [(name: Range<Int>, value: Range<Int>, sensitive: Bool)] = []
+        spans.reserveCapacity(fields.count)
+        for f in fields {
+            let n0 = storage.count
+            for b in f.name.utf8 { storage.append(b >= 0x41 && b <= 0x5A ? b | 0x20 : b) }
+            let n1 = storage.count
+            storage.append(contentsOf: f.value.utf8)
+            let lower = f.name.lowercased()
+            let sensitive = lower == "authorization" || lower == "proxy-authorization" || lower == "cookie" || lower == "set-cookie"
+            spans.append((n0..<n1, n1..<storage.count, sensitive))
+        }
+        if storage.isEmpty { storage.append(0) }
+        return storage.withUnsafeMutableBufferPointer { buf in
+            // Force unwrap: `storage` is non-empty, so its buffer has a base address.
+            let base = buf.baseAddress!
+            var nva: [nghttp2_nv] = spans.map { s in
+                nghttp2_nv(name: base + s.name.lowerBound, value: base + s.value.lowerBound,
+                           namelen: s.name.count, valuelen: s.value.count,
+                           flags: UInt8(s.sensitive ? NGHTTP2_NV_FLAG_NO_INDEX.rawValue : NGHTTP2_NV_FLAG_NONE.rawValue))
+            }
+            if nva.isEmpty {
+                nva.append(nghttp2_nv(name: base, value: base, namelen: 0, valuelen: 0, flags: 0))
+                return nva.withUnsafeBufferPointer { body($0.baseAddress!, 0) }  // non-empty array
+            }
+            return nva.withUnsafeBufferPointer { body($0.baseAddress!, $0.count) }  // non-empty array
+        }
+    }
+
+    // MARK: callbacks (record only)
+
+    fileprivate func beginHeaders(_ stream: Int32) {
+        inbound[stream] = HeaderBlock()
+    }
+
+    /// Returns false when the block is over `maxHeaderListSize` (the stream is then reset).
+    fileprivate func header(_ stream: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) -> Bool {
+        var block = inbound[stream] ?? HeaderBlock()
+        block.size = block.size.addingReportingOverflow(name.count &+ value.count &+ 32).partialValue
+        if block.size > Int(settings.maxHeaderListSize) || block.size < 0 {
+            inbound[stream] = nil
+            return false
+        }
+        block.fields.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
+        inbound[stream] = block
+        return true
+    }
+
+    fileprivate func frameReceived(_ frame: UnsafePointer<nghttp2_frame>) {
+        let hd = frame.pointee.hd
+        let endStream = hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0
+        switch UInt32(hd.type) {
+        case NGHTTP2_HEADERS.rawValue:
+            let fields = inbound.removeValue(forKey: hd.stream_id)?.fields ?? []
+            let kind: HTTP2Event.HeadersKind
+            if let status = fields.first(where: { $0.name == ":status" }) {
+                kind = status.value.hasPrefix("1") ? .informational : .response
+            } else if fields.contains(where: { $0.name == ":method" }) {
+                kind = .request
+            } else {
+                kind = .trailers
+            }
+            events.append(.headers(stream: hd.stream_id, fields: fields, kind: kind, endStream: endStream))
+        case NGHTTP2_DATA.rawValue:
+            if endStream { events.append(.data(stream: hd.stream_id, bytes: [], endStream: true)) }
+        case NGHTTP2_GOAWAY.rawValue:
+            events.append(.goAway(lastStreamID: frame.pointee.goaway.last_stream_id, errorCode: frame.pointee.goaway.error_code))
+        case NGHTTP2_SETTINGS.rawValue:
+            if hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 {
+                events.append(.remoteSettings(maxConcurrentStreams: remoteMaxConcurrentStreams, enableConnectProtocol: peerEnablesConnectProtocol))
+            }
+        case NGHTTP2_PING.rawValue:
+            if hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0 { events.append(.pingAck) }
+        default:
+            break
+        }
+    }
+
+    fileprivate func dataChunk(_ stream: Int32, _ bytes: UnsafeBufferPointer<UInt8>) {
+        events.append(.data(stream: stream, bytes: Array(bytes), endStream: false))
+    }
+
+    fileprivate func streamClosed(_ stream: Int32, _ code: UInt32) {
+        outbound[stream] = nil
+        inbound[stream] = nil
+        opened.remove(stream)
+        events.append(.streamClosed(stream: stream, errorCode: code))
+    }
+
+    /// The data source of every stream: copies buffered body bytes into nghttp2's frame buffer.
+    fileprivate func readData(_ stream: Int32, into buf: UnsafeMutablePointer<UInt8>, length: Int,
+                              flags: UnsafeMutablePointer<UInt32>) -> Int {
+        guard var o = outbound[stream] else {
+            // Nothing known of this stream (reset meanwhile): end it.
+            flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
+            return 0
+        }
+        let n = min(length, o.count)
+        if n > 0 {
+            o.bytes.withUnsafeBufferPointer { src in
+                // Force unwrap: n > 0, so the array is non-empty.
+                buf.update(from: src.baseAddress! + o.readIndex, count: n)
+            }
+            o.readIndex += n
+            if o.readIndex == o.bytes.count {
+                o.bytes.removeAll(keepingCapacity: o.bytes.capacity <= Self.highWater * 2)
+                o.readIndex = 0
+            } else if o.readIndex >= 64 * 1024 && o.readIndex * 2 >= o.bytes.count {
+                o.bytes.removeSubrange(0..<o.readIndex)
+                o.readIndex = 0
+            }
+            if o.wasFull && o.count < Self.lowWater {
+                o.wasFull = false
+                events.append(.streamWritable(stream: stream))
+            }
+        }
+        if o.count == 0 {
+            if o.ended {
+                flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
+                if let trailers = o.trailers, let session {
+                    flags.pointee |= NGHTTP2_DATA_FLAG_NO_END_STREAM.rawValue
+                    let rc: Int32 = withHeaderArray(trailers) { nva, count in nghttp2_submit_trailer(session, stream, nva, count) }
+                    if rc != 0 { fatal = HTTP2Error(Int(rc), "nghttp2_submit_trailer") }
+                }
+                outbound[stream] = nil
+                return n
+            }
+            if n == 0 {
+                o.deferred = true
+                outbound[stream] = o
+                return Int(NGHTTP2_ERR_DEFERRED.rawValue)
+            }
+        }
+        outbound[stream] = o
+        return n
+    }
+}
+
+// MARK: - C callbacks (find the session through user_data; record and return)
+
+@inline(__always)
+private func owner(_ user: UnsafeMutableRawPointer?) -> HTTP2Session? {
+    guard let user else { return nil }
+    return Unmanaged<HTTP2Session>.fromOpaque(user).takeUnretainedValue()
+}
+
+private let h2OnBeginHeaders: nghttp2_on_begin_headers_callback = { _, frame, user in
+    guard let frame, let s = owner(user) else { return 0 }
+    s.beginHeaders(frame.pointee.hd.stream_id)
+    return 0
+}
+
+private let h2OnHeader: nghttp2_on_header_callback = { _, frame, name, namelen, value, valuelen, _, user in
+    guard let frame, let s = owner(user) else { return 0 }
+    let ok = s.header(frame.pointee.hd.stream_id, name: UnsafeBufferPointer(start: name, count: name == nil ? 0 : namelen),
+                      value: UnsafeBufferPointer(start: value, count: value == nil ? 0 : valuelen))
+    // Over the header list limit: nghttp2 resets the stream (RFC 9113 §8.2: a stream error).
+    return ok ? 0 : NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue
+}
+
+private let h2OnFrameRecv: nghttp2_on_frame_recv_callback = { _, frame, user in
+    guard let frame, let s = owner(user) else { return 0 }
+    s.frameReceived(frame)
+    return 0
+}
+
+private let h2OnDataChunk: nghttp2_on_data_chunk_recv_callback = { _, _, stream, data, len, user in
+    guard let s = owner(user) else { return 0 }
+    s.dataChunk(stream, UnsafeBufferPointer(start: data, count: data == nil ? 0 : len))
+    return 0
+}
+
+private let h2OnStreamClose: nghttp2_on_stream_close_callback = { _, stream, code, user in
+    guard let s = owner(user) else { return 0 }
+    s.streamClosed(stream, code)
+    return 0
+}
+
+private let h2ReadData: nghttp2_data_source_read_callback = { _, stream, buf, length, flags, _, user in
+    guard let s = owner(user), let buf, let flags else { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
+    return s.readData(stream, into: buf, length: length, flags: flags)
+}

@@ -1,0 +1,289 @@
+import Testing
+import BearerdHTTP
+@testable import BearerdHTTP2
+
+/// A client and a server engine wired back to back in memory (like the TLS engine tests): `pump`
+/// moves bytes both ways until neither has anything to send, collecting each side's events.
+final class Pair {
+    let client: HTTP2Session
+    let server: HTTP2Session
+    var clientEvents: [HTTP2Event] = []
+    var serverEvents: [HTTP2Event] = []
+    /// Bytes each side sent, for inspection.
+    var clientWire: [UInt8] = []
+
+    init(client: HTTP2Settings = HTTP2Settings(), server: HTTP2Settings = HTTP2Settings()) throws {
+        self.client = try HTTP2Session(role: .client, settings: client)
+        self.server = try HTTP2Session(role: .server, settings: server)
+        try pump()
+    }
+
+    func pump() throws {
+        for _ in 0..<10_000 {
+            var a: [UInt8] = []
+            try client.produce(into: &a)
+            clientWire += a
+            if !a.isEmpty { try server.receive(a) }
+            serverEvents += server.takeEvents()
+            var b: [UInt8] = []
+            try server.produce(into: &b)
+            if !b.isEmpty { try client.receive(b) }
+            clientEvents += client.takeEvents()
+            if a.isEmpty && b.isEmpty { return }
+        }
+        Issue.record("pump did not settle")
+    }
+
+    func body(_ events: [HTTP2Event], stream: Int32) -> [UInt8] {
+        var out: [UInt8] = []
+        for case .data(let s, let bytes, _) in events where s == stream { out += bytes }
+        return out
+    }
+
+    func ended(_ events: [HTTP2Event], stream: Int32) -> Bool {
+        events.contains { e in
+            if case .data(stream, _, true) = e { return true }
+            if case .headers(stream, _, _, true) = e { return true }
+            return false
+        }
+    }
+
+    func consumeAll(_ side: HTTP2Session, _ events: [HTTP2Event]) {
+        for case .data(let s, let bytes, _) in events { side.consumed(stream: s, count: bytes.count) }
+    }
+}
+
+func f(_ pairs: [(String, String)]) -> [HTTPField] { pairs.map { HTTPField(name: $0.0, value: $0.1) } }
+
+let getRequest = f([(":method", "GET"), (":scheme", "http"), (":authority", "api.example"), (":path", "/v1/x"), ("authorization", "Bearer secret-token")])
+
+@Suite("HTTP2Session: two engines in memory")
+struct HTTP2SessionTests {
+    @Test func requestAndResponseRoundTrip() throws {
+        let p = try Pair()
+        let id = try p.client.submitRequest(getRequest, endStream: true)
+        try p.pump()
+        guard case .headers(id, let fields, .request, true)? = p.serverEvents.first(where: { if case .headers = $0 { return true }; return false }) else {
+            Issue.record("no request: \(p.serverEvents)")
+            return
+        }
+        #expect(fields == getRequest)
+        try p.server.submitResponse(stream: id, f([(":status", "200"), ("content-type", "text/plain")]), endStream: false)
+        "hello".utf8.withContiguousStorageIfAvailable { p.server.sendData(stream: id, UnsafeRawBufferPointer($0)) }
+        p.server.endStream(stream: id, trailers: nil)
+        try p.pump()
+        #expect(p.clientEvents.contains(.headers(stream: id, fields: f([(":status", "200"), ("content-type", "text/plain")]), kind: .response, endStream: false)))
+        #expect(p.body(p.clientEvents, stream: id) == Array("hello".utf8))
+        #expect(p.ended(p.clientEvents, stream: id))
+        #expect(p.clientEvents.contains(.streamClosed(stream: id, errorCode: 0)))
+        #expect(p.client.openStreamCount == 0)
+    }
+
+    /// Authorization goes out never-indexed: the second request's header block carries the
+    /// literal again instead of a dynamic-table index (RFC 7541 §6.2.3).
+    @Test func authorizationIsNeverIndexed() throws {
+        func secondBlockSize(_ request: [HTTPField]) throws -> Int {
+            let p = try Pair()
+            _ = try p.client.submitRequest(request, endStream: true)
+            try p.pump()
+            p.clientWire.removeAll()
+            _ = try p.client.submitRequest(request, endStream: true)
+            try p.pump()
+            return p.clientWire.count
+        }
+        let with = try secondBlockSize(getRequest)
+        let without = try secondBlockSize(Array(getRequest.dropLast()))
+        // Indexed, the field would cost one byte the second time; never-indexed, its literal again.
+        #expect(with - without >= 12)
+    }
+
+    @Test func largeBodiesBothWaysWithManualFlowControl() throws {
+        var small = HTTP2Settings()
+        small.initialWindowSize = 65_535
+        small.connectionWindowSize = 65_535
+        let p = try Pair(client: small, server: small)
+        var post = getRequest
+        post[0] = HTTPField(name: ":method", value: "POST")
+        let id = try p.client.submitRequest(post, endStream: false)
+        let payload = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        payload.withUnsafeBytes { p.client.sendData(stream: id, $0) }
+        p.client.endStream(stream: id, trailers: nil)
+        try p.pump()
+        // Without `consumed` the sender stalls at the window.
+        let first = p.body(p.serverEvents, stream: id).count
+        #expect(first <= 65_535)
+        #expect(first > 0)
+        #expect(p.client.outboundBuffered(stream: id) > 0)
+        var received = p.body(p.serverEvents, stream: id)
+        var rounds = 0
+        while !p.ended(p.serverEvents, stream: id) && rounds < 1000 {
+            let events = p.serverEvents
+            p.serverEvents.removeAll()
+            p.consumeAll(p.server, events)
+            try p.pump()
+            received += p.body(p.serverEvents, stream: id)
+            rounds += 1
+        }
+        #expect(received == payload)
+        // And back.
+        try p.server.submitResponse(stream: id, f([(":status", "200")]), endStream: false)
+        payload.withUnsafeBytes { p.server.sendData(stream: id, $0) }
+        p.server.endStream(stream: id, trailers: nil)
+        var back: [UInt8] = []
+        rounds = 0
+        repeat {
+            try p.pump()
+            let events = p.clientEvents
+            p.clientEvents.removeAll()
+            back += p.body(events, stream: id)
+            p.consumeAll(p.client, events)
+            if p.ended(events, stream: id) { break }
+            rounds += 1
+        } while rounds < 1000
+        #expect(back == payload)
+    }
+
+    @Test func streamWritableAfterDrainingBelowLowWater() throws {
+        let p = try Pair()
+        var post = getRequest
+        post[0] = HTTPField(name: ":method", value: "POST")
+        let id = try p.client.submitRequest(post, endStream: false)
+        let chunk = [UInt8](repeating: 1, count: HTTP2Session.highWater)
+        chunk.withUnsafeBytes { p.client.sendData(stream: id, $0) }
+        #expect(p.client.outboundBuffered(stream: id) == HTTP2Session.highWater)
+        try p.pump()
+        p.consumeAll(p.server, p.serverEvents)
+        try p.pump()
+        #expect(p.clientEvents.contains(.streamWritable(stream: id)))
+    }
+
+    /// gRPC's shapes: HEADERS, DATA, trailers with grpc-status; and trailers-only.
+    @Test func trailersBothShapes() throws {
+        let p = try Pair()
+        var post = getRequest
+        post[0] = HTTPField(name: ":method", value: "POST")
+        post.append(HTTPField(name: "content-type", value: "application/grpc"))
+        post.append(HTTPField(name: "te", value: "trailers"))
+        let id = try p.client.submitRequest(post, endStream: false)
+        ([0, 0, 0, 0, 1, 42] as [UInt8]).withUnsafeBytes { p.client.sendData(stream: id, $0) }
+        p.client.endStream(stream: id, trailers: f([("x-client-trailer", "1")]))
+        try p.pump()
+        #expect(p.serverEvents.contains(.headers(stream: id, fields: f([("x-client-trailer", "1")]), kind: .trailers, endStream: true)))
+        try p.server.submitResponse(stream: id, f([(":status", "200"), ("content-type", "application/grpc")]), endStream: false)
+        ([0, 0, 0, 0, 1, 43] as [UInt8]).withUnsafeBytes { p.server.sendData(stream: id, $0) }
+        p.server.endStream(stream: id, trailers: f([("grpc-status", "0"), ("grpc-message", "")]))
+        try p.pump()
+        #expect(p.body(p.clientEvents, stream: id) == [0, 0, 0, 0, 1, 43])
+        #expect(p.clientEvents.contains(.headers(stream: id, fields: f([("grpc-status", "0"), ("grpc-message", "")]), kind: .trailers, endStream: true)))
+
+        let second = try p.client.submitRequest(post, endStream: true)
+        try p.pump()
+        let only = f([(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "16"), ("grpc-message", "token rejected")])
+        try p.server.submitResponse(stream: second, only, endStream: true)
+        try p.pump()
+        #expect(p.clientEvents.contains(.headers(stream: second, fields: only, kind: .response, endStream: true)))
+    }
+
+    @Test func informationalThenFinal() throws {
+        let p = try Pair()
+        let id = try p.client.submitRequest(getRequest, endStream: true)
+        try p.pump()
+        try p.server.submitResponse(stream: id, f([(":status", "103"), ("link", "</a.css>; rel=preload")]), endStream: false)
+        try p.server.submitResponse(stream: id, f([(":status", "204")]), endStream: true)
+        try p.pump()
+        #expect(p.clientEvents.contains(.headers(stream: id, fields: f([(":status", "103"), ("link", "</a.css>; rel=preload")]), kind: .informational, endStream: false)))
+        #expect(p.clientEvents.contains(.headers(stream: id, fields: f([(":status", "204")]), kind: .response, endStream: true)))
+    }
+
+    @Test func concurrencyLimitAndResets() throws {
+        var s = HTTP2Settings()
+        s.maxConcurrentStreams = 3
+        let p = try Pair(server: s)
+        #expect(p.clientEvents.contains(.remoteSettings(maxConcurrentStreams: 3, enableConnectProtocol: false)))
+        #expect(p.client.remoteMaxConcurrentStreams == 3)
+        var ids: [Int32] = []
+        while p.client.canOpenStream { ids.append(try p.client.submitRequest(getRequest, endStream: true)) }
+        #expect(ids.count == 3)
+        try p.pump()
+        // The client resets one; the server resets another.
+        p.client.resetStream(ids[0], error: .cancel)
+        p.server.resetStream(ids[1], error: .refusedStream)
+        try p.pump()
+        #expect(p.serverEvents.contains(.streamClosed(stream: ids[0], errorCode: HTTP2ErrorCode.cancel.rawValue)))
+        #expect(p.clientEvents.contains(.streamClosed(stream: ids[1], errorCode: HTTP2ErrorCode.refusedStream.rawValue)))
+        #expect(p.client.openStreamCount == 1)
+        #expect(p.client.canOpenStream)
+    }
+
+    /// GOAWAY: the client learns the last stream processed; streams above it close as refused
+    /// (they were not processed and may be retried elsewhere).
+    @Test func goAwayRefusesStreamsAboveTheLastOne() throws {
+        let p = try Pair()
+        let a = try p.client.submitRequest(getRequest, endStream: true)
+        try p.pump()
+        let b = try p.client.submitRequest(getRequest, endStream: true)
+        p.server.goAway(error: .noError, lastStreamID: a)
+        try p.pump()
+        #expect(p.clientEvents.contains(.goAway(lastStreamID: a, errorCode: 0)))
+        #expect(p.clientEvents.contains(.streamClosed(stream: b, errorCode: HTTP2ErrorCode.refusedStream.rawValue)))
+        #expect(!p.client.canOpenStream)
+        #expect(throws: HTTP2Error.self) { try p.client.submitRequest(getRequest, endStream: true) }
+    }
+
+    @Test func pingIsAcknowledged() throws {
+        let p = try Pair()
+        p.client.ping()
+        try p.pump()
+        #expect(p.clientEvents.contains(.pingAck))
+    }
+
+    @Test func extendedConnectWhenTheServerEnablesIt() throws {
+        var s = HTTP2Settings()
+        s.enableConnectProtocol = true
+        let p = try Pair(server: s)
+        #expect(p.client.peerEnablesConnectProtocol)
+        let ws = f([(":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "https"), (":authority", "a"), (":path", "/chat"), ("sec-websocket-version", "13")])
+        let id = try p.client.submitRequest(ws, endStream: false)
+        try p.pump()
+        #expect(p.serverEvents.contains(.headers(stream: id, fields: ws, kind: .request, endStream: false)))
+        let r = try HTTP2HeaderMapping.request(from: ws)
+        #expect(r.extendedProtocol == "websocket")
+        #expect(r.head.target == "/chat")
+    }
+
+    @Test func garbageIsAConnectionErrorNotACrash() throws {
+        let server = try HTTP2Session(role: .server)
+        #expect(throws: HTTP2Error.self) { try server.receive(Array("GET / HTTP/1.1\r\nHost: x\r\n\r\n".utf8)) }
+        let valid = try HTTP2Session(role: .server)
+        var preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
+        // A HEADERS frame on stream 2 (even: server-initiated) is a connection error: GOAWAY
+        // queued, nothing more read.
+        preface += [0, 0, 0, 0x04, 0, 0, 0, 0, 0]  // empty SETTINGS
+        preface += [0, 0, 1, 0x01, 0x05, 0, 0, 0, 2, 0x82]
+        try? valid.receive(preface)
+        var out: [UInt8] = []
+        try valid.produce(into: &out)
+        var types: [UInt8] = []
+        var i = 0
+        while i + 9 <= out.count {
+            let len = Int(out[i]) << 16 | Int(out[i + 1]) << 8 | Int(out[i + 2])
+            types.append(out[i + 3])
+            i += 9 + len
+        }
+        #expect(types.last == 0x07)  // GOAWAY
+        #expect(!valid.wantsRead)
+        #expect(valid.isFinished)
+    }
+
+    @Test func oversizedHeaderBlockResetsTheStream() throws {
+        var s = HTTP2Settings()
+        s.maxHeaderListSize = 1024
+        let p = try Pair(server: s)
+        var big = getRequest
+        big.append(HTTPField(name: "x-big", value: String(repeating: "a", count: 4000)))
+        let id = try p.client.submitRequest(big, endStream: true)
+        try p.pump()
+        #expect(!p.serverEvents.contains { if case .headers(id, _, _, _) = $0 { return true }; return false })
+        #expect(p.clientEvents.contains { if case .streamClosed(id, let code) = $0 { return code != 0 }; return false })
+    }
+}
