@@ -13,8 +13,22 @@ import BearerdProxyCore
 /// listeners, against DNS rebinding). Every listener, TCP or unix, takes `allowed_origins` (the
 /// web apps its browser guard admits, DESIGN §5). `name` matches a socket-activated fd (`LISTEN_FDNAMES`).
 /// Equality ignores `line`, so a reload sees an unchanged listener as unchanged.
+/// `tls:` of a TCP listener: it serves HTTPS with ALPN `h2,http/1.1`.
+public struct ListenerTLS: Sendable, Equatable {
+    /// PEM certificate chain file.
+    public var cert: String
+    /// PEM private key file.
+    public var key: String
+    public init(cert: String, key: String) {
+        self.cert = cert
+        self.key = key
+    }
+}
+
 public struct ListenerConfig: Sendable, Equatable, CustomStringConvertible {
     public var address: ListenAddress
+    /// `tls: {cert, key}`: HTTPS with ALPN h2,http/1.1 (TCP listeners only).
+    public var tls: ListenerTLS?
     /// Name given by `name:`; matched against `LISTEN_FDNAMES` under socket activation.
     public var name: String?
     /// Unix sockets: file mode of the socket (default 0660).
@@ -121,7 +135,7 @@ extension ConfigBuilder {
         var config: ListenerConfig
         if case .mapping = node {
             guard let f = fields(node, path: key, line: line, known: ConfigKeys.listener,
-                                 expected: "an address or a mapping (address, mode, owner, group, allow_uids, allow_gids, allow_remote, allowed_hosts, allowed_origins, name)")
+                                 expected: "an address or a mapping (address, mode, owner, group, allow_uids, allow_gids, allow_remote, allowed_hosts, allowed_origins, name, tls)")
             else { return nil }
             let address: ListenAddress?
             switch (f["address"], f["unix"]) {
@@ -156,7 +170,7 @@ extension ConfigBuilder {
             for k in ["mode", "owner", "group", "allow_uids", "allow_gids"] where !isUnix {
                 if let e = f[k] { fail(e.keyLine, f.key(k), "applies to unix: listeners only") }
             }
-            for k in ["allow_remote", "allowed_hosts"] where isUnix {
+            for k in ["allow_remote", "allowed_hosts", "tls"] where isUnix {
                 if let e = f[k] { fail(e.keyLine, f.key(k), "applies to TCP listeners only") }
             }
             if isUnix {
@@ -172,6 +186,15 @@ extension ConfigBuilder {
             } else {
                 if let b = bool(f, "allow_remote") { config.allowRemote = b }
                 if let e = f["allowed_hosts"], let hosts = hostList(e, key: f.key("allowed_hosts")) { config.allowedHosts = hosts }
+                if let e = f["tls"],
+                   let t = fields(e.value, path: f.key("tls"), line: e.keyLine, known: ConfigKeys.listenerTLS,
+                                  expected: "a mapping (cert, key)") {
+                    let cert = path(t, "cert", mustRead: true)
+                    let key = path(t, "key", mustRead: true)
+                    if t["cert"] == nil { missing(t, "cert", "the PEM certificate chain this listener presents") }
+                    if t["key"] == nil { missing(t, "key", "the PEM private key of cert") }
+                    if let cert, let key { config.tls = ListenerTLS(cert: cert, key: key) }
+                }
             }
         } else {
             guard let address = address(node, key: key) else { return nil }

@@ -125,7 +125,8 @@ public enum ConfigLoader {
 enum ConfigKeys {
     static let top = ["listen", "admin", "allow_remote", "allowed_hosts", "allowed_origins", "state_dir", "loops", "io", "limits", "timeouts",
                       "shutdown_grace", "startup_timeout", "log", "sessions", "routes"]
-    static let listener = ["address", "unix", "name", "mode", "owner", "group", "allow_uids", "allow_gids", "allow_remote", "allowed_hosts", "allowed_origins"]
+    static let listener = ["address", "unix", "name", "mode", "owner", "group", "allow_uids", "allow_gids", "allow_remote", "allowed_hosts", "allowed_origins", "tls"]
+    static let listenerTLS = ["cert", "key"]
     static let log = ["format", "level", "access"]
     static let limits = ["header_bytes", "request_target", "headers"]
     static let frontendTimeouts = ["header_read", "idle", "shutdown_grace"]
@@ -137,13 +138,13 @@ enum ConfigKeys {
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [
         "match", "host", "strip_prefix", "upstream", "session", "tls", "timeouts", "replay_body_limit",
-        "reject_statuses", "replay_methods",
+        "reject_statuses", "replay_methods", "http2",
     ]
     static let routeTimeouts = ["connect", "response", "idle"]
 
     /// Every section with its dotted location pattern, for documentation checks.
     static let sections: [(section: String, keys: [String])] = [
-        ("(top level)", top), ("listen[N]", listener), ("log", log), ("limits", limits), ("timeouts", frontendTimeouts), ("sessions.NAME", session),
+        ("(top level)", top), ("listen[N]", listener), ("listen[N].tls", listenerTLS), ("log", log), ("limits", limits), ("timeouts", frontendTimeouts), ("sessions.NAME", session),
         ("sessions.NAME.tls", tls), ("routes[N]", route), ("routes[N].tls", tls), ("routes[N].timeouts", routeTimeouts),
     ]
 

@@ -240,6 +240,16 @@ public struct RouteTimeouts: Sendable, Equatable {
 }
 
 /// One entry of `routes:`.
+/// How a route talks to its upstream (DESIGN §4 `http2:`).
+public enum HTTP2Mode: String, Sendable, Equatable, CaseIterable {
+    /// ALPN `h2,http/1.1` on https upstreams (HTTP/2 when the server picks it); HTTP/1.1 on http.
+    case auto
+    /// HTTP/2 without negotiation: h2c on http:// upstreams (gRPC servers); ALPN `h2` only on https.
+    case priorKnowledge = "prior_knowledge"
+    /// HTTP/1.1 only.
+    case off
+}
+
 public struct RouteConfig: Sendable, Equatable {
     /// Path prefix, e.g. "/partner/".
     public var match: String
@@ -253,13 +263,16 @@ public struct RouteConfig: Sendable, Equatable {
     public var replayBodyLimit: Int
     public var rejectStatuses: [Int]
     public var replayMethods: ReplayMethods
+    /// `http2:` (default `auto`).
+    public var http2: HTTP2Mode
     /// Source line of the route entry, for messages.
     public var line: Int
 
     public init(match: String, host: String? = nil, stripPrefix: Bool = false, upstream: UpstreamURL,
                 session: String? = nil, tls: TLSSettings? = nil, timeouts: RouteTimeouts = RouteTimeouts(),
                 replayBodyLimit: Int = 1 << 20, rejectStatuses: [Int] = [401], replayMethods: ReplayMethods = .all,
-                line: Int = 0) {
+                http2: HTTP2Mode = .auto, line: Int = 0) {
+        self.http2 = http2
         self.match = match
         self.host = host
         self.stripPrefix = stripPrefix

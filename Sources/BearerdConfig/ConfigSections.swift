@@ -365,11 +365,12 @@ extension ConfigBuilder {
         let replayBodyLimit = size(f, "replay_body_limit", minimum: 0, maximum: ConfigValues.maximumReplayBody) ?? (1 << 20)
         let rejectStatuses = f["reject_statuses"].flatMap { statuses($0, in: f) } ?? [401]
         let replayMethods = f["replay_methods"].flatMap { methods($0, in: f) } ?? .all
+        let http2 = choice(f, "http2", HTTP2Mode.self) ?? .auto
 
         guard let match, let upstream else { return nil }
         let route = RouteConfig(match: match, host: host, stripPrefix: stripPrefix, upstream: upstream, session: session,
                                 tls: tls, timeouts: timeouts, replayBodyLimit: replayBodyLimit,
-                                rejectStatuses: rejectStatuses, replayMethods: replayMethods, line: line)
+                                rejectStatuses: rejectStatuses, replayMethods: replayMethods, http2: http2, line: line)
         return (route, f["session"]?.valueLine ?? line)
     }
 

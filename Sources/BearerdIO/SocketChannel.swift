@@ -220,6 +220,14 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         // The write source stays inactive; it is armed only on EAGAIN or during connect.
     }
 
+    /// An accepted connection that speaks TLS (a listener with `tls:`): the server handshake runs
+    /// as the client's bytes arrive; `channelActive` follows when it completes (then
+    /// `negotiatedALPN` tells the protocol). Call before `start()`.
+    public func serveTLS(_ engine: TLSEngine) {
+        tls = engine
+        phase = .handshaking
+    }
+
     /// Opens a non-blocking connection to `address`; `channelActive` follows on success (after the
     /// TLS handshake when `tls` is given), `channelError(.connect)` on failure.
     public static func connect(to address: SocketAddress, loop: EventLoop, tls: TLSEngine?, delegate: ChannelDelegate) throws(IOError) -> SocketChannel {

@@ -32,9 +32,8 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     let policy: ListenerPolicy?
     /// Set at accept when the unix peer is not admitted: the detail of the 403 its request gets.
     private var peerRefusal: String?
-    /// The Host allowlist of `policy` under `allowlistRuntime` (looked up again after a reload).
-    private var allowlist: HostAllowlist?
-    private var allowlistRuntime: ProxyRuntime?
+    /// Admission and routing, shared with HTTP/2 streams.
+    private var gate: RequestGate
     private var parser: HTTP1Parser
 
     /// Which deadline runs while no exchange does.
@@ -79,6 +78,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         self.policy = policy
         clientAddress = peer.family == 1 /* AF_UNIX */ ? "unix" : peer.host
         parser = HTTP1Parser(role: .server, limits: ctx.runtime.config.limits)
+        gate = RequestGate(policy: policy, clientAddress: clientAddress, scheme: policy?.scheme ?? "http")
         channel.delegate = self
     }
 
@@ -107,37 +107,6 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         ctx.runtime.logger.warning("peer refused", metadata: [
             "listener": "\(policy.label)", "peer.uid": "\(creds.uid)", "peer.gid": "\(creds.gid)", "peer.pid": "\(creds.pid)",
         ])
-    }
-
-    /// The Host check of loopback listeners (DNS rebinding). True when the request may go on;
-    /// otherwise the 421 has been written and the connection is closing.
-    private func hostAdmitted(_ head: HTTPRequestHead, _ policy: ListenerPolicy) -> Bool {
-        let runtime = ctx.runtime
-        if allowlistRuntime !== runtime {
-            allowlist = runtime.hostAllowlist(for: policy.config)
-            allowlistRuntime = runtime
-        }
-        let authority = HostAllowlist.requestAuthority(target: head.target, hostField: head.headers["Host"])
-        // Force unwrap: set just above.
-        if allowlist!.admits(authority) { return true }
-        let shown = authority.map { HostAllowlist.hostPart($0).map(String.init) ?? String($0) } ?? ""
-        runtime.logger.warning("host refused", metadata: ["client": "\(clientAddress)", "listener": "\(policy.label)", "host": "\(shown)"])
-        let detail = authority == nil
-            ? "the request names no host; \(policy.label) needs a Host header naming it"
-            : "\(policy.label) answers only localhost, loopback addresses, its routes' hosts and allowed_hosts; add \(shown) to allowed_hosts if it is meant to reach bearerd"
-        refuse(status: 421, bytes: ErrorResponse.make(status: 421, error: "host_not_allowed", detail: detail, fields: [("host", shown)], close: true))
-        return false
-    }
-
-    /// The browser guard (DESIGN §5, `BrowserGuard`). True when the request may go on; otherwise
-    /// the 403 has been written and the connection is closing.
-    private func browserAdmitted(_ head: HTTPRequestHead, _ policy: ListenerPolicy) -> Bool {
-        guard case .refuse(let r) = policy.browserGuard.check(head) else { return true }
-        ctx.runtime.logger.warning("cross-site request refused", metadata: [
-            "client": "\(clientAddress)", "listener": "\(policy.label)", "reason": "\(r.reason)", "origin": "\(r.origin ?? "")",
-        ])
-        refuse(status: 403, bytes: ErrorResponse.make(status: 403, error: "cross_site_request", detail: r.detail, close: true))
-        return false
     }
 
     /// Writes a refusal (403, 421) and closes: counted like other local errors, nothing forwarded.
@@ -318,8 +287,11 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
             refuse(status: 403, bytes: ErrorResponse.make(status: 403, error: "peer_not_allowed", detail: refusal, close: true))
             return
         }
-        if let policy, policy.checksHost, !hostAdmitted(head, policy) { return }
-        if let policy, !browserAdmitted(head, policy) { return }
+        if let refusal = gate.admission(head, ctx: ctx) {
+            refuse(status: refusal.status, bytes: ErrorResponse.make(status: refusal.status, error: refusal.error, detail: refusal.detail,
+                                                                     fields: refusal.fields, close: true))
+            return
+        }
         let keepAlive = HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers) && !ctx.draining
         if let local {
             let ex = LocalExchange(frontend: self, responder: local, head: head, framing: framing, keepAlive: keepAlive)
@@ -327,52 +299,26 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
             ex.start()
             return
         }
-        let upgrade = ProxyHeaders.upgradeRequest(head)
-        if case .unsupported(let why) = upgrade {
-            // Never a silent downgrade (DESIGN §5).
-            respondError(status: 400, reason: "proxy.unsupported_upgrade", message: why)
-            return
-        }
-        guard let parts = RequestTarget.split(head.target) else {
-            if head.method == "CONNECT" {
-                respondError(status: 405, reason: "proxy.connect_not_supported", message: "bearerd is a reverse proxy; CONNECT is not supported", allow: true)
-            } else {
-                respondError(status: 400, reason: "http1.invalid_target", message: "request target must be origin-form or absolute-form")
-            }
-            return
-        }
-        if RequestTarget.hasDotSegment(parts.path) {
-            respondError(status: 400, reason: "proxy.dot_segment", message: "request path contains a dot segment")
-            return
-        }
-        let host = parts.authority ?? head.headers["Host"].map { Substring($0) }
-        let runtime = ctx.runtime
-        guard let routeIndex = runtime.router.match(path: parts.path, host: host) else {
-            let bytes = ErrorResponse.make(status: 404, error: "no_route", detail: "no route matches \(parts.path)",
-                                           close: !keepAlive || framing != .none)
+        switch gate.route(head, framing: framing, ctx: ctx) {
+        case .refuse(let r) where r.status == 404:
+            let close = !keepAlive || r.closes
             ctx.metrics.countRequest(slot: 0, status: 404)  // route="none"
-            channel.write(bytes)
-            if keepAlive && framing == .none {
-                phase = .awaitingHead(.idle)
-                deadline = monotonicNanos() &+ ctx.runtime.idleTimeout
-            } else {
-                // A body we will not read: the connection cannot carry another request.
+            channel.write(ErrorResponse.make(status: 404, error: r.error, detail: r.detail, close: close))
+            if close {
                 phase = .closing
                 channel.closeAfterFlush()
+            } else {
+                phase = .awaitingHead(.idle)
+                deadline = monotonicNanos() &+ ctx.runtime.idleTimeout
             }
-            return
+        case .refuse(let r):
+            respondError(status: r.status, reason: r.error, message: r.detail, allow: !r.extra.isEmpty)
+        case .proxy(let routeIndex, let upstreamHead, let logPath, let websocket):
+            let ex = ProxyExchangeDriver(client: self, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
+                                         upstreamHead: upstreamHead, logPath: logPath, keepAlive: keepAlive, upgrade: websocket)
+            phase = .exchanging(ex, clientHalfClosed: false)
+            ex.start()
         }
-        let route = runtime.config.routes[routeIndex]
-        let rule = runtime.router.routes[routeIndex]
-        let target = RequestTarget.upstreamTarget(path: parts.path, query: parts.query, route: rule)
-        var upstreamHead = ProxyHeaders.upstreamRequest(client: head, framing: framing, target: target, route: rule,
-                                                        clientAddress: clientAddress, originalHost: host)
-        let websocket = upgrade == .websocket && framing == .none
-        if websocket { ProxyHeaders.addWebSocketUpgrade(&upstreamHead) }
-        let ex = ProxyExchangeDriver(client: self, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
-                                     upstreamHead: upstreamHead, logPath: parts.path, keepAlive: keepAlive, upgrade: websocket)
-        phase = .exchanging(ex, clientHalfClosed: false)
-        ex.start()
     }
 
     /// The exchange wrote its whole response (or gave up). Continue with the next request.

@@ -28,6 +28,8 @@ public final class ListenerPolicy: Sendable {
     public let checksHost: Bool
     /// The browser guard (DESIGN §5), with the listener's `allowed_origins`: every request is checked.
     public let browserGuard: BrowserGuard
+    /// `https` for a listener with `tls:`, else `http` (X-Forwarded-Proto, the guard's own origin).
+    public let scheme: String
 
     public init(_ config: ListenerConfig) {
         self.config = config
@@ -38,6 +40,8 @@ public final class ListenerPolicy: Sendable {
             checksPeer = false
         }
         checksHost = config.checksHost
-        browserGuard = BrowserGuard(scheme: .http, allowedOrigins: config.allowedOrigins)
+        let tls = config.tls != nil
+        scheme = tls ? "https" : "http"
+        browserGuard = BrowserGuard(scheme: tls ? .https : .http, allowedOrigins: config.allowedOrigins)
     }
 }

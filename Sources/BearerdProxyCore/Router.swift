@@ -76,7 +76,8 @@ public enum ProxyHeaders {
     /// - `Host` set to the upstream authority; `X-Forwarded-For/-Proto/-Host` and `Via` added.
     /// - Body framing re-declared from the parsed framing.
     public static func upstreamRequest(client head: HTTPRequestHead, framing: HTTP1BodyFraming, target: String,
-                                       route: RouteRule, clientAddress: String, originalHost: Substring?) -> HTTPRequestHead {
+                                       route: RouteRule, clientAddress: String, originalHost: Substring?,
+                                       forwardedProto: String = "http") -> HTTPRequestHead {
         var h = head.headers
         HTTPHeaderRules.removeHopByHop(&h)
         h.remove("Expect")
@@ -93,7 +94,7 @@ public enum ProxyHeaders {
         } else {
             out.add("X-Forwarded-For", clientAddress)
         }
-        out.add("X-Forwarded-Proto", "http")
+        out.add("X-Forwarded-Proto", forwardedProto)
         if let originalHost, !out.contains("X-Forwarded-Host") { out.add("X-Forwarded-Host", String(originalHost)) }
         appendVia(&out, version: head.version)
         switch framing {
@@ -172,6 +173,15 @@ public enum ProxyHeaders {
         }
         if protocols.allSatisfy({ asciiCaseInsensitiveEquals($0, "h2c") }) { return .ignoredH2C }
         return .unsupported("bearerd tunnels Upgrade: websocket only, not \(protocols.joined(separator: ", "))")
+    }
+
+    /// The client's copy of an upstream response head for an HTTP/2 client: hop-by-hop fields
+    /// removed, `Via` added; lengths kept as the upstream sent them (DATA frames carry the body).
+    public static func h2ClientResponse(upstream head: HTTPResponseHead) -> HTTPResponseHead {
+        var h = head.headers
+        HTTPHeaderRules.removeHopByHop(&h)
+        if !head.isInformational { appendVia(&h, version: head.version) }
+        return HTTPResponseHead(status: head.status, reason: head.reason, version: .http1_1, headers: h)
     }
 
     /// Re-adds the upgrade fields that the hop-by-hop rule removed from an upstream request.

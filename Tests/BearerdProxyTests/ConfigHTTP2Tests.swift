@@ -1,0 +1,43 @@
+import Foundation
+import Testing
+@testable import BearerdConfig
+
+/// Route `http2:` and listener `tls:` (issue 9; DESIGN §4).
+@Suite("Config: http2 and listener tls")
+struct ConfigHTTP2Tests {
+    @Test func http2DefaultsToAutoAndTakesEachValue() throws {
+        #expect(try parseConfig(minimalRoute).routes[0].http2 == .auto)
+        for (raw, mode) in [("auto", HTTP2Mode.auto), ("prior_knowledge", .priorKnowledge), ("off", .off)] {
+            let c = try parseConfig("routes:\n  - match: /\n    upstream: http://127.0.0.1:9000\n    http2: \(raw)\n")
+            #expect(c.routes[0].http2 == mode)
+        }
+    }
+
+    @Test func aWrongHTTP2ValueSaysWhereAndWhat() {
+        let errors = configErrors("routes:\n  - match: /\n    upstream: http://127.0.0.1:9000\n    http2: yes\n")
+        #expect(errors.count == 1)
+        #expect(errors.first?.hasPrefix("bearerd.yaml:4: routes[0].http2:") == true)
+        #expect(errors.first?.contains("prior_knowledge") == true)
+        let close = configErrors("routes:\n  - match: /\n    upstream: http://127.0.0.1:9000\n    http2: prior-knowledge\n")
+        #expect(close.first?.contains("prior_knowledge") == true)
+    }
+
+    @Test func listenerTLS() throws {
+        let dir = try TemporaryDirectory()
+        let cert = dir.path + "/l.pem", key = dir.path + "/l.key"
+        FileManager.default.createFile(atPath: cert, contents: Data("x".utf8))
+        FileManager.default.createFile(atPath: key, contents: Data("x".utf8))
+        let c = try parseConfig("listen:\n  - address: 127.0.0.1:8443\n    tls: {cert: \(cert), key: \(key)}\n" + minimalRoute, checkFiles: true)
+        #expect(c.listeners[0].tls == ListenerTLS(cert: cert, key: key))
+        #expect(try parseConfig("listen: [127.0.0.1:8080]\n" + minimalRoute).listeners[0].tls == nil)
+
+        let missingKey = configErrors("listen:\n  - address: 127.0.0.1:8443\n    tls: {cert: \(cert)}\n" + minimalRoute)
+        #expect(missingKey.contains { $0.hasPrefix("bearerd.yaml:3: listen[0].tls.key:") })
+        let unknown = configErrors("listen:\n  - address: 127.0.0.1:8443\n    tls: {cert: \(cert), key: \(key), ca_file: x}\n" + minimalRoute)
+        #expect(unknown.contains { $0.contains("listen[0].tls.ca_file") })
+        let onUnix = configErrors("listen:\n  - unix: /run/b.sock\n    tls: {cert: \(cert), key: \(key)}\n" + minimalRoute)
+        #expect(onUnix.contains { $0.contains("listen[0].tls: applies to TCP listeners only") })
+        let absent = configErrors("listen:\n  - address: 127.0.0.1:8443\n    tls: {cert: \(dir.path)/nope.pem, key: \(key)}\n" + minimalRoute, checkFiles: true)
+        #expect(absent.contains { $0.contains("listen[0].tls.cert") && $0.contains("nope.pem") })
+    }
+}
