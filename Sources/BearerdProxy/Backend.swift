@@ -14,6 +14,7 @@ public final class UpstreamTarget: @unchecked Sendable {  // @unchecked: immutab
         public var host: String
         public var port: UInt16
         public var tls: TLSSettings?
+        public var http2: HTTP2Mode
     }
     public let key: Key
     public let url: UpstreamURL
@@ -22,12 +23,22 @@ public final class UpstreamTarget: @unchecked Sendable {  // @unchecked: immutab
     public let responseTimeout: UInt64
     public let idleTimeout: UInt64
     public var maxIdle = 64
+    /// `http2:` of the route: whether and how HTTP/2 is used towards this upstream.
+    public let http2: HTTP2Mode
 
-    public init(url: UpstreamURL, tls: TLSSettings?, timeouts: RouteTimeouts) throws(TLSError) {
+    public init(url: UpstreamURL, tls: TLSSettings?, timeouts: RouteTimeouts, http2: HTTP2Mode = .auto) throws(TLSError) {
         self.url = url
-        key = Key(scheme: url.scheme, host: url.host, port: url.port, tls: url.isTLS ? tls : nil)
+        self.http2 = http2
+        key = Key(scheme: url.scheme, host: url.host, port: url.port, tls: url.isTLS ? tls : nil, http2: http2)
         if url.isTLS {
-            tlsContext = try TLSContext.client(caFile: tls?.caFile, clientCert: tls?.clientCert, clientKey: tls?.clientKey, alpn: ["http/1.1"])
+            // DESIGN §2.3: ALPN h2,http/1.1 where HTTP/2 is enabled.
+            let alpn: [String]
+            switch http2 {
+            case .auto: alpn = ["h2", "http/1.1"]
+            case .priorKnowledge: alpn = ["h2"]
+            case .off: alpn = ["http/1.1"]
+            }
+            tlsContext = try TLSContext.client(caFile: tls?.caFile, clientCert: tls?.clientCert, clientKey: tls?.clientKey, alpn: alpn)
         } else {
             tlsContext = nil
         }

@@ -23,7 +23,7 @@ import BearerdService
 /// Access control (issue 4) comes from the listener's `policy`: a unix peer refused by
 /// SO_PEERCRED gets 403 for its first request, a Host outside the loopback allowlist gets 421;
 /// either way nothing is forwarded and the connection closes.
-final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
+final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnection {
     let channel: SocketChannel
     let ctx: LoopContext
     let clientAddress: String
@@ -71,6 +71,12 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
     /// Pipelined bytes held while an exchange runs; more pauses reading.
     static let pipelineLimit = 64 * 1024
 
+    var isProxyConnection: Bool { !(local is AdminResponder) }
+
+    /// Until the first bytes tell HTTP/1.1 from the HTTP/2 preface: what was read so far (only
+    /// while those bytes are a prefix of the preface). nil once decided, and on the admin listener.
+    private var prefaceProbe: [UInt8]?
+
     init(channel: SocketChannel, ctx: LoopContext, peer: SocketAddress, local: LocalResponder?, policy: ListenerPolicy? = nil) {
         self.channel = channel
         self.ctx = ctx
@@ -79,6 +85,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         clientAddress = peer.family == 1 /* AF_UNIX */ ? "unix" : peer.host
         parser = HTTP1Parser(role: .server, limits: ctx.runtime.config.limits)
         gate = RequestGate(policy: policy, clientAddress: clientAddress, scheme: policy?.scheme ?? "http")
+        prefaceProbe = local == nil ? [] : nil
         channel.delegate = self
     }
 
@@ -136,6 +143,38 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
             ex.clientTunnelBytes(bytes)
             return
         }
+        if let probe = prefaceProbe {
+            // Prior-knowledge HTTP/2 (RFC 9113 §3.3) on the same port as HTTP/1.1.
+            if probe.isEmpty {
+                switch HTTP2Preface.match(bytes) {
+                case .http2:
+                    switchToHTTP2(initial: Array(bytes))
+                    return
+                case .needMore:
+                    prefaceProbe = Array(bytes)
+                    return
+                case .notHTTP2:
+                    prefaceProbe = nil
+                }
+            } else {
+                let all = probe + Array(bytes)
+                let m = all.withUnsafeBytes { HTTP2Preface.match($0) }
+                switch m {
+                case .http2:
+                    switchToHTTP2(initial: all)
+                    return
+                case .needMore:
+                    prefaceProbe = all
+                    return
+                case .notHTTP2:
+                    prefaceProbe = nil
+                    all.withUnsafeBytes { parser.feed($0) }
+                    processInput()
+                    armBodyDeadline()
+                    return
+                }
+            }
+        }
         parser.feed(bytes)
         processInput()
         armBodyDeadline()
@@ -151,6 +190,34 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable {
         } else {
             deadline = 0
         }
+    }
+
+    /// TLS listeners: the handshake completed; ALPN `h2` makes this an HTTP/2 connection.
+    func channelActive(_ channel: SocketChannel) {
+        switch channel.negotiatedALPN {
+        case "h2": switchToHTTP2(initial: [])
+        case "http/1.1": prefaceProbe = nil
+        default: break
+        }
+    }
+
+    /// Hands the channel to a `FrontendH2Connection` (this object is done with it).
+    private func switchToHTTP2(initial: [UInt8]) {
+        prefaceProbe = nil
+        let h2: FrontendH2Connection
+        do {
+            h2 = try FrontendH2Connection(channel: channel, ctx: ctx, clientAddress: clientAddress, policy: policy, peerRefusal: peerRefusal)
+        } catch {
+            ctx.runtime.logger.error("cannot start an HTTP/2 session", metadata: ["reason": "\(error)"])
+            phase = .closing
+            channel.close()
+            return
+        }
+        phase = .closing
+        deadline = 0
+        ctx.loop.unregister(self)
+        ctx.frontends.removeValue(forKey: ObjectIdentifier(self))
+        h2.start(initial: initial)
     }
 
     func channelEOF(_ channel: SocketChannel) {

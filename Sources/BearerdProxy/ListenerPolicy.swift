@@ -1,5 +1,6 @@
 import BearerdConfig
 import BearerdProxyCore
+import BearerdTLS
 import BearerdSessions
 import BearerdService
 
@@ -30,9 +31,12 @@ public final class ListenerPolicy: Sendable {
     public let browserGuard: BrowserGuard
     /// `https` for a listener with `tls:`, else `http` (X-Forwarded-Proto, the guard's own origin).
     public let scheme: String
+    /// The listener's server TLS context (`tls:`), nil for plain HTTP.
+    public let tls: TLSContext?
 
-    public init(_ config: ListenerConfig) {
+    public init(_ config: ListenerConfig, tls: TLSContext? = nil) {
         self.config = config
+        self.tls = tls
         label = config.address.description
         if case .unix = config.address {
             checksPeer = config.allowUIDs != nil || config.allowGIDs != nil

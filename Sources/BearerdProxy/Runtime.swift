@@ -24,6 +24,8 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
     /// The Host allowlist of each configured listener under this configuration (its routes'
     /// hosts included), built once here so requests only look names up.
     let hostAllowlists: [(address: ListenAddress, allowlist: HostAllowlist)]
+    /// The server TLS context of each listener with `tls:` (ALPN h2,http/1.1), built once.
+    let listenerTLS: [(address: ListenAddress, context: TLSContext)]
 
     public init(config: BearerdConfig, logger: Logger, accessLog: Bool = true, sessions: SessionManager? = nil) throws(ConfigErrors) {
         self.config = config
@@ -32,9 +34,20 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
         router = Router(rules: config.routes.map(\.rule))
         var targets: [UpstreamTarget] = []
         var errors: [ConfigError] = []
+        var listenerTLS: [(address: ListenAddress, context: TLSContext)] = []
+        for (i, l) in config.listeners.enumerated() {
+            guard let tls = l.tls else { continue }
+            do throws(TLSError) {
+                listenerTLS.append((l.address, try TLSContext.server(certificateChainFile: tls.cert, privateKeyFile: tls.key, clientCAFile: nil,
+                                                                     requireClientCertificate: false, alpn: ["h2", "http/1.1"])))
+            } catch {
+                errors.append(ConfigError(file: config.file, line: l.line, key: "listen[\(i)].tls", message: error.message))
+            }
+        }
+        self.listenerTLS = listenerTLS
         for (i, r) in config.routes.enumerated() {
             do {
-                targets.append(try UpstreamTarget(url: r.upstream, tls: r.tls, timeouts: r.timeouts))
+                targets.append(try UpstreamTarget(url: r.upstream, tls: r.tls, timeouts: r.timeouts, http2: r.http2))
             } catch {
                 errors.append(ConfigError(file: config.file, line: r.line, key: "routes[\(i)].tls", message: error.message))
             }
@@ -58,6 +71,11 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
         hostAllowlists = config.listeners.map { ($0.address, HostAllowlist(listener: $0, routeHosts: routeHosts)) }
     }
 
+    /// The server TLS context of `listener` under this configuration, if it has `tls:`.
+    func tlsContext(for listener: ListenerConfig) -> TLSContext? {
+        listenerTLS.first(where: { $0.address == listener.address })?.context
+    }
+
     /// The Host allowlist of `listener` under this configuration (built here if the listener is
     /// not one of this configuration's, e.g. one a reload removed that still has connections).
     func hostAllowlist(for listener: ListenerConfig) -> HostAllowlist {
@@ -78,7 +96,7 @@ final class LoopContext {
     var runtime: ProxyRuntime {
         didSet { if runtime !== oldValue { assignRouteSlots() } }
     }
-    var frontends: [ObjectIdentifier: FrontendConnection] = [:]
+    var frontends: [ObjectIdentifier: ClientConnection] = [:]
     var metrics = LoopMetrics()
     private(set) var routeSlots: [Int] = []
     /// Set on shutdown: finish in-flight exchanges, keep no connection alive.
@@ -121,7 +139,7 @@ final class LoopContext {
     /// A copy of the counters with the gauges filled in (`/metrics`). On `loop`.
     func metricsSnapshot() -> LoopMetrics {
         var m = metrics
-        m.openConnections = frontends.values.reduce(0) { $0 + ($1.local is AdminResponder ? 0 : 1) }
+        m.openConnections = frontends.values.reduce(0) { $0 + ($1.isProxyConnection ? 1 : 0) }
         m.idleUpstreamConnections = pool.idleCount
         return m
     }

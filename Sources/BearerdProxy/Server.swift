@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import BearerdHTTP
 import BearerdIO
+import BearerdTLS
 import Logging
 import BearerdProxyCore
 import BearerdConfig
@@ -85,7 +86,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
 
     /// A proxy listener with its access-control policy, bound (or adopted from `inherited`).
     private func open(_ config: ListenerConfig, inherited: Int32? = nil) throws(IOError) -> RunningListener {
-        let box = PolicyBox(ListenerPolicy(config))
+        let box = PolicyBox(ListenerPolicy(config, tls: runtime.tlsContext(for: config)))
         return RunningListener(config: config, listener: try bind(config.address, policy: box, responder: extraResponder, inherited: inherited), policy: box)
     }
 
@@ -116,6 +117,15 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             let policy = box.policy  // as of the accept: a reload may change it
             loop.runEvent {
                 let channel = SocketChannel(fd: fd, loop: loop)
+                if let tls = policy?.tls {
+                    do {
+                        channel.serveTLS(try TLSEngine(server: tls))
+                    } catch {
+                        ctx.runtime.logger.error("cannot start TLS on an accepted connection", metadata: ["error": "\(error)"])
+                        loop.syscalls.closeFD(fd)
+                        return
+                    }
+                }
                 let conn = FrontendConnection(channel: channel, ctx: ctx, peer: peer, local: responder, policy: policy)
                 conn.start()
             }
@@ -180,7 +190,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
                 logger.info("listener added", metadata: ["listen": "\(a.listener.localAddress)"])
             } else if var r = running.first(where: { $0.config.address == l.address }) {
                 if r.config != l {
-                    r.policy.policy = ListenerPolicy(l)
+                    r.policy.policy = ListenerPolicy(l, tls: next.tlsContext(for: l))
                     if case .unix(let path) = l.address, l.mode != r.config.mode || l.owner != r.config.owner || l.group != r.config.group {
                         do throws(IOError) {
                             try Listener.applyUnixPermissions(path: path, mode: l.mode, owner: l.owner, group: l.group)

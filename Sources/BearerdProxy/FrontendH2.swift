@@ -1,0 +1,464 @@
+import BearerdHTTP
+import BearerdHTTP2
+import BearerdIO
+import BearerdProxyCore
+import BearerdConfig
+import BearerdService
+
+/// A client connection of the proxy listeners, whatever its protocol (for shutdown and metrics).
+protocol ClientConnection: AnyObject {
+    var channel: SocketChannel { get }
+    /// Counted in `bearerd_open_connections` (admin connections are not).
+    var isProxyConnection: Bool { get }
+    /// Shutdown: finish what runs, start nothing new, close.
+    func drain()
+}
+
+/// The client connection preface of HTTP/2 (RFC 9113 §3.4): how a listener tells prior-knowledge
+/// h2c from HTTP/1.1 on the same port.
+enum HTTP2Preface {
+    static let bytes: [UInt8] = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
+
+    enum Match { case http2, notHTTP2, needMore }
+
+    static func match(_ received: UnsafeRawBufferPointer) -> Match {
+        let n = min(received.count, bytes.count)
+        for i in 0..<n where received[i] != bytes[i] { return .notHTTP2 }
+        return n == bytes.count ? .http2 : .needMore
+    }
+}
+
+/// One HTTP/2 client connection (prior-knowledge h2c, or TLS with ALPN `h2`). Lives on its loop.
+///
+/// Owns the server-side `HTTP2Session` and the streams (`FrontendH2Stream`), each of which runs
+/// one `ProxyExchangeDriver` exactly as an HTTP/1.1 request does. Bytes in go through
+/// `session.receive`; the events it records start streams and feed their exchanges; bytes out
+/// are produced once per loop event (`scheduleFlush`) and not while the socket's output is over
+/// its high-water mark, so the per-stream buffers fill and their exchanges pause their upstreams
+/// (backpressure per stream, never the whole connection). Received DATA opens the client's
+/// window again only when the stream's exchange took it (`consumed`).
+///
+/// Phases: `open` → (`drain`, a GOAWAY from the client, idle timeout) `draining`: no new streams,
+/// close when the last one ends → `closed`.
+final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnection {
+    let channel: SocketChannel
+    let ctx: LoopContext
+    let clientAddress: String
+    let policy: ListenerPolicy?
+    let session: HTTP2Session
+    private var gate: RequestGate
+    /// The SO_PEERCRED refusal decided at accept (unix listeners), answered on every stream.
+    private let peerRefusal: String?
+    private var streams: [Int32: FrontendH2Stream] = [:]
+
+    enum Phase { case open, draining, closed }
+    private var phase: Phase = .open
+    var deadline: UInt64 = 0
+    private var flushScheduled = false
+    private var out: [UInt8] = []
+
+    var isProxyConnection: Bool { true }
+
+    init(channel: SocketChannel, ctx: LoopContext, clientAddress: String, policy: ListenerPolicy?, peerRefusal: String?) throws(HTTP2Error) {
+        self.channel = channel
+        self.ctx = ctx
+        self.clientAddress = clientAddress
+        self.policy = policy
+        self.peerRefusal = peerRefusal
+        gate = RequestGate(policy: policy, clientAddress: clientAddress, scheme: policy?.scheme ?? "http")
+        var settings = HTTP2Settings()
+        let limits = ctx.runtime.config.limits
+        settings.maxHeaderListSize = UInt32(clamping: limits.maxHeaderBytes)
+        // Per stream: what an exchange may buffer before it is consumed (the client's upload
+        // window); per connection: the sum over its streams.
+        settings.initialWindowSize = 256 * 1024
+        settings.connectionWindowSize = 4 << 20
+        session = try HTTP2Session(role: .server, settings: settings)
+    }
+
+    /// Takes over the channel from the HTTP/1.1 connection that detected HTTP/2; `initial`: the
+    /// bytes already read (the preface and whatever followed).
+    func start(initial: [UInt8]) {
+        ctx.frontends[ObjectIdentifier(self)] = self
+        ctx.loop.register(self)
+        channel.delegate = self
+        armIdle()
+        if !initial.isEmpty {
+            initial.withUnsafeBytes { receive($0) }
+        }
+        flush()
+    }
+
+    // MARK: input
+
+    private func receive(_ bytes: UnsafeRawBufferPointer) {
+        guard phase != .closed else { return }
+        do {
+            try session.receive(bytes)
+        } catch {
+            ctx.runtime.logger.info("bad HTTP/2 client", metadata: ["client": "\(clientAddress)", "reason": "\(error)"])
+            dispatchEvents()
+            flush()
+            closeAll()
+            return
+        }
+        dispatchEvents()
+    }
+
+    private func dispatchEvents() {
+        while session.hasEvents {
+            for event in session.takeEvents() {
+                switch event {
+                case .headers(let id, let fields, .request, let endStream):
+                    startStream(id, fields: fields, endStream: endStream)
+                case .headers(let id, let fields, .trailers, _):
+                    streams[id]?.requestTrailers(fields)
+                case .headers:
+                    break  // a server receives no responses
+                case .data(let id, let bytes, let endStream):
+                    if let s = streams[id] {
+                        s.requestData(bytes, endStream: endStream)
+                    } else {
+                        session.consumed(stream: id, count: bytes.count)
+                    }
+                case .streamClosed(let id, let code):
+                    streams.removeValue(forKey: id)?.closed(errorCode: code)
+                    armIdle()
+                case .goAway:
+                    if phase == .open { phase = .draining }
+                case .streamWritable(let id):
+                    streams[id]?.writable()
+                case .remoteSettings, .pingAck:
+                    break
+                }
+            }
+        }
+        scheduleFlush()
+    }
+
+    // MARK: streams
+
+    private func startStream(_ id: Int32, fields: [HTTPField], endStream: Bool) {
+        guard phase == .open else {
+            session.resetStream(id, error: .refusedStream)
+            return
+        }
+        let stream = FrontendH2Stream(id: id, connection: self)
+        streams[id] = stream
+        deadline = 0
+        if let refusal = peerRefusal {
+            stream.refuse(Refusal(status: 403, error: "peer_not_allowed", detail: refusal, closes: true))
+            return
+        }
+        let request: HTTP2HeaderMapping.Request
+        do {
+            request = try HTTP2HeaderMapping.request(from: fields)
+        } catch {
+            stream.refuse(Refusal(status: 400, error: error.reason, detail: error.message, closes: true))
+            return
+        }
+        let head = request.head
+        if request.extendedProtocol != nil {
+            stream.refuse(Refusal(status: 501, error: "proxy.extended_connect_not_supported",
+                                  detail: "extended CONNECT (RFC 8441) is not offered on this listener; use HTTP/1.1 for WebSocket", closes: true))
+            return
+        }
+        if head.target.utf8.count > ctx.runtime.config.limits.maxRequestTarget {
+            stream.refuse(Refusal(status: 414, error: "http1.target_too_long", detail: "request target longer than the limit", closes: true))
+            return
+        }
+        let framing: HTTP1BodyFraming
+        if endStream {
+            framing = .none
+        } else if let cl = head.headers["content-length"] {
+            guard let n = UInt64(cl), cl.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else {
+                stream.refuse(Refusal(status: 400, error: "h2.invalid_content_length", detail: "content-length is not a number", closes: true))
+                return
+            }
+            framing = n == 0 ? .none : .contentLength(n)
+        } else {
+            framing = .chunked  // length unknown: an HTTP/1.1 upstream gets it chunked
+        }
+        if let refusal = gate.admission(head, ctx: ctx) {
+            stream.refuse(refusal)
+            return
+        }
+        switch gate.route(head, framing: framing, ctx: ctx) {
+        case .refuse(let r):
+            stream.refuse(r)
+        case .proxy(let routeIndex, let upstreamHead, let logPath, _):
+            // WebSocket over HTTP/2 is extended CONNECT (refused above), never an Upgrade header.
+            let ex = ProxyExchangeDriver(client: stream, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
+                                         upstreamHead: upstreamHead, logPath: logPath, keepAlive: true, upgrade: false)
+            stream.exchange = ex
+            ex.start()
+        }
+    }
+
+    /// A stream finished its response (or gave up).
+    func streamFinished(_ stream: FrontendH2Stream, abort: Bool) {
+        if abort {
+            session.resetStream(stream.id, error: .internalError)
+        }
+        scheduleFlush()
+    }
+
+    // MARK: output
+
+    func scheduleFlush() {
+        guard !flushScheduled, phase != .closed else { return }
+        flushScheduled = true
+        ctx.loop.deferToEndOfEvent { [weak self] in self?.flush() }
+    }
+
+    func flush() {
+        flushScheduled = false
+        guard phase != .closed else { return }
+        // Over the mark: `channelWritable` flushes again; meanwhile stream buffers fill and their
+        // exchanges pause their upstreams.
+        if channel.isOverHighWater { return }
+        do {
+            try session.produce(into: &out)
+        } catch {
+            ctx.runtime.logger.info("HTTP/2 session failed", metadata: ["client": "\(clientAddress)", "reason": "\(error)"])
+            closeAll()
+            return
+        }
+        if !out.isEmpty { channel.write(taking: &out) }
+        if session.hasEvents { dispatchEvents() }  // streamWritable from the data sources
+        if session.isFinished || (phase == .draining && streams.isEmpty && !session.wantsWrite) {
+            phase = .closed
+            channel.closeAfterFlush()
+        }
+    }
+
+    private func armIdle() {
+        deadline = streams.isEmpty && phase == .open ? monotonicNanos() &+ ctx.runtime.idleTimeout : 0
+    }
+
+    // MARK: ChannelDelegate
+
+    func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
+        receive(bytes)
+    }
+
+    func channelEOF(_ channel: SocketChannel) {
+        closeAll()
+    }
+
+    func channelError(_ channel: SocketChannel, _ error: ChannelError) {
+        closeAll()
+    }
+
+    func channelWritable(_ channel: SocketChannel) {
+        flush()
+        for (_, s) in streams where !s.isOverHighWater { s.exchange?.frontendWritable() }
+    }
+
+    func channelClosed(_ channel: SocketChannel) {
+        abortStreams()
+        phase = .closed
+        deadline = 0
+        ctx.loop.unregister(self)
+        ctx.frontends.removeValue(forKey: ObjectIdentifier(self))
+    }
+
+    func deadlineExpired(now: UInt64) {
+        deadline = 0
+        guard streams.isEmpty else { return }
+        drain()
+    }
+
+    func drain() {
+        guard phase == .open else { return }
+        phase = .draining
+        session.goAway(error: .noError)
+        flush()
+    }
+
+    private func abortStreams() {
+        let all = streams
+        streams.removeAll()
+        for (_, s) in all { s.closed(errorCode: HTTP2ErrorCode.cancel.rawValue) }
+    }
+
+    private func closeAll() {
+        abortStreams()
+        phase = .closed
+        channel.close()
+    }
+}
+
+/// One request stream of a `FrontendH2Connection`, the `ExchangeClient` of its exchange: writes
+/// the response as HTTP/2 frames through the connection's session. Lives on the loop.
+/// Invariant: `exchange` is set while the exchange runs and cleared when it finished or the
+/// stream closed (which breaks the exchange ↔ stream reference cycle).
+final class FrontendH2Stream: ExchangeClient {
+    let id: Int32
+    unowned let connection: FrontendH2Connection
+    var exchange: ProxyExchangeDriver?
+    /// Received DATA bytes not yet given back to the client's window (the exchange is paused).
+    private var unconsumed = 0
+    private var requestEnded = false
+    /// The response ended (END_STREAM queued): later writes are dropped.
+    private var responseEnded = false
+
+    init(id: Int32, connection: FrontendH2Connection) {
+        self.id = id
+        self.connection = connection
+    }
+
+    private var session: HTTP2Session { connection.session }
+
+    // MARK: request side
+
+    func requestData(_ bytes: [UInt8], endStream: Bool) {
+        guard let ex = exchange else {
+            session.consumed(stream: id, count: bytes.count)
+            return
+        }
+        if !bytes.isEmpty {
+            ex.requestBody(bytes[...])
+            if ex.wantsBody {
+                session.consumed(stream: id, count: bytes.count &+ unconsumed)
+                unconsumed = 0
+            } else {
+                unconsumed = unconsumed &+ bytes.count
+            }
+        }
+        if endStream { endRequest(trailers: nil) }
+    }
+
+    func requestTrailers(_ fields: [HTTPField]) {
+        guard let trailers = try? HTTP2HeaderMapping.trailers(from: fields) else {
+            abortExchange()
+            return
+        }
+        endRequest(trailers: trailers.count > 0 ? trailers : nil)
+    }
+
+    private func endRequest(trailers: HTTPHeaders?) {
+        guard !requestEnded else { return }
+        requestEnded = true
+        exchange?.requestEnd(trailers: trailers)
+    }
+
+    /// The stream closed (both ends done, or reset by the client).
+    func closed(errorCode: UInt32) {
+        if let ex = exchange {
+            exchange = nil
+            ex.abort()
+        }
+    }
+
+    func writable() {
+        exchange?.frontendWritable()
+    }
+
+    private func abortExchange() {
+        if let ex = exchange {
+            exchange = nil
+            ex.abort()
+        }
+        session.resetStream(id, error: .protocolError)
+        connection.scheduleFlush()
+    }
+
+    /// Answers the stream without an exchange (a refusal before routing).
+    func refuse(_ r: Refusal) {
+        ctx.metrics.countRequest(slot: 0, status: r.status)  // route="none": answered before routing
+        let (head, body) = ErrorResponse.parts(status: r.status, error: r.error, detail: r.detail, extra: r.extra, fields: r.fields)
+        sendLocalResponse(head, body: body, keepAlive: true)
+    }
+
+    private var ctx: LoopContext { connection.ctx }
+
+    // MARK: ExchangeClient
+
+    var protocolName: String { "h2" }
+
+    var isOverHighWater: Bool {
+        session.outboundBuffered(stream: id) >= HTTP2Session.highWater || connection.channel.isOverHighWater
+    }
+
+    func sendContinue() {
+        try? session.submitResponse(stream: id, [HTTPField(name: ":status", value: "100")], endStream: false)
+        connection.scheduleFlush()
+    }
+
+    func sendInformational(_ upstream: HTTPResponseHead) {
+        guard upstream.status != 101 else { return }  // no protocol switch in HTTP/2 (RFC 9113 §8.6)
+        let h = ProxyHeaders.h2ClientResponse(upstream: upstream)
+        try? session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(h), endStream: false)
+        connection.scheduleFlush()
+    }
+
+    func sendResponseHead(_ upstream: HTTPResponseHead, framing: HTTP1BodyFraming, request: HTTPRequestHead,
+                          keepAlive: Bool, endStream: Bool) -> Bool {
+        guard !responseEnded else { return true }
+        let h = ProxyHeaders.h2ClientResponse(upstream: upstream)
+        let bodyless = request.method == "HEAD" || upstream.status == 204 || upstream.status == 304
+        let end = endStream || bodyless
+        do {
+            try session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(h), endStream: end)
+        } catch {
+            abortExchange()
+            return true
+        }
+        if end { responseEnded = true }
+        connection.scheduleFlush()
+        return true
+    }
+
+    func sendResponseBody(_ raw: UnsafeRawBufferPointer) {
+        guard !responseEnded else { return }
+        session.sendData(stream: id, raw)
+        connection.scheduleFlush()
+    }
+
+    func finishResponse(trailers: HTTPHeaders?) {
+        guard !responseEnded else { return }
+        responseEnded = true
+        session.endStream(stream: id, trailers: trailers.map(HTTP2HeaderMapping.trailerFields))
+        connection.scheduleFlush()
+    }
+
+    func sendLocalResponse(_ head: HTTPResponseHead, body: [UInt8], keepAlive: Bool) {
+        guard !responseEnded else { return }
+        responseEnded = true
+        let noBody = body.isEmpty || exchange?.head.method == "HEAD"
+        do {
+            try session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(head), endStream: noBody)
+        } catch {
+            session.resetStream(id, error: .internalError)
+        }
+        if !noBody {
+            body.withUnsafeBytes { session.sendData(stream: id, $0) }
+            session.endStream(stream: id, trailers: nil)
+        }
+        connection.scheduleFlush()
+    }
+
+    func exchangeWantsBody() {
+        guard unconsumed > 0 else { return }
+        session.consumed(stream: id, count: unconsumed)
+        unconsumed = 0
+        connection.scheduleFlush()
+    }
+
+    func exchangeFinished(_ ex: FrontendExchange, keepAlive: Bool, abort: Bool) {
+        guard exchange === ex else { return }
+        exchange = nil
+        if unconsumed > 0 {
+            session.consumed(stream: id, count: unconsumed)
+            unconsumed = 0
+        }
+        connection.streamFinished(self, abort: abort)
+    }
+
+    func startTunnel(_ ex: ProxyExchangeDriver) -> [UInt8]? { nil }
+    func tunnelWrite(_ raw: UnsafeRawBufferPointer) {}
+    func pauseTunnelReading() {}
+    func resumeTunnelReading() {}
+    func endTunnel() {}
+}

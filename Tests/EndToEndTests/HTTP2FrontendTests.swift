@@ -1,0 +1,116 @@
+import Foundation
+import Testing
+import BearerdHTTP
+import BearerdIO
+import BearerdProxy
+import BearerdTestSupport
+import BearerdConfig
+import BearerdSessions
+
+/// curl, as users run it against bearerd (HTTP/2 clients, issue 9).
+enum Curl {
+    static var available: Bool { FileManager.default.isExecutableFile(atPath: "/usr/bin/curl") }
+
+    struct Result {
+        var status: Int32
+        var stdout: String
+        var stderr: String
+        /// `%{http_version}` written after the body on its own line.
+        var httpVersion: String { String(stdout.split(separator: "\n").last ?? "") }
+        var body: String {
+            var lines = stdout.split(separator: "\n", omittingEmptySubsequences: false)
+            lines.removeLast()
+            return lines.joined(separator: "\n")
+        }
+    }
+
+    static func run(_ args: [String], stdin: Data? = nil) throws -> Result {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+        p.arguments = ["-sS", "--max-time", "20", "-w", "\n%{http_version}"] + args
+        let out = Pipe(), err = Pipe(), inp = Pipe()
+        p.standardOutput = out
+        p.standardError = err
+        p.standardInput = inp
+        try p.run()
+        if let stdin { inp.fileHandleForWriting.write(stdin) }
+        try? inp.fileHandleForWriting.close()
+        let o = out.fileHandleForReading.readDataToEndOfFile()
+        let e = err.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return Result(status: p.terminationStatus, stdout: String(decoding: o, as: UTF8.self), stderr: String(decoding: e, as: UTF8.self))
+    }
+}
+
+@Suite("HTTP/2 clients (issue 9)", .serialized)
+struct HTTP2FrontendTests {
+    func sessionRoute(_ origin: UInt16, tokens: ScriptedTokenEndpoint) -> ([RouteConfig], [SessionConfig]) {
+        var r = route("/api/", origin: origin, strip: true)
+        r.session = "s"
+        let s = SessionConfig(name: "s", grant: .clientCredentials,
+                              tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
+                              clientID: "c", clientSecret: .literal(Secret("x")))
+        return ([r], [s])
+    }
+
+    @Test(.enabled(if: Curl.available)) func priorKnowledgeH2CThroughToAnHTTP1Upstream() throws {
+        let tokens = try ScriptedTokenEndpoint()
+        defer { tokens.stop() }
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        let (routes, sessions) = sessionRoute(origin.port, tokens: tokens)
+        let proxy = try TestProxy(routes: routes, sessions: sessions)
+        defer { proxy.stop() }
+        let r = try Curl.run(["--http2-prior-knowledge", "-H", "Cookie: a=1", "-H", "Cookie: b=2", "-H", "Authorization: Basic bm8=",
+                              "http://127.0.0.1:\(proxy.port)/api/x?q=1"])
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(r.httpVersion == "2")
+        #expect(r.body.contains("method=GET"))
+        #expect(r.body.contains("target=/x?q=1"))
+        #expect(r.body.contains("authorization: Bearer \(try #require(tokens.latest))"))
+        #expect(r.body.contains("cookie: a=1; b=2"))
+        #expect(r.body.contains("x-forwarded-proto: http"))
+        // A POST body through, and the HTTP/1.1 clients still served on the same port.
+        let body = String(repeating: "z", count: 300_000)
+        let post = try Curl.run(["--http2-prior-knowledge", "--data-binary", "@-", "http://127.0.0.1:\(proxy.port)/api/upload"], stdin: Data(body.utf8))
+        #expect(post.status == 0, "\(post.stderr)")
+        #expect(post.body.contains("body=300000"))
+        let h1 = try TestClient.get(port: proxy.port, path: "/api/h1")
+        #expect(h1.status == 200)
+        #expect(proxy.logs.text.contains("protocol=h2"))
+    }
+
+    @Test(.enabled(if: Curl.available)) func httpsListenerNegotiatesH2WithALPN() throws {
+        let pki = try TestPKI.generate()
+        defer { pki.remove() }
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route("/", origin: origin.port)], tls: ListenerTLS(cert: pki.serverCertFile, key: pki.serverKeyFile))
+        defer { proxy.stop() }
+        let h2 = try Curl.run(["--http2", "--cacert", pki.caFile, "https://localhost:\(proxy.port)/tls"])
+        #expect(h2.status == 0, "\(h2.stderr)")
+        #expect(h2.httpVersion == "2")
+        #expect(h2.body.contains("x-forwarded-proto: https"))
+        let h1 = try Curl.run(["--http1.1", "--cacert", pki.caFile, "https://localhost:\(proxy.port)/tls1"])
+        #expect(h1.status == 0, "\(h1.stderr)")
+        #expect(h1.httpVersion == "1.1")
+        #expect(h1.body.contains("target=/tls1"))
+    }
+
+    @Test(.enabled(if: Curl.available)) func refusalsAndErrorsAreAnsweredOnTheStream() throws {
+        let tokens = try ScriptedTokenEndpoint { _ in .json(status: 400, body: #"{"error":"invalid_client","error_description":"nope"}"#) }
+        defer { tokens.stop() }
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        let (routes, sessions) = sessionRoute(origin.port, tokens: tokens)
+        let proxy = try TestProxy(routes: routes, sessions: sessions)
+        defer { proxy.stop() }
+        let none = try Curl.run(["--http2-prior-knowledge", "-i", "http://127.0.0.1:\(proxy.port)/nothing-here"])
+        #expect(none.stdout.hasPrefix("HTTP/2 404"))
+        #expect(none.stdout.contains("no_route"))
+        let unavailable = try Curl.run(["--http2-prior-knowledge", "-i", "http://127.0.0.1:\(proxy.port)/api/x"])
+        #expect(unavailable.stdout.hasPrefix("HTTP/2 503"))
+        #expect(unavailable.stdout.contains("token_unavailable"))
+        #expect(origin.requests.isEmpty)
+    }
+}
