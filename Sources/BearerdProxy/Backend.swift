@@ -25,6 +25,19 @@ public final class UpstreamTarget: @unchecked Sendable {  // @unchecked: immutab
     public var maxIdle = 64
     /// `http2:` of the route: whether and how HTTP/2 is used towards this upstream.
     public let http2: HTTP2Mode
+    /// `auto` on https: a context offering only `http/1.1`, for requests that need HTTP/1.1
+    /// (WebSocket upgrades).
+    public let http1TLSContext: TLSContext?
+
+    /// Whether a new connection may turn out to speak HTTP/2 (so concurrent requests wait for it
+    /// instead of opening their own).
+    var mayUseHTTP2: Bool {
+        switch http2 {
+        case .priorKnowledge: return true
+        case .auto: return url.isTLS
+        case .off: return false
+        }
+    }
 
     public init(url: UpstreamURL, tls: TLSSettings?, timeouts: RouteTimeouts, http2: HTTP2Mode = .auto) throws(TLSError) {
         self.url = url
@@ -39,7 +52,11 @@ public final class UpstreamTarget: @unchecked Sendable {  // @unchecked: immutab
             case .off: alpn = ["http/1.1"]
             }
             tlsContext = try TLSContext.client(caFile: tls?.caFile, clientCert: tls?.clientCert, clientKey: tls?.clientKey, alpn: alpn)
+            http1TLSContext = http2 == .auto
+                ? try TLSContext.client(caFile: tls?.caFile, clientCert: tls?.clientCert, clientKey: tls?.clientKey, alpn: ["http/1.1"])
+                : nil
         } else {
+            http1TLSContext = nil
             tlsContext = nil
         }
         connectTimeout = timeouts.connect.nanoseconds
@@ -79,7 +96,15 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     private(set) var state: State = .connecting
     private var parser: HTTP1Parser
     weak var delegate: BackendConnectionDelegate?
-    private var connectCompletion: ((Result<BackendConnection, ChannelError>) -> Void)?
+    /// What a new connection turned out to be: HTTP/1.1 (this object) or HTTP/2 (ALPN `h2`, or
+    /// prior knowledge), in which case the channel moved to a `BackendH2Connection`.
+    enum ConnectOutcome {
+        case http1(BackendConnection)
+        case http2(BackendH2Connection)
+    }
+    private var connectCompletion: ((Result<ConnectOutcome, ChannelError>) -> Void)?
+    /// Speak HTTP/1.1 whatever the route's `http2:` (a WebSocket upgrade).
+    private var http1Only = false
     /// Taken from the pool (not fresh): a failure before any response byte may be retried.
     var reused = false
     var receivedResponseBytes = false
@@ -99,8 +124,9 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         parser = HTTP1Parser(role: .client)
     }
 
-    func connect(addresses: [SocketAddress], completion: @escaping (Result<BackendConnection, ChannelError>) -> Void) {
+    func connect(addresses: [SocketAddress], http1Only: Bool, completion: @escaping (Result<ConnectOutcome, ChannelError>) -> Void) {
         connectCompletion = completion
+        self.http1Only = http1Only
         deadline = monotonicNanos() + target.connectTimeout
         pool.loop.register(self)
         attempt(addresses: addresses[...])
@@ -113,7 +139,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         remainingAddresses = addresses.dropFirst()
         do {
             var engine: TLSEngine?
-            if let ctx = target.tlsContext {
+            if let ctx = http1Only ? (target.http1TLSContext ?? target.tlsContext) : target.tlsContext {
                 engine = try TLSEngine(client: ctx, serverName: target.url.host)
             }
             channel = try SocketChannel.connect(to: address, loop: pool.loop, tls: engine, delegate: self)
@@ -134,7 +160,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         }
     }
 
-    private func finishConnect(_ result: Result<BackendConnection, ChannelError>) {
+    private func finishConnect(_ result: Result<ConnectOutcome, ChannelError>) {
         guard let c = connectCompletion else { return }
         connectCompletion = nil
         if case .failure = result {
@@ -227,9 +253,32 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     // MARK: ChannelDelegate
 
     func channelActive(_ channel: SocketChannel) {
-        state = .idle
         deadline = 0
-        finishConnect(.success(self))
+        let h2 = !http1Only && (channel.negotiatedALPN == "h2" || (target.http2 == .priorKnowledge && !target.url.isTLS))
+        if h2 {
+            // The channel moves to an HTTP/2 connection; this object is done.
+            state = .closed
+            pool.loop.unregister(self)
+            self.channel = nil
+            do {
+                let conn = try BackendH2Connection(channel: channel, target: target, pool: pool)
+                finishConnect(.success(.http2(conn)))
+            } catch {
+                channel.close()
+                finishConnect(.failure(.protocolError("cannot start an HTTP/2 session: \(error)")))
+            }
+            return
+        }
+        if target.http2 == .priorKnowledge && !http1Only {
+            // ALPN did not select h2 on a route that requires HTTP/2.
+            state = .closed
+            pool.loop.unregister(self)
+            channel.close()
+            finishConnect(.failure(.protocolError("the upstream did not select h2 in ALPN (route http2: prior_knowledge)")))
+            return
+        }
+        state = .idle
+        finishConnect(.success(.http1(self)))
     }
 
     func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
@@ -376,18 +425,42 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
 }
 
 /// Keep-alive pools of upstream connections, one per loop, keyed by (scheme, host, port, TLS
-/// settings). Lives on `loop`; no locking. Bounded: at most `maxIdle` idle connections per key
-/// (LIFO, so the warmest connection is reused first).
+/// settings, http2 mode). Lives on `loop`; no locking.
+///
+/// HTTP/1.1: at most `maxIdle` idle connections per key (LIFO, so the warmest connection is
+/// reused first). HTTP/2: every open connection of a key multiplexes streams up to the server's
+/// SETTINGS_MAX_CONCURRENT_STREAMS; a new connection opens only when all are full or going away.
+/// While a connection that may turn out to speak HTTP/2 is being opened, other requests for the
+/// same key wait for it (`connecting`) instead of opening their own, so a burst of requests to
+/// an h2 upstream shares one connection. Once a key is known to answer HTTP/1.1 (`knownHTTP1`),
+/// requests no longer wait.
 final class BackendPool {
     let loop: EventLoop
     private var idle: [UpstreamTarget.Key: [BackendConnection]] = [:]
+    private var http2: [UpstreamTarget.Key: [BackendH2Connection]] = [:]
+    typealias Completion = (Result<UpstreamStream, ChannelError>) -> Void
+    /// Requests waiting for a connection being opened that may speak HTTP/2.
+    private var connecting: [UpstreamTarget.Key: [Completion]] = [:]
+    private var knownHTTP1: Set<UpstreamTarget.Key> = []
 
     init(loop: EventLoop) {
         self.loop = loop
     }
 
-    /// An idle connection for `target`, or a new one (resolve off-loop, connect, TLS handshake).
-    func acquire(_ target: UpstreamTarget, completion: @escaping (Result<UpstreamStream, ChannelError>) -> Void) {
+    /// A stream for `target`: on an open HTTP/2 connection with room, an idle HTTP/1.1 connection,
+    /// or a new connection (resolve off-loop, connect, TLS handshake). `http1Only`: a WebSocket
+    /// upgrade, which needs HTTP/1.1.
+    func acquire(_ target: UpstreamTarget, http1Only: Bool = false, completion: @escaping Completion) {
+        if !http1Only {
+            if let conn = http2[target.key]?.first(where: { $0.canOpenStream }) {
+                completion(.success(conn.newStream(reused: true)))
+                return
+            }
+            if connecting[target.key] != nil {
+                connecting[target.key]?.append(completion)
+                return
+            }
+        }
         while var list = idle[target.key], let conn = list.popLast() {
             idle[target.key] = list
             guard conn.state == .idle, let ch = conn.channel, !ch.isClosed else { continue }
@@ -400,27 +473,68 @@ final class BackendPool {
             completion(.success(conn))
             return
         }
-        connectNew(target, completion: completion)
+        connectNew(target, http1Only: http1Only, completion: completion)
     }
 
-    /// A new connection for `target`, never a pooled one (resolve off-loop, connect, TLS handshake).
-    func connectNew(_ target: UpstreamTarget, completion: @escaping (Result<UpstreamStream, ChannelError>) -> Void) {
+    /// A new connection for `target`, never a pooled one.
+    func connectNew(_ target: UpstreamTarget, http1Only: Bool = false, completion: @escaping Completion) {
+        if http1Only && target.http2 == .priorKnowledge && !target.url.isTLS {
+            completion(.failure(.protocolError("a WebSocket upgrade needs HTTP/1.1 towards the upstream; this route has http2: prior_knowledge")))
+            return
+        }
+        let mayBeHTTP2 = !http1Only && target.mayUseHTTP2 && !knownHTTP1.contains(target.key)
+        if mayBeHTTP2 {
+            if connecting[target.key] != nil {
+                // Another connection is on its way: this request takes a stream on it, or opens its
+                // own if it turns out full or HTTP/1.1.
+                connecting[target.key]?.append(completion)
+                return
+            }
+            connecting[target.key] = [completion]
+        }
         Resolver.shared.resolve(host: target.url.host, port: target.url.port, on: loop) { [self] result in
             switch result {
             case .failure(let e):
-                completion(.failure(.connect(e)))
+                finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .failure(.connect(e)))
             case .success(let addrs):
                 let conn = BackendConnection(target: target, pool: self)
-                conn.connect(addresses: addrs) { r in
+                conn.connect(addresses: addrs, http1Only: http1Only) { r in
                     switch r {
-                    case .success(let c):
+                    case .success(.http1(let c)):
                         c.reused = false
-                        completion(.success(c))
+                        self.finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .success(.http1(c)))
+                    case .success(.http2(let h2)):
+                        self.finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .success(.http2(h2)))
                     case .failure(let e):
-                        completion(.failure(e))
+                        self.finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .failure(e))
                     }
                 }
             }
+        }
+    }
+
+    /// A connection attempt ended: hand it (or streams on it) to the request that opened it and
+    /// to those that waited for it.
+    private func finish(_ target: UpstreamTarget, mayBeHTTP2: Bool, origin: @escaping Completion,
+                        _ result: Result<BackendConnection.ConnectOutcome, ChannelError>) {
+        let waiters = mayBeHTTP2 ? (connecting.removeValue(forKey: target.key) ?? [origin]) : [origin]
+        switch result {
+        case .failure(let e):
+            for w in waiters { w(.failure(e)) }
+        case .success(.http1(let c)):
+            if mayBeHTTP2 && target.http2 == .auto { knownHTTP1.insert(target.key) }
+            waiters[0](.success(c))
+            // The others open (or reuse) HTTP/1.1 connections of their own.
+            for w in waiters.dropFirst() { acquire(target, completion: w) }
+        case .success(.http2(let h2)):
+            http2[target.key, default: []].append(h2)
+            var rest = waiters[...]
+            while let w = rest.first, h2.canOpenStream {
+                rest = rest.dropFirst()
+                w(.success(h2.newStream(reused: false)))
+            }
+            // Over the server's limit: another connection for the rest.
+            for w in rest { acquire(target, completion: w) }
         }
     }
 
@@ -448,10 +562,25 @@ final class BackendPool {
         idle[conn.target.key] = list
     }
 
+    /// An HTTP/2 connection closed: it takes no more streams.
+    func forget(_ conn: BackendH2Connection) {
+        guard var list = http2[conn.target.key], let i = list.firstIndex(where: { $0 === conn }) else { return }
+        list.remove(at: i)
+        http2[conn.target.key] = list.isEmpty ? nil : list
+    }
+
+    /// An HTTP/2 connection has room again (a stream ended, the server raised its limit).
+    func http2CapacityAvailable(_ conn: BackendH2Connection) {}
+
     func closeAll() {
         for (_, list) in idle { for c in list { c.close() } }
         idle.removeAll()
+        for (_, list) in http2 { for c in list { c.close() } }
+        http2.removeAll()
     }
 
-    var idleCount: Int { idle.values.reduce(0) { $0 + $1.count } }
+    var idleCount: Int { idle.values.reduce(0) { $0 + $1.count } + http2.values.reduce(0) { $0 + $1.filter(\.isIdle).count } }
+
+    /// Open HTTP/2 connections (for tests and metrics).
+    var http2ConnectionCount: Int { http2.values.reduce(0) { $0 + $1.count } }
 }

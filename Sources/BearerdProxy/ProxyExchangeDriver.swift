@@ -368,9 +368,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             }
         }
         if fresh {
-            ctx.pool.connectNew(target, completion: completion)
+            ctx.pool.connectNew(target, http1Only: machine.setup.upgrade, completion: completion)
         } else {
-            ctx.pool.acquire(target, completion: completion)
+            ctx.pool.acquire(target, http1Only: machine.setup.upgrade, completion: completion)
         }
     }
 

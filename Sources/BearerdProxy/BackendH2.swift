@@ -1,0 +1,465 @@
+import BearerdHTTP
+import BearerdHTTP2
+import BearerdIO
+import BearerdProxyCore
+import BearerdConfig
+
+/// One HTTP/2 connection to an upstream (ALPN `h2`, or prior-knowledge h2c), shared by every
+/// exchange that holds one of its streams. Lives on its loop; listed in the pool while it can
+/// take streams.
+///
+/// Owns the client-side `HTTP2Session` and the open `BackendH2Stream`s. Events from a read are
+/// handed to the streams' exchanges; output is produced once per loop event. Received DATA is
+/// given back to the server's window only when the stream's client is not over its high-water
+/// mark (`BackendH2Stream.pauseReading`), so a slow client stalls its own stream, not the
+/// connection. Deadlines: each stream's response timeout; while idle, a PING every
+/// `pingInterval` (no ACK within `pingTimeout` closes it) and `idleTimeout` closes it.
+///
+/// Phases: `open` → GOAWAY received or sent → `goingAway` (no new streams; streams above the
+/// server's last-stream-id were refused by nghttp2 and are retried by their exchanges on a new
+/// connection) → `closed` once no stream is left.
+final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
+    let target: UpstreamTarget
+    unowned let pool: BackendPool
+    let channel: SocketChannel
+    let session: HTTP2Session
+    private(set) var streams: [Int32: BackendH2Stream] = [:]
+
+    enum Phase { case open, goingAway, closed }
+    private(set) var phase: Phase = .open
+    var deadline: UInt64 = 0
+    private var idleSince: UInt64
+    /// A PING is out and unanswered since this time (0: none).
+    private var pingSentAt: UInt64 = 0
+    private var flushScheduled = false
+    private var out: [UInt8] = []
+
+    static let pingInterval: UInt64 = 30_000_000_000
+    static let pingTimeout: UInt64 = 10_000_000_000
+
+    init(channel: SocketChannel, target: UpstreamTarget, pool: BackendPool) throws(HTTP2Error) {
+        self.channel = channel
+        self.target = target
+        self.pool = pool
+        var settings = HTTP2Settings()
+        settings.initialWindowSize = 256 * 1024
+        settings.connectionWindowSize = 8 << 20
+        session = try HTTP2Session(role: .client, settings: settings)
+        idleSince = monotonicNanos()
+        channel.delegate = self
+        pool.loop.register(self)
+        armDeadline()
+        flush()
+    }
+
+    var isIdle: Bool { streams.isEmpty && phase == .open }
+
+    /// Room for another stream now: open, below the server's limit.
+    var canOpenStream: Bool { phase == .open && !channel.isClosed && session.canOpenStream }
+
+    func newStream(reused: Bool) -> BackendH2Stream {
+        BackendH2Stream(connection: self, reused: reused)
+    }
+
+    // MARK: streams
+
+    /// Opens the stream on the wire; nil when the connection can take no more.
+    func open(_ stream: BackendH2Stream, fields: [HTTPField], endStream: Bool) -> Int32? {
+        guard phase == .open else { return nil }
+        do {
+            let id = try session.submitRequest(fields, endStream: endStream)
+            streams[id] = stream
+            armDeadline()
+            scheduleFlush()
+            return id
+        } catch {
+            return nil
+        }
+    }
+
+    func streamDone(_ id: Int32) {
+        streams.removeValue(forKey: id)
+        if streams.isEmpty {
+            idleSince = monotonicNanos()
+            if phase == .goingAway { close() }
+        }
+        armDeadline()
+    }
+
+    func scheduleFlush() {
+        guard !flushScheduled, phase != .closed else { return }
+        flushScheduled = true
+        pool.loop.deferToEndOfEvent { [weak self] in self?.flush() }
+    }
+
+    func flush() {
+        flushScheduled = false
+        guard phase != .closed, !channel.isOverHighWater else { return }
+        do {
+            try session.produce(into: &out)
+        } catch {
+            fail(.protocolError("HTTP/2 session: \(error)"))
+            return
+        }
+        if !out.isEmpty { channel.write(taking: &out) }
+        if session.hasEvents { dispatch() }
+        if session.isFinished { fail(.protocolError("the upstream's HTTP/2 session ended")) }
+    }
+
+    private func armDeadline() {
+        var d: UInt64 = 0
+        for (_, s) in streams where s.deadline > 0 && (d == 0 || s.deadline < d) { d = s.deadline }
+        if streams.isEmpty {
+            let idleEnd = idleSince &+ target.idleTimeout
+            let ping = pingSentAt > 0 ? pingSentAt &+ Self.pingTimeout : idleSince &+ min(Self.pingInterval, target.idleTimeout / 2)
+            d = min(idleEnd, ping)
+        }
+        deadline = d
+    }
+
+    func streamTouched(_ s: BackendH2Stream) {
+        if deadline == 0 || s.deadline < deadline { deadline = s.deadline }
+    }
+
+    // MARK: events
+
+    private func dispatch() {
+        var touched: [BackendH2Stream] = []
+        while session.hasEvents {
+            for event in session.takeEvents() {
+                switch event {
+                case .headers(let id, let fields, let kind, let endStream):
+                    guard let s = streams[id] else { continue }
+                    s.received(headers: fields, kind: kind, endStream: endStream)
+                    touched.append(s)
+                case .data(let id, let bytes, let endStream):
+                    guard let s = streams[id] else {
+                        session.consumed(stream: id, count: bytes.count)
+                        continue
+                    }
+                    s.received(data: bytes, endStream: endStream)
+                    touched.append(s)
+                case .streamClosed(let id, let code):
+                    streams[id]?.closed(errorCode: code)
+                    streamDone(id)
+                case .goAway(let last, let code):
+                    goingAway(lastStreamID: last, code: code)
+                case .remoteSettings:
+                    break
+                case .pingAck:
+                    pingSentAt = 0
+                    idleSince = monotonicNanos()
+                    armDeadline()
+                case .streamWritable(let id):
+                    streams[id]?.writable()
+                }
+            }
+        }
+        // One read's worth delivered: heads still held back go out now.
+        var seen = Set<ObjectIdentifier>()
+        for s in touched where seen.insert(ObjectIdentifier(s)).inserted { s.readComplete() }
+        scheduleFlush()
+    }
+
+    private func goingAway(lastStreamID: Int32, code: UInt32) {
+        guard phase == .open else { return }
+        phase = .goingAway
+        pool.forget(self)
+        if streams.isEmpty { close() }
+    }
+
+    // MARK: ChannelDelegate
+
+    func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
+        do {
+            try session.receive(bytes)
+        } catch {
+            dispatch()
+            fail(.protocolError("invalid HTTP/2 from the upstream: \(error)"))
+            return
+        }
+        dispatch()
+    }
+
+    func channelEOF(_ channel: SocketChannel) {
+        fail(.protocolError("upstream closed the HTTP/2 connection"))
+    }
+
+    func channelError(_ channel: SocketChannel, _ error: ChannelError) {
+        fail(error)
+    }
+
+    func channelWritable(_ channel: SocketChannel) {
+        flush()
+        for (_, s) in streams { s.writable() }
+    }
+
+    func channelClosed(_ channel: SocketChannel) {
+        fail(.protocolError("upstream connection closed"))
+        pool.loop.unregister(self)
+    }
+
+    func deadlineExpired(now: UInt64) {
+        deadline = 0
+        if streams.isEmpty {
+            if pingSentAt > 0 && now >= pingSentAt &+ Self.pingTimeout {
+                close()  // no PING ACK: the connection is dead
+                return
+            }
+            if now >= idleSince &+ target.idleTimeout {
+                close()
+                return
+            }
+            if pingSentAt == 0 {
+                pingSentAt = now
+                session.ping()
+                flush()
+            }
+            armDeadline()
+            return
+        }
+        for (_, s) in streams where s.deadline > 0 && s.deadline <= now {
+            s.timedOut()
+        }
+        armDeadline()
+    }
+
+    /// Every stream fails with `error`; the connection closes.
+    private func fail(_ error: ChannelError) {
+        guard phase != .closed else { return }
+        phase = .closed
+        pool.forget(self)
+        let all = streams
+        streams.removeAll()
+        for (_, s) in all { s.connectionFailed(error) }
+        deadline = 0
+        channel.close()
+    }
+
+    func close() {
+        guard phase != .closed else { return }
+        phase = .closed
+        pool.forget(self)
+        let all = streams
+        streams.removeAll()
+        for (_, s) in all { s.connectionFailed(.protocolError("upstream connection closed")) }
+        deadline = 0
+        session.goAway(error: .noError)
+        var bye: [UInt8] = []
+        try? session.produce(into: &bye)
+        if !bye.isEmpty { channel.write(taking: &bye) }
+        channel.closeAfterFlush()
+    }
+}
+
+/// One request on a `BackendH2Connection`: the `UpstreamStream` of one exchange attempt.
+/// Lives on the loop. Invariant: `delegate` is set while the exchange uses it; a stream never
+/// carries a second request.
+final class BackendH2Stream: UpstreamStream {
+    unowned let connection: BackendH2Connection
+    let reused: Bool
+    private(set) var id: Int32 = 0
+    weak var delegate: BackendConnectionDelegate?
+    var deadline: UInt64 = 0
+    /// The response (head or body) has begun: a failure is no longer a clean retry.
+    private var responseSeen = false
+    private var responseEnded = false
+    /// Received DATA not yet returned to the server's window (the client is slow).
+    private var unconsumed = 0
+    private var paused = false
+
+    init(connection: BackendH2Connection, reused: Bool) {
+        self.connection = connection
+        self.reused = reused
+    }
+
+    private var session: HTTP2Session { connection.session }
+
+    var protocolName: String { "h2" }
+
+    func assign(to delegate: BackendConnectionDelegate) {
+        self.delegate = delegate
+    }
+
+    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool) {
+        let authority = head.headers["Host"] ?? connection.target.url.authority
+        let fields = HTTP2HeaderMapping.requestFields(head, scheme: connection.target.url.scheme, authority: authority)
+        guard let id = connection.open(self, fields: fields, endStream: body == .none) else {
+            // The connection went away between acquire and send: nothing was processed.
+            failLater(.protocolError("the upstream's HTTP/2 connection is going away"))
+            return
+        }
+        self.id = id
+        touch()
+    }
+
+    func writeBody(_ raw: UnsafeRawBufferPointer) {
+        guard id > 0 else { return }
+        session.sendData(stream: id, raw)
+        connection.scheduleFlush()
+    }
+
+    func endBody(trailers: HTTPHeaders?) {
+        guard id > 0 else { return }
+        session.endStream(stream: id, trailers: trailers.map(HTTP2HeaderMapping.trailerFields))
+        connection.scheduleFlush()
+    }
+
+    var isOverHighWater: Bool {
+        id > 0 && (session.outboundBuffered(stream: id) >= HTTP2Session.highWater || connection.channel.isOverHighWater)
+    }
+
+    func touch() {
+        deadline = monotonicNanos() &+ connection.target.responseTimeout
+        connection.streamTouched(self)
+    }
+
+    func pauseReading() { paused = true }
+
+    func resumeReading() {
+        paused = false
+        if unconsumed > 0, id > 0 {
+            session.consumed(stream: id, count: unconsumed)
+            unconsumed = 0
+            connection.scheduleFlush()
+        }
+    }
+
+    func release() {
+        delegate = nil
+        if id > 0 && !responseEnded {
+            session.resetStream(id, error: .cancel)
+            connection.scheduleFlush()
+        }
+    }
+
+    func close() {
+        delegate = nil
+        guard id > 0 else { return }
+        if !responseEnded || session.outboundBuffered(stream: id) > 0 {
+            session.resetStream(id, error: .cancel)
+            connection.scheduleFlush()
+        }
+    }
+
+    func switchProtocols() -> [UInt8] { [] }
+    func tunnelWrite(_ raw: UnsafeRawBufferPointer) {}
+    func endTunnel() { close() }
+
+    // MARK: from the connection
+
+    func received(headers fields: [HTTPField], kind: HTTP2Event.HeadersKind, endStream: Bool) {
+        guard let d = delegate else { return }
+        switch kind {
+        case .response, .informational:
+            let head: HTTPResponseHead
+            do {
+                head = try HTTP2HeaderMapping.responseHead(from: fields)
+            } catch {
+                failNow(.protocolError("invalid upstream response: \(error)"))
+                return
+            }
+            responseSeen = true
+            touch()
+            if head.isInformational {
+                d.backendResponseHead(head, framing: .none, endStream: false)
+                return
+            }
+            let framing: HTTP1BodyFraming
+            if endStream {
+                framing = .none
+            } else if let cl = head.headers["content-length"], let n = UInt64(cl) {
+                framing = n == 0 ? .none : .contentLength(n)
+            } else {
+                framing = .chunked
+            }
+            d.backendResponseHead(head, framing: framing, endStream: endStream)
+            if endStream { end(trailers: nil) }
+        case .trailers:
+            let trailers = try? HTTP2HeaderMapping.trailers(from: fields)
+            end(trailers: trailers.flatMap { $0.count > 0 ? $0 : nil })
+        case .request:
+            failNow(.protocolError("a request from the upstream"))
+        }
+    }
+
+    func received(data: [UInt8], endStream: Bool) {
+        guard let d = delegate else {
+            session.consumed(stream: id, count: data.count)
+            return
+        }
+        if !data.isEmpty {
+            responseSeen = true
+            touch()
+            d.backendBody(data[...])
+            if paused {
+                unconsumed = unconsumed &+ data.count
+            } else {
+                session.consumed(stream: id, count: data.count)
+            }
+        }
+        if endStream { end(trailers: nil) }
+    }
+
+    private func end(trailers: HTTPHeaders?) {
+        guard !responseEnded else { return }
+        responseEnded = true
+        deadline = 0
+        delegate?.backendEnd(trailers: trailers)
+    }
+
+    func readComplete() {
+        delegate?.backendReadComplete()
+    }
+
+    func writable() {
+        delegate?.backendWritable()
+    }
+
+    /// The stream closed on the wire; before the response ended that is a failure (REFUSED_STREAM:
+    /// not processed, safe to retry on another connection).
+    func closed(errorCode: UInt32) {
+        deadline = 0
+        guard !responseEnded, let d = delegate else { return }
+        delegate = nil
+        let refused = errorCode == HTTP2ErrorCode.refusedStream.rawValue
+        d.backendFailed(.protocolError("the upstream reset the HTTP/2 stream (error \(errorCode))"),
+                        reused: reused || refused, responseBytesSeen: refused ? false : responseSeen)
+    }
+
+    func connectionFailed(_ error: ChannelError) {
+        deadline = 0
+        guard !responseEnded, let d = delegate else { return }
+        delegate = nil
+        d.backendFailed(error, reused: reused, responseBytesSeen: responseSeen)
+    }
+
+    func timedOut() {
+        deadline = 0
+        if id > 0 {
+            session.resetStream(id, error: .cancel)
+            connection.scheduleFlush()
+        }
+        failNow(.timeout("upstream response"))
+    }
+
+    private func failNow(_ error: ChannelError) {
+        guard let d = delegate else { return }
+        delegate = nil
+        if id > 0 && !responseEnded {
+            session.resetStream(id, error: .protocolError)
+            connection.scheduleFlush()
+        }
+        responseEnded = true
+        d.backendFailed(error, reused: reused, responseBytesSeen: responseSeen)
+    }
+
+    /// Reported after the current call returns (the exchange is in the middle of sending).
+    private func failLater(_ error: ChannelError) {
+        connection.pool.loop.deferToEndOfEvent { [weak self] in
+            guard let self, let d = self.delegate else { return }
+            self.delegate = nil
+            d.backendFailed(error, reused: true, responseBytesSeen: false)
+        }
+    }
+}
