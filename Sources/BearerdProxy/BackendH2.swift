@@ -281,9 +281,10 @@ final class BackendH2Stream: UpstreamStream {
         self.delegate = delegate
     }
 
-    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool) {
+    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool) {
         let authority = head.headers["Host"] ?? connection.target.url.authority
-        let fields = HTTP2HeaderMapping.requestFields(head, scheme: connection.target.url.scheme, authority: authority)
+        var fields = HTTP2HeaderMapping.requestFields(head, scheme: connection.target.url.scheme, authority: authority)
+        if teTrailers { fields.append(HTTPField(name: "te", value: "trailers")) }
         guard let id = connection.open(self, fields: fields, endStream: body == .none) else {
             // The connection went away between acquire and send: nothing was processed.
             failLater(.protocolError("the upstream's HTTP/2 connection is going away"))

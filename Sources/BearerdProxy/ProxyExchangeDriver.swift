@@ -70,8 +70,9 @@ protocol UpstreamStream: AnyObject {
     var reused: Bool { get }
     func assign(to delegate: BackendConnectionDelegate)
     /// `body`: the request body's framing (`.none`: the head is the whole request); `upgrade`: a
-    /// WebSocket handshake (a 101 is acceptable).
-    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool)
+    /// WebSocket handshake (a 101 is acceptable); `teTrailers`: the client sent `TE: trailers`
+    /// (hop-by-hop in HTTP/1.1, so dropped there; HTTP/2 carries it on, gRPC servers require it).
+    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool)
     func writeBody(_ raw: UnsafeRawBufferPointer)
     func endBody(trailers: HTTPHeaders?)
     var isOverHighWater: Bool { get }
@@ -156,6 +157,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private var grpcStatus: String?
     /// The upstream stream's protocol of the last attempt, for the log.
     private var upstreamProtocol: String?
+    /// The client sent `TE: trailers` (RFC 9110 §10.1.4).
+    private let clientAcceptsTrailers: Bool
 
     init(client: ExchangeClient, ctx: LoopContext, head: HTTPRequestHead, framing: HTTP1BodyFraming,
          routeIndex: Int, upstreamHead: HTTPRequestHead, logPath: Substring, keepAlive: Bool, upgrade: Bool = false) {
@@ -171,6 +174,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         self.upstreamHead = upstreamHead
         self.logPath = logPath
         self.clientWantsKeepAlive = keepAlive
+        clientAcceptsTrailers = HTTPHeaderRules.listValues(head.headers, "TE").contains { asciiCaseInsensitiveEquals($0, "trailers") }
         started = monotonicNanos()
         let route = runtime.config.routes[routeIndex]
         self.route = route
@@ -387,7 +391,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 "http.headers": "\(Redaction.describe(h.headers))", "token.generation": "\(token?.generation ?? 0)"])
         }
         headSentAt = monotonicNanos()
-        conn.sendHead(h, body: framing, upgrade: machine.setup.upgrade)
+        conn.sendHead(h, body: framing, upgrade: machine.setup.upgrade, teTrailers: clientAcceptsTrailers)
         // The stream may have failed while sending (an HTTP/2 connection that just went away).
         guard let conn = backend else { return }
         switch send.body {

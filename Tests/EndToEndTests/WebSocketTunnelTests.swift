@@ -198,3 +198,34 @@ struct WebSocketTunnelTests {
         #expect(try e.readResponse(method: "POST").status == 400)
     }
 }
+
+/// A real WebSocket client and server (`Tests/Fixtures/ws_echo.py`, the `websockets` package)
+/// through bearerd: a 10 MiB message each way, the token injected into the handshake.
+@Suite("WebSocket with real peers (issue 9)", .serialized,
+       .enabled(if: PythonFixture.unavailable(modules: ["websockets"]) == nil || ProcessInfo.processInfo.environment["CI"] != nil,
+                "\(PythonFixture.unavailable(modules: ["websockets"]) ?? "")"))
+struct WebSocketEchoTests {
+    struct Echo: Decodable {
+        var ok: Bool
+        var echoed_bytes: Int
+        var whoami: String
+    }
+
+    @Test func tenMiBEachWayThroughBearerd() throws {
+        let server = try PythonFixture(script: "ws_echo.py", arguments: ["server", "--port", "0"])
+        defer { server.stop() }
+        let tokens = try ScriptedTokenEndpoint()
+        defer { tokens.stop() }
+        var r = route("/ws/", origin: server.port, strip: true)
+        r.session = "s"
+        let session = SessionConfig(name: "s", grant: .clientCredentials, tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
+                                    clientID: "c", clientSecret: .literal(Secret("x")))
+        let proxy = try TestProxy(routes: [r], sessions: [session])
+        defer { proxy.stop() }
+        let out = try PythonFixture.runClient(script: "ws_echo.py", arguments: ["client", "--url", "ws://127.0.0.1:\(proxy.port)/ws/echo", "--bytes", String(10 << 20)])
+        let echo = try JSONDecoder().decode(Echo.self, from: Data(out.utf8))
+        #expect(echo.ok)
+        #expect(echo.echoed_bytes == 10 << 20)
+        #expect(echo.whoami == "Bearer \(try #require(tokens.latest))")
+    }
+}
