@@ -113,7 +113,7 @@ let package = Package(
         .testTarget(name: "BearerdProxyTests", dependencies: ["BearerdProxy", "BearerdService", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(
             name: "EndToEndTests",
-            dependencies: ["bearerd", "BearerdProxy", "BearerdService", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdIO", "BearerdHTTP", "BearerdOAuth", "BearerdTestSupport"],
+            dependencies: ["bearerd", "BearerdProxy", "BearerdService", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdTLS", "BearerdIO", "BearerdHTTP", "BearerdHTTP2", "BearerdOAuth", "BearerdTestSupport"],
             swiftSettings: shellSettings
         ),
     ]

@@ -4,6 +4,7 @@ import BearerdIO
 import BearerdProxyCore
 import BearerdConfig
 import BearerdService
+import BearerdOAuth
 
 /// A client connection of the proxy listeners, whatever its protocol (for shutdown and metrics).
 protocol ClientConnection: AnyObject {
@@ -73,6 +74,8 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
         // window); per connection: the sum over its streams.
         settings.initialWindowSize = 256 * 1024
         settings.connectionWindowSize = 4 << 20
+        // RFC 8441: WebSockets over HTTP/2 as extended CONNECT, tunnelled to an HTTP/1.1 upgrade.
+        settings.enableConnectProtocol = true
         session = try HTTP2Session(role: .server, settings: settings)
     }
 
@@ -157,18 +160,24 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
             stream.refuse(Refusal(status: 400, error: error.reason, detail: error.message, closes: true))
             return
         }
-        let head = request.head
-        if request.extendedProtocol != nil {
-            stream.refuse(Refusal(status: 501, error: "proxy.extended_connect_not_supported",
-                                  detail: "extended CONNECT (RFC 8441) is not offered on this listener; use HTTP/1.1 for WebSocket", closes: true))
-            return
+        var head = request.head
+        var websocket = false
+        if let proto = request.extendedProtocol {
+            guard asciiCaseInsensitiveEquals(proto, "websocket") else {
+                stream.refuse(Refusal(status: 501, error: "proxy.unsupported_protocol",
+                                      detail: "extended CONNECT is tunnelled for websocket only, not \(proto)", closes: true))
+                return
+            }
+            // RFC 8441 §5: the upstream gets the HTTP/1.1 handshake of RFC 6455 §4.1.
+            head = Self.websocketHandshake(from: head)
+            websocket = true
         }
         if head.target.utf8.count > ctx.runtime.config.limits.maxRequestTarget {
             stream.refuse(Refusal(status: 414, error: "http1.target_too_long", detail: "request target longer than the limit", closes: true))
             return
         }
         let framing: HTTP1BodyFraming
-        if endStream {
+        if endStream || websocket {
             framing = .none
         } else if let cl = head.headers["content-length"] {
             guard let n = UInt64(cl), cl.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else {
@@ -186,13 +195,31 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
         switch gate.route(head, framing: framing, ctx: ctx) {
         case .refuse(let r):
             stream.refuse(r)
-        case .proxy(let routeIndex, let upstreamHead, let logPath, _):
-            // WebSocket over HTTP/2 is extended CONNECT (refused above), never an Upgrade header.
+        case .proxy(let routeIndex, let upstreamHead, let logPath, let isWebSocket):
+            // WebSocket over HTTP/2 is extended CONNECT only; an Upgrade field sent in HTTP/2 is
+            // connection-specific and was refused by the mapping.
+            stream.websocket = websocket && isWebSocket
             let ex = ProxyExchangeDriver(client: stream, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
-                                         upstreamHead: upstreamHead, logPath: logPath, keepAlive: true, upgrade: false)
+                                         upstreamHead: upstreamHead, logPath: logPath, keepAlive: true, upgrade: stream.websocket)
             stream.exchange = ex
             ex.start()
         }
+    }
+
+    /// The HTTP/1.1 WebSocket handshake for an extended CONNECT: GET with `Upgrade: websocket`,
+    /// `Connection: Upgrade` and a fresh `Sec-WebSocket-Key` (HTTP/2 has none); the client's
+    /// `sec-websocket-version`, `-protocol` and `-extensions` go along as sent.
+    static func websocketHandshake(from connect: HTTPRequestHead) -> HTTPRequestHead {
+        var h = connect.headers
+        h.set("Connection", "Upgrade")
+        h.set("Upgrade", "websocket")
+        if !h.contains("sec-websocket-key") {
+            var g = SystemRandomNumberGenerator()
+            let nonce = (0..<16).map { _ in UInt8.random(in: 0...255, using: &g) }
+            h.add("Sec-WebSocket-Key", Base64.encode(nonce))
+        }
+        if !h.contains("sec-websocket-version") { h.add("Sec-WebSocket-Version", "13") }
+        return HTTPRequestHead(method: "GET", target: connect.target, version: .http1_1, headers: h)
     }
 
     /// A stream finished its response (or gave up).
@@ -302,6 +329,13 @@ final class FrontendH2Stream: ExchangeClient {
     private var requestEnded = false
     /// The response ended (END_STREAM queued): later writes are dropped.
     private var responseEnded = false
+    /// An extended CONNECT for a WebSocket (RFC 8441): a 101 upstream becomes 200 here and the
+    /// stream's DATA frames carry the tunnel.
+    var websocket = false
+    private enum Tunnel { case none, early([UInt8]), open(ProxyExchangeDriver) }
+    /// Tunnel bytes: DATA received before the tunnel opened is kept for it.
+    private var tunnel: Tunnel = .none
+    private var tunnelPaused = false
 
     init(id: Int32, connection: FrontendH2Connection) {
         self.id = id
@@ -315,6 +349,24 @@ final class FrontendH2Stream: ExchangeClient {
     func requestData(_ bytes: [UInt8], endStream: Bool) {
         guard let ex = exchange else {
             session.consumed(stream: id, count: bytes.count)
+            return
+        }
+        if websocket {
+            switch tunnel {
+            case .open(let t):
+                if !bytes.isEmpty {
+                    bytes.withUnsafeBytes { t.clientTunnelBytes($0) }
+                    if tunnelPaused { unconsumed = unconsumed &+ bytes.count } else { session.consumed(stream: id, count: bytes.count) }
+                }
+                if endStream { t.clientTunnelEnded() }
+            case .none, .early:
+                var early: [UInt8] = []
+                if case .early(let e) = tunnel { early = e }
+                early += bytes
+                unconsumed = unconsumed &+ bytes.count
+                tunnel = .early(early)
+                if endStream { abortExchange() }
+            }
             return
         }
         if !bytes.isEmpty {
@@ -345,6 +397,10 @@ final class FrontendH2Stream: ExchangeClient {
 
     /// The stream closed (both ends done, or reset by the client).
     func closed(errorCode: UInt32) {
+        if case .open(let t) = tunnel {
+            tunnel = .none
+            t.abort()
+        }
         if let ex = exchange {
             exchange = nil
             ex.abort()
@@ -387,7 +443,17 @@ final class FrontendH2Stream: ExchangeClient {
     }
 
     func sendInformational(_ upstream: HTTPResponseHead) {
-        guard upstream.status != 101 else { return }  // no protocol switch in HTTP/2 (RFC 9113 §8.6)
+        if upstream.status == 101 {
+            // No protocol switch in HTTP/2 (RFC 9113 §8.6): an extended CONNECT is answered 200
+            // (RFC 8441 §5), with what the upstream's handshake negotiated.
+            guard websocket, case .open = tunnel else { return }
+            var h = upstream.headers
+            for name in ["Upgrade", "Connection", "Sec-WebSocket-Accept"] { h.remove(name) }
+            let ok = ProxyHeaders.h2ClientResponse(upstream: HTTPResponseHead(status: 200, reason: "OK", headers: h))
+            try? session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(ok), endStream: false)
+            connection.scheduleFlush()
+            return
+        }
         let h = ProxyHeaders.h2ClientResponse(upstream: upstream)
         try? session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(h), endStream: false)
         connection.scheduleFlush()
@@ -456,9 +522,33 @@ final class FrontendH2Stream: ExchangeClient {
         connection.streamFinished(self, abort: abort)
     }
 
-    func startTunnel(_ ex: ProxyExchangeDriver) -> [UInt8]? { nil }
-    func tunnelWrite(_ raw: UnsafeRawBufferPointer) {}
-    func pauseTunnelReading() {}
-    func resumeTunnelReading() {}
-    func endTunnel() {}
+    func startTunnel(_ ex: ProxyExchangeDriver) -> [UInt8]? {
+        guard websocket, exchange === ex else { return nil }
+        var early: [UInt8] = []
+        if case .early(let e) = tunnel { early = e }
+        tunnel = .open(ex)
+        if unconsumed > 0 {
+            session.consumed(stream: id, count: unconsumed)
+            unconsumed = 0
+        }
+        return early
+    }
+
+    func tunnelWrite(_ raw: UnsafeRawBufferPointer) {
+        guard !responseEnded else { return }
+        session.sendData(stream: id, raw)
+        connection.scheduleFlush()
+    }
+
+    func pauseTunnelReading() { tunnelPaused = true }
+
+    func resumeTunnelReading() {
+        tunnelPaused = false
+        exchangeWantsBody()
+    }
+
+    func endTunnel() {
+        tunnel = .none
+        finishResponse(trailers: nil)
+    }
 }

@@ -29,6 +29,7 @@ public final class NginxOrigin: @unchecked Sendable {  // @unchecked: `stopped` 
 
     public struct Failure: Error, CustomStringConvertible {
         public var description: String
+        public init(description: String) { self.description = description }
     }
 
     /// A port that was free a moment ago (bind to 0, read it, close).

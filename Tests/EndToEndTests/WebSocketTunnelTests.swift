@@ -6,6 +6,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdHTTP2
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -227,5 +228,69 @@ struct WebSocketEchoTests {
         #expect(echo.ok)
         #expect(echo.echoed_bytes == 10 << 20)
         #expect(echo.whoami == "Bearer \(try #require(tokens.latest))")
+    }
+}
+
+/// RFC 8441: a WebSocket from an HTTP/2 client (extended CONNECT), tunnelled to an HTTP/1.1
+/// upgrade upstream. The client is an nghttp2 session (`HTTP2Session`) over a blocking socket.
+@Suite("WebSocket over HTTP/2 (issue 9)", .serialized)
+struct ExtendedConnectTests {
+    @Test func extendedConnectBecomesAnHTTP11Upgrade() throws {
+        let tokens = try ScriptedTokenEndpoint()
+        defer { tokens.stop() }
+        let origin = try TunnelEchoOrigin()
+        defer { origin.stop() }
+        var r = route("/ws/", origin: origin.port)
+        r.session = "s"
+        let session = SessionConfig(name: "s", grant: .clientCredentials, tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
+                                    clientID: "c", clientSecret: .literal(Secret("x")))
+        let proxy = try TestProxy(routes: [r], sessions: [session])
+        defer { proxy.stop() }
+
+        let c = try TestClient(port: proxy.port)
+        let h2 = try HTTP2Session(role: .client)
+        var events: [HTTP2Event] = []
+        func pump(until done: ([HTTP2Event]) -> Bool) throws {
+            let deadline = Date().addingTimeInterval(10)
+            while !done(events) {
+                var out: [UInt8] = []
+                try h2.produce(into: &out)
+                if !out.isEmpty { try c.send(out) }
+                var buf = [UInt8](repeating: 0, count: 65536)
+                c.setTimeout(0.2)
+                let n = buf.withUnsafeMutableBytes { recv(c.fd, $0.baseAddress, $0.count, 0) }
+                if n > 0 { try h2.receive(Array(buf[0..<n])) }
+                events += h2.takeEvents()
+                if Date() > deadline { throw NginxOrigin.Failure(description: "timed out; events: \(events)") }
+            }
+        }
+        try pump { $0.contains { if case .remoteSettings(_, true) = $0 { return true }; return false } }
+        let id = try h2.submitRequest([
+            HTTPField(name: ":method", value: "CONNECT"), HTTPField(name: ":protocol", value: "websocket"),
+            HTTPField(name: ":scheme", value: "http"), HTTPField(name: ":authority", value: "localhost"),
+            HTTPField(name: ":path", value: "/ws/chat"), HTTPField(name: "sec-websocket-version", value: "13"),
+        ], endStream: false)
+        try pump { $0.contains { if case .headers(id, _, .response, _) = $0 { return true }; return false } }
+        let head = events.compactMap { e -> [HTTPField]? in if case .headers(id, let f, .response, _) = e { return f }; return nil }.first
+        #expect(head?.first == HTTPField(name: ":status", value: "200"))
+        let payload = Array("frames both ways".utf8)
+        payload.withUnsafeBytes { h2.sendData(stream: id, $0) }
+        try pump { evs in
+            var got: [UInt8] = []
+            for case .data(id, let b, _) in evs { got += b }
+            return got.count >= payload.count
+        }
+        var got: [UInt8] = []
+        for case .data(id, let b, _) in events { got += b }
+        #expect(got == payload)
+        let seen = try #require(origin.heads.first)
+        #expect(seen.hasPrefix("GET /ws/chat HTTP/1.1\r\n"))
+        #expect(seen.contains("Upgrade: websocket\r\n"))
+        #expect(seen.contains("Sec-WebSocket-Key: "))
+        #expect(seen.lowercased().contains("sec-websocket-version: 13\r\n"))
+        #expect(seen.contains("Authorization: Bearer \(try #require(tokens.latest))\r\n"))
+        // The client ending its stream ends the tunnel.
+        h2.endStream(stream: id, trailers: nil)
+        try pump { $0.contains { if case .streamClosed(id, _) = $0 { return true }; return false } }
     }
 }
