@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of the pure cores with libFuzzer (swiftc -sanitize=fuzzer,address).
-#   bash Tests/Fuzz/run.sh [http1|oauth|all] [seconds]      default: all, 30 s each
+#   bash Tests/Fuzz/run.sh [http1|oauth|http2|all] [seconds]      default: all, 30 s each
 #   FUZZ_RUNS=N: instead of a time limit, N executions from a fixed seed (reproducible; CI)
 # Crashing inputs are written to Tests/Fuzz/FailCases/<target>/ (keep them: they are replayed
 # as regression inputs on every run before fuzzing starts). The corpus grows in a temporary
@@ -40,6 +40,17 @@ fuzz() {  # name
 if [ "$which" = all ] || [ "$which" = http1 ]; then
     build http1 Sources/BearerdHTTP/*.swift Tests/Fuzz/HTTP1Fuzz.swift
     fuzz http1
+fi
+if [ "$which" = all ] || [ "$which" = http2 ]; then
+    # The nghttp2 engine links libnghttp2 and imports BearerdHTTP as a module of its own: build
+    # that first (instrumented too), then the engine with the fuzz entry.
+    mkdir -p "$out/mods"
+    swiftc -sanitize=fuzzer,address -parse-as-library -O -module-name BearerdHTTP -emit-module \
+        -emit-module-path "$out/mods/BearerdHTTP.swiftmodule" -emit-library -static -o "$out/mods/libBearerdHTTP.a" \
+        Sources/BearerdHTTP/*.swift 2>"$out/build-bearerdhttp.log" || { cat "$out/build-bearerdhttp.log"; exit 1; }
+    build http2 -I "$out/mods" -I Sources/CNghttp2 Sources/BearerdHTTP2/*.swift Tests/Fuzz/HTTP2Fuzz.swift \
+        "$out/mods/libBearerdHTTP.a" -lnghttp2
+    fuzz http2
 fi
 if [ "$which" = all ] || [ "$which" = oauth ]; then
     build oauth Sources/BearerdOAuth/*.swift Tests/Fuzz/OAuthFuzz.swift
