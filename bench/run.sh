@@ -9,6 +9,10 @@
 #   small_c64  GET /small (100-byte body), 64 connections  -> requests/s
 #   small_c1   GET /small, 1 connection                    -> latency p50/p99 in µs (and req/s)
 #   big_c8     GET /big (1 MiB body), 8 connections        -> MiB/s (bytes read / duration)
+#   h2c_c4m16  GET /small over prior-knowledge HTTP/2 (h2load -c4 -m16: 4 connections, 16
+#              streams each) -> requests/s. nginx takes it on an h2c listener (127.0.0.1:18083)
+#              proxying to the same origin over HTTP/1.1; bearerd on its usual port (every
+#              bearerd listener accepts h2c next to HTTP/1.1); the origin on its own h2c port.
 #
 # Pinning (taskset): with N cores, the proxy under test (nginx proxy worker or bearerd) runs
 # on core 0; wrk and the origin share cores 1..N-1. On a 2-core machine that is: proxies on
@@ -54,7 +58,9 @@ SMALL_BODY_BYTES=100
 BIG_BYTES=$((1024 * 1024))
 STATIC_TOKEN=bench-static-token
 SESSION_TOKEN=bench-session-token
-SCENARIOS=(small_c64 small_c1 big_c8)
+NGINX_H2C_PORT=18083
+ORIGIN_H2C_PORT=18084
+SCENARIOS=(small_c64 small_c1 big_c8 h2c_c4m16)
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT_DIR=$REPO/bench/out
@@ -82,6 +88,7 @@ ensure_tools() {
     local missing=()
     [ -n "$(find_nginx)" ] || missing+=(nginx-light)
     command -v wrk >/dev/null || missing+=(wrk)
+    command -v h2load >/dev/null || missing+=(nghttp2-client)
     command -v curl >/dev/null || missing+=(curl)
     command -v taskset >/dev/null || missing+=(util-linux)
     if [ "${#missing[@]}" -gt 0 ]; then
@@ -236,6 +243,7 @@ $(nginx_http_common "$WORK/origin")
     tcp_nopush on;
     server {
         listen 127.0.0.1:$ORIGIN_PORT backlog=4096;
+        listen 127.0.0.1:$ORIGIN_H2C_PORT http2 backlog=4096;
         location = /small { default_type text/plain; return 200 "$SMALL_BODY"; }
         location = /big { root $WORK/origin/www; default_type application/octet-stream; }
         location = /auth-echo { default_type text/plain; return 200 "\$http_authorization"; }
@@ -265,6 +273,7 @@ $(nginx_http_common "$WORK/nginx")
     }
     server {
         listen 127.0.0.1:$NGINX_PORT backlog=4096;
+        listen 127.0.0.1:$NGINX_H2C_PORT http2 backlog=4096;
         location / {
             proxy_pass http://origin;
             proxy_http_version 1.1;
@@ -366,9 +375,41 @@ log "sanity checks passed for: ${TARGET_LIST[*]}"
 CSV=$OUT_DIR/bench-$STAMP.csv
 echo "round,scenario,target,connections,duration_s,requests,rps,p50_us,p99_us,bytes,mib_s,errors,non2xx" >"$CSV"
 
+# h2c_port TARGET: where the target takes prior-knowledge HTTP/2.
+h2c_port() { case "$1" in origin) echo "$ORIGIN_H2C_PORT" ;; nginx) echo "$NGINX_H2C_PORT" ;; bearerd) echo "$BEARERD_PORT" ;; esac; }
+
+# run_h2load ROUND TARGET SECONDS: the h2c scenario with h2load (4 connections x 16 streams);
+# a CSV row with req/s (no latency percentiles: h2load reports none). A failed run is recorded
+# as n/a (0 req/s) with a warning instead of aborting the benchmark.
+run_h2load() {
+    local round=$1 target=$2 secs=$3
+    local out="$WORK/wrk/$round-h2c_c4m16-$target.txt"
+    "${PIN_LOAD[@]}" h2load -c4 -m16 -t1 -D "$secs" "http://127.0.0.1:$(h2c_port "$target")/small" >"$out" 2>&1 &
+    WRK_PID=$!
+    wait "$WRK_PID" || log "warning: h2load failed ($target, round $round)"
+    WRK_PID=""
+    local rps done failed bytes
+    rps=$(awk '/^finished in/ { for (i = 1; i <= NF; i++) if ($(i + 1) == "req/s,") { print $i; exit } }' "$out")
+    done=$(awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) == "done,") { print $i; exit } }' "$out")
+    failed=$(awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) == "failed,") { print $i; exit } }' "$out")
+    bytes=$(awk '/^traffic:/ { gsub(/[()]/, "", $3); print $3; exit }' "$out")
+    if [ -z "$rps" ] || [ "${done:-0}" = 0 ]; then
+        log "warning: $target h2c round $round: no successful requests (n/a)"
+        rps=0 done=0
+    fi
+    [ "${failed:-0}" != 0 ] && log "warning: $target h2c round $round: $failed failed requests"
+    [ "$round" = warmup ] && return 0
+    printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$round" h2c_c4m16 "$target" 4 "$secs" "$done" "$rps" 0 0 "${bytes:-0}" 0 "${failed:-0}" 0 >>"$CSV"
+    log "round $round h2c_c4m16 $target: rps=$rps"
+}
+
 # run_wrk ROUND SCENARIO TARGET SECONDS: runs wrk pinned, appends a CSV row unless warm-up.
 run_wrk() {
     local round=$1 scenario=$2 target=$3 secs=$4 conns path
+    if [ "$scenario" = h2c_c4m16 ]; then
+        run_h2load "$round" "$target" "$secs"
+        return
+    fi
     case "$scenario" in
         small_c64) conns=64 path=/small ;;
         small_c1) conns=1 path=/small ;;
@@ -466,6 +507,7 @@ SUMMARY=$OUT_DIR/bench-$STAMP.txt
     fmt_row "/small 1 conn" "p99 us" "$COL_P99" small_c1 lower
     fmt_row "/small 1 conn" "req/s" "$COL_RPS" small_c1 higher
     fmt_row "/big 1MiB 8 conns" "MiB/s" "$COL_MIBS" big_c8 higher
+    fmt_row "h2c 4 conns x 16 str" "req/s" "$COL_RPS" h2c_c4m16 higher
     echo
     if [ -n "$BEARERD_HWM" ]; then echo "bearerd peak RSS (VmHWM): $BEARERD_HWM KiB"; fi
     if [ -n "$NGINX_HWM" ]; then echo "nginx proxy worker peak RSS (VmHWM): $NGINX_HWM KiB"; fi

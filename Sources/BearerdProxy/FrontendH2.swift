@@ -57,6 +57,8 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
     var deadline: UInt64 = 0
     private var flushScheduled = false
     private var out: [UInt8] = []
+    /// When the client last sent anything (its streams that owe body bytes are timed out from here).
+    private var lastRead: UInt64 = 0
 
     var isProxyConnection: Bool { true }
 
@@ -96,6 +98,8 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
 
     private func receive(_ bytes: UnsafeRawBufferPointer) {
         guard phase != .closed else { return }
+        lastRead = monotonicNanos()
+        defer { armIdle() }
         do {
             try session.receive(bytes)
         } catch {
@@ -259,8 +263,17 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
         }
     }
 
+    /// No stream: close after `idle` (GOAWAY). Streams whose client still owes body bytes: they
+    /// must keep moving (`idle` since the last read, as for HTTP/1.1 bodies). Otherwise the
+    /// upstreams' response timeouts govern.
     private func armIdle() {
-        deadline = streams.isEmpty && phase == .open ? monotonicNanos() &+ ctx.runtime.idleTimeout : 0
+        if streams.isEmpty {
+            deadline = phase == .open ? monotonicNanos() &+ ctx.runtime.idleTimeout : 0
+        } else if streams.values.contains(where: { $0.owesBody }) {
+            deadline = lastRead &+ ctx.runtime.idleTimeout
+        } else {
+            deadline = 0
+        }
     }
 
     // MARK: ChannelDelegate
@@ -292,7 +305,12 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
 
     func deadlineExpired(now: UInt64) {
         deadline = 0
-        guard streams.isEmpty else { return }
+        guard streams.isEmpty else {
+            // Streams whose uploads stalled are reset; the others go on.
+            for (_, s) in streams where s.owesBody { s.timedOut() }
+            armIdle()
+            return
+        }
         drain()
     }
 
@@ -409,6 +427,22 @@ final class FrontendH2Stream: ExchangeClient {
 
     func writable() {
         exchange?.frontendWritable()
+    }
+
+    /// The exchange waits for request body bytes the client has not sent.
+    var owesBody: Bool {
+        guard let ex = exchange, !requestEnded else { return false }
+        return !ex.requestComplete && ex.wantsBody
+    }
+
+    /// The client stopped sending its body in time: drop the exchange, reset the stream.
+    func timedOut() {
+        if let ex = exchange {
+            exchange = nil
+            ex.abort()
+        }
+        session.resetStream(id, error: .cancel)
+        connection.scheduleFlush()
     }
 
     private func abortExchange() {

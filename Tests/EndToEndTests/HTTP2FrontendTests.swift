@@ -6,6 +6,7 @@ import BearerdProxy
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
+import BearerdHTTP2
 
 /// curl, as users run it against bearerd (HTTP/2 clients, issue 9).
 enum Curl {
@@ -112,5 +113,64 @@ struct HTTP2FrontendTests {
         #expect(unavailable.stdout.hasPrefix("HTTP/2 503"))
         #expect(unavailable.stdout.contains("token_unavailable"))
         #expect(origin.requests.isEmpty)
+    }
+}
+
+/// An HTTP/2 client over a blocking socket, driven by an nghttp2 session (`HTTP2Session`): for
+/// what curl cannot do (stalling an upload, extended CONNECT).
+final class H2TestClient {
+    let socket: TestClient
+    let session: HTTP2Session
+    var events: [HTTP2Event] = []
+
+    init(port: UInt16) throws {
+        socket = try TestClient(port: port)
+        session = try HTTP2Session(role: .client)
+    }
+
+    /// Moves bytes both ways until `done` holds for the events seen so far (or `seconds` pass).
+    func pump(seconds: Double = 10, until done: ([HTTP2Event]) -> Bool) throws {
+        let deadline = Date().addingTimeInterval(seconds)
+        var buf = [UInt8](repeating: 0, count: 65536)
+        socket.setTimeout(0.1)
+        while !done(events) {
+            var out: [UInt8] = []
+            try session.produce(into: &out)
+            if !out.isEmpty { try socket.send(out) }
+            let n = buf.withUnsafeMutableBytes { recv(socket.fd, $0.baseAddress, $0.count, 0) }
+            if n > 0 { try session.receive(Array(buf[0..<n])) }
+            if n == 0 { throw NginxOrigin.Failure(description: "closed by bearerd; events: \(events)") }
+            events += session.takeEvents()
+            if Date() > deadline { throw NginxOrigin.Failure(description: "timed out; events: \(events)") }
+        }
+    }
+}
+
+@Suite("HTTP/2 clients: deadlines (issue 9)", .serialized)
+struct HTTP2DeadlineTests {
+    /// A stream whose upload stalls is reset after `idle`, like an HTTP/1.1 body; the connection
+    /// and its other streams go on.
+    @Test func aStalledUploadIsResetAndTheConnectionLives() throws {
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        var timeouts = FrontendTimeouts()
+        timeouts.idle = .milliseconds(500)
+        let proxy = try TestProxy(routes: [route(origin: origin.port)], timeouts: timeouts)
+        defer { proxy.stop() }
+        let c = try H2TestClient(port: proxy.port)
+        let post = try c.session.submitRequest([
+            HTTPField(name: ":method", value: "POST"), HTTPField(name: ":scheme", value: "http"),
+            HTTPField(name: ":authority", value: "localhost"), HTTPField(name: ":path", value: "/upload"),
+            HTTPField(name: "content-length", value: "100"),
+        ], endStream: false)
+        Array(repeating: UInt8(0x61), count: 10).withUnsafeBytes { c.session.sendData(stream: post, $0) }
+        try c.pump { $0.contains { if case .streamClosed(post, HTTP2ErrorCode.cancel.rawValue) = $0 { return true }; return false } }
+        // The same connection still serves a new stream.
+        let get = try c.session.submitRequest([
+            HTTPField(name: ":method", value: "GET"), HTTPField(name: ":scheme", value: "http"),
+            HTTPField(name: ":authority", value: "localhost"), HTTPField(name: ":path", value: "/after"),
+        ], endStream: true)
+        try c.pump { $0.contains { if case .headers(get, _, .response, _) = $0 { return true }; return false } }
+        #expect(c.events.contains { if case .headers(get, let f, .response, _) = $0 { return f.first?.value == "200" }; return false })
     }
 }

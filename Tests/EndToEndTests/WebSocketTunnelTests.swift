@@ -247,23 +247,10 @@ struct ExtendedConnectTests {
         let proxy = try TestProxy(routes: [r], sessions: [session])
         defer { proxy.stop() }
 
-        let c = try TestClient(port: proxy.port)
-        let h2 = try HTTP2Session(role: .client)
-        var events: [HTTP2Event] = []
-        func pump(until done: ([HTTP2Event]) -> Bool) throws {
-            let deadline = Date().addingTimeInterval(10)
-            while !done(events) {
-                var out: [UInt8] = []
-                try h2.produce(into: &out)
-                if !out.isEmpty { try c.send(out) }
-                var buf = [UInt8](repeating: 0, count: 65536)
-                c.setTimeout(0.2)
-                let n = buf.withUnsafeMutableBytes { recv(c.fd, $0.baseAddress, $0.count, 0) }
-                if n > 0 { try h2.receive(Array(buf[0..<n])) }
-                events += h2.takeEvents()
-                if Date() > deadline { throw NginxOrigin.Failure(description: "timed out; events: \(events)") }
-            }
-        }
+        let client = try H2TestClient(port: proxy.port)
+        let h2 = client.session
+        func pump(until done: ([HTTP2Event]) -> Bool) throws { try client.pump(until: done) }
+        var events: [HTTP2Event] { client.events }
         try pump { $0.contains { if case .remoteSettings(_, true) = $0 { return true }; return false } }
         let id = try h2.submitRequest([
             HTTPField(name: ":method", value: "CONNECT"), HTTPField(name: ":protocol", value: "websocket"),
