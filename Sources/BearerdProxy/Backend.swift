@@ -74,8 +74,10 @@ protocol BackendConnectionDelegate: AnyObject {
     /// Everything one read produced has been delivered (a response head still held back goes out now).
     func backendReadComplete()
     /// The connection failed. `reused`: it came from the pool; `responseBytesSeen`: a byte of the
-    /// response to this request arrived (both decide whether a retry on a fresh connection is safe).
-    func backendFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool)
+    /// response to this request arrived (both decide whether a retry on a fresh connection is safe);
+    /// `unprocessed`: the upstream said it did not act on the request (an HTTP/2 stream refused,
+    /// or above a GOAWAY's last-stream-id), so any method may be retried.
+    func backendFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool, unprocessed: Bool)
     func backendWritable()
     /// After `switchProtocols()`: raw bytes from the upstream, and its end.
     func backendTunnelBytes(_ raw: UnsafeRawBufferPointer)
@@ -351,7 +353,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         if let d = delegate {
             delegate = nil
             if was == .busy {
-                d.backendFailed(.protocolError("upstream connection closed"), reused: reused, responseBytesSeen: receivedResponseBytes)
+                d.backendFailed(.protocolError("upstream connection closed"), reused: reused, responseBytesSeen: receivedResponseBytes, unprocessed: false)
             } else if was == .tunnelling {
                 d.backendTunnelEnded()
             }
@@ -380,7 +382,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         delegate = nil
         state = .closed
         channel?.close()
-        d?.backendFailed(error, reused: reused, responseBytesSeen: receivedResponseBytes)
+        d?.backendFailed(error, reused: reused, responseBytesSeen: receivedResponseBytes, unprocessed: false)
     }
 
     /// Pulls parser events and hands them to the exchange, stopping if it is detached.
@@ -523,7 +525,11 @@ final class BackendPool {
             for w in waiters { w(.failure(e)) }
         case .success(.http1(let c)):
             if mayBeHTTP2 && target.http2 == .auto { knownHTTP1.insert(target.key) }
-            waiters[0](.success(c))
+            guard let first = waiters.first else {
+                c.close()
+                return
+            }
+            first(.success(c))
             // The others open (or reuse) HTTP/1.1 connections of their own.
             for w in waiters.dropFirst() { acquire(target, completion: w) }
         case .success(.http2(let h2)):

@@ -326,7 +326,16 @@ final class BackendH2Stream: UpstreamStream {
         }
     }
 
+    /// Gives back the connection window held for a paused reader (the stream is done with it).
+    private func returnWindow() {
+        guard unconsumed > 0, id > 0 else { return }
+        session.consumed(stream: id, count: unconsumed)
+        unconsumed = 0
+        connection.scheduleFlush()
+    }
+
     func release() {
+        returnWindow()
         delegate = nil
         if id > 0 && !responseEnded {
             session.resetStream(id, error: .cancel)
@@ -335,6 +344,7 @@ final class BackendH2Stream: UpstreamStream {
     }
 
     func close() {
+        returnWindow()
         delegate = nil
         guard id > 0 else { return }
         if !responseEnded || session.outboundBuffered(stream: id) > 0 {
@@ -425,14 +435,14 @@ final class BackendH2Stream: UpstreamStream {
         delegate = nil
         let refused = errorCode == HTTP2ErrorCode.refusedStream.rawValue
         d.backendFailed(.protocolError("the upstream reset the HTTP/2 stream (error \(errorCode))"),
-                        reused: reused || refused, responseBytesSeen: refused ? false : responseSeen)
+                        reused: reused || refused, responseBytesSeen: refused ? false : responseSeen, unprocessed: refused)
     }
 
     func connectionFailed(_ error: ChannelError) {
         deadline = 0
         guard !responseEnded, let d = delegate else { return }
         delegate = nil
-        d.backendFailed(error, reused: reused, responseBytesSeen: responseSeen)
+        d.backendFailed(error, reused: reused, responseBytesSeen: responseSeen, unprocessed: false)
     }
 
     func timedOut() {
@@ -452,7 +462,7 @@ final class BackendH2Stream: UpstreamStream {
             connection.scheduleFlush()
         }
         responseEnded = true
-        d.backendFailed(error, reused: reused, responseBytesSeen: responseSeen)
+        d.backendFailed(error, reused: reused, responseBytesSeen: responseSeen, unprocessed: false)
     }
 
     /// Reported after the current call returns (the exchange is in the middle of sending).
@@ -460,7 +470,7 @@ final class BackendH2Stream: UpstreamStream {
         connection.pool.loop.deferToEndOfEvent { [weak self] in
             guard let self, let d = self.delegate else { return }
             self.delegate = nil
-            d.backendFailed(error, reused: true, responseBytesSeen: false)
+            d.backendFailed(error, reused: true, responseBytesSeen: false, unprocessed: true)
         }
     }
 }

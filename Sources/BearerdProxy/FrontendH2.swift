@@ -415,6 +415,11 @@ final class FrontendH2Stream: ExchangeClient {
 
     /// The stream closed (both ends done, or reset by the client).
     func closed(errorCode: UInt32) {
+        if unconsumed > 0 {
+            // The connection's window still counts these bytes.
+            session.consumed(stream: id, count: unconsumed)
+            unconsumed = 0
+        }
         if case .open(let t) = tunnel {
             tunnel = .none
             t.abort()

@@ -368,7 +368,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 conn.assign(to: self)
                 self.perform(self.machine.backendAcquired())
             case .failure(let error):
-                self.upstreamFailed(error, reused: false, responseBytesSeen: false)
+                self.upstreamFailed(error, reused: false, responseBytesSeen: false, unprocessed: false)
             }
         }
         if fresh {
@@ -569,11 +569,11 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         complete()
     }
 
-    func backendFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool) {
-        upstreamFailed(error, reused: reused, responseBytesSeen: responseBytesSeen)
+    func backendFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool, unprocessed: Bool) {
+        upstreamFailed(error, reused: reused, responseBytesSeen: responseBytesSeen, unprocessed: unprocessed)
     }
 
-    private func upstreamFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool) {
+    private func upstreamFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool, unprocessed: Bool) {
         let b = backend
         backend = nil
         b?.close()
@@ -585,7 +585,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         case .protocolError: failure = .invalidResponse
         case .connect, .io: failure = .unreachable
         }
-        perform(machine.upstreamFailed(failure, reusedConnection: reused, responseBytesSeen: responseBytesSeen))
+        perform(machine.upstreamFailed(failure, reusedConnection: reused, responseBytesSeen: responseBytesSeen, unprocessed: unprocessed))
     }
 
     // MARK: tunnel (WebSocket after a 101)

@@ -305,8 +305,12 @@ extension ProxyExchange {
         }
 
         /// The upstream connection failed (connect, TLS, reset, timeout, invalid response).
-        /// `reusedConnection`: it came from the pool; `responseBytesSeen`: any byte of a response arrived.
-        public mutating func upstreamFailed(_ failure: UpstreamFailure, reusedConnection: Bool, responseBytesSeen: Bool) -> Action {
+        /// `reusedConnection`: it came from the pool; `responseBytesSeen`: any byte of a response arrived;
+        /// `unprocessed`: the upstream declared the request not acted on (HTTP/2 REFUSED_STREAM, a
+        /// stream above a GOAWAY's last-stream-id, RFC 9113 §8.7), so even a non-idempotent
+        /// request is retried once on a fresh connection.
+        public mutating func upstreamFailed(_ failure: UpstreamFailure, reusedConnection: Bool, responseBytesSeen: Bool,
+                                            unprocessed: Bool = false) -> Action {
             switch state {
             case .connecting(let attempt):
                 return failBeforeResponse(failure, attempt: attempt, retryable: false)
@@ -315,8 +319,8 @@ extension ProxyExchange {
                 case .awaitingHead:
                     // A pooled connection the upstream had closed: nothing of this request was
                     // processed. Retry once on a fresh connection when the body can be sent again.
-                    let retryable = reusedConnection && !responseBytesSeen && !attempt.freshConnection
-                        && keep.isKeeping && (setup.methodIdempotent || attempt.kind == .replay)
+                    let retryable = (reusedConnection || unprocessed) && !responseBytesSeen && !attempt.freshConnection
+                        && keep.isKeeping && (setup.methodIdempotent || attempt.kind == .replay || unprocessed)
                     return failBeforeResponse(failure, attempt: attempt, retryable: retryable)
                 case .headPending:
                     // The head was never written: the client can still get a clean error.

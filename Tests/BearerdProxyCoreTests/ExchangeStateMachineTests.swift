@@ -467,3 +467,28 @@ struct UpgradeAndGRPCHeaderTests {
         #expect(!ErrorResponse.isGRPC(HTTPHeaders([("content-type", "application/json")])))
     }
 }
+
+@Suite("ProxyExchange.StateMachine: unprocessed requests (issue 9)")
+struct ExchangeUnprocessedTests {
+    /// RFC 9113 §8.7: a refused stream was not processed; a POST is retried once on a fresh
+    /// connection, unlike a POST on a pooled connection that merely closed.
+    @Test func aRefusedPostIsRetriedOnceOnAFreshConnection() {
+        var m = Machine(setup: setup(body: true, idempotent: false))
+        _ = m.start()
+        _ = m.tokenAcquired()
+        _ = m.clientBodyReceived(count: 5)
+        _ = m.clientBodyEnded()
+        _ = m.backendAcquired()
+        #expect(m.upstreamFailed(.invalidResponse, reusedConnection: true, responseBytesSeen: false, unprocessed: true) == .acquireBackend(fresh: true))
+        _ = m.backendAcquired()
+        #expect(m.upstreamFailed(.invalidResponse, reusedConnection: false, responseBytesSeen: false, unprocessed: true) == .respondUpstreamError(closeClient: false))
+
+        var n = Machine(setup: setup(body: true, idempotent: false))
+        _ = n.start()
+        _ = n.tokenAcquired()
+        _ = n.clientBodyReceived(count: 5)
+        _ = n.clientBodyEnded()
+        _ = n.backendAcquired()
+        #expect(n.upstreamFailed(.unreachable, reusedConnection: true, responseBytesSeen: false) == .respondUpstreamError(closeClient: false))
+    }
+}

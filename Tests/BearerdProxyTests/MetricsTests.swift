@@ -227,6 +227,23 @@ struct MetricsTests {
         #expect(!text.contains("NaN"))
     }
 
+    /// Issue 9: proxied requests by client protocol, gRPC calls by grpc-status, merged across loops.
+    @Test func protocolAndGRPCStatusFamilies() {
+        var a = LoopMetrics(), b = LoopMetrics()
+        let sa = a.slot(for: "/svc/"), sb = b.slot(for: "/svc/")
+        a.countRequest(slot: sa, status: 200, http2: true, grpcStatus: "0")
+        a.countRequest(slot: sa, status: 200, http2: false, grpcStatus: nil)
+        b.countRequest(slot: sb, status: 200, http2: true, grpcStatus: "16")
+        b.countRequest(slot: sb, status: 200, http2: true, grpcStatus: "0")
+        a.merge(b)
+        let text = AdminResponder.renderMetrics(a, sessions: [], now: 1)
+        #expect(text.contains(#"bearerd_requests_by_protocol_total{route="/svc/",protocol="h1"} 1"#))
+        #expect(text.contains(#"bearerd_requests_by_protocol_total{route="/svc/",protocol="h2"} 3"#))
+        #expect(text.contains(#"bearerd_grpc_responses_total{route="/svc/",grpc_status="0"} 2"#))
+        #expect(text.contains(#"bearerd_grpc_responses_total{route="/svc/",grpc_status="16"} 1"#))
+        #expect(text.contains(#"bearerd_requests_total{route="/svc/",status="200"} 4"#))
+    }
+
     @Test func withoutSessionsNoSessionFamilies() {
         let text = AdminResponder.renderMetrics(LoopMetrics(), sessions: [], now: 1)
         #expect(!text.contains("session="))

@@ -174,3 +174,35 @@ struct HTTP2DeadlineTests {
         #expect(c.events.contains { if case .headers(get, let f, .response, _) = $0 { return f.first?.value == "200" }; return false })
     }
 }
+
+@Suite("HTTP/2 clients: 401 replay per stream (issue 9)", .serialized)
+struct HTTP2ReplayTests {
+    /// DESIGN §6 for an HTTP/2 client: the first token is rejected, the POST body kept and
+    /// replayed with the refreshed token on the same stream.
+    @Test(.enabled(if: Curl.available)) func aRejectedH2RequestIsReplayedWithItsBody() throws {
+        let tokens = try ScriptedTokenEndpoint()
+        defer { tokens.stop() }
+        let origin = try TestOrigin { r in
+            if r.head.headers["Authorization"] == "Bearer at-1" {
+                return .response(status: 401, headers: [("WWW-Authenticate", #"Bearer error="invalid_token""#)], body: Array("stale".utf8))
+            }
+            return echoHandler(r)
+        }
+        defer { origin.stop() }
+        var r = route("/api/", origin: origin.port, strip: true)
+        r.session = "s"
+        let s = SessionConfig(name: "s", grant: .clientCredentials,
+                              tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
+                              clientID: "c", clientSecret: .literal(Secret("x")))
+        let proxy = try TestProxy(routes: [r], sessions: [s])
+        defer { proxy.stop() }
+        let body = String(repeating: "b", count: 50_000)
+        let post = try Curl.run(["--http2-prior-knowledge", "--data-binary", "@-", "http://127.0.0.1:\(proxy.port)/api/orders"], stdin: Data(body.utf8))
+        #expect(post.status == 0, "\(post.stderr)")
+        #expect(post.httpVersion == "2")
+        #expect(post.body.contains("body=50000"))
+        #expect(post.body.contains("authorization: Bearer at-2"))
+        #expect(origin.requests.count == 2)
+        #expect(proxy.logs.text.contains("replaying rejected request"))
+    }
+}
