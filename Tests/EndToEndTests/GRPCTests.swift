@@ -31,9 +31,7 @@ struct GRPCTests {
         var r = RouteConfig(match: "/bearerd.test.Echo/", upstream: UpstreamURL(scheme: "http", host: "127.0.0.1", port: upstreamPort, basePath: ""))
         r.http2 = .priorKnowledge
         r.session = "s"
-        let s = SessionConfig(name: "s", grant: .clientCredentials,
-                              tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
-                              clientID: "c", clientSecret: .literal(Secret("x")))
+        let s = scriptedSession(tokens)
         return try TestProxy(routes: [r], sessions: [s])
     }
 

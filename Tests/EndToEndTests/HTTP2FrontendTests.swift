@@ -48,9 +48,7 @@ struct HTTP2FrontendTests {
     func sessionRoute(_ origin: UInt16, tokens: ScriptedTokenEndpoint) -> ([RouteConfig], [SessionConfig]) {
         var r = route("/api/", origin: origin, strip: true)
         r.session = "s"
-        let s = SessionConfig(name: "s", grant: .clientCredentials,
-                              tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
-                              clientID: "c", clientSecret: .literal(Secret("x")))
+        let s = scriptedSession(tokens)
         return ([r], [s])
     }
 
@@ -189,12 +187,7 @@ struct HTTP2ReplayTests {
             return echoHandler(r)
         }
         defer { origin.stop() }
-        var r = route("/api/", origin: origin.port, strip: true)
-        r.session = "s"
-        let s = SessionConfig(name: "s", grant: .clientCredentials,
-                              tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
-                              clientID: "c", clientSecret: .literal(Secret("x")))
-        let proxy = try TestProxy(routes: [r], sessions: [s])
+        let proxy = try TestProxy(routes: [withSession(route("/api/", origin: origin.port, strip: true))], sessions: [scriptedSession(tokens)])
         defer { proxy.stop() }
         let body = String(repeating: "b", count: 50_000)
         let post = try Curl.run(["--http2-prior-knowledge", "--data-binary", "@-", "http://127.0.0.1:\(proxy.port)/api/orders"], stdin: Data(body.utf8))

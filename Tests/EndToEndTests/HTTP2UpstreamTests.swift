@@ -12,15 +12,28 @@ import BearerdSessions
 @Suite("HTTP/2 upstreams against nginx (issue 9)", .serialized,
        .enabled(if: NginxOrigin.isAvailable || ProcessInfo.processInfo.environment["CI"] != nil, "nginx is not installed"))
 struct HTTP2UpstreamTests {
-    /// One route with a client_credentials session to `origin`.
-    func proxy(_ upstream: UpstreamURL, http2: HTTP2Mode, tokens: ScriptedTokenEndpoint, pki: TestPKI) throws -> TestProxy {
-        var r = RouteConfig(match: "/", upstream: upstream, tls: upstream.isTLS ? TLSSettings(caFile: pki.caFile) : nil)
+    /// nginx with a fresh PKI, and a token endpoint (its first token is the one nginx rejects).
+    final class Rig {
+        let pki: TestPKI
+        let nginx: NginxOrigin
+        let tokens: ScriptedTokenEndpoint
+        init() throws {
+            pki = try TestPKI.generate()
+            nginx = try NginxOrigin(pki: pki, rejectToken: "Bearer at-1")
+            tokens = try ScriptedTokenEndpoint()
+        }
+        func stop() {
+            nginx.stop()
+            tokens.stop()
+            pki.remove()
+        }
+    }
+
+    /// One route with a client_credentials session to `upstream`.
+    func proxy(_ upstream: UpstreamURL, http2: HTTP2Mode, rig: Rig) throws -> TestProxy {
+        var r = RouteConfig(match: "/", upstream: upstream, tls: upstream.isTLS ? TLSSettings(caFile: rig.pki.caFile) : nil)
         r.http2 = http2
-        r.session = "s"
-        let s = SessionConfig(name: "s", grant: .clientCredentials,
-                              tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
-                              clientID: "c", clientSecret: .literal(Secret("x")))
-        return try TestProxy(routes: [r], sessions: [s])
+        return try TestProxy(routes: [withSession(r)], sessions: [scriptedSession(rig.tokens)])
     }
 
     /// `key=value` words of nginx's answer line.
@@ -34,13 +47,10 @@ struct HTTP2UpstreamTests {
     }
 
     @Test func httpsUpstreamNegotiatesH2WithALPN() throws {
-        let pki = try TestPKI.generate()
-        defer { pki.remove() }
-        let nginx = try NginxOrigin(pki: pki)
-        defer { nginx.stop() }
-        let tokens = try ScriptedTokenEndpoint()
-        defer { tokens.stop() }
-        let p = try proxy(UpstreamURL(scheme: "https", host: "localhost", port: nginx.tlsPort, basePath: ""), http2: .auto, tokens: tokens, pki: pki)
+        let rig = try Rig()
+        defer { rig.stop() }
+        let (nginx, tokens) = (rig.nginx, rig.tokens)
+        let p = try proxy(UpstreamURL(scheme: "https", host: "localhost", port: nginx.tlsPort, basePath: ""), http2: .auto, rig: rig)
         defer { p.stop() }
         let r = try TestClient.get(port: p.port, path: "/v1/items?x=1")
         #expect(r.status == 200)
@@ -50,19 +60,16 @@ struct HTTP2UpstreamTests {
         #expect(seen["uri"] == "/v1/items?x=1")
         #expect(p.logs.text.contains("upstream_protocol=h2"))
         // http2: off keeps HTTP/1.1 on the same server.
-        let off = try proxy(UpstreamURL(scheme: "https", host: "localhost", port: nginx.tlsPort, basePath: ""), http2: .off, tokens: tokens, pki: pki)
+        let off = try proxy(UpstreamURL(scheme: "https", host: "localhost", port: nginx.tlsPort, basePath: ""), http2: .off, rig: rig)
         defer { off.stop() }
         #expect(Self.seen(try TestClient.get(port: off.port, path: "/").bodyText)["proto"] == "HTTP/1.1")
     }
 
     @Test func priorKnowledgeSpeaksH2CToACleartextUpstream() throws {
-        let pki = try TestPKI.generate()
-        defer { pki.remove() }
-        let nginx = try NginxOrigin(pki: pki)
-        defer { nginx.stop() }
-        let tokens = try ScriptedTokenEndpoint()
-        defer { tokens.stop() }
-        let p = try proxy(UpstreamURL(scheme: "http", host: "127.0.0.1", port: nginx.h2cPort, basePath: ""), http2: .priorKnowledge, tokens: tokens, pki: pki)
+        let rig = try Rig()
+        defer { rig.stop() }
+        let nginx = rig.nginx
+        let p = try proxy(UpstreamURL(scheme: "http", host: "127.0.0.1", port: nginx.h2cPort, basePath: ""), http2: .priorKnowledge, rig: rig)
         defer { p.stop() }
         let r = try TestClient.get(port: p.port, path: "/grpc-like")
         #expect(r.status == 200)
@@ -78,13 +85,10 @@ struct HTTP2UpstreamTests {
     /// 100 requests released at once share one upstream connection (streams multiplexed up to
     /// the server's SETTINGS_MAX_CONCURRENT_STREAMS, 128 here).
     @Test func concurrentRequestsShareOneConnection() throws {
-        let pki = try TestPKI.generate()
-        defer { pki.remove() }
-        let nginx = try NginxOrigin(pki: pki)
-        defer { nginx.stop() }
-        let tokens = try ScriptedTokenEndpoint()
-        defer { tokens.stop() }
-        let p = try proxy(UpstreamURL(scheme: "https", host: "localhost", port: nginx.tlsPort, basePath: ""), http2: .auto, tokens: tokens, pki: pki)
+        let rig = try Rig()
+        defer { rig.stop() }
+        let nginx = rig.nginx
+        let p = try proxy(UpstreamURL(scheme: "https", host: "localhost", port: nginx.tlsPort, basePath: ""), http2: .auto, rig: rig)
         defer { p.stop() }
         _ = try TestClient.get(port: p.port, path: "/warm-token")  // the token first, so the burst meets a ready session
         let n = 100
@@ -121,13 +125,10 @@ struct HTTP2UpstreamTests {
     }
 
     @Test func aRejectedStreamIsRefreshedAndReplayed() throws {
-        let pki = try TestPKI.generate()
-        defer { pki.remove() }
-        let nginx = try NginxOrigin(pki: pki, rejectToken: "Bearer at-1")
-        defer { nginx.stop() }
-        let tokens = try ScriptedTokenEndpoint()
-        defer { tokens.stop() }
-        let p = try proxy(UpstreamURL(scheme: "https", host: "localhost", port: nginx.tlsPort, basePath: ""), http2: .auto, tokens: tokens, pki: pki)
+        let rig = try Rig()
+        defer { rig.stop() }
+        let (nginx, tokens) = (rig.nginx, rig.tokens)
+        let p = try proxy(UpstreamURL(scheme: "https", host: "localhost", port: nginx.tlsPort, basePath: ""), http2: .auto, rig: rig)
         defer { p.stop() }
         let r = try TestClient.get(port: p.port, path: "/reject/me")
         #expect(r.status == 200)

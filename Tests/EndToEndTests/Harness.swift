@@ -43,6 +43,20 @@ func route(_ match: String = "/", origin: UInt16, scheme: String = "http", host:
                 upstream: UpstreamURL(scheme: scheme, host: host, port: origin, basePath: basePath), tls: tls, timeouts: timeouts)
 }
 
+/// A client_credentials session named `name` whose token endpoint is `tokens`.
+func scriptedSession(_ tokens: ScriptedTokenEndpoint, name: String = "s") -> SessionConfig {
+    SessionConfig(name: name, grant: .clientCredentials,
+                  tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
+                  clientID: "c", clientSecret: .literal(Secret("x")))
+}
+
+/// `route` with `session` set.
+func withSession(_ route: RouteConfig, _ session: String = "s") -> RouteConfig {
+    var r = route
+    r.session = session
+    return r
+}
+
 @Sendable func echoHandler(_ r: TestOrigin.Request) -> TestOrigin.Reply {
     var lines = "method=\(r.head.method)\ntarget=\(r.head.target)\nbody=\(r.bodyCount)\n"
     for f in r.head.headers { lines += "\(f.name.lowercased()): \(f.value)\n" }

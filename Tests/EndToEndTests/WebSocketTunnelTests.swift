@@ -124,11 +124,7 @@ struct WebSocketTunnelTests {
         defer { tokens.stop() }
         let origin = try TunnelEchoOrigin()
         defer { origin.stop() }
-        var r = route("/ws/", origin: origin.port)
-        r.session = "s"
-        let session = SessionConfig(name: "s", grant: .clientCredentials, tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
-                                    clientID: "c", clientSecret: .literal(Secret("x")))
-        let proxy = try TestProxy(routes: [r], sessions: [session])
+        let proxy = try TestProxy(routes: [withSession(route("/ws/", origin: origin.port))], sessions: [scriptedSession(tokens)])
         defer { proxy.stop() }
         let c = try TestClient(port: proxy.port)
         try c.send(Self.handshake)
@@ -159,11 +155,7 @@ struct WebSocketTunnelTests {
         // The first token issued is rejected by the origin.
         let origin = try TunnelEchoOrigin(reject: "Bearer at-1")
         defer { origin.stop() }
-        var r = route("/ws/", origin: origin.port)
-        r.session = "s"
-        let session = SessionConfig(name: "s", grant: .clientCredentials, tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
-                                    clientID: "c", clientSecret: .literal(Secret("x")))
-        let proxy = try TestProxy(routes: [r], sessions: [session])
+        let proxy = try TestProxy(routes: [withSession(route("/ws/", origin: origin.port))], sessions: [scriptedSession(tokens)])
         defer { proxy.stop() }
         let c = try TestClient(port: proxy.port)
         try c.send(Self.handshake)
@@ -217,11 +209,7 @@ struct WebSocketEchoTests {
         defer { server.stop() }
         let tokens = try ScriptedTokenEndpoint()
         defer { tokens.stop() }
-        var r = route("/ws/", origin: server.port, strip: true)
-        r.session = "s"
-        let session = SessionConfig(name: "s", grant: .clientCredentials, tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
-                                    clientID: "c", clientSecret: .literal(Secret("x")))
-        let proxy = try TestProxy(routes: [r], sessions: [session])
+        let proxy = try TestProxy(routes: [withSession(route("/ws/", origin: server.port, strip: true))], sessions: [scriptedSession(tokens)])
         defer { proxy.stop() }
         let out = try PythonFixture.runClient(script: "ws_echo.py", arguments: ["client", "--url", "ws://127.0.0.1:\(proxy.port)/ws/echo", "--bytes", String(10 << 20)])
         let echo = try JSONDecoder().decode(Echo.self, from: Data(out.utf8))
@@ -240,11 +228,7 @@ struct ExtendedConnectTests {
         defer { tokens.stop() }
         let origin = try TunnelEchoOrigin()
         defer { origin.stop() }
-        var r = route("/ws/", origin: origin.port)
-        r.session = "s"
-        let session = SessionConfig(name: "s", grant: .clientCredentials, tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
-                                    clientID: "c", clientSecret: .literal(Secret("x")))
-        let proxy = try TestProxy(routes: [r], sessions: [session])
+        let proxy = try TestProxy(routes: [withSession(route("/ws/", origin: origin.port))], sessions: [scriptedSession(tokens)])
         defer { proxy.stop() }
 
         let client = try H2TestClient(port: proxy.port)
