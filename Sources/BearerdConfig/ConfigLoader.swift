@@ -138,14 +138,15 @@ enum ConfigKeys {
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [
         "match", "host", "strip_prefix", "upstream", "session", "tls", "timeouts", "replay_body_limit",
-        "reject_statuses", "replay_methods", "http2",
+        "reject_statuses", "replay_methods", "http2", "inject",
     ]
+    static let inject = ["header", "format"]
     static let routeTimeouts = ["connect", "response", "idle"]
 
     /// Every section with its dotted location pattern, for documentation checks.
     static let sections: [(section: String, keys: [String])] = [
         ("(top level)", top), ("listen[N]", listener), ("listen[N].tls", listenerTLS), ("log", log), ("limits", limits), ("timeouts", frontendTimeouts), ("sessions.NAME", session),
-        ("sessions.NAME.tls", tls), ("routes[N]", route), ("routes[N].tls", tls), ("routes[N].timeouts", routeTimeouts),
+        ("sessions.NAME.tls", tls), ("routes[N]", route), ("routes[N].tls", tls), ("routes[N].timeouts", routeTimeouts), ("routes[N].inject", inject),
     ]
 
     /// Form parameters bearerd sets itself; `params` may not override them.

@@ -240,6 +240,24 @@ public struct RouteTimeouts: Sendable, Equatable {
 }
 
 /// One entry of `routes:`.
+/// Where and how a route's token goes into the upstream request (`inject:`): the header, and the
+/// text around the token (`format` split at `{token}`). Default `Authorization: Bearer {token}`.
+public struct InjectConfig: Sendable, Equatable {
+    public var header: String
+    public var prefix: String
+    public var suffix: String
+    public init(header: String, prefix: String, suffix: String) {
+        self.header = header
+        self.prefix = prefix
+        self.suffix = suffix
+    }
+    public static let bearer = InjectConfig(header: "Authorization", prefix: "Bearer ", suffix: "")
+
+    /// The header's value for `token`.
+    @inline(__always)
+    public func value(_ token: String) -> String { prefix + token + suffix }
+}
+
 /// How a route talks to its upstream (DESIGN §4 `http2:`).
 public enum HTTP2Mode: String, Sendable, Equatable, CaseIterable {
     /// ALPN `h2,http/1.1` on https upstreams (HTTP/2 when the server picks it); HTTP/1.1 on http.
@@ -265,14 +283,17 @@ public struct RouteConfig: Sendable, Equatable {
     public var replayMethods: ReplayMethods
     /// `http2:` (default `auto`).
     public var http2: HTTP2Mode
+    /// `inject:` (default `Authorization: Bearer {token}`).
+    public var inject: InjectConfig
     /// Source line of the route entry, for messages.
     public var line: Int
 
     public init(match: String, host: String? = nil, stripPrefix: Bool = false, upstream: UpstreamURL,
                 session: String? = nil, tls: TLSSettings? = nil, timeouts: RouteTimeouts = RouteTimeouts(),
                 replayBodyLimit: Int = 1 << 20, rejectStatuses: [Int] = [401], replayMethods: ReplayMethods = .all,
-                http2: HTTP2Mode = .auto, line: Int = 0) {
+                http2: HTTP2Mode = .auto, inject: InjectConfig = .bearer, line: Int = 0) {
         self.http2 = http2
+        self.inject = inject
         self.match = match
         self.host = host
         self.stripPrefix = stripPrefix

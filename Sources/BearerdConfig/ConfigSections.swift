@@ -366,13 +366,55 @@ extension ConfigBuilder {
         let rejectStatuses = f["reject_statuses"].flatMap { statuses($0, in: f) } ?? [401]
         let replayMethods = f["replay_methods"].flatMap { methods($0, in: f) } ?? .all
         let http2 = choice(f, "http2", HTTP2Mode.self) ?? .auto
+        let inject = injectSettings(f) ?? .bearer
+        if let e = f["inject"], f["session"] == nil {
+            fail(e.keyLine, f.key("inject"), "inject needs a session: on this route (it says where that session's token goes)")
+        }
 
         guard let match, let upstream else { return nil }
         let route = RouteConfig(match: match, host: host, stripPrefix: stripPrefix, upstream: upstream, session: session,
                                 tls: tls, timeouts: timeouts, replayBodyLimit: replayBodyLimit,
-                                rejectStatuses: rejectStatuses, replayMethods: replayMethods, http2: http2, line: line)
+                                rejectStatuses: rejectStatuses, replayMethods: replayMethods, http2: http2, inject: inject, line: line)
         return (route, f["session"]?.valueLine ?? line)
     }
+
+    /// `inject: {header, format}`: a header name (RFC 9110 token, not one bearerd manages) and a
+    /// format with exactly one `{token}`.
+    private func injectSettings(_ owner: Fields) -> InjectConfig? {
+        guard let entry = owner["inject"],
+              let f = fields(entry.value, path: owner.key("inject"), line: entry.keyLine, known: ConfigKeys.inject,
+                             expected: "a mapping (header, format), e.g. { header: X-Api-Key, format: \"{token}\" }") else { return nil }
+        var header = "Authorization"
+        if let h = text(f, "header", expected: "a header name such as X-Api-Key") {
+            let reserved = ["host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade",
+                            "proxy-connection", "expect", "via", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"]
+            if !Self.isToken(h) {
+                fail(f["header"]!.valueLine, f.key("header"), "\(ConfigValues.quoted(h)) is not a header name (letters, digits and !#$%&'*+-.^_`|~)")
+            } else if reserved.contains(h.lowercased()) {
+                fail(f["header"]!.valueLine, f.key("header"), "\(h) is set by bearerd itself; choose the header the upstream reads the credential from")
+            } else {
+                header = h
+            }
+        }
+        var prefix = "Bearer ", suffix = ""
+        if let format = text(f, "format", expected: "a text with {token} in it, e.g. \"Bearer {token}\"") {
+            let parts = format.split(separator: "{token}", omittingEmptySubsequences: false).map(String.init)
+            if parts.count != 2 {
+                fail(f["format"]!.valueLine, f.key("format"), "must contain {token} exactly once, got \(ConfigValues.quoted(format))")
+            } else if format.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
+                fail(f["format"]!.valueLine, f.key("format"), "must not contain control characters (it becomes a header value)")
+            } else {
+                prefix = parts[0]
+                suffix = parts[1]
+            }
+        } else if f["header"] != nil && !asciiEq(header, "Authorization") {
+            // A custom header without format: the bare token (API-key style).
+            prefix = ""
+        }
+        return InjectConfig(header: header, prefix: prefix, suffix: suffix)
+    }
+
+    private func asciiEq(_ a: String, _ b: String) -> Bool { a.lowercased() == b.lowercased() }
 
     private func statuses(_ entry: Entry, in f: Fields) -> [Int]? {
         let key = f.key("reject_statuses")

@@ -206,13 +206,14 @@ public final class HTTP2Session {
     // MARK: submitting
 
     /// Client role: a request. Returns the new stream id. `endStream`: no body follows.
-    public func submitRequest(_ fields: [HTTPField], endStream: Bool) throws(HTTP2Error) -> Int32 {
+    /// `sensitive`: one more field name (besides authorization, cookie, …) sent never-indexed.
+    public func submitRequest(_ fields: [HTTPField], endStream: Bool, sensitive: String? = nil) throws(HTTP2Error) -> Int32 {
         guard let session else { throw HTTP2Error(code: -902, message: "session closed") }
         // After GOAWAY (either way) no new stream may be opened (RFC 9113 §6.8).
         guard nghttp2_session_check_request_allowed(session) != 0 else {
             throw HTTP2Error(code: Int32(NGHTTP2_ERR_START_STREAM_NOT_ALLOWED.rawValue), message: "the connection is going away")
         }
-        let id: Int32 = withHeaderArray(fields) { nva, count in
+        let id: Int32 = withHeaderArray(fields, sensitive: sensitive) { nva, count in
             if endStream {
                 return nghttp2_submit_request(session, nil, nva, count, nil, nil)
             }
@@ -322,7 +323,8 @@ public final class HTTP2Session {
 
     /// Calls `body` with an `nghttp2_nv` array for `fields` (names lower-cased; credentials sent
     /// never-indexed, STYLE 9). nghttp2 copies the fields during the call.
-    private func withHeaderArray<R>(_ fields: [HTTPField], _ body: (UnsafePointer<nghttp2_nv>, Int) -> R) -> R {
+    private func withHeaderArray<R>(_ fields: [HTTPField], sensitive extra: String? = nil, _ body: (UnsafePointer<nghttp2_nv>, Int) -> R) -> R {
+        let extraLower = extra?.lowercased()
         var storage: [UInt8] = []
         var spans: [(name: Range<Int>, value: Range<Int>, sensitive: Bool)] = []
         spans.reserveCapacity(fields.count)
@@ -333,6 +335,7 @@ public final class HTTP2Session {
             storage.append(contentsOf: f.value.utf8)
             let lower = f.name.lowercased()
             let sensitive = lower == "authorization" || lower == "proxy-authorization" || lower == "cookie" || lower == "set-cookie"
+                || lower == extraLower
             spans.append((n0..<n1, n1..<storage.count, sensitive))
         }
         if storage.isEmpty { storage.append(0) }

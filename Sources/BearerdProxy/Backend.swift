@@ -185,7 +185,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     }
 
     /// Sends a request head (and whatever body bytes the exchange writes after it).
-    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool) {
+    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool, credentialHeader: String?) {
         parser.expectResponse(to: head.method, upgrade: upgrade)
         requestChunked = body == .chunked
         var buf: [UInt8] = []

@@ -64,10 +64,10 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
     // MARK: streams
 
     /// Opens the stream on the wire; nil when the connection can take no more.
-    func open(_ stream: BackendH2Stream, fields: [HTTPField], endStream: Bool) -> Int32? {
+    func open(_ stream: BackendH2Stream, fields: [HTTPField], endStream: Bool, sensitive: String?) -> Int32? {
         guard phase == .open else { return nil }
         do {
-            let id = try session.submitRequest(fields, endStream: endStream)
+            let id = try session.submitRequest(fields, endStream: endStream, sensitive: sensitive)
             streams[id] = stream
             armDeadline()
             scheduleFlush()
@@ -281,11 +281,11 @@ final class BackendH2Stream: UpstreamStream {
         self.delegate = delegate
     }
 
-    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool) {
+    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool, credentialHeader: String?) {
         let authority = head.headers["Host"] ?? connection.target.url.authority
         var fields = HTTP2HeaderMapping.requestFields(head, scheme: connection.target.url.scheme, authority: authority)
         if teTrailers { fields.append(HTTPField(name: "te", value: "trailers")) }
-        guard let id = connection.open(self, fields: fields, endStream: body == .none) else {
+        guard let id = connection.open(self, fields: fields, endStream: body == .none, sensitive: credentialHeader) else {
             // The connection went away between acquire and send: nothing was processed.
             failLater(.protocolError("the upstream's HTTP/2 connection is going away"))
             return

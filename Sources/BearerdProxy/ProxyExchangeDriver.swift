@@ -72,7 +72,8 @@ protocol UpstreamStream: AnyObject {
     /// `body`: the request body's framing (`.none`: the head is the whole request); `upgrade`: a
     /// WebSocket handshake (a 101 is acceptable); `teTrailers`: the client sent `TE: trailers`
     /// (hop-by-hop in HTTP/1.1, so dropped there; HTTP/2 carries it on, gRPC servers require it).
-    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool)
+    /// `credentialHeader`: the field carrying the token (HTTP/2 sends it never-indexed).
+    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool, credentialHeader: String?)
     func writeBody(_ raw: UnsafeRawBufferPointer)
     func endBody(trailers: HTTPHeaders?)
     var isOverHighWater: Bool { get }
@@ -382,16 +383,18 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         guard let conn = backend else { return }
         var h = upstreamHead
         if let token {
-            // Set, never add: the client's own Authorization never reaches the upstream (DESIGN §5).
-            h.headers.set("Authorization", "Bearer " + token.value)
+            // Set, never add: the client's own copy never reaches the upstream (DESIGN §5, `inject:`).
+            h.headers.set(route.inject.header, route.inject.value(token.value))
         }
         if runtime.logger.logLevel <= .trace {
             runtime.logger.trace("upstream request", metadata: [
                 "http.method": "\(h.method)", "http.target": "\(Redaction.target(h.target))",
-                "http.headers": "\(Redaction.describe(h.headers))", "token.generation": "\(token?.generation ?? 0)"])
+                "http.headers": "\(Redaction.describe(h.headers, alsoSensitive: route.inject.header))",
+                "token.generation": "\(token?.generation ?? 0)"])
         }
         headSentAt = monotonicNanos()
-        conn.sendHead(h, body: framing, upgrade: machine.setup.upgrade, teTrailers: clientAcceptsTrailers)
+        conn.sendHead(h, body: framing, upgrade: machine.setup.upgrade, teTrailers: clientAcceptsTrailers,
+                      credentialHeader: token == nil ? nil : route.inject.header)
         // The stream may have failed while sending (an HTTP/2 connection that just went away).
         guard let conn = backend else { return }
         switch send.body {

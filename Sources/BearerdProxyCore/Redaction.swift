@@ -30,11 +30,16 @@ public enum Redaction {
     }
 
     /// The fields as `name: value` pairs joined by `; `, credentials redacted.
-    public static func describe(_ headers: HTTPHeaders) -> String {
+    /// `alsoSensitive`: one more field name to redact (a route's `inject:` header).
+    public static func describe(_ headers: HTTPHeaders, alsoSensitive: String? = nil) -> String {
         var out = ""
         for f in headers {
             if !out.isEmpty { out += "; " }
-            out += f.name + ": " + redactedValue(name: f.name, value: f.value)
+            if let extra = alsoSensitive, asciiCaseInsensitiveEquals(f.name, extra), !isSensitive(headerName: f.name) {
+                out += f.name + ": <redacted fp \(BearerdOAuth.fingerprint(f.value))>"
+            } else {
+                out += f.name + ": " + redactedValue(name: f.name, value: f.value)
+            }
         }
         return out
     }

@@ -41,3 +41,46 @@ struct ConfigHTTP2Tests {
         #expect(absent.contains { $0.contains("listen[0].tls.cert") && $0.contains("nope.pem") })
     }
 }
+
+/// Route `inject:` (issue 11 item 5; DESIGN §4).
+@Suite("Config: inject")
+struct ConfigInjectTests {
+    let base = """
+        sessions:
+          s: { grant: client_credentials, token_url: "http://127.0.0.1:1/t", client_id: c, client_secret: x }
+        routes:
+          - match: /
+            upstream: http://127.0.0.1:9000
+            session: s
+
+        """
+
+    @Test func defaultIsAuthorizationBearer() throws {
+        #expect(try parseConfig(base).routes[0].inject == .bearer)
+    }
+
+    @Test func customHeaderAndFormat() throws {
+        let c = try parseConfig(base + "    inject: { header: X-Api-Key, format: \"{token}\" }\n")
+        #expect(c.routes[0].inject == InjectConfig(header: "X-Api-Key", prefix: "", suffix: ""))
+        #expect(c.routes[0].inject.value("t1") == "t1")
+        let bare = try parseConfig(base + "    inject: { header: X-Partner-Key }\n")
+        #expect(bare.routes[0].inject == InjectConfig(header: "X-Partner-Key", prefix: "", suffix: ""))
+        let wrapped = try parseConfig(base + "    inject: { format: \"Token token={token}; v=2\" }\n")
+        #expect(wrapped.routes[0].inject == InjectConfig(header: "Authorization", prefix: "Token token=", suffix: "; v=2"))
+    }
+
+    @Test func badInjectSettingsSayWhatIsWrong() {
+        let noToken = configErrors(base + "    inject: { header: X-Api-Key, format: \"static\" }\n")
+        #expect(noToken.contains { $0.hasPrefix("bearerd.yaml:7: routes[0].inject.format: must contain {token} exactly once") })
+        let twice = configErrors(base + "    inject: { format: \"{token}{token}\" }\n")
+        #expect(twice.contains { $0.contains("routes[0].inject.format: must contain {token} exactly once") })
+        let badName = configErrors(base + "    inject: { header: \"X Api\" }\n")
+        #expect(badName.contains { $0.contains("routes[0].inject.header: \"X Api\" is not a header name") })
+        let reserved = configErrors(base + "    inject: { header: Host }\n")
+        #expect(reserved.contains { $0.contains("routes[0].inject.header: Host is set by bearerd itself") })
+        let unknown = configErrors(base + "    inject: { header: X-Key, prefix: a }\n")
+        #expect(unknown.contains { $0.contains("routes[0].inject.prefix") })
+        let noSession = configErrors("routes:\n  - match: /\n    upstream: http://127.0.0.1:9000\n    inject: { header: X-Key }\n")
+        #expect(noSession.contains { $0.contains("routes[0].inject: inject needs a session") })
+    }
+}

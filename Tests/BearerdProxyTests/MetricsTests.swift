@@ -386,7 +386,7 @@ struct MetricsTests {
     }
 
     @Test func coalescedWaitersAreCountedAndVisibleWhileWaiting() async throws {
-        let endpoint = try ScriptedTokenEndpoint { _, n in .delayed(0.8, ScriptedTokenEndpoint.token("access-M-\(n)")) }
+        let endpoint = try ScriptedTokenEndpoint { _, n in .delayed(3, ScriptedTokenEndpoint.token("access-M-\(n)")) }
         defer { endpoint.stop() }
         let manager = try SessionManager(config: sessionConfig(session(endpoint.url)), logger: CapturedLogs().logger, environment: [:])
         defer { manager.stop() }

@@ -260,7 +260,7 @@ struct MetricsEndToEndTests {
     }
 
     @Test func coalescedWaitersThenReady() throws {
-        let tokens = try TokenEndpoint(delay: 1.5)
+        let tokens = try TokenEndpoint(delay: 4)
         defer { tokens.stop() }
         let upstream = try Upstream()
         defer { upstream.stop() }
@@ -295,7 +295,7 @@ struct MetricsEndToEndTests {
         }
         // While the one token request is delayed, the three requests wait for it.
         var sawWaiters = false
-        for _ in 0..<100 {
+        for _ in 0..<180 {
             if let text = try? TestClient.get(port: admin, path: "/metrics").bodyText,
                let m = try? PrometheusParser.parse(text), m.value("bearerd_token_waiters", ["session": "s"]) == 3 {
                 sawWaiters = true

@@ -184,3 +184,30 @@ struct HalfCloseTests {
         #expect(c.isClosedByPeer())
     }
 }
+
+/// `inject:` (issue 11 item 5): an API-key style header instead of Authorization; the client's
+/// own copy replaced, never added to; the value redacted in trace logs.
+@Suite("inject: custom credential headers", .serialized)
+struct InjectTests {
+    @Test func theTokenGoesIntoTheConfiguredHeader() throws {
+        let tokens = try ScriptedTokenEndpoint()
+        defer { tokens.stop() }
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        var r = withSession(route("/api/", origin: origin.port, strip: true))
+        r.inject = InjectConfig(header: "X-Api-Key", prefix: "key=", suffix: "")
+        let proxy = try TestProxy(routes: [r], sessions: [scriptedSession(tokens)])
+        defer { proxy.stop() }
+        let c = try TestClient(port: proxy.port)
+        try c.send("GET /api/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: client-own\r\nx-api-key: second\r\nAuthorization: Basic Zm9v\r\n\r\n")
+        let resp = try c.readResponse()
+        #expect(resp.status == 200)
+        let token = try #require(tokens.latest)
+        let seen = try #require(origin.requests.first)
+        #expect(seen.head.headers.values("X-Api-Key") == ["key=\(token)"])
+        // Authorization is not bearerd's on this route: the client's passes as on a route without a session.
+        #expect(seen.head.headers["Authorization"] == "Basic Zm9v")
+        #expect(!proxy.logs.text.contains(token))
+        #expect(proxy.logs.text.contains("X-Api-Key: <redacted fp "))
+    }
+}
