@@ -159,7 +159,46 @@ final class StateStore {
         guard let bytes = state.encodeForFile() else {
             throw StateStoreError(reason: "state.too_large", path: statePath, errno: 0)
         }
-        let tempPath = directory + "/." + session + ".json.tmp." + String(getpid())
+        try writeDurably(bytes, to: statePath)
+    }
+
+    /// `<state_dir>/<session>.token.json`: `bearerd token`'s cached access token (sessions
+    /// without a refresh token), under the same lock.
+    var tokenCachePath: String { directory + "/" + session + ".token.json" }
+
+    func readTokenCache() -> CachedAccessToken? {
+        guard let bytes = Self.readSmallFile(tokenCachePath) else { return nil }
+        return CachedAccessToken.decode(bytes)
+    }
+
+    func writeTokenCache(_ token: CachedAccessToken) throws(StateStoreError) {
+        try writeDurably(token.encode(), to: tokenCachePath)
+    }
+
+    /// A regular file's bytes, at most `PersistedSessionState.maxFileBytes`; nil otherwise.
+    static func readSmallFile(_ path: String) -> [UInt8]? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var out: [UInt8] = []
+        var buf = [UInt8](repeating: 0, count: 16 * 1024)
+        while true {
+            let n = buf.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                return nil
+            }
+            if n == 0 { return out }
+            out.append(contentsOf: buf[0..<n])
+            if out.count > PersistedSessionState.maxFileBytes { return nil }
+        }
+    }
+
+    /// Replaces `path` durably: temp file (0600) in the same directory, write, fsync, rename,
+    /// fsync the directory.
+    private func writeDurably(_ bytes: [UInt8], to path: String) throws(StateStoreError) {
+        let name = path.split(separator: "/").last.map(String.init) ?? session
+        let tempPath = directory + "/." + name + ".tmp." + String(getpid())
         let fd = open(tempPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw StateStoreError(reason: "state.open", path: tempPath, errno: errno) }
         var failure: StateStoreError?
@@ -181,10 +220,10 @@ final class StateStore {
             unlink(tempPath)
             throw failure
         }
-        guard rename(tempPath, statePath) == 0 else {
+        guard rename(tempPath, path) == 0 else {
             let e = errno
             unlink(tempPath)
-            throw StateStoreError(reason: "state.rename", path: statePath, errno: e)
+            throw StateStoreError(reason: "state.rename", path: path, errno: e)
         }
         let dfd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard dfd >= 0 else { throw StateStoreError(reason: "state.open", path: directory, errno: errno) }
@@ -228,6 +267,42 @@ extension StateStore {
 }
 
 /// Wall-clock Unix seconds (persisted expiry times only; every deadline uses the monotonic clock).
-func wallClockSeconds() -> Int64 {
+public func wallClockSeconds() -> Int64 {
     Int64(time(nil))
+}
+
+/// `bearerd token`'s reuse of a still-valid access token through `state_dir` (issue 11 item 7):
+/// for sessions without a refresh token, the token printed is cached in
+/// `<state_dir>/<session>.token.json` (0600) and handed out again while it lasts, under the
+/// session's `flock`, so concurrent calls make one token request between them. Refresh_token
+/// sessions already keep their access token in the session's state file.
+///
+/// Owns a `StateStore` (and its lock while held). Blocking file I/O on the command's thread.
+public final class TokenCache {
+    private let store: StateStore
+    private let binding: String
+
+    /// Nil when there is no `state_dir` or the session keeps its own state (refresh_token).
+    public init?(stateDir: String?, session: SessionConfig) throws(StateStoreError) {
+        guard let stateDir, session.grant != .refreshToken else { return nil }
+        store = try StateStore(directory: stateDir, session: session.name)
+        binding = CachedAccessToken.binding(grant: session.grant.rawValue, tokenURL: session.tokenURL.description,
+                                            clientID: session.clientID, scope: session.scope)
+    }
+
+    /// Blocks until no other process holds the session's lock.
+    public func lock() throws(StateStoreError) { try store.lock() }
+    public func unlock() { store.unlock() }
+
+    /// The cached token, if it was issued for this session's configuration and lasts long enough.
+    public func reusable(wallClockNow: Int64 = wallClockSeconds()) -> String? {
+        store.readTokenCache()?.reusable(binding: binding, wallClockNow: wallClockNow)?.exposedValue
+    }
+
+    /// Caches `token`, usable until `usableUntil` (monotonic nanoseconds, as published).
+    public func store(_ token: PublishedToken, monotonicNow: UInt64, wallClockNow: Int64 = wallClockSeconds()) throws(StateStoreError) {
+        let left = token.usableUntil > monotonicNow ? (token.usableUntil - monotonicNow) / 1_000_000_000 : 0
+        let (expiresAt, overflow) = wallClockNow.addingReportingOverflow(Int64(clamping: left))
+        try store.writeTokenCache(CachedAccessToken(token: OAuthSecret(token.value), expiresAt: overflow ? .max : expiresAt, binding: binding))
+    }
 }

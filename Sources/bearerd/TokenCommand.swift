@@ -1,5 +1,6 @@
 import ArgumentParser
 import BearerdIO
+import BearerdOAuth
 import BearerdProxy
 import Dispatch
 import Foundation
@@ -14,18 +15,22 @@ import BearerdService
 ///
 /// Shares the state file and its lock with a running `bearerd run`: a refresh_token session
 /// adopts a persisted access token with enough life left, or refreshes and persists the
-/// rotated refresh token exactly as the proxy does. Errors go to stderr, exit status non-zero.
+/// rotated refresh token exactly as the proxy does. Other sessions reuse the token an earlier
+/// call cached in `state_dir` (`TokenCache`), so a script calling this in a loop costs one token
+/// request per token lifetime. Errors go to stderr, exit status non-zero; log lines only with
+/// `-v` (or `--log-level`).
 struct Token: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print a current access token of a session on stdout (shares the persisted state with a running proxy).")
     @OptionGroup var configOption: ConfigOption
     @OptionGroup var logOptions: LogOptions
     @Argument(help: "The session name, as in the configuration's `sessions:`.") var session: String
+    @Flag(name: .shortAndLong, help: "Log what happens (info level) on stderr; by default only warnings and errors.") var verbose = false
 
     func run() throws {
         var stderr = FileHandle.standardError
         let config = try configOption.load(orExit: 2)
-        guard config.session(named: session) != nil else {
+        guard let sessionConfig = config.session(named: session) else {
             let known = config.sessions.map(\.name)
             print("\(configOption.path): no session named '\(session)'"
                   + (known.isEmpty ? " (the file defines none)" : " (known: \(known.joined(separator: ", ")))"), to: &stderr)
@@ -35,10 +40,32 @@ struct Token: ParsableCommand {
         var single = config
         single.sessions = config.sessions.filter { $0.name == session }
         single.routes = []
+        var settings = logOptions.settings(for: config)
+        settings.level = logOptions.levelOverride ?? (verbose ? .info : .warning)
+        let logger = logOptions.makeLogger(label: "bearerd.token", settings: settings)
+        // A token cached by an earlier call, while it lasts (held under the session's lock, so
+        // concurrent calls wait for the one that fetches).
+        var cache: TokenCache?
+        do {
+            cache = try TokenCache(stateDir: config.stateDir, session: sessionConfig)
+            try cache?.lock()
+        } catch {
+            logger.warning("token cache unavailable; asking the token endpoint", metadata: ["error": "\(error)"])
+            cache = nil
+        }
+        defer { cache?.unlock() }
+        if let cached = cache?.reusable() {
+            logger.info("reusing the cached token", metadata: ["session": "\(session)", "token.fingerprint": "\(BearerdOAuth.fingerprint(cached))"])
+            LogSink.stderr.flush()
+            FileHandle.standardOutput.write(cached + "\n")
+            return
+        }
+        if cache == nil && config.stateDir == nil && sessionConfig.grant != .refreshToken {
+            logger.info("no state_dir: every call asks the token endpoint")
+        }
         let manager: SessionManager
         do {
-            manager = try SessionManager(config: single, logger: logOptions.makeLogger(label: "bearerd.token", settings: logOptions.settings(for: config)),
-                                         environment: ProcessInfo.processInfo.environment)
+            manager = try SessionManager(config: single, logger: logger, environment: ProcessInfo.processInfo.environment)
         } catch {
             printErrors(error)
             throw ExitCode(2)
@@ -57,6 +84,11 @@ struct Token: ParsableCommand {
         LogSink.stderr.flush()
         switch box.result {
         case .success(let token)?:
+            do {
+                try cache?.store(token, monotonicNow: monotonicNanos())
+            } catch {
+                logger.warning("cannot cache the token", metadata: ["error": "\(error)"])
+            }
             FileHandle.standardOutput.write(token.value + "\n")
         case .failure(let unavailable)?:
             print("bearerd token: session \(session): no token: \(unavailable.detail) (retry in \(unavailable.retryAfterSeconds)s)", to: &stderr)
