@@ -109,6 +109,8 @@ public enum GrantType: String, Sendable, Equatable, CaseIterable {
     case clientCredentials = "client_credentials"
     case refreshToken = "refresh_token"
     case password = "password"
+    /// A helper command mints the token (RFC 6749 §5.1 JSON on its stdout); no token endpoint.
+    case exec = "exec"
 }
 
 public enum ClientAuthMethod: String, Sendable, Equatable, CaseIterable {
@@ -158,6 +160,11 @@ public struct TLSSettings: Sendable, Equatable, Hashable {
 }
 
 /// One entry of `sessions:`.
+extension UpstreamURL {
+    /// What `tokenURL` holds for `grant: exec` sessions, which have no token endpoint.
+    public static let execPlaceholder = UpstreamURL(scheme: "exec", host: "localhost", port: 0, basePath: "")
+}
+
 public struct SessionConfig: Sendable, Equatable {
     public var name: String
     public var grant: GrantType
@@ -178,6 +185,9 @@ public struct SessionConfig: Sendable, Equatable {
     public var requestTimeout: Duration
     /// Longest a request waits for a token in the hard window (default 10 s).
     public var waitTimeout: Duration
+    /// `grant: exec`: the helper's argv (no shell) and how long it may run (`timeout`, default 10 s).
+    public var command: [String]?
+    public var commandTimeout: Duration = .seconds(10)
     /// Source line of the session's key, for messages.
     public var line: Int
 
@@ -213,6 +223,7 @@ public struct SessionConfig: Sendable, Equatable {
             && a.defaultLifetime == b.defaultLifetime && a.refreshTokenFile == b.refreshTokenFile
             && a.username == b.username && a.password == b.password && a.tls == b.tls
             && a.requestTimeout == b.requestTimeout && a.waitTimeout == b.waitTimeout
+            && a.command == b.command && a.commandTimeout == b.commandTimeout
     }
 }
 

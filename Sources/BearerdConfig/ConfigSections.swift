@@ -2,6 +2,9 @@ import BearerdOAuth
 import BearerdHTTP
 import Yams
 import BearerdProxyCore
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The walk over the sections of DESIGN §4: top level, `sessions:`, `routes:`, then the checks
 /// that span sections (routes naming sessions, `state_dir` for refresh tokens, shadowed routes).
@@ -154,7 +157,13 @@ extension ConfigBuilder {
                              expected: "a session mapping (grant, token_url, client_id, …)") else { return nil }
 
         let grant = choice(f, "grant", GrantType.self)
-        if f["grant"] == nil { missing(f, "grant", "client_credentials, refresh_token or password") }
+        if f["grant"] == nil { missing(f, "grant", "client_credentials, refresh_token, password or exec") }
+        if grant == .exec {
+            return execSession(item, f)
+        }
+        for k in ["command", "timeout"] {
+            if let e = f[k] { fail(e.keyLine, f.key(k), "only used with grant exec (this session has grant \(grant?.rawValue ?? "?"))") }
+        }
         let tokenURL = parsed(f, "token_url", expected: "an http:// or https:// URL") { (raw: String) throws(ConfigValues.Problem) -> UpstreamURL in
             try ConfigValues.url(raw, allowQuery: true)
         }
@@ -226,6 +235,59 @@ extension ConfigBuilder {
             username: grant == .password ? username : nil, password: grant == .password ? password?.source : nil,
             tls: tls, requestTimeout: requestTimeout ?? .seconds(15), waitTimeout: waitTimeout ?? .seconds(10),
             line: item.keyLine)
+    }
+
+    /// `grant: exec`: `command` (argv, no shell; argv[0] an absolute path or a name looked up in
+    /// PATH), `timeout` (default 10 s, at most 10 min); the token endpoint keys do not apply.
+    private func execSession(_ item: Entry, _ f: Fields) -> SessionConfig? {
+        for k in ["token_url", "client_id", "client_secret_file", "client_secret_env", "client_secret", "client_auth", "scope", "params",
+                  "refresh_token_file", "username", "password", "password_file", "password_env", "tls", "request_timeout"] {
+            if let e = f[k] { fail(e.keyLine, f.key(k), "not used with grant exec: the command obtains the token itself") }
+        }
+        var argv: [String]?
+        if let e = f["command"] {
+            let expected = "a list: the program and its arguments, e.g. [/usr/local/bin/get-token, --audience, api]"
+            switch e.value {
+            case .sequence(let items):
+                var out: [String] = []
+                for (i, node) in items.enumerated() {
+                    guard case .scalar(let s) = node, !Self.isNull(node), !s.string.isEmpty, !s.string.contains("\0") else {
+                        fail(Self.line(node), "\(f.key("command"))[\(i)]", "expected a non-empty string, got \(Self.describe(node))")
+                        continue
+                    }
+                    out.append(s.string)
+                }
+                if items.isEmpty { fail(e.valueLine, f.key("command"), "expected \(expected), got an empty list") }
+                if out.count == items.count && !out.isEmpty { argv = out }
+            default:
+                fail(e.valueLine, f.key("command"), "expected \(expected) (no shell runs it), got \(Self.describe(e.value))")
+            }
+        } else {
+            missing(f, "command", "grant exec runs a command that prints the token response, e.g. [/usr/local/bin/get-token]")
+        }
+        if let argv, checkFiles, let e = f["command"] {
+            let program = argv[0]
+            if program.contains("/") {
+                if access(program, X_OK) != 0 { fail(e.valueLine, f.key("command"), "\(program) is not an executable file") }
+            } else {
+                let path = (environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin").split(separator: ":")
+                if !path.contains(where: { access("\($0)/\(program)", X_OK) == 0 }) {
+                    fail(e.valueLine, f.key("command"), "\(program) is not found in PATH; give its absolute path")
+                }
+            }
+        }
+        let timeout = duration(f, "timeout", maximum: .seconds(600))
+        let refreshBefore = duration(f, "refresh_before", maximum: ConfigValues.maximumLifetime)
+        let defaultLifetime = duration(f, "default_lifetime", maximum: ConfigValues.maximumLifetime)
+        let waitTimeout = duration(f, "wait_timeout")
+        guard let argv else { return nil }
+        var s = SessionConfig(name: item.name, grant: .exec, tokenURL: .execPlaceholder, clientID: "", clientAuth: .none,
+                              refreshBefore: refreshBefore, defaultLifetime: defaultLifetime ?? .seconds(300),
+                              requestTimeout: (timeout ?? .seconds(10)) + .seconds(1), waitTimeout: waitTimeout ?? .seconds(10),
+                              line: item.keyLine)
+        s.command = argv
+        s.commandTimeout = timeout ?? .seconds(10)
+        return s
     }
 
     /// `scope: read write` or `scope: [read, write]` (RFC 6749 §3.3: space-delimited).

@@ -354,8 +354,58 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             performRefreshFetch(request, startedAt: startedAt)
             return
         }
+        if grant == .exec {
+            runCommand(request, startedAt: startedAt)
+            return
+        }
         send(settings.tokenRequest(refreshToken: nil), request) { [self] sentAt, result, requestSent in
             finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: requestSent, adopted: false)
+        }
+    }
+
+    /// `grant: exec`: runs the helper on a global queue (it blocks), then classifies its outcome
+    /// on the session queue like a token response: exit 0 with RFC 6749 §5.1 JSON on stdout is a
+    /// token; a non-zero exit or a timeout is a transient failure (same retries and backoff); a
+    /// program that cannot start or output over 1 MiB is permanent. The helper's stderr is
+    /// logged scrubbed (first 512 bytes).
+    private func runCommand(_ request: TokenSession.FetchRequest, startedAt: UInt64) {
+        let argv = settings.config.command ?? []
+        fetchSerial &+= 1
+        let serial = fetchSerial
+        count { $0.tokenRequests += 1 }
+        let sentAt = now()
+        let timeout = settings.config.commandTimeout
+        let parser = settings.responseParser
+        let program = argv.first ?? "?"
+        DispatchQueue.global().async { [self] in
+            let outcome = CommandRunner.run(argv, timeout: timeout)
+            queue.execute { [self] in
+                guard !stopped, fetchSerial == serial else { return }
+                let result: Result<TokenGrant, TokenEndpointFailure>
+                switch outcome {
+                case .failure(let start):
+                    result = .failure(TokenEndpointFailure(classification: .permanent, reason: "token.exec_failed", errorDescription: start.message))
+                case .success(let o):
+                    let stderr = Redaction.scrub(String(decoding: o.stderr.prefix(512), as: UTF8.self))
+                    if !stderr.isEmpty {
+                        logger.warning("token command wrote to stderr", metadata: ["command": "\(program)", "stderr": "\(stderr)"])
+                    }
+                    if o.outputTooLarge {
+                        result = .failure(TokenEndpointFailure(classification: .permanent, reason: "token.response_too_large",
+                                                               errorDescription: "\(program) printed more than 1 MiB"))
+                    } else if o.timedOut {
+                        result = .failure(TokenEndpointFailure(classification: .retryable, reason: "token.exec_timeout",
+                                                               errorDescription: "\(program) did not finish within \(timeout)"))
+                    } else if o.status != 0 {
+                        let how = o.status < 0 ? "was killed by signal \(-o.status)" : "exited with status \(o.status)"
+                        result = .failure(TokenEndpointFailure(classification: .retryable, reason: "token.exec_exit",
+                                                               errorDescription: "\(program) \(how)"))
+                    } else {
+                        result = parser.parse(status: 200, headers: [], body: o.stdout, wallClockNow: wallClockSeconds())
+                    }
+                }
+                finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: true, adopted: false)
+            }
         }
     }
 

@@ -25,7 +25,8 @@ struct SessionSettings {
 
     var grantKind: TokenSession.GrantKind {
         switch config.grant {
-        case .clientCredentials: .clientCredentials
+        // exec: no refresh token, a new token on every fetch, like client_credentials.
+        case .clientCredentials, .exec: .clientCredentials
         case .refreshToken: .refreshToken
         case .password: .password
         }
@@ -49,7 +50,7 @@ struct SessionSettings {
     func tokenRequest(refreshToken: OAuthSecret?) -> TokenRequest {
         let grant: TokenRequest.Grant
         switch config.grant {
-        case .clientCredentials: grant = .clientCredentials
+        case .clientCredentials, .exec: grant = .clientCredentials  // exec never sends it (CommandRunner)
         case .refreshToken: grant = .refreshToken(refreshToken ?? OAuthSecret(""))
         case .password: grant = .password(username: config.username ?? "", password: password ?? OAuthSecret(""))
         }

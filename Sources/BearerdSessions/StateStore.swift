@@ -286,7 +286,9 @@ public final class TokenCache {
     public init?(stateDir: String?, session: SessionConfig) throws(StateStoreError) {
         guard let stateDir, session.grant != .refreshToken else { return nil }
         store = try StateStore(directory: stateDir, session: session.name)
-        binding = CachedAccessToken.binding(grant: session.grant.rawValue, tokenURL: session.tokenURL.description,
+        // exec sessions have no token URL: the command is what the token was minted by.
+        let source = session.grant == .exec ? "exec:" + (session.command ?? []).joined(separator: "\u{1F}") : session.tokenURL.description
+        binding = CachedAccessToken.binding(grant: session.grant.rawValue, tokenURL: source,
                                             clientID: session.clientID, scope: session.scope)
     }
 

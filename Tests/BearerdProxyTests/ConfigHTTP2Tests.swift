@@ -84,3 +84,38 @@ struct ConfigInjectTests {
         #expect(noSession.contains { $0.contains("routes[0].inject: inject needs a session") })
     }
 }
+
+/// `grant: exec` (issue 11 item 4; DESIGN §4).
+@Suite("Config: grant exec")
+struct ConfigExecTests {
+    @Test func commandAndTimeout() throws {
+        let c = try parseConfig("""
+            sessions:
+              sts:
+                grant: exec
+                command: [/bin/sh, -c, "echo {}"]
+                timeout: 3s
+            """ + "\n" + minimalRoute, checkFiles: true)
+        let s = try #require(c.session(named: "sts"))
+        #expect(s.grant == .exec)
+        #expect(s.command == ["/bin/sh", "-c", "echo {}"])
+        #expect(s.commandTimeout == .seconds(3))
+        #expect(try parseConfig("sessions:\n  sts: { grant: exec, command: [true] }\n" + minimalRoute, checkFiles: true)
+            .session(named: "sts")?.commandTimeout == .seconds(10))
+    }
+
+    @Test func mistakesAreNamed() {
+        let missing = configErrors("sessions:\n  sts: { grant: exec }\n" + minimalRoute)
+        #expect(missing.contains { $0.contains("sessions.sts.command: missing") })
+        let shell = configErrors("sessions:\n  sts: { grant: exec, command: \"get-token --a\" }\n" + minimalRoute)
+        #expect(shell.contains { $0.contains("sessions.sts.command: expected a list") && $0.contains("no shell") })
+        let notThere = configErrors("sessions:\n  sts: { grant: exec, command: [/nonexistent/get-token] }\n" + minimalRoute, checkFiles: true)
+        #expect(notThere.contains { $0.contains("/nonexistent/get-token is not an executable file") })
+        let notInPath = configErrors("sessions:\n  sts: { grant: exec, command: [no-such-helper-xyz] }\n" + minimalRoute, checkFiles: true)
+        #expect(notInPath.contains { $0.contains("no-such-helper-xyz is not found in PATH") })
+        let tokenURL = configErrors("sessions:\n  sts: { grant: exec, command: [true], token_url: \"https://a/t\" }\n" + minimalRoute)
+        #expect(tokenURL.contains { $0.contains("sessions.sts.token_url: not used with grant exec") })
+        let onOther = configErrors("sessions:\n  s: { grant: client_credentials, token_url: \"https://a/t\", client_id: c, client_secret: x, command: [true] }\n" + minimalRoute)
+        #expect(onOther.contains { $0.contains("sessions.s.command: only used with grant exec") })
+    }
+}

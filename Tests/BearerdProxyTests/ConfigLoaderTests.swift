@@ -474,7 +474,7 @@ let minimalRoute = """
               - session: partner
             """)
         #expect(errors == [
-            "bearerd.yaml:2: sessions.partner.grant: missing required key (client_credentials, refresh_token or password)",
+            "bearerd.yaml:2: sessions.partner.grant: missing required key (client_credentials, refresh_token, password or exec)",
             "bearerd.yaml:2: sessions.partner.token_url: missing required key (the token endpoint, e.g. https://auth.example.com/oauth2/token)",
             "bearerd.yaml:2: sessions.partner.client_id: missing required key",
             "bearerd.yaml:5: routes[0].match: missing required key (a path prefix such as / or /api/)",
@@ -784,7 +784,7 @@ let minimalRoute = """
             "bearerd.yaml:7: sessions.bad name.token_url: missing required key (the token endpoint, e.g. https://auth.example.com/oauth2/token)",
             "bearerd.yaml:7: sessions.bad name.client_id: missing required key",
             "bearerd.yaml:7: sessions.bad name.client_secret_file: missing: client_auth client_secret_basic (the default) needs one of client_secret_file, client_secret_env or client_secret; a public client sets client_auth: none",
-            "bearerd.yaml:8: sessions.bad name.grant: expected one of client_credentials, refresh_token, password, got \"implicit\"",
+            "bearerd.yaml:8: sessions.bad name.grant: expected one of client_credentials, refresh_token, password, exec, got \"implicit\"",
         ])
     }
 
@@ -1005,7 +1005,7 @@ let minimalRoute = """
         #expect(ConfigValues.suggestion(for: "refresh_befor", among: ConfigKeys.session) == "'refresh_before'")
         #expect(ConfigValues.suggestion(for: "upstreams", among: ConfigKeys.route) == "'upstream'")
         #expect(ConfigValues.suggestion(for: "tiemouts", among: ConfigKeys.route) == "'timeouts'")
-        #expect(ConfigValues.suggestion(for: "timeout", among: ConfigKeys.session) == "'request_timeout' or 'wait_timeout'")
+        #expect(ConfigValues.suggestion(for: "timeout", among: ConfigKeys.route) == "'timeouts'")
         #expect(ConfigValues.suggestion(for: "secret_file", among: ConfigKeys.session) == "'client_secret_file'")
         #expect(ConfigValues.suggestion(for: "zzz", among: ConfigKeys.route) == nil)
         #expect(ConfigValues.editDistance("kitten", "sitting") == 3)
