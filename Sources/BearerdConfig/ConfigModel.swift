@@ -111,6 +111,16 @@ public enum GrantType: String, Sendable, Equatable, CaseIterable {
     case password = "password"
     /// A helper command mints the token (RFC 6749 §5.1 JSON on its stdout); no token endpoint.
     case exec = "exec"
+    /// A person's session started by `bearerd login` (RFC 6749 §4.1 with PKCE, RFC 8252), then
+    /// kept alive by its refresh token in `state_dir`.
+    case authorizationCode = "authorization_code"
+    /// A person's session started by `bearerd login` with the device flow (RFC 8628).
+    case deviceCode = "device_code"
+
+    /// Sessions kept alive by a refresh token (from a file, or from `bearerd login`).
+    public var usesRefreshToken: Bool { self == .refreshToken || self == .authorizationCode || self == .deviceCode }
+    /// A person signs in with `bearerd login` to start it.
+    public var isPersonal: Bool { self == .authorizationCode || self == .deviceCode }
 }
 
 public enum ClientAuthMethod: String, Sendable, Equatable, CaseIterable {
@@ -163,6 +173,8 @@ public struct TLSSettings: Sendable, Equatable, Hashable {
 extension UpstreamURL {
     /// What `tokenURL` holds for `grant: exec` sessions, which have no token endpoint.
     public static let execPlaceholder = UpstreamURL(scheme: "exec", host: "localhost", port: 0, basePath: "")
+    /// What `tokenURL` holds until an `issuer:`'s metadata has been read.
+    public static let discoveryPlaceholder = UpstreamURL(scheme: "discovery", host: "localhost", port: 0, basePath: "")
 }
 
 public struct SessionConfig: Sendable, Equatable {
@@ -185,6 +197,11 @@ public struct SessionConfig: Sendable, Equatable {
     public var requestTimeout: Duration
     /// Longest a request waits for a token in the hard window (default 10 s).
     public var waitTimeout: Duration
+    /// `issuer:` (RFC 8414 / OIDC discovery) instead of `token_url`; the endpoints below are
+    /// filled from its metadata before the session runs (`tokenURL` too).
+    public var issuer: UpstreamURL?
+    public var authorizationEndpoint: UpstreamURL?
+    public var deviceAuthorizationEndpoint: UpstreamURL?
     /// `grant: exec`: the helper's argv (no shell) and how long it may run (`timeout`, default 10 s).
     public var command: [String]?
     public var commandTimeout: Duration = .seconds(10)
@@ -196,7 +213,9 @@ public struct SessionConfig: Sendable, Equatable {
                 scope: String? = nil, params: [(String, String)] = [], refreshBefore: Duration? = nil,
                 defaultLifetime: Duration = .seconds(300), refreshTokenFile: String? = nil,
                 username: String? = nil, password: SecretSource? = nil, tls: TLSSettings? = nil,
-                requestTimeout: Duration = .seconds(15), waitTimeout: Duration = .seconds(10), line: Int = 0) {
+                requestTimeout: Duration = .seconds(15), waitTimeout: Duration = .seconds(10), line: Int = 0,
+                issuer: UpstreamURL? = nil) {
+        self.issuer = issuer
         self.name = name
         self.grant = grant
         self.tokenURL = tokenURL
@@ -223,7 +242,8 @@ public struct SessionConfig: Sendable, Equatable {
             && a.defaultLifetime == b.defaultLifetime && a.refreshTokenFile == b.refreshTokenFile
             && a.username == b.username && a.password == b.password && a.tls == b.tls
             && a.requestTimeout == b.requestTimeout && a.waitTimeout == b.waitTimeout
-            && a.command == b.command && a.commandTimeout == b.commandTimeout
+            && a.command == b.command && a.commandTimeout == b.commandTimeout && a.issuer == b.issuer
+            && a.authorizationEndpoint == b.authorizationEndpoint && a.deviceAuthorizationEndpoint == b.deviceAuthorizationEndpoint
     }
 }
 

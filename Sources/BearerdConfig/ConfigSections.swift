@@ -65,11 +65,11 @@ extension ConfigBuilder {
                 sessionNames.append(item.name)
                 guard let session = session(item) else { continue }
                 sessions.append(session)
-                if session.grant == .refreshToken { refreshSessions.append((session.name, session.line)) }
+                if session.grant.usesRefreshToken { refreshSessions.append((session.name, session.line)) }
             }
         }
         if stateDir == nil, top["state_dir"] == nil, let first = refreshSessions.first {
-            fail(first.line, "state_dir", "missing: session '\(first.name)' uses grant refresh_token, whose rotated refresh tokens are kept in state_dir")
+            fail(first.line, "state_dir", "missing: session '\(first.name)' is kept alive by a refresh token (rotated ones, and those `bearerd login` obtains, are kept in state_dir)")
         }
 
         var routes: [RouteConfig] = []
@@ -157,17 +157,32 @@ extension ConfigBuilder {
                              expected: "a session mapping (grant, token_url, client_id, …)") else { return nil }
 
         let grant = choice(f, "grant", GrantType.self)
-        if f["grant"] == nil { missing(f, "grant", "client_credentials, refresh_token, password or exec") }
+        if f["grant"] == nil { missing(f, "grant", "client_credentials, refresh_token, password, exec, authorization_code or device_code") }
         if grant == .exec {
             return execSession(item, f)
         }
         for k in ["command", "timeout"] {
             if let e = f[k] { fail(e.keyLine, f.key(k), "only used with grant exec (this session has grant \(grant?.rawValue ?? "?"))") }
         }
-        let tokenURL = parsed(f, "token_url", expected: "an http:// or https:// URL") { (raw: String) throws(ConfigValues.Problem) -> UpstreamURL in
+        let givenTokenURL = parsed(f, "token_url", expected: "an http:// or https:// URL") { (raw: String) throws(ConfigValues.Problem) -> UpstreamURL in
             try ConfigValues.url(raw, allowQuery: true)
         }
-        if f["token_url"] == nil { missing(f, "token_url", "the token endpoint, e.g. https://auth.example.com/oauth2/token") }
+        // RFC 8414 §2: an issuer is an https URL without query or fragment (http allowed for local tests).
+        let issuer = parsed(f, "issuer", expected: "the authorization server's issuer URL") { (raw: String) throws(ConfigValues.Problem) -> UpstreamURL in
+            try ConfigValues.url(raw, allowQuery: false)
+        }
+        switch (f["token_url"], f["issuer"]) {
+        case (nil, nil):
+            missing(f, "token_url", "the token endpoint, e.g. https://auth.example.com/oauth2/token, or issuer: for discovery")
+        case (_?, let i?):
+            fail(i.keyLine, f.key("issuer"), "give either token_url or issuer (whose metadata names the token endpoint), not both")
+        default:
+            break
+        }
+        if grant?.isPersonal == true, f["issuer"] == nil, f["token_url"] != nil {
+            fail(f["token_url"]!.keyLine, f.key("issuer"), "missing: grant \(grant!.rawValue) needs issuer: (its metadata names the authorization or device endpoint)")
+        }
+        let tokenURL: UpstreamURL? = givenTokenURL ?? (issuer != nil ? .discoveryPlaceholder : nil)
         let clientID = text(f, "client_id", expected: "a client identifier")
         if f["client_id"] == nil { missing(f, "client_id") }
         let clientAuthGiven = f["client_auth"] != nil
@@ -198,7 +213,7 @@ extension ConfigBuilder {
         let password = secretChoice(f, ["password_file", "password_env", "password"])
         if let grant {
             if grant == .refreshToken {
-                if f["refresh_token_file"] == nil { missing(f, "refresh_token_file", "grant refresh_token starts from a refresh token kept in a file") }
+                if f["refresh_token_file"] == nil { missing(f, "refresh_token_file", "grant refresh_token starts from a refresh token kept in a file (or use grant authorization_code / device_code and `bearerd login`)") }
                 if let refreshTokenFile, checkFiles, let e = f["refresh_token_file"] {
                     checkSecret(.file(refreshTokenFile), line: e.valueLine, key: f.key("refresh_token_file"))
                 }
@@ -234,7 +249,7 @@ extension ConfigBuilder {
             refreshTokenFile: grant == .refreshToken ? refreshTokenFile : nil,
             username: grant == .password ? username : nil, password: grant == .password ? password?.source : nil,
             tls: tls, requestTimeout: requestTimeout ?? .seconds(15), waitTimeout: waitTimeout ?? .seconds(10),
-            line: item.keyLine)
+            line: item.keyLine, issuer: issuer)
     }
 
     /// `grant: exec`: `command` (argv, no shell; argv[0] an absolute path or a name looked up in

@@ -362,3 +362,19 @@ enum ConfigValues {
         return previous[y.count]
     }
 }
+
+extension UpstreamURL {
+    /// Parses an http(s) URL as the configuration does (for URLs learned at run time, e.g. from
+    /// an issuer's metadata); the error says what is wrong.
+    public static func parse(_ text: String, allowQuery: Bool) -> Result<UpstreamURL, ConfigURLError> {
+        do throws(ConfigValues.Problem) {
+            return .success(try ConfigValues.url(text, allowQuery: allowQuery))
+        } catch {
+            return .failure(ConfigURLError(message: error.message))
+        }
+    }
+}
+
+public struct ConfigURLError: Error, Sendable, Equatable {
+    public var message: String
+}

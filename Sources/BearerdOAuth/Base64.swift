@@ -28,6 +28,20 @@ public enum Base64 {
         return String(decoding: out, as: UTF8.self)
     }
 
+    /// Base64url (RFC 4648 §5) without padding, as JWS and PKCE use it.
+    public static func encodeURL<Bytes: Collection>(_ bytes: Bytes) -> String where Bytes.Element == UInt8 {
+        var out: [UInt8] = []
+        for c in encode(bytes).utf8 {
+            switch c {
+            case UInt8(ascii: "+"): out.append(UInt8(ascii: "-"))
+            case UInt8(ascii: "/"): out.append(UInt8(ascii: "_"))
+            case UInt8(ascii: "="): continue
+            default: out.append(c)
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
     /// Base64url (`-`, `_`), padding optional (JWS omits it, RFC 7515 §2). Returns nil on any
     /// character outside the alphabet, a misplaced `=`, an impossible length (4n+1) or
     /// non-zero trailing bits.

@@ -24,6 +24,35 @@ public enum FormURLEncoding {
         return String(decoding: out, as: UTF8.self)
     }
 
+    /// The inverse for one name or value: `+` is a space, `%XX` a byte (a malformed escape is
+    /// kept as written), the bytes read as UTF-8.
+    public static func decode(_ text: String) -> String {
+        var out: [UInt8] = []
+        let bytes = Array(text.utf8)
+        var i = 0
+        func hexValue(_ c: UInt8) -> UInt8? {
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): return c - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): return c - UInt8(ascii: "a") + 10
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): return c - UInt8(ascii: "A") + 10
+            default: return nil
+            }
+        }
+        while i < bytes.count {
+            let b = bytes[i]
+            if b == UInt8(ascii: "+") {
+                out.append(UInt8(ascii: " "))
+            } else if b == UInt8(ascii: "%"), i + 2 < bytes.count, let h = hexValue(bytes[i + 1]), let l = hexValue(bytes[i + 2]) {
+                out.append(h << 4 | l)
+                i += 2
+            } else {
+                out.append(b)
+            }
+            i += 1
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
     /// `name=value&name=value…` in the given order.
     public static func encode(_ pairs: [(String, String)]) -> String {
         pairs.map { encode($0.0) + "=" + encode($0.1) }.joined(separator: "&")

@@ -20,6 +20,10 @@ public struct TokenRequest: Sendable, Equatable {
         case refreshToken(OAuthSecret)
         /// RFC 6749 §4.3.2.
         case password(username: String, password: OAuthSecret)
+        /// RFC 6749 §4.1.3 with RFC 7636 §4.5 (`code_verifier`).
+        case authorizationCode(code: OAuthSecret, redirectURI: String, codeVerifier: OAuthSecret)
+        /// RFC 8628 §3.4.
+        case deviceCode(OAuthSecret)
 
         /// The `grant_type` value.
         public var grantType: String {
@@ -27,6 +31,8 @@ public struct TokenRequest: Sendable, Equatable {
             case .clientCredentials: "client_credentials"
             case .refreshToken: "refresh_token"
             case .password: "password"
+            case .authorizationCode: "authorization_code"
+            case .deviceCode: "urn:ietf:params:oauth:grant-type:device_code"
             }
         }
     }
@@ -60,6 +66,7 @@ public struct TokenRequest: Sendable, Equatable {
     /// Parameter names the codec writes itself; `extraParameters` may not repeat them.
     public static let reservedParameterNames: Set<String> = [
         "grant_type", "client_id", "client_secret", "refresh_token", "username", "password", "scope",
+        "code", "redirect_uri", "code_verifier", "device_code",
     ]
 
     /// Why a request could not be encoded (a configuration problem, never retried).
@@ -83,6 +90,12 @@ public struct TokenRequest: Sendable, Equatable {
         case .password(let username, let password):
             pairs.append(("username", username))
             pairs.append(("password", password.exposedValue))
+        case .authorizationCode(let code, let redirectURI, let verifier):
+            pairs.append(("code", code.exposedValue))
+            pairs.append(("redirect_uri", redirectURI))
+            pairs.append(("code_verifier", verifier.exposedValue))
+        case .deviceCode(let code):
+            pairs.append(("device_code", code.exposedValue))
         }
         if let scope, !scope.isEmpty { pairs.append(("scope", scope)) }
         var headers: [(name: String, value: String)] = [
@@ -122,6 +135,11 @@ public struct EncodedTokenRequest: Sendable, CustomStringConvertible, CustomDebu
     public let body: [UInt8]
     /// Header fields in order: `Content-Type`, `Accept`, then `Authorization` for Basic.
     public let headers: [(name: String, value: String)]
+
+    public init(body: [UInt8], headers: [(name: String, value: String)]) {
+        self.body = body
+        self.headers = headers
+    }
 
     public var description: String {
         "EncodedTokenRequest(body: <redacted \(body.count) bytes>, headers: \(headers.map { $0.name }))"

@@ -142,3 +142,53 @@ extension Duration {
         return o2 ? .max : total
     }
 }
+
+/// Opens a URL in the user's browser for `bearerd login`: `$BROWSER` (a command; the URL is
+/// added as its last argument; words split on spaces) or `xdg-open`. Started detached with a
+/// clean signal state; not waited for.
+public enum BrowserLauncher {
+    /// Nil when started; else why not.
+    public static func open(_ url: String, environment: [String: String]) -> String? {
+        var argv: [String]
+        if let b = environment["BROWSER"], !b.trimmingCharacters(in: " \t").isEmpty {
+            argv = b.split(separator: " ").map(String.init)
+        } else {
+            argv = ["xdg-open"]
+        }
+        argv.append(url)
+        var attr = posix_spawnattr_t()
+        posix_spawnattr_init(&attr)
+        defer { posix_spawnattr_destroy(&attr) }
+        var empty = sigset_t()
+        sigemptyset(&empty)
+        posix_spawnattr_setsigmask(&attr, &empty)
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for s in [SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD] { sigaddset(&defaults, s) }
+        posix_spawnattr_setsigdefault(&attr, &defaults)
+        posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        // The browser's chatter must not mix with our prompt: its output goes to /dev/null.
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+        let cArgs: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
+        defer { for p in cArgs { free(p) } }
+        var pid: pid_t = 0
+        let rc = posix_spawnp(&pid, argv[0], &actions, &attr, cArgs, environ)
+        return rc == 0 ? nil : "cannot start \(argv[0]): \(String(cString: strerror(rc)))"
+    }
+}
+
+extension String {
+    /// `self` without leading and trailing characters in `set`; stdlib only.
+    func trimmingCharacters(in set: String) -> String {
+        let chars = Set(set)
+        var s = Substring(self)
+        while let f = s.first, chars.contains(f) { s = s.dropFirst() }
+        while let l = s.last, chars.contains(l) { s = s.dropLast() }
+        return String(s)
+    }
+}

@@ -72,7 +72,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         l[metadataKey: "session"] = "\(settings.config.name)"
         self.logger = l
         queue = EventLoop(index: queueIndex, readBufferSize: 64 * 1024)
-        if grant == .refreshToken {
+        if grant.usesRefreshToken {
             // Read once without the lock: the state is replaced by rename, never torn.
             own = chooseStartingState(stored: readStoredState())
         }
@@ -165,7 +165,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             let reissue = newSettings.identityDiffers(from: settings)
             let operatorChanged = newSettings.operatorFingerprint != settings.operatorFingerprint
             settings = newSettings
-            if grant == .refreshToken, operatorChanged {
+            if grant.usesRefreshToken, operatorChanged {
                 // A refresh in flight keeps the lock and finishes with the old lineage; the
                 // next one starts from the new file (its fingerprint differs from the state's).
                 own = chooseStartingState(stored: readStoredState())
@@ -257,8 +257,12 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 ])
             case .reportNeedsReauthentication(let failure):
                 store?.markNeedsReauthentication(operatorFingerprint: settings.operatorFingerprint)
-                let file = settings.config.refreshTokenFile ?? "refresh_token_file"
-                logger.error("session \(name) needs a new refresh token: put one in \(file) and send SIGHUP", metadata: failureMetadata(failure))
+                if settings.config.grant.isPersonal {
+                    logger.error("session \(name) needs a new sign-in: run `bearerd login \(name)`, then send SIGHUP", metadata: failureMetadata(failure))
+                } else {
+                    let file = settings.config.refreshTokenFile ?? "refresh_token_file"
+                    logger.error("session \(name) needs a new refresh token: put one in \(file) and send SIGHUP", metadata: failureMetadata(failure))
+                }
             case .reportNegativeCached(let failure, let until):
                 var m = failureMetadata(failure)
                 m["retry_in_s"] = "\(Int((until - now()).secondsDouble.rounded(.up)))"
@@ -350,7 +354,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         if request.reason == .rejected && request.attempt == 1 && request.round == 1 && !request.isSameTokenRetry {
             count { $0.forcedRefreshes += 1 }
         }
-        if grant == .refreshToken {
+        if grant.usesRefreshToken {
             performRefreshFetch(request, startedAt: startedAt)
             return
         }
@@ -458,7 +462,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 $0.refreshes[TokenRefreshKey(reason: request.reason.rawValue, outcome: adopted ? "adopted" : "success", error: ""), default: 0] += 1
             }
             publication.update { $0.failure = nil }
-            if self.grant == .refreshToken { store?.clearNeedsReauthentication() }
+            if self.grant.usesRefreshToken { store?.clearNeedsReauthentication() }
             // Logged before the actions run, so the line precedes the token's delivery.
             let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
             logger.info(adopted ? "token adopted from the state file" : "token obtained", metadata: [
@@ -601,9 +605,11 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         guard let state = own else {
             store?.unlock()
             let problem = settings.operatorFileProblem.map { ": \($0)" } ?? ""
+            let detail = settings.config.grant.isPersonal
+                ? "nobody has signed in yet: run `bearerd login \(name)` (then SIGHUP a running bearerd)"
+                : "no refresh token in refresh_token_file or the state file\(problem)"
             finishFetch(request, startedAt: startedAt, sentAt: now(), result: .failure(TokenEndpointFailure(
-                classification: .invalidGrant, reason: "token.no_refresh_token",
-                errorDescription: "no refresh token in refresh_token_file or the state file\(problem)")),
+                classification: .invalidGrant, reason: "token.no_refresh_token", errorDescription: detail)),
                 requestSent: false, adopted: false)
             return
         }

@@ -50,7 +50,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
                             environment: [String: String]) throws(ConfigErrors) -> TokenSessionDriver {
         let settings = try SessionSettings.resolve(session, in: config, environment: environment)
         var store: StateStore?
-        if session.grant == .refreshToken {
+        if session.grant.usesRefreshToken {
             guard let dir = config.stateDir else {
                 throw ConfigErrors([ConfigError(file: config.file, line: session.line, key: "state_dir",
                                                 message: "missing: session '\(session.name)' uses grant refresh_token, whose rotated refresh tokens are kept in state_dir")])
@@ -111,7 +111,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         var added: [TokenSessionDriver] = []
         for session in newConfig.sessions {
             if let driver = existing[session.name], driver.grant == session.grant,
-               driver.stateDirectory == (session.grant == .refreshToken ? newConfig.stateDir : nil) {
+               driver.stateDirectory == (session.grant.usesRefreshToken ? newConfig.stateDir : nil) {
                 // Resolved above, so present.
                 driver.update(settings[session.name]!)
                 next[session.name] = driver
@@ -138,10 +138,17 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
                                                 environment: [String: String]) -> [ConfigError] {
         guard let dir = config.stateDir else { return [] }
         var problems: [ConfigError] = []
-        for session in config.sessions where session.grant == .refreshToken {
+        for session in config.sessions where session.grant.usesRefreshToken {
             let fingerprint = session.refreshTokenFile.flatMap { path in
                 try? ConfigLoader.resolveSecret(.file(path), environment: environment)
             }.map { OAuthSecret($0.value).fingerprint }
+            if session.grant.isPersonal {
+                if StateStore.needsReauthentication(directory: dir, session: session.name, operatorFingerprint: nil) {
+                    problems.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name)",
+                                                message: "the token endpoint refused the stored sign-in (invalid_grant): run `bearerd login \(session.name)`"))
+                }
+                continue
+            }
             if StateStore.needsReauthentication(directory: dir, session: session.name, operatorFingerprint: fingerprint) {
                 let file = session.refreshTokenFile ?? "refresh_token_file"
                 problems.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).refresh_token_file",

@@ -27,7 +27,8 @@ struct SessionSettings {
         switch config.grant {
         // exec: no refresh token, a new token on every fetch, like client_credentials.
         case .clientCredentials, .exec: .clientCredentials
-        case .refreshToken: .refreshToken
+        // A person's session, once `bearerd login` stored its refresh token, is a refresh_token session.
+        case .refreshToken, .authorizationCode, .deviceCode: .refreshToken
         case .password: .password
         }
     }
@@ -51,7 +52,7 @@ struct SessionSettings {
         let grant: TokenRequest.Grant
         switch config.grant {
         case .clientCredentials, .exec: grant = .clientCredentials  // exec never sends it (CommandRunner)
-        case .refreshToken: grant = .refreshToken(refreshToken ?? OAuthSecret(""))
+        case .refreshToken, .authorizationCode, .deviceCode: grant = .refreshToken(refreshToken ?? OAuthSecret(""))
         case .password: grant = .password(username: config.username ?? "", password: password ?? OAuthSecret(""))
         }
         let auth: ClientAuthentication

@@ -196,7 +196,7 @@ final class StateStore {
 
     /// Replaces `path` durably: temp file (0600) in the same directory, write, fsync, rename,
     /// fsync the directory.
-    private func writeDurably(_ bytes: [UInt8], to path: String) throws(StateStoreError) {
+    func writeDurably(_ bytes: [UInt8], to path: String) throws(StateStoreError) {
         let name = path.split(separator: "/").last.map(String.init) ?? session
         let tempPath = directory + "/." + name + ".tmp." + String(getpid())
         let fd = open(tempPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
@@ -284,7 +284,7 @@ public final class TokenCache {
 
     /// Nil when there is no `state_dir` or the session keeps its own state (refresh_token).
     public init?(stateDir: String?, session: SessionConfig) throws(StateStoreError) {
-        guard let stateDir, session.grant != .refreshToken else { return nil }
+        guard let stateDir, !session.grant.usesRefreshToken else { return nil }
         store = try StateStore(directory: stateDir, session: session.name)
         // exec sessions have no token URL: the command is what the token was minted by.
         let source = session.grant == .exec ? "exec:" + (session.command ?? []).joined(separator: "\u{1F}") : session.tokenURL.description

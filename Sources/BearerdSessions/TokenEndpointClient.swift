@@ -1,4 +1,5 @@
 import BearerdHTTP
+import Dispatch
 import BearerdIO
 import BearerdOAuth
 import BearerdTLS
@@ -45,7 +46,7 @@ final class TokenEndpointClient: ChannelDelegate {
     private var remainingAddresses: ArraySlice<SocketAddress> = []
     private var lastConnectError = ""
 
-    private init(loop: EventLoop, url: UpstreamURL, tlsContext: TLSContext?, request: EncodedTokenRequest) {
+    private init(loop: EventLoop, url: UpstreamURL, tlsContext: TLSContext?, request: EncodedTokenRequest?) {
         self.loop = loop
         self.url = url
         self.tlsContext = tlsContext
@@ -53,15 +54,49 @@ final class TokenEndpointClient: ChannelDelegate {
         if let query = url.query, !query.isEmpty { target += "?" + query }
         var headers = HTTPHeaders()
         headers.add("Host", url.authority)
-        for field in request.headers { headers.add(field.name, field.value) }
-        headers.add("Content-Length", String(request.body.count))
+        let method = request == nil ? "GET" : "POST"
+        if let request {
+            for field in request.headers { headers.add(field.name, field.value) }
+            headers.add("Content-Length", String(request.body.count))
+        } else {
+            headers.add("Accept", "application/json")
+        }
         headers.add("User-Agent", "bearerd/\(BearerdVersion.string)")
         headers.add("Connection", "close")
         var bytes: [UInt8] = []
-        HTTP1Serializer.writeRequestHead(HTTPRequestHead(method: "POST", target: target, headers: headers), into: &bytes)
-        bytes.append(contentsOf: request.body)
+        HTTP1Serializer.writeRequestHead(HTTPRequestHead(method: method, target: target, headers: headers), into: &bytes)
+        if let request { bytes.append(contentsOf: request.body) }
         requestBytes = bytes
-        parser.expectResponse(to: "POST")
+        parser.expectResponse(to: method)
+    }
+
+    /// A `GET` of a JSON document (authorization server metadata), same transport and limits.
+    @discardableResult
+    static func get(_ url: UpstreamURL, tls: TLSContext?, on loop: EventLoop,
+                    completion: @escaping (TokenEndpointOutcome) -> Void) -> TokenEndpointClient {
+        let client = TokenEndpointClient(loop: loop, url: url, tlsContext: tls, request: nil)
+        client.completion = completion
+        client.retainedSelf = client
+        loop.execute { client.resolve() }
+        return client
+    }
+
+    /// Runs one request on a private loop and waits for it (at most `timeout`): for commands
+    /// and start-up work on their own thread, never on a proxy loop.
+    static func blocking(timeout: Duration, _ start: (EventLoop, @escaping (TokenEndpointOutcome) -> Void) -> TokenEndpointClient) -> TokenEndpointOutcome {
+        let loop = EventLoop(index: 0, readBufferSize: 16 * 1024)
+        final class Box: @unchecked Sendable { var outcome: TokenEndpointOutcome? }  // @unchecked: written before `done` signals
+        let box = Box()
+        let done = DispatchSemaphore(value: 0)
+        let client = start(loop) { outcome in
+            box.outcome = outcome
+            done.signal()
+        }
+        if done.wait(timeout: .now() + .milliseconds(Int(clamping: timeout.nanosecondsClamped / 1_000_000))) == .timedOut {
+            loop.execute { client.cancel(detail: "no answer within \(timeout)") }
+            done.wait()
+        }
+        return box.outcome ?? .transportFailure(detail: "no answer", requestSent: true)
     }
 
     /// Starts the request; `completion` runs once on `loop`. The returned handle cancels it

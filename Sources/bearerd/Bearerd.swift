@@ -15,7 +15,7 @@ struct Bearerd: ParsableCommand {
         commandName: "bearerd",
         abstract: "An authenticating reverse proxy: forwards plain HTTP upstream with an OAuth 2.0 bearer token injected.",
         version: BearerdVersion.string,
-        subcommands: [Run.self, Check.self, Token.self, Demo.self]
+        subcommands: [Run.self, Check.self, Token.self, Login.self, Demo.self]
     )
 }
 
@@ -28,15 +28,25 @@ struct ConfigOption: ParsableArguments {
         config ?? ProcessInfo.processInfo.environment["BEARERD_CONFIG"] ?? "bearerd.yaml"
     }
 
-    /// Loads and validates the file; on errors prints them (`FILE:LINE: key: …`) and exits with `code`.
-    func load(orExit code: Int32) throws -> BearerdConfig {
+    /// Loads and validates the file, then reads the metadata of every `issuer:` (discovery);
+    /// on errors prints them (`FILE:LINE: key: …`) and exits with `code`. `useDiscoveryCache`:
+    /// fall back to metadata kept in state_dir when an issuer is unreachable (not for `check`).
+    func load(orExit code: Int32, useDiscoveryCache: Bool = true) throws -> BearerdConfig {
         do {
-            return try ConfigLoader.load(path: path)
+            return try loadResolved(path: path, useDiscoveryCache: useDiscoveryCache)
         } catch {
             printErrors(error)
             throw ExitCode(code)
         }
     }
+}
+
+/// `ConfigLoader.load` plus discovery of `issuer:` sessions (blocking; never on a loop).
+func loadResolved(path: String, useDiscoveryCache: Bool = true) throws(ConfigErrors) -> BearerdConfig {
+    let config = try ConfigLoader.load(path: path)
+    guard config.sessions.contains(where: { $0.issuer != nil }) else { return config }
+    let logger = Logger(label: "bearerd.discovery") { BearerdLogHandler(label: $0, level: .warning, format: config.log.format) }
+    return try Discovery.resolve(config, logger: logger, useCache: useDiscoveryCache).get()
 }
 
 struct LogOptions: ParsableArguments {
@@ -148,7 +158,7 @@ func serve(config: BearerdConfig, logger: Logger, logOptions: LogOptions, logSet
             guard let reloadPath else { continue }
             systemd?.reloading()
             do throws(ConfigErrors) {
-                let next = try ConfigLoader.load(path: reloadPath)
+                let next = try loadResolved(path: reloadPath)
                 try server.reload(next, accessLog: logOptions.accessLog(for: next))
                 logOptions.apply(next, to: logSettings)
                 systemd?.reloaded(failure: nil)
@@ -189,7 +199,7 @@ struct Check: ParsableCommand {
     @OptionGroup var configOption: ConfigOption
 
     func run() throws {
-        let config = try configOption.load(orExit: 1)
+        let config = try configOption.load(orExit: 1, useDiscoveryCache: false)
         // Everything a start would refuse, without starting anything (no state_dir is created).
         var problems: [ConfigError] = []
         for (i, r) in config.routes.enumerated() {

@@ -60,7 +60,7 @@ struct Token: ParsableCommand {
             FileHandle.standardOutput.write(cached + "\n")
             return
         }
-        if cache == nil && config.stateDir == nil && sessionConfig.grant != .refreshToken {
+        if cache == nil && config.stateDir == nil && !sessionConfig.grant.usesRefreshToken {
             logger.info("no state_dir: every call asks the token endpoint")
         }
         let manager: SessionManager

@@ -119,3 +119,34 @@ struct ConfigExecTests {
         #expect(onOther.contains { $0.contains("sessions.s.command: only used with grant exec") })
     }
 }
+
+/// `issuer:` and the person grants (issue 11 items 1 and 2; DESIGN §4).
+@Suite("Config: issuer and sign-in grants")
+struct ConfigIssuerTests {
+    @Test func issuerInsteadOfTokenURL() throws {
+        let c = try parseConfig("""
+            state_dir: /tmp/bearerd-state
+            sessions:
+              person: { grant: authorization_code, issuer: "https://auth.example.com", client_id: cli, client_auth: none, scope: openid offline_access }
+              cc: { grant: client_credentials, issuer: "https://auth.example.com/tenant", client_id: svc, client_secret: x }
+            """ + "\n" + minimalRoute)
+        let p = try #require(c.session(named: "person"))
+        #expect(p.grant == .authorizationCode && p.grant.isPersonal && p.grant.usesRefreshToken)
+        #expect(p.issuer?.description == "https://auth.example.com")
+        #expect(p.tokenURL == .discoveryPlaceholder)
+        #expect(c.session(named: "cc")?.issuer?.description == "https://auth.example.com/tenant")
+    }
+
+    @Test func mistakesAreNamed() {
+        let both = configErrors("sessions:\n  s: { grant: client_credentials, token_url: \"https://a/t\", issuer: \"https://a\", client_id: c, client_secret: x }\n" + minimalRoute)
+        #expect(both.contains { $0.contains("sessions.s.issuer: give either token_url or issuer") })
+        let neither = configErrors("sessions:\n  s: { grant: client_credentials, client_id: c, client_secret: x }\n" + minimalRoute)
+        #expect(neither.contains { $0.contains("sessions.s.token_url: missing") && $0.contains("issuer") })
+        let personNoIssuer = configErrors("state_dir: /tmp/x\nsessions:\n  p: { grant: device_code, token_url: \"https://a/t\", client_id: c, client_auth: none }\n" + minimalRoute)
+        #expect(personNoIssuer.contains { $0.contains("sessions.p.issuer: missing: grant device_code needs issuer") })
+        let noState = configErrors("sessions:\n  p: { grant: authorization_code, issuer: \"https://a\", client_id: c, client_auth: none }\n" + minimalRoute)
+        #expect(noState.contains { $0.contains("state_dir: missing: session 'p'") })
+        let query = configErrors("sessions:\n  s: { grant: client_credentials, issuer: \"https://a/?x=1\", client_id: c, client_secret: x }\n" + minimalRoute)
+        #expect(query.contains { $0.contains("sessions.s.issuer") })
+    }
+}

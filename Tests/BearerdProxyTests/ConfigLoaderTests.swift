@@ -474,8 +474,8 @@ let minimalRoute = """
               - session: partner
             """)
         #expect(errors == [
-            "bearerd.yaml:2: sessions.partner.grant: missing required key (client_credentials, refresh_token, password or exec)",
-            "bearerd.yaml:2: sessions.partner.token_url: missing required key (the token endpoint, e.g. https://auth.example.com/oauth2/token)",
+            "bearerd.yaml:2: sessions.partner.grant: missing required key (client_credentials, refresh_token, password, exec, authorization_code or device_code)",
+            "bearerd.yaml:2: sessions.partner.token_url: missing required key (the token endpoint, e.g. https://auth.example.com/oauth2/token, or issuer: for discovery)",
             "bearerd.yaml:2: sessions.partner.client_id: missing required key",
             "bearerd.yaml:5: routes[0].match: missing required key (a path prefix such as / or /api/)",
             "bearerd.yaml:5: routes[0].upstream: missing required key (where requests go, e.g. https://api.example.com)",
@@ -637,8 +637,8 @@ let minimalRoute = """
             \(minimalRoute)
             """)
         #expect(errors == [
-            "bearerd.yaml:2: sessions.me.refresh_token_file: missing required key (grant refresh_token starts from a refresh token kept in a file)",
-            "bearerd.yaml:2: state_dir: missing: session 'me' uses grant refresh_token, whose rotated refresh tokens are kept in state_dir",
+            "bearerd.yaml:2: sessions.me.refresh_token_file: missing required key (grant refresh_token starts from a refresh token kept in a file (or use grant authorization_code / device_code and `bearerd login`))",
+            "bearerd.yaml:2: state_dir: missing: session 'me' is kept alive by a refresh token (rotated ones, and those `bearerd login` obtains, are kept in state_dir)",
             "bearerd.yaml:7: sessions.me.username: only used with grant password (this session has grant refresh_token)",
             "bearerd.yaml:13: sessions.cc.refresh_token_file: only used with grant refresh_token (this session has grant client_credentials)",
             "bearerd.yaml:14: sessions.pw.username: missing required key (grant password needs username and one of password_file, password_env or password)",
@@ -781,10 +781,10 @@ let minimalRoute = """
             "bearerd.yaml:4: routes[0].timeouts.connect: missing unit in \"5\": write 5s for seconds (units: ms, s, m, h)",
             "bearerd.yaml:5: listen: port must be 1–65535, got 99999",
             "bearerd.yaml:7: sessions.bad name: a session name may hold only letters, digits, '.', '_' and '-' (at most 64, not starting with '.')",
-            "bearerd.yaml:7: sessions.bad name.token_url: missing required key (the token endpoint, e.g. https://auth.example.com/oauth2/token)",
+            "bearerd.yaml:7: sessions.bad name.token_url: missing required key (the token endpoint, e.g. https://auth.example.com/oauth2/token, or issuer: for discovery)",
             "bearerd.yaml:7: sessions.bad name.client_id: missing required key",
             "bearerd.yaml:7: sessions.bad name.client_secret_file: missing: client_auth client_secret_basic (the default) needs one of client_secret_file, client_secret_env or client_secret; a public client sets client_auth: none",
-            "bearerd.yaml:8: sessions.bad name.grant: expected one of client_credentials, refresh_token, password, exec, got \"implicit\"",
+            "bearerd.yaml:8: sessions.bad name.grant: expected one of client_credentials, refresh_token, password, exec, authorization_code, device_code, got \"implicit\"",
         ])
     }
 

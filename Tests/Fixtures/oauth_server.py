@@ -89,6 +89,7 @@ from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
 from authlib.oauth2.rfc6749.errors import InvalidGrantError, MissingAuthorizationError, UnsupportedTokenTypeError
 from authlib.oauth2.rfc6750 import BearerTokenGenerator, BearerTokenValidator, InvalidTokenError
 from authlib.oauth2.rfc7009 import RevocationEndpoint
+from authlib.oauth2.rfc7636 import CodeChallenge
 from werkzeug.serving import make_server
 
 ALL_AUTH_METHODS = ["client_secret_basic", "client_secret_post", "none"]
@@ -124,6 +125,9 @@ class Client(ClientMixin):
     def get_default_redirect_uri(self):
         return None
 
+    def is_person_client(self):
+        return "authorization_code" in self.grant_types
+
     def get_allowed_scope(self, scope):
         if not scope:
             return DEFAULT_SCOPE
@@ -133,7 +137,10 @@ class Client(ClientMixin):
         return " ".join(asked)
 
     def check_redirect_uri(self, redirect_uri):
-        return False
+        # RFC 8252 §7.3: a native app's loopback redirect, any port.
+        return self.is_person_client() and (
+            redirect_uri.startswith("http://127.0.0.1:") or redirect_uri.startswith("http://[::1]:")
+        )
 
     def check_client_secret(self, client_secret):
         return self.client_secret is not None and secrets.compare_digest(
@@ -144,7 +151,7 @@ class Client(ClientMixin):
         return method == self.auth_method
 
     def check_response_type(self, response_type):
-        return False
+        return response_type == "code" and self.is_person_client()
 
     def check_grant_type(self, grant_type):
         return grant_type in self.grant_types
@@ -158,6 +165,8 @@ CLIENTS = {
         Client("app", "app-secret", "client_secret_basic", ["password", "refresh_token"]),
         Client("cli", None, "none", ["password", "refresh_token"]),
         Client("we:ird", "p@ss w+rd/:", "client_secret_basic", ["client_credentials"]),
+        # A native app (bearerd login): public client, authorization code with PKCE (RFC 8252).
+        Client("native", None, "none", ["authorization_code", "refresh_token"]),
     ]
 }
 
@@ -439,6 +448,63 @@ class RefreshTokenGrant(grants.RefreshTokenGrant):
             refresh_token.refresh_revoked = True
 
 
+class AuthCode:
+    """One authorization code (single use, 60 s), with its PKCE challenge (RFC 7636)."""
+
+    def __init__(self, code, client_id, redirect_uri, scope, user, challenge, method):
+        self.code = code
+        self.client_id = client_id
+        self.redirect_uri = redirect_uri
+        self.scope = scope
+        self.user = user
+        self.code_challenge = challenge
+        self.code_challenge_method = method
+        self.created = time.time()
+
+    def get_redirect_uri(self):
+        return self.redirect_uri
+
+    def get_scope(self):
+        return self.scope
+
+    def is_expired(self):
+        return time.time() - self.created > 60
+
+
+CODES = {}
+
+
+class AuthorizationCodeGrant(grants.AuthorizationCodeGrant):
+    """RFC 6749 §4.1 with PKCE required (RFC 7636, CodeChallenge(required=True))."""
+
+    TOKEN_ENDPOINT_AUTH_METHODS = ["none", "client_secret_basic", "client_secret_post"]
+
+    def save_authorization_code(self, code, request):
+        payload = getattr(request, "payload", request)
+        data = getattr(payload, "data", None) or request.args
+        CODES[code] = AuthCode(
+            code,
+            request.client.get_client_id(),
+            payload.redirect_uri,
+            payload.scope,
+            request.user,
+            data.get("code_challenge"),
+            data.get("code_challenge_method"),
+        )
+
+    def query_authorization_code(self, code, client):
+        item = CODES.get(code)
+        if item is not None and item.client_id == client.get_client_id() and not item.is_expired():
+            return item
+        return None
+
+    def delete_authorization_code(self, authorization_code):
+        CODES.pop(authorization_code.code, None)
+
+    def authenticate_user(self, authorization_code):
+        return authorization_code.user
+
+
 class Revocation(RevocationEndpoint):
     """RFC 7009. Revoking an access token revokes only it; revoking a refresh token
     revokes it and the access token issued with it (RFC 7009 §2.1 allows both)."""
@@ -502,6 +568,7 @@ def create_app():
     server.register_grant(ClientCredentialsGrant)
     server.register_grant(PasswordGrant)
     server.register_grant(RefreshTokenGrant)
+    server.register_grant(AuthorizationCodeGrant, [CodeChallenge(required=True)])
     server.register_endpoint(Revocation)
 
     require_oauth = Protector()
@@ -532,6 +599,40 @@ def create_app():
             with STATS.lock:
                 _bump(STATS.token_errors, err)
         return resp
+
+    @app.get("/oauth/authorize")
+    def authorize():
+        # No login page: the test user signs in at once (?test_user=bob picks another one,
+        # ?test_deny=1 refuses, as a person pressing "Deny" would).
+        with STATS.lock:
+            _bump(STATS.by_grant, "authorize")
+        if request.args.get("test_deny"):
+            return server.create_authorization_response(grant_user=None)
+        return server.create_authorization_response(grant_user=request.args.get("test_user", "alice"))
+
+    def metadata():
+        # The issuer is fixed (127.0.0.1 and the listening port), whatever Host the client sent:
+        # a client that configured another name must notice the mismatch (RFC 8414 §3.3).
+        base = "http://127.0.0.1:%s" % request.environ.get("SERVER_PORT", "")
+        return {
+            "issuer": base,
+            "authorization_endpoint": base + "/oauth/authorize",
+            "token_endpoint": base + "/oauth/token",
+            "revocation_endpoint": base + "/oauth/revoke",
+            "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none"],
+            "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials", "password"],
+            "response_types_supported": ["code"],
+            "code_challenge_methods_supported": ["S256"],
+            "scopes_supported": sorted(SCOPES_SUPPORTED),
+        }
+
+    @app.get("/.well-known/oauth-authorization-server")
+    def rfc8414_metadata():
+        return jsonify(metadata())
+
+    @app.get("/.well-known/openid-configuration")
+    def oidc_metadata():
+        return jsonify(metadata())
 
     @app.post("/oauth/revoke")
     def revoke_token():

@@ -1,0 +1,257 @@
+import BearerdHTTP
+import BearerdIO
+import BearerdOAuth
+import BearerdConfig
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The network and storage side of `bearerd login` for one person's session (`grant:
+/// authorization_code` or `device_code`): the authorization URL (RFC 6749 §4.1.1 with PKCE,
+/// RFC 7636), the code exchange, the device authorization request and polling (RFC 8628), and
+/// storing the refresh token in `state_dir` exactly as rotated ones are (flock, temp file, fsync,
+/// rename, mode 0600), so `bearerd run` and `bearerd token` then keep the session alive.
+///
+/// Owns the session's resolved settings (secrets read, TLS context built). Blocking: for the
+/// command's own thread.
+public final class SignIn {
+    public let session: SessionConfig
+    let settings: SessionSettings
+    let stateDir: String
+
+    public struct Failure: Error, CustomStringConvertible, Sendable {
+        public var message: String
+        /// The server's RFC 6749 / RFC 8628 `error`, when it sent one.
+        public var oauthError: String?
+        public var description: String { message }
+        public init(message: String, oauthError: String? = nil) {
+            self.message = message
+            self.oauthError = oauthError
+        }
+    }
+
+    public init(config: BearerdConfig, session: SessionConfig, environment: [String: String]) throws(ConfigErrors) {
+        guard let stateDir = config.stateDir else {
+            throw ConfigErrors([ConfigError(file: config.file, line: session.line, key: "state_dir",
+                                            message: "missing: bearerd login stores the session's refresh token in state_dir")])
+        }
+        self.session = session
+        self.stateDir = stateDir
+        settings = try SessionSettings.resolve(session, in: config, environment: environment)
+    }
+
+    // MARK: authorization code (RFC 6749 §4.1, RFC 7636, RFC 8252)
+
+    /// The URL a browser opens: `response_type=code`, the loopback `redirect_uri`, `state` and
+    /// the S256 challenge.
+    public func authorizationURL(redirectURI: String, state: String, pkce: PKCE) -> String? {
+        guard let endpoint = session.authorizationEndpoint else { return nil }
+        var pairs: [(String, String)] = [("response_type", "code"), ("client_id", session.clientID), ("redirect_uri", redirectURI)]
+        if let scope = session.scope, !scope.isEmpty { pairs.append(("scope", scope)) }
+        pairs += [("state", state), ("code_challenge", pkce.challenge), ("code_challenge_method", PKCE.method)]
+        let query = pairs.map { FormURLEncoding.encode($0.0) + "=" + FormURLEncoding.encode($0.1) }.joined(separator: "&")
+        return endpoint.description + (endpoint.query == nil ? "?" : "&") + query
+    }
+
+    /// Exchanges a code (or a device code) at the token endpoint.
+    public func exchange(_ grant: TokenRequest.Grant) -> Result<TokenGrant, Failure> {
+        var request = settings.tokenRequest(refreshToken: nil)
+        request.grant = grant
+        request.scope = nil  // RFC 6749 §4.1.3: the code carries the scope
+        let encoded: EncodedTokenRequest
+        do throws(TokenRequest.EncodingError) {
+            encoded = try request.encode()
+        } catch {
+            return .failure(Failure(message: error.description))
+        }
+        let outcome = TokenEndpointClient.blocking(timeout: session.requestTimeout) { loop, done in
+            TokenEndpointClient.post(encoded, to: session.tokenURL, tls: settings.tlsContext, on: loop, completion: done)
+        }
+        return classify(outcome)
+    }
+
+    private func classify(_ outcome: TokenEndpointOutcome) -> Result<TokenGrant, Failure> {
+        switch outcome {
+        case .response(let status, let headers, let body):
+            switch settings.responseParser.parse(status: status, headers: headers, body: body, wallClockNow: wallClockSeconds()) {
+            case .success(let grant):
+                return .success(grant)
+            case .failure(let f):
+                return .failure(Failure(message: f.detail, oauthError: f.oauthError))
+            }
+        case .tooLarge(let status):
+            return .failure(Failure(message: "HTTP \(status) with a body over 1 MiB"))
+        case .transportFailure(let detail, _):
+            return .failure(Failure(message: "\(session.tokenURL.authority): \(detail)"))
+        }
+    }
+
+    // MARK: device flow (RFC 8628)
+
+    public struct DeviceAuthorization: Sendable {
+        public var deviceCode: OAuthSecret
+        public var userCode: String
+        public var verificationURI: String
+        public var verificationURIComplete: String?
+        public var expiresIn: Int
+        /// Seconds between polls (RFC 8628 §3.2: default 5).
+        public var interval: Int
+    }
+
+    /// RFC 8628 §3.1: asks the device authorization endpoint for a user code.
+    public func startDeviceAuthorization() -> Result<DeviceAuthorization, Failure> {
+        guard let endpoint = session.deviceAuthorizationEndpoint else {
+            return .failure(Failure(message: "the issuer publishes no device_authorization_endpoint"))
+        }
+        // The client authenticates as at the token endpoint; the grant parameters are ours.
+        var request = settings.tokenRequest(refreshToken: nil)
+        request.grant = .clientCredentials
+        let encoded: EncodedTokenRequest
+        do throws(TokenRequest.EncodingError) {
+            encoded = try request.encode()
+        } catch {
+            return .failure(Failure(message: error.description))
+        }
+        // Drop `grant_type=client_credentials`: the device request has no grant type.
+        let body = Array(String(decoding: encoded.body, as: UTF8.self).split(separator: "&")
+            .filter { !$0.hasPrefix("grant_type=") }.joined(separator: "&").utf8)
+        let deviceRequest = EncodedTokenRequest(body: body, headers: encoded.headers)
+        let outcome = TokenEndpointClient.blocking(timeout: session.requestTimeout) { loop, done in
+            TokenEndpointClient.post(deviceRequest, to: endpoint, tls: settings.tlsContext, on: loop, completion: done)
+        }
+        guard case .response(let status, _, let bytes) = outcome else {
+            if case .transportFailure(let detail, _) = outcome { return .failure(Failure(message: "\(endpoint.authority): \(detail)")) }
+            return .failure(Failure(message: "the device authorization response was too large"))
+        }
+        guard let o = (try? JSONParser(maxBytes: 1 << 20).parse(bytes))?.objectValue else {
+            return .failure(Failure(message: "HTTP \(status): the device authorization response is not JSON"))
+        }
+        if let error = o["error"]?.stringValue {
+            let description = o["error_description"]?.stringValue.map { ": \($0)" } ?? ""
+            return .failure(Failure(message: "\(error)\(description)", oauthError: error))
+        }
+        guard status == 200, let device = o["device_code"]?.stringValue, let user = o["user_code"]?.stringValue,
+              let uri = o["verification_uri"]?.stringValue ?? o["verification_url"]?.stringValue else {
+            return .failure(Failure(message: "HTTP \(status): the device authorization response lacks device_code, user_code or verification_uri"))
+        }
+        let expires = Int(clamping: o["expires_in"]?.int64Value ?? 600)
+        let interval = Int(clamping: o["interval"]?.int64Value ?? 5)
+        return .success(DeviceAuthorization(deviceCode: OAuthSecret(device), userCode: user, verificationURI: uri,
+                                            verificationURIComplete: o["verification_uri_complete"]?.stringValue,
+                                            expiresIn: min(max(expires, 1), 3600), interval: min(max(interval, 1), 60)))
+    }
+
+    // MARK: storing
+
+    /// Persists the session's new refresh token (and its access token) under the session's lock;
+    /// clears a "needs a new sign-in" mark.
+    public func store(_ grant: TokenGrant) throws(Failure) {
+        guard let refresh = grant.refreshToken else {
+            throw Failure(message: "the server issued no refresh token, so bearerd could not keep the session alive; "
+                          + "ask for it in the session's scope (often offline_access)")
+        }
+        let now = wallClockSeconds()
+        let seconds = Int64(clamping: grant.lifetime.components.seconds)
+        let state = PersistedSessionState(refreshToken: refresh,
+                                          accessToken: .init(token: grant.accessToken, expiresAt: now.addingReportingOverflow(seconds).partialValue, generation: 1),
+                                          updatedAt: now, sourceFingerprint: nil)
+        do throws(StateStoreError) {
+            let store = try StateStore(directory: stateDir, session: session.name)
+            try store.lock()
+            defer { store.unlock() }
+            try store.write(state)
+            store.clearNeedsReauthentication()
+        } catch {
+            throw Failure(message: "cannot store the session in \(stateDir): \(error)")
+        }
+    }
+
+    public var statePath: String { stateDir + "/" + session.name + ".json" }
+}
+
+/// The loopback redirect listener of RFC 8252 §7.3: 127.0.0.1 with a port chosen by the kernel,
+/// one blocking socket, answering the browser's callback with a small page. Owns the socket.
+public final class LoopbackRedirect {
+    public let port: UInt16
+    private let fd: Int32
+
+    public struct Callback: Sendable {
+        public var query: [String: String]
+    }
+
+    public init() throws(SignIn.Failure) {
+        let s = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard s >= 0 else { throw SignIn.Failure(message: "socket: \(String(cString: strerror(errno)))") }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(s, $0, len) } }
+        guard bound == 0, listen(s, 8) == 0 else {
+            close(s)
+            throw SignIn.Failure(message: "cannot listen on 127.0.0.1: \(String(cString: strerror(errno)))")
+        }
+        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(s, $0, &len) } }
+        fd = s
+        port = UInt16(bigEndian: addr.sin_port)
+    }
+
+    deinit { close(fd) }
+
+    public var redirectURI: String { "http://127.0.0.1:\(port)/callback" }
+
+    /// Waits (up to `timeout`) for a GET of `/callback`; other paths (a favicon) get 404. `page`
+    /// builds the HTML answer from the callback's query (success or error page).
+    public func waitForCallback(timeout: Duration, page: ([String: String]) -> (status: Int, html: String)) -> Callback? {
+        let deadline = monotonicNanos() &+ UInt64(max(0, timeout.components.seconds)) &* 1_000_000_000
+        while monotonicNanos() < deadline {
+            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            let left = Int32(clamping: (deadline &- monotonicNanos()) / 1_000_000)
+            guard poll(&p, 1, max(1, min(left, 1000))) > 0 else { continue }
+            let c = accept(fd, nil, nil)
+            guard c >= 0 else { continue }
+            defer { close(c) }
+            var tv = timeval(tv_sec: 10, tv_usec: 0)
+            setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+            var parser = HTTP1Parser(role: .server)
+            var buf = [UInt8](repeating: 0, count: 8192)
+            var head: HTTPRequestHead?
+            while head == nil {
+                let n = buf.withUnsafeMutableBytes { recv(c, $0.baseAddress, $0.count, 0) }
+                if n <= 0 { break }
+                parser.feed(Array(buf[0..<n]))
+                if case .requestHead(let h, _)? = try? parser.next() { head = h }
+            }
+            guard let head else { continue }
+            let path = head.target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
+            guard head.method == "GET", path.first == "/callback" else {
+                respond(c, status: 404, html: "<p>Not found.</p>")
+                continue
+            }
+            var query: [String: String] = [:]
+            if path.count > 1 {
+                for pair in path[1].split(separator: "&") {
+                    let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+                    query[FormURLEncoding.decode(String(kv[0]))] = kv.count > 1 ? FormURLEncoding.decode(String(kv[1])) : ""
+                }
+            }
+            let answer = page(query)
+            respond(c, status: answer.status, html: answer.html)
+            return Callback(query: query)
+        }
+        return nil
+    }
+
+    private func respond(_ c: Int32, status: Int, html: String) {
+        let body = "<!doctype html><meta charset=utf-8><title>bearerd</title>" + html
+        let head = "HTTP/1.1 \(status) \(status == 200 ? "OK" : status == 400 ? "Bad Request" : "Not Found")\r\n"
+            + "Content-Type: text/html; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n"
+        let bytes = Array((head + body).utf8)
+        var off = 0
+        while off < bytes.count {
+            let n = bytes[off...].withUnsafeBytes { send(c, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if n <= 0 { return }
+            off += n
+        }
+    }
+}

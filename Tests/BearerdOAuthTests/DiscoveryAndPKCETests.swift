@@ -1,0 +1,55 @@
+import Testing
+@testable import BearerdOAuth
+
+@Suite("Authorization server metadata (RFC 8414) and PKCE (RFC 7636)")
+struct DiscoveryAndPKCETests {
+    @Test func wellKnownURLs() {
+        #expect(AuthorizationServerMetadata.wellKnownURLs(issuer: "https://as.example.com") ==
+                ["https://as.example.com/.well-known/oauth-authorization-server", "https://as.example.com/.well-known/openid-configuration"])
+        // RFC 8414 §3.1: the well-known segment goes between host and path.
+        #expect(AuthorizationServerMetadata.wellKnownURLs(issuer: "https://login.example.com/tenant/v2.0") ==
+                ["https://login.example.com/.well-known/oauth-authorization-server/tenant/v2.0",
+                 "https://login.example.com/tenant/v2.0/.well-known/openid-configuration"])
+        #expect(AuthorizationServerMetadata.wellKnownURLs(issuer: "nonsense").isEmpty)
+    }
+
+    @Test func parseChecksTheIssuer() throws {
+        let doc = #"{"issuer":"https://as.example.com","token_endpoint":"https://as.example.com/token","authorization_endpoint":"https://as.example.com/authorize","device_authorization_endpoint":"https://as.example.com/device","token_endpoint_auth_methods_supported":["private_key_jwt","none"]}"#
+        let m = try AuthorizationServerMetadata.parse(Array(doc.utf8), expectedIssuer: "https://as.example.com")
+        #expect(m.tokenEndpoint == "https://as.example.com/token")
+        #expect(m.deviceAuthorizationEndpoint == "https://as.example.com/device")
+        #expect(m.tokenEndpointAuthMethods == ["private_key_jwt", "none"])
+        func reason(_ json: String, _ issuer: String = "https://as.example.com") -> String? {
+            do { _ = try AuthorizationServerMetadata.parse(Array(json.utf8), expectedIssuer: issuer); return nil } catch { return error.reason }
+        }
+        #expect(reason(doc, "https://evil.example.com") == "discovery.issuer_mismatch")
+        #expect(reason("[]") == "discovery.malformed")
+        #expect(reason(#"{"token_endpoint":"https://as.example.com/t"}"#) == "discovery.missing_field")
+        #expect(reason(#"{"issuer":"https://as.example.com"}"#) == "discovery.missing_field")
+        #expect(reason(#"{"issuer":"https://as.example.com","token_endpoint":"http://as.example.com/t"}"#) == "discovery.insecure_endpoint")
+    }
+
+    /// RFC 7636 Appendix B's example.
+    @Test func pkceS256() {
+        let random: [UInt8] = [116, 24, 223, 180, 151, 153, 224, 37, 79, 250, 96, 125, 216, 173, 187, 186, 22, 212, 37, 77,
+                               105, 214, 191, 240, 91, 88, 5, 88, 83, 132, 141, 121]
+        let p = PKCE(random: random)
+        #expect(p.verifier.exposedValue == "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk")
+        #expect(p.challenge == "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM")
+    }
+
+    @Test func formDecoding() {
+        #expect(FormURLEncoding.decode("a+b%20c%2Fd%zz%4") == "a b c/d%zz%4")
+        #expect(FormURLEncoding.decode(FormURLEncoding.encode("é & =/?")) == "é & =/?")
+    }
+
+    @Test func codeAndDeviceGrantsEncode() throws {
+        let r = TokenRequest(grant: .authorizationCode(code: OAuthSecret("c1"), redirectURI: "http://127.0.0.1:5/callback", codeVerifier: OAuthSecret("v1")),
+                             clientID: "native", clientAuthentication: .none)
+        #expect(String(decoding: try r.encode().body, as: UTF8.self)
+                == "grant_type=authorization_code&code=c1&redirect_uri=http%3A%2F%2F127.0.0.1%3A5%2Fcallback&code_verifier=v1&client_id=native")
+        let d = TokenRequest(grant: .deviceCode(OAuthSecret("dc")), clientID: "tv", clientAuthentication: .none)
+        #expect(String(decoding: try d.encode().body, as: UTF8.self)
+                == "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Adevice_code&device_code=dc&client_id=tv")
+    }
+}

@@ -1,0 +1,115 @@
+import Foundation
+import Testing
+import BearerdTestSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `bearerd login` against the real authorization server (Authlib fixture): discovery from its
+/// RFC 8414 metadata, authorization code with PKCE over a loopback redirect, a scripted browser
+/// (`$BROWSER` runs curl, which follows the redirects as a person's browser would), then `token`
+/// and `run` keep the session (issue 11 items 1 and 2).
+@Suite("bearerd login (authorization code + PKCE)", .serialized,
+       .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+struct LoginTests {
+    /// A browser stand-in: curl follows the authorization endpoint's redirect to the loopback
+    /// callback. `extra` is appended to the authorization URL (the fixture's test switches).
+    static func browser(dir: String, extra: String = "") throws -> String {
+        let path = dir + "/browser"
+        try "#!/bin/sh\nexec curl -sS -o /dev/null -L \"$1\(extra)\"\n".write(toFile: path, atomically: true, encoding: .utf8)
+        chmod(path, 0o755)
+        return path
+    }
+
+    static func config(auth: AuthServerFixture, dir: String, extra: String = "") -> String {
+        """
+        state_dir: \(dir)/state
+        sessions:
+          me:
+            grant: authorization_code
+            issuer: http://127.0.0.1:\(auth.port)
+            client_id: native
+            client_auth: none
+            scope: read
+        \(extra)
+        routes:
+          - match: /
+            upstream: \(auth.apiURL)
+            session: me
+        """
+    }
+
+    @Test func signInThenTokenAndRunKeepTheSession() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("login")
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", Self.config(auth: auth, dir: dir))
+        // Before anyone signed in, `token` says what to do.
+        let before = try CommandLineTests.run(["token", "-c", cfg, "me"])
+        #expect(before.status != 0)
+        #expect(before.stderr.contains("bearerd login me"), "\(before.stderr)")
+
+        let login = try CommandLineTests.run(["login", "-c", cfg, "me"], env: ["BROWSER": try Self.browser(dir: dir)])
+        #expect(login.status == 0, "\(login.stderr)")
+        #expect(login.stderr.contains("Open this URL to sign in: http://127.0.0.1:\(auth.port)/oauth/authorize?response_type=code&client_id=native"))
+        #expect(login.stderr.contains("code_challenge_method=S256"))
+        #expect(login.stderr.contains("redirect_uri=http%3A%2F%2F127.0.0.1%3A"))
+        #expect(login.stderr.contains("Signed in"))
+        var st = stat()
+        #expect(stat(dir + "/state/me.json", &st) == 0 && (st.st_mode & 0o777) == 0o600)
+
+        // `token` prints a token the API accepts; `run` serves requests as the signed-in user.
+        let token = try CommandLineTests.run(["token", "-c", cfg, "me"])
+        #expect(token.status == 0, "\(token.stderr)")
+        let api = try auth.request("GET", "/api/direct", headers: [("Authorization", "Bearer \(token.stdout.trimmingCharacters(in: .newlines))")])
+        #expect(api.status == 200)
+        let port = try RunningBearerd.freePort()
+        let running = try RunningBearerd(config: "listen: 127.0.0.1:\(port)\n" + Self.config(auth: auth, dir: dir), dir: dir)
+        defer { _ = running.stop() }
+        let through = running.waitServing(port: port, path: "/hello")
+        #expect(through?.status == 200, "\(running.logs)")
+        #expect(through?.bodyText.contains("alice") == true, "\(through?.bodyText ?? "")")
+    }
+
+    @Test func aRefusedOrForgedSignInStopsWithAClearMessage() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("login")
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", Self.config(auth: auth, dir: dir))
+        let denied = try CommandLineTests.run(["login", "-c", cfg, "me"], env: ["BROWSER": try Self.browser(dir: dir, extra: "&test_deny=1")])
+        #expect(denied.status == 1)
+        #expect(denied.stderr.contains("the sign-in was refused: access_denied"), "\(denied.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: dir + "/state/me.json"))
+
+        // A callback with someone else's state (CSRF) is refused.
+        let forger = dir + "/forger"
+        try """
+            #!/bin/sh
+            redirect=$(printf '%s' "$1" | sed -n 's/.*redirect_uri=\\([^&]*\\).*/\\1/p' | sed 's/%3A/:/g; s/%2F/\\//g')
+            exec curl -sS -o /dev/null "$redirect?code=stolen&state=forged"
+            """.write(toFile: forger, atomically: true, encoding: .utf8)
+        chmod(forger, 0o755)
+        let forged = try CommandLineTests.run(["login", "-c", cfg, "me"], env: ["BROWSER": forger])
+        #expect(forged.status == 1)
+        #expect(forged.stderr.contains("state does not match"), "\(forged.stderr)")
+    }
+
+    @Test func discoveryProblemsAreReportedByCheck() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("login")
+        // An issuer whose metadata names another issuer (localhost vs 127.0.0.1) is refused.
+        let wrong = try CommandLineTests.tempFile("bearerd.yaml", Self.config(auth: auth, dir: dir).replacingOccurrences(
+            of: "issuer: http://127.0.0.1:\(auth.port)", with: "issuer: http://localhost:\(auth.port)"))
+        let check = try CommandLineTests.run(["check", "-c", wrong])
+        #expect(check.status != 0)
+        #expect(check.stdout.contains("sessions.me.issuer") || check.stderr.contains("sessions.me.issuer"), "\(check.stdout)\(check.stderr)")
+        #expect((check.stdout + check.stderr).contains("RFC 8414 §3.3"))
+        let closed = try RunningBearerd.freePort()
+        let unreachable = try CommandLineTests.tempFile("bearerd.yaml", Self.config(auth: auth, dir: dir).replacingOccurrences(
+            of: "issuer: http://127.0.0.1:\(auth.port)", with: "issuer: http://127.0.0.1:\(closed)"))
+        let check2 = try CommandLineTests.run(["check", "-c", unreachable])
+        #expect(check2.status != 0)
+        #expect((check2.stdout + check2.stderr).contains("cannot read the metadata of http://127.0.0.1:\(closed)"))
+    }
+}
