@@ -113,3 +113,87 @@ struct LoginTests {
         #expect((check2.stdout + check2.stderr).contains("cannot read the metadata of http://127.0.0.1:\(closed)"))
     }
 }
+
+/// The device flow (RFC 8628): `bearerd login` prints the code, a person (the test) approves it at
+/// the fixture, and the polling `login` stores the session; a denial stops it clearly.
+@Suite("bearerd login (device flow)", .serialized,
+       .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+struct DeviceLoginTests {
+    static func config(auth: AuthServerFixture, dir: String) -> String {
+        """
+        state_dir: \(dir)/state
+        sessions:
+          tv:
+            grant: device_code
+            issuer: http://127.0.0.1:\(auth.port)
+            client_id: tv
+            client_auth: none
+            scope: read
+        routes:
+          - match: /
+            upstream: \(auth.apiURL)
+            session: tv
+        """
+    }
+
+    /// Starts `bearerd login`, waits for its "enter code" line, lets `decide` act on the user
+    /// code, and returns the exit status with everything it printed.
+    static func login(_ cfg: String, decide: (String) throws -> Void) throws -> (Int32, String) {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: CommandLineTests.binary)
+        p.arguments = ["login", "-c", cfg, "tv"]
+        let err = Pipe()
+        p.standardError = err
+        p.standardOutput = FileHandle.nullDevice
+        try p.run()
+        var text = ""
+        let fh = err.fileHandleForReading
+        while !text.contains(" and enter code ") || !text.hasSuffix("\n") {
+            let d = fh.availableData
+            if d.isEmpty { break }
+            text += String(decoding: d, as: UTF8.self)
+        }
+        let code = text.split(separator: "\n").first { $0.contains(" and enter code ") }
+            .map { String($0.split(separator: " ").last ?? "") } ?? ""
+        try decide(code)
+        text += String(decoding: fh.readDataToEndOfFile(), as: UTF8.self)
+        p.waitUntilExit()
+        return (p.terminationStatus, text)
+    }
+
+    @Test func approvedAtTheVerificationPage() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("device")
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", Self.config(auth: auth, dir: dir))
+        let (status, text) = try Self.login(cfg) { code in
+            #expect(code.count == 9, "user code: \(code)")
+            Thread.sleep(forTimeInterval: 1)  // the person takes a moment; login keeps polling
+            _ = try auth.request("POST", "/_test/device/approve", headers: [("Content-Type", "application/json")],
+                                 body: Array(#"{"user_code":"\#(code)","user":"bob"}"#.utf8))
+        }
+        #expect(status == 0, "\(text)")
+        #expect(text.contains("Open http://127.0.0.1:\(auth.port)/device and enter code "))
+        let token = try CommandLineTests.run(["token", "-c", cfg, "tv"])
+        #expect(token.status == 0, "\(token.stderr)")
+        let api = try auth.request("GET", "/api/whoami", headers: [("Authorization", "Bearer \(token.stdout.trimmingCharacters(in: .newlines))")])
+        #expect(api.status == 200)
+        #expect(api.bodyText.contains("bob"), "\(api.bodyText)")
+        // Polling kept to the interval: no slow_down earned.
+        let stats = try auth.stats()
+        #expect(((stats["by_grant"] as? [String: Any])?["device_poll_fast"]) == nil, "\(stats)")
+    }
+
+    @Test func deniedStopsWithAClearMessage() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("device")
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", Self.config(auth: auth, dir: dir))
+        let (status, text) = try Self.login(cfg) { code in
+            _ = try auth.request("POST", "/_test/device/approve", headers: [("Content-Type", "application/json")],
+                                 body: Array(#"{"user_code":"\#(code)","approve":false}"#.utf8))
+        }
+        #expect(status == 1)
+        #expect(text.contains("refused (access_denied)"), "\(text)")
+    }
+}

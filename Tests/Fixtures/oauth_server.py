@@ -90,6 +90,7 @@ from authlib.oauth2.rfc6749.errors import InvalidGrantError, MissingAuthorizatio
 from authlib.oauth2.rfc6750 import BearerTokenGenerator, BearerTokenValidator, InvalidTokenError
 from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7636 import CodeChallenge
+from authlib.oauth2.rfc8628 import DeviceAuthorizationEndpoint, DeviceCodeGrant, DeviceCredentialDict
 from werkzeug.serving import make_server
 
 ALL_AUTH_METHODS = ["client_secret_basic", "client_secret_post", "none"]
@@ -167,6 +168,8 @@ CLIENTS = {
         Client("we:ird", "p@ss w+rd/:", "client_secret_basic", ["client_credentials"]),
         # A native app (bearerd login): public client, authorization code with PKCE (RFC 8252).
         Client("native", None, "none", ["authorization_code", "refresh_token"]),
+        # A device without a browser (RFC 8628): public client, device code.
+        Client("tv", None, "none", ["urn:ietf:params:oauth:grant-type:device_code", "refresh_token"]),
     ]
 }
 
@@ -505,6 +508,46 @@ class AuthorizationCodeGrant(grants.AuthorizationCodeGrant):
         return authorization_code.user
 
 
+DEVICES = {}  # device_code -> DeviceCredentialDict
+USER_GRANTS = {}  # user_code -> (user, approved)
+
+
+class DeviceEndpoint(DeviceAuthorizationEndpoint):
+    """RFC 8628 §3.1-3.2. A 2 s polling interval keeps the tests short."""
+
+    CLIENT_AUTH_METHODS = ["none", "client_secret_basic", "client_secret_post"]
+    INTERVAL = 2
+    EXPIRES_IN = 60
+
+    def get_verification_uri(self):
+        return "http://127.0.0.1:%s/device" % request.environ.get("SERVER_PORT", "")
+
+    def save_device_credential(self, client_id, scope, data):
+        DEVICES[data["device_code"]] = DeviceCredentialDict(
+            client_id=client_id, scope=scope, expires_at=time.time() + self.EXPIRES_IN, polls=[], **data
+        )
+
+
+class DeviceGrant(DeviceCodeGrant):
+    TOKEN_ENDPOINT_AUTH_METHODS = ["none", "client_secret_basic", "client_secret_post"]
+
+    def query_device_credential(self, device_code):
+        return DEVICES.get(device_code)
+
+    def query_user_grant(self, user_code):
+        return USER_GRANTS.get(user_code)
+
+    def should_slow_down(self, credential):
+        # RFC 8628 §3.5: polling faster than the interval earns slow_down.
+        now = time.time()
+        polls = credential["polls"]
+        fast = bool(polls) and now - polls[-1] < DeviceEndpoint.INTERVAL - 0.5
+        polls.append(now)
+        with STATS.lock:
+            _bump(STATS.by_grant, "device_poll_fast" if fast else "device_poll")
+        return fast
+
+
 class Revocation(RevocationEndpoint):
     """RFC 7009. Revoking an access token revokes only it; revoking a refresh token
     revokes it and the access token issued with it (RFC 7009 §2.1 allows both)."""
@@ -569,6 +612,8 @@ def create_app():
     server.register_grant(PasswordGrant)
     server.register_grant(RefreshTokenGrant)
     server.register_grant(AuthorizationCodeGrant, [CodeChallenge(required=True)])
+    server.register_grant(DeviceGrant)
+    server.register_endpoint(DeviceEndpoint)
     server.register_endpoint(Revocation)
 
     require_oauth = Protector()
@@ -618,6 +663,7 @@ def create_app():
             "issuer": base,
             "authorization_endpoint": base + "/oauth/authorize",
             "token_endpoint": base + "/oauth/token",
+            "device_authorization_endpoint": base + "/oauth/device",
             "revocation_endpoint": base + "/oauth/revoke",
             "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none"],
             "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials", "password"],
@@ -625,6 +671,18 @@ def create_app():
             "code_challenge_methods_supported": ["S256"],
             "scopes_supported": sorted(SCOPES_SUPPORTED),
         }
+
+    @app.post("/oauth/device")
+    def device_authorization():
+        with STORE.lock:
+            return server.create_endpoint_response(DeviceEndpoint.ENDPOINT_NAME)
+
+    @app.post("/_test/device/approve")
+    def hook_device_approve():
+        # What a person does at the verification page: enter the code, then allow or deny.
+        body = request.get_json(force=True, silent=True) or {}
+        USER_GRANTS[body.get("user_code", "")] = (body.get("user", "alice"), bool(body.get("approve", True)))
+        return jsonify(ok=True)
 
     @app.get("/.well-known/oauth-authorization-server")
     def rfc8414_metadata():
