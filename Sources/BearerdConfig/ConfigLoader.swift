@@ -134,7 +134,7 @@ enum ConfigKeys {
         "grant", "token_url", "client_id", "client_secret_file", "client_secret_env", "client_secret",
         "client_auth", "scope", "params", "refresh_before", "default_lifetime", "refresh_token_file",
         "username", "password", "password_file", "password_env", "tls", "request_timeout", "wait_timeout",
-        "command", "timeout", "issuer",
+        "command", "timeout", "issuer", "client_key_file", "client_key_id",
     ]
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [

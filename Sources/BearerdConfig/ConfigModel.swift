@@ -127,6 +127,13 @@ public enum ClientAuthMethod: String, Sendable, Equatable, CaseIterable {
     case clientSecretBasic = "client_secret_basic"
     case clientSecretPost = "client_secret_post"
     case none = "none"
+    /// RFC 7523 §2.2: a JWT signed with `client_key_file` (no shared secret).
+    case privateKeyJWT = "private_key_jwt"
+    /// RFC 8705 §2: the session's `tls:` client certificate authenticates.
+    case tlsClientAuth = "tls_client_auth"
+
+    /// The methods that send a client secret.
+    public var usesSecret: Bool { self == .clientSecretBasic || self == .clientSecretPost }
 }
 
 /// An absolute `http` or `https` URL split into the parts bearerd needs.
@@ -197,6 +204,9 @@ public struct SessionConfig: Sendable, Equatable {
     public var requestTimeout: Duration
     /// Longest a request waits for a token in the hard window (default 10 s).
     public var waitTimeout: Duration
+    /// `private_key_jwt`: the PEM private key (RSA → RS256, P-256 → ES256) and optional `kid`.
+    public var clientKeyFile: String?
+    public var clientKeyID: String?
     /// `issuer:` (RFC 8414 / OIDC discovery) instead of `token_url`; the endpoints below are
     /// filled from its metadata before the session runs (`tokenURL` too).
     public var issuer: UpstreamURL?
@@ -214,8 +224,10 @@ public struct SessionConfig: Sendable, Equatable {
                 defaultLifetime: Duration = .seconds(300), refreshTokenFile: String? = nil,
                 username: String? = nil, password: SecretSource? = nil, tls: TLSSettings? = nil,
                 requestTimeout: Duration = .seconds(15), waitTimeout: Duration = .seconds(10), line: Int = 0,
-                issuer: UpstreamURL? = nil) {
+                issuer: UpstreamURL? = nil, clientKeyFile: String? = nil, clientKeyID: String? = nil) {
         self.issuer = issuer
+        self.clientKeyFile = clientKeyFile
+        self.clientKeyID = clientKeyID
         self.name = name
         self.grant = grant
         self.tokenURL = tokenURL
@@ -242,7 +254,7 @@ public struct SessionConfig: Sendable, Equatable {
             && a.defaultLifetime == b.defaultLifetime && a.refreshTokenFile == b.refreshTokenFile
             && a.username == b.username && a.password == b.password && a.tls == b.tls
             && a.requestTimeout == b.requestTimeout && a.waitTimeout == b.waitTimeout
-            && a.command == b.command && a.commandTimeout == b.commandTimeout && a.issuer == b.issuer
+            && a.command == b.command && a.commandTimeout == b.commandTimeout && a.issuer == b.issuer && a.clientKeyFile == b.clientKeyFile && a.clientKeyID == b.clientKeyID
             && a.authorizationEndpoint == b.authorizationEndpoint && a.deviceAuthorizationEndpoint == b.deviceAuthorizationEndpoint
     }
 }

@@ -198,9 +198,17 @@ extension ConfigBuilder {
         // Client authentication (RFC 6749 §2.3.1): a secret for the secret methods, none for `none`.
         let secret = secretChoice(f, ["client_secret_file", "client_secret_env", "client_secret"])
         let authMethod = clientAuth ?? .clientSecretBasic
+        let clientKeyFile = path(f, "client_key_file", mustRead: true)
+        let clientKeyID = text(f, "client_key_id", expected: "a key identifier (kid)")
         if clientAuth != nil || !clientAuthGiven {
-            if authMethod == .none, let secret {
-                fail(secret.line, f.key(secret.key), "client_auth is none, so no client secret is sent; remove \(secret.key) or set client_auth: client_secret_basic")
+            if !authMethod.usesSecret, let secret {
+                fail(secret.line, f.key(secret.key), "client_auth is \(authMethod.rawValue), so no client secret is sent; remove \(secret.key) or set client_auth: client_secret_basic")
+            } else if authMethod == .privateKeyJWT {
+                if f["client_key_file"] == nil { missing(f, "client_key_file", "private_key_jwt signs with a PEM private key (RSA or P-256)") }
+            } else if authMethod == .tlsClientAuth {
+                if tls?.clientCert == nil || tls?.clientKey == nil {
+                    fail(f["client_auth"]?.valueLine ?? f.line, f.key("tls"), "missing: tls_client_auth authenticates with tls: {client_cert, client_key}")
+                }
             } else if authMethod != .none, secret == nil, !hasSecretKey(f, ["client_secret_file", "client_secret_env", "client_secret"]) {
                 let why = clientAuthGiven ? "client_auth \(authMethod.rawValue)" : "client_auth client_secret_basic (the default)"
                 fail(f.line, f.key("client_secret_file"), "missing: \(why) needs one of client_secret_file, client_secret_env or client_secret; a public client sets client_auth: none")
@@ -237,7 +245,12 @@ extension ConfigBuilder {
             if let secret, authMethod != .none { checkSecret(secret.source, line: secret.line, key: f.key(secret.key)) }
             if let password, grant == .password { checkSecret(password.source, line: password.line, key: f.key(password.key)) }
         }
-        if tls != nil, let tokenURL, !tokenURL.isTLS, let e = f["tls"] {
+        if authMethod != .privateKeyJWT {
+            for k in ["client_key_file", "client_key_id"] {
+                if let e = f[k] { fail(e.keyLine, f.key(k), "only used with client_auth private_key_jwt") }
+            }
+        }
+        if tls != nil, let tokenURL, !tokenURL.isTLS, tokenURL != .discoveryPlaceholder, let e = f["tls"] {
             fail(e.keyLine, f.key("tls"), "tls settings need an https:// token_url")
         }
 
@@ -249,7 +262,8 @@ extension ConfigBuilder {
             refreshTokenFile: grant == .refreshToken ? refreshTokenFile : nil,
             username: grant == .password ? username : nil, password: grant == .password ? password?.source : nil,
             tls: tls, requestTimeout: requestTimeout ?? .seconds(15), waitTimeout: waitTimeout ?? .seconds(10),
-            line: item.keyLine, issuer: issuer)
+            line: item.keyLine, issuer: issuer, clientKeyFile: authMethod == .privateKeyJWT ? clientKeyFile : nil,
+            clientKeyID: authMethod == .privateKeyJWT ? clientKeyID : nil)
     }
 
     /// `grant: exec`: `command` (argv, no shell; argv[0] an absolute path or a name looked up in

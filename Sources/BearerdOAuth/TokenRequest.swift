@@ -6,6 +6,11 @@ public enum ClientAuthentication: String, Sendable, Equatable, CaseIterable {
     case clientSecretPost = "client_secret_post"
     /// Public client: `client_id` in the body, no secret (RFC 6749 §2.1, §3.2.1).
     case none = "none"
+    /// A JWT signed with the client's key (RFC 7523 §2.2, OIDC Core §9): `client_assertion_type`
+    /// and `client_assertion` in the body; the assertion is made fresh per request.
+    case privateKeyJWT = "private_key_jwt"
+    /// Mutual TLS (RFC 8705 §2): the TLS client certificate authenticates; `client_id` in the body.
+    case tlsClientAuth = "tls_client_auth"
 }
 
 /// One token request, before encoding: the grant and the client's credentials.
@@ -45,6 +50,8 @@ public struct TokenRequest: Sendable, Equatable {
     public var scope: String?
     /// Extra form parameters (`params:` in the config), sent in this order after the standard ones.
     public var extraParameters: [(String, String)]
+    /// `private_key_jwt`: the signed assertion for this request (`ClientAssertion`).
+    public var clientAssertion: OAuthSecret?
 
     public init(grant: Grant, clientID: String, clientSecret: OAuthSecret? = nil,
                 clientAuthentication: ClientAuthentication = .clientSecretBasic,
@@ -66,7 +73,7 @@ public struct TokenRequest: Sendable, Equatable {
     /// Parameter names the codec writes itself; `extraParameters` may not repeat them.
     public static let reservedParameterNames: Set<String> = [
         "grant_type", "client_id", "client_secret", "refresh_token", "username", "password", "scope",
-        "code", "redirect_uri", "code_verifier", "device_code",
+        "code", "redirect_uri", "code_verifier", "device_code", "client_assertion", "client_assertion_type",
     ]
 
     /// Why a request could not be encoded (a configuration problem, never retried).
@@ -115,8 +122,15 @@ public struct TokenRequest: Sendable, Equatable {
             }
             pairs.append(("client_id", clientID))
             pairs.append(("client_secret", secret.exposedValue))
-        case .none:
+        case .none, .tlsClientAuth:
             pairs.append(("client_id", clientID))
+        case .privateKeyJWT:
+            guard let assertion = clientAssertion else {
+                throw EncodingError(reason: "token.missing_client_assertion", detail: "private_key_jwt needs a signed client assertion")
+            }
+            pairs.append(("client_id", clientID))
+            pairs.append(("client_assertion_type", ClientAssertion.type))
+            pairs.append(("client_assertion", assertion.exposedValue))
         }
         for (name, value) in extraParameters {
             guard !TokenRequest.reservedParameterNames.contains(name) else {

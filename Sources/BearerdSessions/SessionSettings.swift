@@ -20,6 +20,8 @@ struct SessionSettings {
     var operatorRefreshToken: OAuthSecret?
     /// Why `operatorRefreshToken` is nil although a file is configured (for logs).
     var operatorFileProblem: String?
+    /// `client_auth: private_key_jwt`: the key that signs each request's client assertion.
+    var signer: JWTSigner?
 
     var operatorFingerprint: String? { operatorRefreshToken?.fingerprint }
 
@@ -60,9 +62,26 @@ struct SessionSettings {
         case .clientSecretBasic: auth = .clientSecretBasic
         case .clientSecretPost: auth = .clientSecretPost
         case .none: auth = .none
+        case .privateKeyJWT: auth = .privateKeyJWT
+        case .tlsClientAuth: auth = .tlsClientAuth
         }
-        return TokenRequest(grant: grant, clientID: config.clientID, clientSecret: clientSecret,
-                            clientAuthentication: auth, scope: config.scope, extraParameters: config.params)
+        var request = TokenRequest(grant: grant, clientID: config.clientID, clientSecret: clientSecret,
+                                   clientAuthentication: auth, scope: config.scope, extraParameters: config.params)
+        if let signer {
+            request.clientAssertion = clientAssertion(signer)
+        }
+        return request
+    }
+
+    /// A fresh RFC 7523 assertion for the token endpoint (new `jti`, 60 s). Nil when signing
+    /// fails (the encode then refuses the request: `token.missing_client_assertion`).
+    private func clientAssertion(_ signer: JWTSigner) -> OAuthSecret? {
+        var g = SystemRandomNumberGenerator()
+        let jti = Base64.encodeURL((0..<16).map { _ in UInt8.random(in: 0...255, using: &g) })
+        let input = ClientAssertion.signingInput(algorithm: signer.algorithm, keyID: config.clientKeyID, clientID: config.clientID,
+                                                 audience: config.tokenURL.description, jti: jti, now: wallClockSeconds())
+        guard let signature = try? signer.sign(Array(input.utf8)) else { return nil }
+        return OAuthSecret(ClientAssertion.assemble(signingInput: input, signature: signature))
     }
 
     /// True when a reload changed anything that could change the server's answer.
@@ -116,9 +135,18 @@ struct SessionSettings {
                 problem = error.message
             }
         }
+        var signer: JWTSigner?
+        if session.clientAuth == .privateKeyJWT, let keyFile = session.clientKeyFile {
+            do throws(TLSError) {
+                signer = try JWTSigner(pemFile: keyFile)
+            } catch {
+                errors.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).client_key_file",
+                                          message: error.message))
+            }
+        }
         guard errors.isEmpty else { throw ConfigErrors(errors) }
         return SessionSettings(config: session, clientSecret: clientSecret, password: password, tlsContext: tlsContext,
-                               operatorRefreshToken: operatorToken, operatorFileProblem: problem)
+                               operatorRefreshToken: operatorToken, operatorFileProblem: problem, signer: signer)
     }
 }
 

@@ -10,4 +10,6 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
+#include <openssl/ec.h>
+#include <openssl/bn.h>
 #endif

@@ -150,3 +150,30 @@ struct ConfigIssuerTests {
         #expect(query.contains { $0.contains("sessions.s.issuer") })
     }
 }
+
+/// `client_auth: private_key_jwt` and `tls_client_auth` (issue 11 item 3).
+@Suite("Config: client authentication without a shared secret")
+struct ConfigClientKeyTests {
+    @Test func privateKeyJWTNeedsAKeyAndNoSecret() throws {
+        let dir = try TemporaryDirectory()
+        let key = dir.path + "/k.pem"
+        FileManager.default.createFile(atPath: key, contents: Data("x".utf8))
+        let c = try parseConfig("sessions:\n  wl: { grant: client_credentials, token_url: \"https://a/t\", client_id: w, client_auth: private_key_jwt, client_key_file: \(key), client_key_id: k1 }\n" + minimalRoute, checkFiles: true)
+        #expect(c.session(named: "wl")?.clientAuth == .privateKeyJWT)
+        #expect(c.session(named: "wl")?.clientKeyFile == key)
+        #expect(c.session(named: "wl")?.clientKeyID == "k1")
+        let noKey = configErrors("sessions:\n  wl: { grant: client_credentials, token_url: \"https://a/t\", client_id: w, client_auth: private_key_jwt }\n" + minimalRoute)
+        #expect(noKey.contains { $0.contains("sessions.wl.client_key_file: missing") })
+        let withSecret = configErrors("sessions:\n  wl: { grant: client_credentials, token_url: \"https://a/t\", client_id: w, client_auth: private_key_jwt, client_key_file: \(key), client_secret: s }\n" + minimalRoute)
+        #expect(withSecret.contains { $0.contains("sessions.wl.client_secret: client_auth is private_key_jwt, so no client secret is sent") })
+        let keyElsewhere = configErrors("sessions:\n  s: { grant: client_credentials, token_url: \"https://a/t\", client_id: w, client_secret: x, client_key_file: \(key) }\n" + minimalRoute)
+        #expect(keyElsewhere.contains { $0.contains("sessions.s.client_key_file: only used with client_auth private_key_jwt") })
+    }
+
+    @Test func tlsClientAuthNeedsACertificate() {
+        let missing = configErrors("sessions:\n  m: { grant: client_credentials, token_url: \"https://a/t\", client_id: w, client_auth: tls_client_auth }\n" + minimalRoute)
+        #expect(missing.contains { $0.contains("sessions.m.tls: missing: tls_client_auth authenticates with tls: {client_cert, client_key}") })
+        let ok = configErrors("sessions:\n  m: { grant: client_credentials, token_url: \"https://a/t\", client_id: w, client_auth: tls_client_auth, tls: { client_cert: /c.pem, client_key: /k.pem } }\n" + minimalRoute)
+        #expect(ok.isEmpty, "\(ok)")
+    }
+}

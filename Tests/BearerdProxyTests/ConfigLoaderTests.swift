@@ -610,7 +610,7 @@ let minimalRoute = """
             "bearerd.yaml:2: sessions.s.client_secret_file: missing: client_auth client_secret_basic (the default) needs one of client_secret_file, client_secret_env or client_secret; a public client sets client_auth: none",
         ])
         #expect(configErrors(base + "    client_auth: client-secret-post\n" + minimalRoute) == [
-            "bearerd.yaml:6: sessions.s.client_auth: expected one of client_secret_basic, client_secret_post, none, got \"client-secret-post\" (did you mean 'client_secret_post'?)",
+            "bearerd.yaml:6: sessions.s.client_auth: expected one of client_secret_basic, client_secret_post, none, private_key_jwt, tls_client_auth, got \"client-secret-post\" (did you mean 'client_secret_post'?)",
         ])
     }
 

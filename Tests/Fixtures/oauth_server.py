@@ -89,11 +89,12 @@ from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
 from authlib.oauth2.rfc6749.errors import InvalidGrantError, MissingAuthorizationError, UnsupportedTokenTypeError
 from authlib.oauth2.rfc6750 import BearerTokenGenerator, BearerTokenValidator, InvalidTokenError
 from authlib.oauth2.rfc7009 import RevocationEndpoint
+from authlib.oauth2.rfc7523 import JWTBearerClientAssertion
 from authlib.oauth2.rfc7636 import CodeChallenge
 from authlib.oauth2.rfc8628 import DeviceAuthorizationEndpoint, DeviceCodeGrant, DeviceCredentialDict
 from werkzeug.serving import make_server
 
-ALL_AUTH_METHODS = ["client_secret_basic", "client_secret_post", "none"]
+ALL_AUTH_METHODS = ["client_secret_basic", "client_secret_post", "none", "private_key_jwt"]
 SCOPES_SUPPORTED = {"read", "write", "admin"}
 DEFAULT_SCOPE = "read write"
 
@@ -508,6 +509,31 @@ class AuthorizationCodeGrant(grants.AuthorizationCodeGrant):
         return authorization_code.user
 
 
+JTIS = set()  # client assertion ids seen (RFC 7523 §3: a jti is used once)
+
+
+class PrivateKeyJWTAuth(JWTBearerClientAssertion):
+    """RFC 7523 §2.2 / OIDC Core §9 `private_key_jwt`: the client signs a JWT with its key; the
+    server checks it with the public key registered for the client (`/_test/register-jwt-client`)."""
+
+    CLIENT_AUTH_METHOD = "private_key_jwt"
+
+    def get_audiences(self):
+        base = "http://127.0.0.1:%s" % request.environ.get("SERVER_PORT", "")
+        return [base + "/oauth/token", base]
+
+    def validate_jti(self, claims, jti):
+        with STATS.lock:
+            if jti in JTIS:
+                _bump(STATS.token_errors, "replayed_jti")
+                return False
+            JTIS.add(jti)
+        return True
+
+    def resolve_client_public_key(self, client):
+        return client.public_key_pem
+
+
 DEVICES = {}  # device_code -> DeviceCredentialDict
 USER_GRANTS = {}  # user_code -> (user, approved)
 
@@ -608,6 +634,7 @@ def create_app():
         ),
     )
     server.register_client_auth_method("client_secret_basic", _authenticate_basic_form_decoded)
+    server.register_client_auth_method(PrivateKeyJWTAuth.CLIENT_AUTH_METHOD, PrivateKeyJWTAuth())
     server.register_grant(ClientCredentialsGrant)
     server.register_grant(PasswordGrant)
     server.register_grant(RefreshTokenGrant)
@@ -665,7 +692,7 @@ def create_app():
             "token_endpoint": base + "/oauth/token",
             "device_authorization_endpoint": base + "/oauth/device",
             "revocation_endpoint": base + "/oauth/revoke",
-            "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none"],
+            "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none", "private_key_jwt"],
             "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials", "password"],
             "response_types_supported": ["code"],
             "code_challenge_methods_supported": ["S256"],
@@ -676,6 +703,14 @@ def create_app():
     def device_authorization():
         with STORE.lock:
             return server.create_endpoint_response(DeviceEndpoint.ENDPOINT_NAME)
+
+    @app.post("/_test/register-jwt-client")
+    def hook_register_jwt_client():
+        body = request.get_json(force=True, silent=True) or {}
+        c = Client(body["client_id"], None, "private_key_jwt", ["client_credentials"])
+        c.public_key_pem = body["public_key_pem"]
+        CLIENTS[c.client_id] = c
+        return jsonify(ok=True)
 
     @app.post("/_test/device/approve")
     def hook_device_approve():

@@ -1,0 +1,90 @@
+import Foundation
+import Testing
+import BearerdOAuth
+import BearerdTLS
+import BearerdTestSupport
+
+/// `client_auth: private_key_jwt` (RFC 7523 §2.2) against the Authlib fixture, which verifies
+/// the assertion with the registered public key and refuses a replayed `jti` (issue 11 item 3).
+@Suite("private_key_jwt", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+struct PrivateKeyJWTTests {
+    /// A key pair made with the openssl command: `ec` (P-256) or `rsa` (2048).
+    static func keyPair(_ kind: String, dir: String) throws -> (key: String, publicPEM: String) {
+        let key = dir + "/\(kind).pem", pub = dir + "/\(kind).pub"
+        let gen = kind == "ec" ? ["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", key]
+                               : ["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", key]
+        #expect(try DeployTests.run("/usr/bin/openssl", gen).status == 0)
+        #expect(try DeployTests.run("/usr/bin/openssl", ["pkey", "-in", key, "-pubout", "-out", pub]).status == 0)
+        return (key, try String(contentsOfFile: pub, encoding: .utf8))
+    }
+
+    static func register(_ auth: AuthServerFixture, clientID: String, publicPEM: String) throws {
+        let body = try JSONSerialization.data(withJSONObject: ["client_id": clientID, "public_key_pem": publicPEM])
+        #expect(try auth.request("POST", "/_test/register-jwt-client", headers: [("Content-Type", "application/json")], body: Array(body)).status == 200)
+    }
+
+    @Test(arguments: ["ec", "rsa"]) func tokensWithoutASharedSecret(kind: String) throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("pkjwt")
+        let (key, pub) = try Self.keyPair(kind, dir: dir)
+        try Self.register(auth, clientID: "workload-\(kind)", publicPEM: pub)
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", """
+            sessions:
+              wl:
+                grant: client_credentials
+                issuer: http://127.0.0.1:\(auth.port)
+                client_id: workload-\(kind)
+                client_auth: private_key_jwt
+                client_key_file: \(key)
+                client_key_id: 2026-11
+                scope: read
+            routes:
+              - match: /
+                upstream: \(auth.apiURL)
+                session: wl
+            """)
+        #expect(try CommandLineTests.run(["check", "-c", cfg]).status == 0)
+        // Two token requests (no state_dir: no cache), each with a fresh jti.
+        for _ in 0..<2 {
+            let out = try CommandLineTests.run(["token", "-c", cfg, "wl"])
+            #expect(out.status == 0, "\(out.stderr)")
+            let api = try auth.request("GET", "/api/x", headers: [("Authorization", "Bearer \(out.stdout.trimmingCharacters(in: .newlines))")])
+            #expect(api.status == 200)
+        }
+    }
+
+    /// The assertion as bearerd builds it is accepted once; the same one again is refused.
+    @Test func aReplayedAssertionIsRefused() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("pkjwt")
+        let (key, pub) = try Self.keyPair("ec", dir: dir)
+        try Self.register(auth, clientID: "replayer", publicPEM: pub)
+        let signer = try JWTSigner(pemFile: key)
+        #expect(signer.algorithm == "ES256")
+        let input = ClientAssertion.signingInput(algorithm: signer.algorithm, keyID: nil, clientID: "replayer",
+                                                 audience: "http://127.0.0.1:\(auth.port)/oauth/token", jti: "jti-1",
+                                                 now: Int64(Date().timeIntervalSince1970))
+        let assertion = ClientAssertion.assemble(signingInput: input, signature: try signer.sign(Array(input.utf8)))
+        let request = TokenRequest(grant: .clientCredentials, clientID: "replayer", clientAuthentication: .privateKeyJWT, scope: "read")
+        var withAssertion = request
+        withAssertion.clientAssertion = OAuthSecret(assertion)
+        let encoded = try withAssertion.encode()
+        let headers = encoded.headers.map { ($0.name, $0.value) }
+        let first = try auth.request("POST", "/oauth/token", headers: headers, body: encoded.body)
+        #expect(first.status == 200, "\(first.bodyText)")
+        let second = try auth.request("POST", "/oauth/token", headers: headers, body: encoded.body)
+        #expect(second.status == 401 || second.status == 400)
+        #expect(second.bodyText.contains("invalid_client"))
+        // A wrong key is refused too.
+        let (otherKey, _) = try Self.keyPair("rsa", dir: dir)
+        let other = try JWTSigner(pemFile: otherKey)
+        let input2 = ClientAssertion.signingInput(algorithm: other.algorithm, keyID: nil, clientID: "replayer",
+                                                  audience: "http://127.0.0.1:\(auth.port)/oauth/token", jti: "jti-2",
+                                                  now: Int64(Date().timeIntervalSince1970))
+        withAssertion.clientAssertion = OAuthSecret(ClientAssertion.assemble(signingInput: input2, signature: try other.sign(Array(input2.utf8))))
+        let forged = try withAssertion.encode()
+        #expect(try auth.request("POST", "/oauth/token", headers: forged.headers.map { ($0.name, $0.value) }, body: forged.body).status != 200)
+    }
+}
