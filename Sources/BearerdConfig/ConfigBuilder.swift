@@ -381,7 +381,15 @@ final class ConfigBuilder {
     /// `checkFiles`, `mustRead` requires it to be readable.
     /// `*_file` keys and the `tls` files also take `credential:NAME` (see `filePath`).
     func path(_ fields: Fields, _ name: String, mustRead: Bool) -> String? {
-        guard let entry = fields[name], let raw = text(entry, in: fields, expected: "a file path") else { return nil }
+        guard let entry = fields[name], var raw = text(entry, in: fields, expected: "a file path") else { return nil }
+        // `~/…`: the user's home directory ($HOME), as a shell would read it (configs for people).
+        if raw.hasPrefix("~/") {
+            guard let home = environment["HOME"], home.hasPrefix("/") else {
+                fail(entry.valueLine, fields.key(name), "\(raw) starts with ~/ but HOME is not set to an absolute path")
+                return nil
+            }
+            raw = (home.hasSuffix("/") ? String(home.dropLast()) : home) + String(raw.dropFirst())
+        }
         let takesCredential = name.hasSuffix("_file") || name == "client_cert" || name == "client_key"
         guard let resolved = takesCredential ? filePath(raw, line: entry.valueLine, key: fields.key(name))
                                              : ConfigFiles.resolve(raw, relativeTo: file) else { return nil }

@@ -197,9 +197,16 @@ func firstError(_ errors: ConfigErrors) -> String {
 struct Check: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Validate a configuration file and the secrets it names; exit non-zero on any error.")
     @OptionGroup var configOption: ConfigOption
+    @Flag(help: "Check an example or template: secrets, key files and issuers that this machine does not have are notes, not errors.")
+    var example = false
 
     func run() throws {
-        let config = try configOption.load(orExit: 1, useDiscoveryCache: false)
+        let config: BearerdConfig
+        if example {
+            config = try checkExample()
+        } else {
+            config = try configOption.load(orExit: 1, useDiscoveryCache: false)
+        }
         // Everything a start would refuse, without starting anything (no state_dir is created).
         var problems: [ConfigError] = []
         for (i, r) in config.routes.enumerated() {
@@ -210,19 +217,55 @@ struct Check: ParsableCommand {
             }
         }
         problems += SessionManager.reauthenticationProblems(config: config, environment: ProcessInfo.processInfo.environment)
+        if example {
+            // The same missing files again, from the TLS set-up: already noted.
+            problems.removeAll()
+        }
         if !problems.isEmpty {
             printErrors(ConfigErrors(problems))
             throw ExitCode(1)
         }
         print("\(configOption.path): OK (\(config.listen.count) listener(s), \(config.sessions.count) session(s), \(config.routes.count) route(s))")
     }
+
+    /// `--example`: the file must be valid as written; what it names that this machine lacks
+    /// (secret files and variables, key and certificate files, reachable issuers) is listed as
+    /// notes. A structural error is still an error.
+    private func checkExample() throws -> BearerdConfig {
+        let path = configOption.path
+        let config: BearerdConfig
+        do {
+            config = try ConfigLoader.load(path: path, checkFiles: false)
+        } catch {
+            printErrors(error)
+            throw ExitCode(1)
+        }
+        var notes: [String] = []
+        do throws(ConfigErrors) {
+            _ = try ConfigLoader.load(path: path)
+        } catch {
+            notes += error.errors.map(\.description)
+        }
+        if config.sessions.contains(where: { $0.issuer != nil }) {
+            let logger = Logger(label: "bearerd.discovery") { BearerdLogHandler(label: $0, level: .critical, format: .text) }
+            if case .failure(let e) = Discovery.resolve(config, logger: logger, useCache: false) {
+                notes += e.errors.map(\.description)
+            }
+        }
+        for n in notes { print("note: \(n)") }
+        if !notes.isEmpty {
+            print("(\(notes.count) note(s): things this machine does not have; a real deployment provides them)")
+        }
+        return config
+    }
 }
 
 struct Demo: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Run bearerd on a built-in example: a local token endpoint and protected API on 127.0.0.1:9000 behind bearerd on 127.0.0.1:8080.")
+        abstract: "Run bearerd on a built-in example: a local token endpoint and protected API on 127.0.0.1:9000 behind bearerd on 127.0.0.1:8080 (admin on 9901).")
     @Option(help: "Port for bearerd.") var port: UInt16 = 8080
     @Option(help: "Port for the demo authorization server and API.") var upstreamPort: UInt16 = 9000
+    @Option(help: "Port for bearerd's admin listener (/healthz, /readyz, /metrics); 0: none.") var adminPort: UInt16 = 9901
     @OptionGroup var logOptions: LogOptions
 
     func run() throws {
@@ -235,6 +278,7 @@ struct Demo: ParsableCommand {
         try upstream.start()
         let yaml = """
         listen: [127.0.0.1:\(port)]
+        \(adminPort == 0 ? "" : "admin: 127.0.0.1:\(adminPort)")
         loops: 1
         sessions:
           demo:
@@ -260,6 +304,7 @@ struct Demo: ParsableCommand {
               try:    curl -s http://127.0.0.1:\(port)/hello          (bearerd fetched a token and injected it)
               revoke: curl -s -X POST http://127.0.0.1:\(upstreamPort)/demo/revoke   then the first curl again:
                       the API answers 401, bearerd refreshes once and replays the request
+              admin:  \(adminPort == 0 ? "(off)" : "curl -s http://127.0.0.1:\(adminPort)/readyz ; curl -s http://127.0.0.1:\(adminPort)/metrics")
               stop:   Ctrl-C
             """)
             fflush(stdout)

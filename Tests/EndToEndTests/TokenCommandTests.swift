@@ -95,3 +95,32 @@ struct TokenCommandTests {
         #expect(tokens.calls.count == 3)
     }
 }
+
+/// The shipped configurations pass `check` (issue 11 item 8): `config.example.yaml` and
+/// `deploy/examples/*` with `--example` (what this machine lacks becomes notes), the sidecar as
+/// is once its secret variable is set.
+@Suite("Shipped configurations pass check")
+struct ShippedConfigTests {
+    static var root: String { AuthServerFixture.repositoryRoot.path }
+
+    @Test(arguments: ["config.example.yaml", "deploy/examples/sidecar.yaml", "deploy/examples/curl-as-me.yaml", "deploy/examples/grpc-service.yaml"])
+    func checkExample(file: String) throws {
+        let out = try CommandLineTests.run(["check", "--example", "-c", Self.root + "/" + file], env: ["HOME": "/tmp"])
+        #expect(out.status == 0, "\(out.stdout)\(out.stderr)")
+        #expect(out.stdout.contains(": OK ("))
+    }
+
+    @Test func theSidecarPassesPlainCheckWithItsSecret() throws {
+        let bare = try CommandLineTests.run(["check", "-c", Self.root + "/deploy/examples/sidecar.yaml"], env: ["PARTNER_CLIENT_SECRET": ""])
+        #expect(bare.status != 0)
+        #expect((bare.stdout + bare.stderr).contains("PARTNER_CLIENT_SECRET"))
+        let ok = try CommandLineTests.run(["check", "-c", Self.root + "/deploy/examples/sidecar.yaml"], env: ["PARTNER_CLIENT_SECRET": "s3cret"])
+        #expect(ok.status == 0, "\(ok.stdout)\(ok.stderr)")
+    }
+
+    @Test func aStructuralErrorIsStillAnErrorWithExample() throws {
+        let bad = try CommandLineTests.tempFile("bearerd.yaml", "routes:\n  - match: nope\n    upstream: http://127.0.0.1:1\n")
+        let out = try CommandLineTests.run(["check", "--example", "-c", bad])
+        #expect(out.status != 0)
+    }
+}

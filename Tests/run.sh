@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The test command (README, and .ci/run calls it): installs what only the tests need, then runs
+# `swift test`. bearerd itself needs none of this:
+#   Debian packages: python3-venv (the fixtures' venv), systemd (systemd-socket-activate and
+#   systemd-analyze for the systemd and deploy/ tests), nginx (a real HTTP/2 upstream), curl (an
+#   HTTP/2 client), openssl (certificates made for the tests)
+#   PyPI, pinned, into .venv: Authlib and Flask (a real authorization server), grpcio (a real gRPC
+#   server and client), websockets (a real WebSocket peer), prometheus_client (the metrics parser)
+# Extra arguments go to `swift test` (e.g. --filter LoginTests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+need=()
+for pkg in python3 python3-venv systemd nginx curl openssl libssl-dev libnghttp2-dev pkg-config; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+    echo "== installing test packages: ${need[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# Debian's python3-authlib (1.2) is too old for the fixture; the pinned PyPI versions go into a
+# project venv, which the tests find on their own (AuthServerFixture.python).
+if [ ! -x .venv/bin/python3 ]; then python3 -m venv .venv; fi
+.venv/bin/python3 -m pip install -q --disable-pip-version-check -r Tests/Fixtures/requirements.txt
+if [ -n "${CI:-}" ]; then
+    echo "== the tests' prerequisites are present (CI must not skip a test for lack of them)"
+    .venv/bin/python3 -c "import authlib, flask, prometheus_client.parser, grpc, websockets"
+    for tool in systemd-socket-activate systemd-analyze setpriv curl /usr/sbin/nginx; do
+        command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
+    done
+    [ "$(id -u)" -eq 0 ] || echo "note: not root, so the SO_PEERCRED tests (run a client as another uid) will be skipped"
+fi
+exec swift test "$@"
