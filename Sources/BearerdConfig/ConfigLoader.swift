@@ -124,7 +124,7 @@ public enum ConfigLoader {
 /// that every key listed here is documented in `config.example.yaml`.
 enum ConfigKeys {
     static let top = ["listen", "admin", "allow_remote", "allowed_hosts", "allowed_origins", "state_dir", "loops", "io", "limits", "timeouts",
-                      "shutdown_grace", "startup_timeout", "log", "sessions", "routes"]
+                      "shutdown_grace", "startup_timeout", "log", "sessions", "routes", "outbound_proxy"]
     static let listener = ["address", "unix", "name", "mode", "owner", "group", "allow_uids", "allow_gids", "allow_remote", "allowed_hosts", "allowed_origins", "tls"]
     static let listenerTLS = ["cert", "key"]
     static let log = ["format", "level", "access"]

@@ -27,6 +27,8 @@ public struct BearerdConfig: Sendable {
     /// Longest wait at start for every session's first token before systemd hears READY=1
     /// anyway (with a STATUS= naming what is missing). Default 30 s.
     public var startupTimeout: Duration = .seconds(30)
+    /// `outbound_proxy:` resolved (for `env`, from the environment at load).
+    public var outboundProxy: OutboundProxy = .direct
     /// Sessions by name, in file order.
     public var sessions: [SessionConfig]
     /// Routes in file order; first match wins.

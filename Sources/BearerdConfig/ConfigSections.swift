@@ -109,6 +109,22 @@ extension ConfigBuilder {
         config.ioMode = ioMode
         if let log { config.log = log }
         if let startupTimeout { config.startupTimeout = startupTimeout }
+        if let e = top["outbound_proxy"], let raw = text(e, in: top, expected: "env, none or a proxy URL such as http://proxy.internal:3128") {
+            switch raw {
+            case "none":
+                break
+            case "env":
+                switch OutboundProxy.fromEnvironment(environment) {
+                case .success(let p): config.outboundProxy = p
+                case .failure(let f): fail(e.valueLine, "outbound_proxy", "the proxy in the environment: \(f.message)")
+                }
+            default:
+                switch OutboundProxy.parseEndpoint(raw) {
+                case .success(let endpoint): config.outboundProxy = OutboundProxy(https: endpoint, http: endpoint)
+                case .failure(let f): fail(e.valueLine, "outbound_proxy", "expected env, none or a proxy URL such as http://proxy.internal:3128: \(f.message)")
+                }
+            }
+        }
         return config
     }
 

@@ -251,6 +251,19 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         return ch
     }
 
+    /// An fd connected elsewhere (`adoptConnected`): the same path as a connect in progress,
+    /// whose write readiness (at once) completes it.
+    static func startConnected(fd: Int32, peer: SocketAddress?, loop: EventLoop, tls: TLSEngine?, delegate: ChannelDelegate) -> SocketChannel {
+        let ch = SocketChannel(fd: fd, loop: loop)
+        ch.delegate = delegate
+        ch.peerAddress = peer
+        ch.tls = tls
+        ch.phase = .connecting
+        ch.start()
+        ch.armWrite()
+        return ch
+    }
+
     // MARK: reading
 
     public func pauseReading(_ reason: ReadPauseReasons) {

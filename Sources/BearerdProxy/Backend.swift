@@ -1,4 +1,7 @@
 import BearerdHTTP
+#if canImport(Glibc)
+import Glibc
+#endif
 import BearerdIO
 import BearerdTLS
 import BearerdProxyCore
@@ -15,6 +18,7 @@ public final class UpstreamTarget: @unchecked Sendable {  // @unchecked: immutab
         public var port: UInt16
         public var tls: TLSSettings?
         public var http2: HTTP2Mode
+        public var proxy: OutboundProxy.Endpoint?
     }
     public let key: Key
     public let url: UpstreamURL
@@ -39,10 +43,15 @@ public final class UpstreamTarget: @unchecked Sendable {  // @unchecked: immutab
         }
     }
 
-    public init(url: UpstreamURL, tls: TLSSettings?, timeouts: RouteTimeouts, http2: HTTP2Mode = .auto) throws(TLSError) {
+    /// `outbound_proxy:` for this upstream (CONNECT for https, absolute form for http), or nil.
+    public let proxy: OutboundProxy.Endpoint?
+
+    public init(url: UpstreamURL, tls: TLSSettings?, timeouts: RouteTimeouts, http2: HTTP2Mode = .auto,
+                outboundProxy: OutboundProxy = .direct) throws(TLSError) {
         self.url = url
         self.http2 = http2
-        key = Key(scheme: url.scheme, host: url.host, port: url.port, tls: url.isTLS ? tls : nil, http2: http2)
+        proxy = outboundProxy.endpoint(scheme: url.scheme, host: url.host, port: url.port)
+        key = Key(scheme: url.scheme, host: url.host, port: url.port, tls: url.isTLS ? tls : nil, http2: http2, proxy: proxy)
         if url.isTLS {
             // DESIGN §2.3: ALPN h2,http/1.1 where HTTP/2 is enabled.
             let alpn: [String]
@@ -136,6 +145,31 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
 
     private var remainingAddresses: ArraySlice<SocketAddress> = []
 
+    /// The connection is a CONNECT tunnel through the outbound proxy (`ProxyTunnel`), already
+    /// connected: only TLS (and the protocol) remain.
+    func connectThroughTunnel(fd: Int32, http1Only: Bool, completion: @escaping (Result<ConnectOutcome, ChannelError>) -> Void) {
+        connectCompletion = completion
+        self.http1Only = http1Only
+        deadline = monotonicNanos() + target.connectTimeout
+        pool.loop.register(self)
+        do {
+            var engine: TLSEngine?
+            if let ctx = http1Only ? (target.http1TLSContext ?? target.tlsContext) : target.tlsContext {
+                engine = try TLSEngine(client: ctx, serverName: target.url.host)
+            }
+            channel = try SocketChannel.adoptConnected(fd: fd, peer: nil, loop: pool.loop, tls: engine, delegate: self)
+        } catch let e as TLSError {
+            Glibc.close(fd)
+            finishConnect(.failure(.tls(e)))
+        } catch let e as IOError {
+            Glibc.close(fd)
+            finishConnect(.failure(.connect(e)))
+        } catch {
+            Glibc.close(fd)
+            finishConnect(.failure(.protocolError("\(error)")))
+        }
+    }
+
     private func attempt(addresses: ArraySlice<SocketAddress>) {
         guard let address = addresses.first else { return }
         remainingAddresses = addresses.dropFirst()
@@ -190,6 +224,18 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         requestChunked = body == .chunked
         var buf: [UInt8] = []
         buf.reserveCapacity(512)
+        if let proxy = target.proxy, !target.url.isTLS {
+            // Through a forward proxy: the absolute form (RFC 9112 §3.2.2) and the proxy's credentials.
+            var h = head
+            h.target = "http://" + target.url.authority + head.target
+            if let credentials = proxy.credentials {
+                h.headers.add("Proxy-Authorization", "Basic " + ProxyTunnel.base64(Array(credentials.utf8)))
+            }
+            HTTP1Serializer.writeRequestHead(h, into: &buf)
+            channel?.write(taking: &buf)
+            touch()
+            return
+        }
         HTTP1Serializer.writeRequestHead(head, into: &buf)
         channel?.write(taking: &buf)
         touch()
@@ -494,23 +540,39 @@ final class BackendPool {
             }
             connecting[target.key] = [completion]
         }
-        Resolver.shared.resolve(host: target.url.host, port: target.url.port, on: loop) { [self] result in
+        let connected: (Result<BackendConnection.ConnectOutcome, ChannelError>) -> Void = { [self] r in
+            switch r {
+            case .success(.http1(let c)):
+                c.reused = false
+                finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .success(.http1(c)))
+            case .success(.http2(let h2)):
+                finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .success(.http2(h2)))
+            case .failure(let e):
+                finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .failure(e))
+            }
+        }
+        if let proxy = target.proxy, target.url.isTLS || target.http2 == .priorKnowledge {
+            // `outbound_proxy:` for https: a CONNECT tunnel, TLS to the upstream inside it.
+            ProxyTunnel.open(proxyHost: proxy.host, proxyPort: proxy.port, credentials: proxy.credentials,
+                             targetHost: target.url.host, targetPort: target.url.port,
+                             timeout: .nanoseconds(Int64(clamping: target.connectTimeout)), on: loop) { [self] result in
+                switch result {
+                case .failure(let f):
+                    connected(.failure(.connect(IOError("proxy \(proxy)", ECONNREFUSED, hint: f.message))))
+                case .success(let fd):
+                    BackendConnection(target: target, pool: self).connectThroughTunnel(fd: fd, http1Only: http1Only, completion: connected)
+                }
+            }
+            return
+        }
+        // http through a proxy: connect to the proxy, requests in absolute form.
+        let (host, port) = target.proxy.map { ($0.host, $0.port) } ?? (target.url.host, target.url.port)
+        Resolver.shared.resolve(host: host, port: port, on: loop) { [self] result in
             switch result {
             case .failure(let e):
-                finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .failure(.connect(e)))
+                connected(.failure(.connect(e)))
             case .success(let addrs):
-                let conn = BackendConnection(target: target, pool: self)
-                conn.connect(addresses: addrs, http1Only: http1Only) { r in
-                    switch r {
-                    case .success(.http1(let c)):
-                        c.reused = false
-                        self.finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .success(.http1(c)))
-                    case .success(.http2(let h2)):
-                        self.finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .success(.http2(h2)))
-                    case .failure(let e):
-                        self.finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .failure(e))
-                    }
-                }
+                BackendConnection(target: target, pool: self).connect(addresses: addrs, http1Only: http1Only, completion: connected)
             }
         }
     }

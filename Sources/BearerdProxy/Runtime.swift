@@ -47,7 +47,8 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
         self.listenerTLS = listenerTLS
         for (i, r) in config.routes.enumerated() {
             do {
-                targets.append(try UpstreamTarget(url: r.upstream, tls: r.tls, timeouts: r.timeouts, http2: r.http2))
+                targets.append(try UpstreamTarget(url: r.upstream, tls: r.tls, timeouts: r.timeouts, http2: r.http2,
+                                                  outboundProxy: config.outboundProxy))
             } catch {
                 errors.append(ConfigError(file: config.file, line: r.line, key: "routes[\(i)].tls", message: error.message))
             }

@@ -22,7 +22,7 @@ public enum Discovery {
         var errors: [ConfigError] = []
         for (i, session) in config.sessions.enumerated() {
             guard let issuer = session.issuer else { continue }
-            switch metadata(for: session, stateDir: config.stateDir, logger: logger, useCache: useCache) {
+            switch metadata(for: session, stateDir: config.stateDir, proxy: config.outboundProxy, logger: logger, useCache: useCache) {
             case .failure(let failure):
                 errors.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).issuer", message: failure.message))
             case .success(let meta):
@@ -58,7 +58,8 @@ public enum Discovery {
         var message: String
     }
 
-    static func metadata(for session: SessionConfig, stateDir: String?, logger: Logger, useCache: Bool) -> Result<AuthorizationServerMetadata, Failure> {
+    static func metadata(for session: SessionConfig, stateDir: String?, proxy: OutboundProxy, logger: Logger,
+                         useCache: Bool) -> Result<AuthorizationServerMetadata, Failure> {
         guard let issuer = session.issuer?.description else { return .failure(Failure(message: "no issuer")) }
         let cachePath = stateDir.map { $0 + "/" + session.name + ".discovery.json" }
         var problems: [String] = []
@@ -73,7 +74,8 @@ public enum Discovery {
         for candidate in AuthorizationServerMetadata.wellKnownURLs(issuer: issuer) {
             guard case .success(let url) = UpstreamURL.parse(candidate, allowQuery: false) else { continue }
             let outcome = TokenEndpointClient.blocking(timeout: fetchTimeout) { loop, done in
-                TokenEndpointClient.get(url, tls: tls, on: loop, completion: done)
+                TokenEndpointClient.get(url, tls: tls, proxy: proxy.endpoint(scheme: url.scheme, host: url.host, port: url.port),
+                                        on: loop, completion: done)
             }
             switch outcome {
             case .response(200, _, let body):

@@ -431,7 +431,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         let sentAt = now()
         let parser = settings.responseParser
         let timeout = settings.config.requestTimeout
-        let client = TokenEndpointClient.post(encoded, to: settings.config.tokenURL, tls: settings.tlsContext, on: queue) { [self] outcome in
+        let client = TokenEndpointClient.post(encoded, to: settings.config.tokenURL, tls: settings.tlsContext, proxy: settings.proxy, on: queue) { [self] outcome in
             if fetchSerial == serial { inFlight = nil }
             guard !stopped else { return }
             switch outcome {

@@ -22,6 +22,8 @@ struct SessionSettings {
     var operatorFileProblem: String?
     /// `client_auth: private_key_jwt`: the key that signs each request's client assertion.
     var signer: JWTSigner?
+    /// `outbound_proxy:` towards the token endpoint, if any.
+    var proxy: OutboundProxy.Endpoint?
 
     var operatorFingerprint: String? { operatorRefreshToken?.fingerprint }
 
@@ -146,7 +148,9 @@ struct SessionSettings {
         }
         guard errors.isEmpty else { throw ConfigErrors(errors) }
         return SessionSettings(config: session, clientSecret: clientSecret, password: password, tlsContext: tlsContext,
-                               operatorRefreshToken: operatorToken, operatorFileProblem: problem, signer: signer)
+                               operatorRefreshToken: operatorToken, operatorFileProblem: problem, signer: signer,
+                               proxy: config.outboundProxy.endpoint(scheme: session.tokenURL.scheme, host: session.tokenURL.host,
+                                                                    port: session.tokenURL.port))
     }
 }
 

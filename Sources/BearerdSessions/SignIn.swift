@@ -18,6 +18,7 @@ public final class SignIn {
     public let session: SessionConfig
     let settings: SessionSettings
     let stateDir: String
+    let proxyConfig: OutboundProxy
 
     public struct Failure: Error, CustomStringConvertible, Sendable {
         public var message: String
@@ -37,6 +38,7 @@ public final class SignIn {
         }
         self.session = session
         self.stateDir = stateDir
+        proxyConfig = config.outboundProxy
         settings = try SessionSettings.resolve(session, in: config, environment: environment)
     }
 
@@ -65,7 +67,7 @@ public final class SignIn {
             return .failure(Failure(message: error.description))
         }
         let outcome = TokenEndpointClient.blocking(timeout: session.requestTimeout) { loop, done in
-            TokenEndpointClient.post(encoded, to: session.tokenURL, tls: settings.tlsContext, on: loop, completion: done)
+            TokenEndpointClient.post(encoded, to: session.tokenURL, tls: settings.tlsContext, proxy: settings.proxy, on: loop, completion: done)
         }
         return classify(outcome)
     }
@@ -117,7 +119,9 @@ public final class SignIn {
             .filter { !$0.hasPrefix("grant_type=") }.joined(separator: "&").utf8)
         let deviceRequest = EncodedTokenRequest(body: body, headers: encoded.headers)
         let outcome = TokenEndpointClient.blocking(timeout: session.requestTimeout) { loop, done in
-            TokenEndpointClient.post(deviceRequest, to: endpoint, tls: settings.tlsContext, on: loop, completion: done)
+            TokenEndpointClient.post(deviceRequest, to: endpoint, tls: settings.tlsContext,
+                                     proxy: proxyConfig.endpoint(scheme: endpoint.scheme, host: endpoint.host, port: endpoint.port),
+                                     on: loop, completion: done)
         }
         guard case .response(let status, _, let bytes) = outcome else {
             if case .transportFailure(let detail, _) = outcome { return .failure(Failure(message: "\(endpoint.authority): \(detail)")) }

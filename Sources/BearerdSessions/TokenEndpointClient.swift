@@ -1,5 +1,8 @@
 import BearerdHTTP
 import Dispatch
+#if canImport(Glibc)
+import Glibc
+#endif
 import BearerdIO
 import BearerdOAuth
 import BearerdTLS
@@ -46,14 +49,25 @@ final class TokenEndpointClient: ChannelDelegate {
     private var remainingAddresses: ArraySlice<SocketAddress> = []
     private var lastConnectError = ""
 
-    private init(loop: EventLoop, url: UpstreamURL, tlsContext: TLSContext?, request: EncodedTokenRequest?) {
+    /// `outbound_proxy:` for this URL, if any.
+    private let proxy: OutboundProxy.Endpoint?
+
+    private init(loop: EventLoop, url: UpstreamURL, tlsContext: TLSContext?, request: EncodedTokenRequest?, proxy: OutboundProxy.Endpoint?) {
         self.loop = loop
         self.url = url
         self.tlsContext = tlsContext
+        self.proxy = proxy
         var target = url.basePath.isEmpty ? "/" : url.basePath
         if let query = url.query, !query.isEmpty { target += "?" + query }
         var headers = HTTPHeaders()
         headers.add("Host", url.authority)
+        if let proxy, !url.isTLS {
+            // Through a forward proxy: the absolute form (RFC 9112 §3.2.2) and the proxy's credentials.
+            target = "http://" + url.authority + target
+            if let credentials = proxy.credentials {
+                headers.add("Proxy-Authorization", "Basic " + ProxyTunnel.base64(Array(credentials.utf8)))
+            }
+        }
         let method = request == nil ? "GET" : "POST"
         if let request {
             for field in request.headers { headers.add(field.name, field.value) }
@@ -72,9 +86,9 @@ final class TokenEndpointClient: ChannelDelegate {
 
     /// A `GET` of a JSON document (authorization server metadata), same transport and limits.
     @discardableResult
-    static func get(_ url: UpstreamURL, tls: TLSContext?, on loop: EventLoop,
+    static func get(_ url: UpstreamURL, tls: TLSContext?, proxy: OutboundProxy.Endpoint? = nil, on loop: EventLoop,
                     completion: @escaping (TokenEndpointOutcome) -> Void) -> TokenEndpointClient {
-        let client = TokenEndpointClient(loop: loop, url: url, tlsContext: tls, request: nil)
+        let client = TokenEndpointClient(loop: loop, url: url, tlsContext: tls, request: nil, proxy: proxy)
         client.completion = completion
         client.retainedSelf = client
         loop.execute { client.resolve() }
@@ -102,9 +116,9 @@ final class TokenEndpointClient: ChannelDelegate {
     /// Starts the request; `completion` runs once on `loop`. The returned handle cancels it
     /// (as a transport failure with `detail`), e.g. when the fetch's own timeout fires.
     @discardableResult
-    static func post(_ request: EncodedTokenRequest, to url: UpstreamURL, tls: TLSContext?, on loop: EventLoop,
-                     completion: @escaping (TokenEndpointOutcome) -> Void) -> TokenEndpointClient {
-        let client = TokenEndpointClient(loop: loop, url: url, tlsContext: tls, request: request)
+    static func post(_ request: EncodedTokenRequest, to url: UpstreamURL, tls: TLSContext?, proxy: OutboundProxy.Endpoint? = nil,
+                     on loop: EventLoop, completion: @escaping (TokenEndpointOutcome) -> Void) -> TokenEndpointClient {
+        let client = TokenEndpointClient(loop: loop, url: url, tlsContext: tls, request: request, proxy: proxy)
         client.completion = completion
         client.retainedSelf = client
         loop.execute { client.resolve() }
@@ -118,7 +132,32 @@ final class TokenEndpointClient: ChannelDelegate {
 
     private func resolve() {
         guard completion != nil else { return }
-        Resolver.shared.resolve(host: url.host, port: url.port, on: loop) { [self] result in
+        if let proxy, url.isTLS {
+            // https through `outbound_proxy:`: a CONNECT tunnel, TLS to the token endpoint inside it.
+            ProxyTunnel.open(proxyHost: proxy.host, proxyPort: proxy.port, credentials: proxy.credentials, targetHost: url.host,
+                             targetPort: url.port, timeout: .seconds(10), on: loop) { [self] result in
+                guard completion != nil else {
+                    if case .success(let fd) = result { Glibc.close(fd) }
+                    return
+                }
+                switch result {
+                case .failure(let f):
+                    finish(.transportFailure(detail: "through the proxy \(proxy): \(f.message)", requestSent: false))
+                case .success(let fd):
+                    do {
+                        var engine: TLSEngine?
+                        if let tlsContext { engine = try TLSEngine(client: tlsContext, serverName: url.host) }
+                        channel = try SocketChannel.adoptConnected(fd: fd, peer: nil, loop: loop, tls: engine, delegate: self)
+                    } catch {
+                        Glibc.close(fd)
+                        finish(.transportFailure(detail: "\(error)", requestSent: false))
+                    }
+                }
+            }
+            return
+        }
+        let (host, port) = proxy.map { ($0.host, $0.port) } ?? (url.host, url.port)
+        Resolver.shared.resolve(host: host, port: port, on: loop) { [self] result in
             switch result {
             case .success(let addresses):
                 attempt(addresses[...])

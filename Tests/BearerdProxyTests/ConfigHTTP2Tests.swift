@@ -177,3 +177,46 @@ struct ConfigClientKeyTests {
         #expect(ok.isEmpty, "\(ok)")
     }
 }
+
+/// `outbound_proxy:` (issue 11 item 6): parsing and curl's environment rules.
+@Suite("Config: outbound_proxy")
+struct OutboundProxyConfigTests {
+    @Test func urlEnvAndNone() throws {
+        #expect(try parseConfig(minimalRoute).outboundProxy == .direct)
+        #expect(try parseConfig("outbound_proxy: none\n" + minimalRoute).outboundProxy == .direct)
+        let u = try parseConfig("outbound_proxy: http://user:p%40ss@proxy.internal:3128\n" + minimalRoute).outboundProxy
+        #expect(u.https == OutboundProxy.Endpoint(host: "proxy.internal", port: 3128, credentials: "user:p@ss"))
+        #expect(u.http == u.https)
+        #expect(u.https?.description == "http://proxy.internal:3128")
+        let e = try parseConfig("outbound_proxy: env\n" + minimalRoute,
+                                environment: ["HTTPS_PROXY": "http://a:8080", "http_proxy": "b", "HTTP_PROXY": "ignored:1", "no_proxy": " .internal, localhost:8443 ,*.svc"]).outboundProxy
+        #expect(e.https == OutboundProxy.Endpoint(host: "a", port: 8080))
+        #expect(e.http == OutboundProxy.Endpoint(host: "b", port: 1080))
+        #expect(e.noProxy == [".internal", "localhost:8443", "*.svc"])
+        let onlyUpper = try parseConfig("outbound_proxy: env\n" + minimalRoute, environment: ["HTTP_PROXY": "http://x:1"]).outboundProxy
+        #expect(onlyUpper.http == nil)  // as curl: upper-case HTTP_PROXY is not read
+    }
+
+    @Test func noProxyRules() {
+        let p = OutboundProxy(https: .init(host: "p", port: 1), http: .init(host: "p", port: 1), noProxy: [".internal", "localhost:8443", "*.svc", "10.0.0.1"])
+        #expect(p.endpoint(scheme: "https", host: "api.example.com", port: 443) != nil)
+        #expect(p.endpoint(scheme: "https", host: "auth.internal", port: 443) == nil)
+        #expect(p.endpoint(scheme: "https", host: "internal", port: 443) == nil)
+        #expect(p.endpoint(scheme: "https", host: "xinternal", port: 443) != nil)
+        #expect(p.endpoint(scheme: "https", host: "localhost", port: 8443) == nil)
+        #expect(p.endpoint(scheme: "https", host: "localhost", port: 443) != nil)
+        #expect(p.endpoint(scheme: "http", host: "db.svc", port: 80) == nil)
+        #expect(p.endpoint(scheme: "http", host: "10.0.0.1", port: 80) == nil)
+        #expect(OutboundProxy(https: .init(host: "p", port: 1), noProxy: ["*"]).endpoint(scheme: "https", host: "a", port: 1) == nil)
+        #expect(OutboundProxy(https: .init(host: "p", port: 1)).endpoint(scheme: "http", host: "a", port: 1) == nil)
+    }
+
+    @Test func badValuesAreNamed() {
+        let socks = configErrors("outbound_proxy: socks5://p:1080\n" + minimalRoute)
+        #expect(socks.contains { $0.contains("bearerd.yaml:1: outbound_proxy:") && $0.contains("only http:// proxies") })
+        let port = configErrors("outbound_proxy: http://p:0\n" + minimalRoute)
+        #expect(port.contains { $0.contains("outbound_proxy:") && $0.contains("invalid proxy port") })
+        let env = configErrors("outbound_proxy: env\n" + minimalRoute, environment: ["HTTPS_PROXY": "https://p:1"])
+        #expect(env.contains { $0.contains("outbound_proxy: the proxy in the environment") })
+    }
+}
