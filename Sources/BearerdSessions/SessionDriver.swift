@@ -96,9 +96,27 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 loop.execute { completion(.failure(TokenUnavailable(session: self.name, retryAfterSeconds: 1, detail: "token.session_stopped"))) }
                 return
             }
+            adoptNewSignInIfAny(throttled: true)
             let id = allocateWaiter(.token(loop, completion))
             run(machine.tokenRequested(waiter: id, now: now()))
         }
+    }
+
+    /// When a person's session waits for `bearerd login` (no refresh token yet, or the server
+    /// refused it): a state file written by `login` since is adopted at once, so "login, then
+    /// curl" works against a running bearerd without SIGHUP. Requests check at most once a
+    /// second; SIGHUP checks always. Session queue.
+    private var lastSignInCheck: UInt64 = 0
+    private func adoptNewSignInIfAny(throttled: Bool) {
+        guard grant.isPersonal, machine.status == .needsReauthentication || own == nil else { return }
+        let t = monotonicNanos()
+        if throttled && t &- lastSignInCheck < 1_000_000_000 && lastSignInCheck != 0 { return }
+        lastSignInCheck = t
+        guard let stored = readStoredState(), stored.refreshToken != own?.refreshToken else { return }
+        own = stored
+        logger.info("new sign-in found in the state file", metadata: ["session": "\(name)",
+                                                                        "refresh_token.fingerprint": "\(stored.refreshToken.fingerprint)"])
+        run(machine.credentialsChanged(now: now(), reissue: true))
     }
 
     /// The upstream rejected a request sent with `generation` (DESIGN §6 "401 → refresh →
@@ -170,6 +188,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 // next one starts from the new file (its fingerprint differs from the state's).
                 own = chooseStartingState(stored: readStoredState())
             }
+            adoptNewSignInIfAny(throttled: false)
             // Re-sending a refresh token the server called dead, unchanged, would be pointless.
             if changed || machine.status != .needsReauthentication {
                 if changed { logger.info("session credentials reloaded", metadata: ["token.reissue": "\(reissue)"]) }
@@ -258,7 +277,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             case .reportNeedsReauthentication(let failure):
                 store?.markNeedsReauthentication(operatorFingerprint: settings.operatorFingerprint)
                 if settings.config.grant.isPersonal {
-                    logger.error("session \(name) needs a new sign-in: run `bearerd login \(name)`, then send SIGHUP", metadata: failureMetadata(failure))
+                    logger.error("session \(name) needs a new sign-in: run `bearerd login \(name)`", metadata: failureMetadata(failure))
                 } else {
                     let file = settings.config.refreshTokenFile ?? "refresh_token_file"
                     logger.error("session \(name) needs a new refresh token: put one in \(file) and send SIGHUP", metadata: failureMetadata(failure))
@@ -606,7 +625,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             store?.unlock()
             let problem = settings.operatorFileProblem.map { ": \($0)" } ?? ""
             let detail = settings.config.grant.isPersonal
-                ? "nobody has signed in yet: run `bearerd login \(name)` (then SIGHUP a running bearerd)"
+                ? "nobody has signed in yet: run `bearerd login \(name)`"
                 : "no refresh token in refresh_token_file or the state file\(problem)"
             finishFetch(request, startedAt: startedAt, sentAt: now(), result: .failure(TokenEndpointFailure(
                 classification: .invalidGrant, reason: "token.no_refresh_token", errorDescription: detail)),

@@ -56,7 +56,7 @@ struct Login: ParsableCommand {
                 throw ExitCode(1)
             }
             print("Signed in: session \(session) is stored in \(signIn.statePath); `bearerd run` and `bearerd token` keep it alive "
-                  + "(send SIGHUP to a bearerd already running).", to: &stderr)
+                  + "(a bearerd already running picks it up on its next request).", to: &stderr)
         }
     }
 

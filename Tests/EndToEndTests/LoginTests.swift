@@ -48,6 +48,14 @@ struct LoginTests {
         let before = try CommandLineTests.run(["token", "-c", cfg, "me"])
         #expect(before.status != 0)
         #expect(before.stderr.contains("bearerd login me"), "\(before.stderr)")
+        // A proxy already running says so too (/readyz), and picks the sign-in up by itself.
+        let port = try RunningBearerd.freePort(), admin = try RunningBearerd.freePort()
+        let running = try RunningBearerd(config: "listen: 127.0.0.1:\(port)\nadmin: 127.0.0.1:\(admin)\n" + Self.config(auth: auth, dir: dir), dir: dir)
+        defer { _ = running.stop() }
+        #expect(running.waitServing(port: port, path: "/early")?.status == 503)
+        let ready = try TestClient.get(port: admin, path: "/readyz")
+        #expect(ready.status == 503)
+        #expect(ready.bodyText.contains("bearerd login me"), "\(ready.bodyText)")
 
         let login = try CommandLineTests.run(["login", "-c", cfg, "me"], env: ["BROWSER": try Self.browser(dir: dir)])
         #expect(login.status == 0, "\(login.stderr)")
@@ -63,12 +71,16 @@ struct LoginTests {
         #expect(token.status == 0, "\(token.stderr)")
         let api = try auth.request("GET", "/api/direct", headers: [("Authorization", "Bearer \(token.stdout.trimmingCharacters(in: .newlines))")])
         #expect(api.status == 200)
-        let port = try RunningBearerd.freePort()
-        let running = try RunningBearerd(config: "listen: 127.0.0.1:\(port)\n" + Self.config(auth: auth, dir: dir), dir: dir)
-        defer { _ = running.stop() }
-        let through = running.waitServing(port: port, path: "/hello")
-        #expect(through?.status == 200, "\(running.logs)")
-        #expect(through?.bodyText.contains("alice") == true, "\(through?.bodyText ?? "")")
+        // No SIGHUP: the running proxy adopts the new sign-in on the next request.
+        var through = try TestClient.get(port: port, path: "/hello")
+        let deadline = Date().addingTimeInterval(10)
+        while through.status != 200 && Date() < deadline {
+            Thread.sleep(forTimeInterval: 0.3)
+            through = try TestClient.get(port: port, path: "/hello")
+        }
+        #expect(through.status == 200, "\(running.logs)")
+        #expect(through.bodyText.contains("alice"), "\(through.bodyText)")
+        #expect(running.waitLog("new sign-in found in the state file"))
     }
 
     @Test func aRefusedOrForgedSignInStopsWithAClearMessage() throws {
