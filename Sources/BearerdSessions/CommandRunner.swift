@@ -23,6 +23,20 @@ enum CommandRunner {
     }
 
     static let maxOutput = 1 << 20
+
+    /// Initialises `attr` so the child starts with an empty signal mask and default dispositions
+    /// for the signals bearerd blocks or ignores (SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD).
+    static func cleanSignalState(_ attr: inout posix_spawnattr_t) {
+        posix_spawnattr_init(&attr)
+        var empty = sigset_t()
+        sigemptyset(&empty)
+        posix_spawnattr_setsigmask(&attr, &empty)
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for s in [SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD] { sigaddset(&defaults, s) }
+        posix_spawnattr_setsigdefault(&attr, &defaults)
+        posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+    }
     static let maxErrorOutput = 64 * 1024
 
     /// Why the helper did not start.
@@ -54,16 +68,8 @@ enum CommandRunner {
         posix_spawn_file_actions_adddup2(&actions, errPipe[1], 2)
 
         var attr = posix_spawnattr_t()
-        posix_spawnattr_init(&attr)
+        CommandRunner.cleanSignalState(&attr)
         defer { posix_spawnattr_destroy(&attr) }
-        var empty = sigset_t()
-        sigemptyset(&empty)
-        posix_spawnattr_setsigmask(&attr, &empty)
-        var defaults = sigset_t()
-        sigemptyset(&defaults)
-        for s in [SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD] { sigaddset(&defaults, s) }
-        posix_spawnattr_setsigdefault(&attr, &defaults)
-        posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
 
         let cArgs: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
         defer { for p in cArgs { free(p) } }
@@ -157,16 +163,8 @@ public enum BrowserLauncher {
         }
         argv.append(url)
         var attr = posix_spawnattr_t()
-        posix_spawnattr_init(&attr)
+        CommandRunner.cleanSignalState(&attr)
         defer { posix_spawnattr_destroy(&attr) }
-        var empty = sigset_t()
-        sigemptyset(&empty)
-        posix_spawnattr_setsigmask(&attr, &empty)
-        var defaults = sigset_t()
-        sigemptyset(&defaults)
-        for s in [SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD] { sigaddset(&defaults, s) }
-        posix_spawnattr_setsigdefault(&attr, &defaults)
-        posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }

@@ -78,6 +78,9 @@ public final class TestOrigin: @unchecked Sendable {  // @unchecked: mutable sta
     }
 
     public var requests: [Request] { lock.withLock { _requests } }
+    /// Body bytes handed to the kernel by `.stream` replies so far (all connections).
+    public var streamedBytes: Int { lock.withLock { _streamedBytes } }
+    private var _streamedBytes = 0
     public var connectionCount: Int { lock.withLock { _connections } }
     /// FNV-1a checksums of each request body, in arrival order.
     public var bodyChecksums: [UInt64] { lock.withLock { _checksums } }
@@ -274,6 +277,7 @@ public final class TestOrigin: @unchecked Sendable {  // @unchecked: mutable sta
                 let n = min(piece.count, length - sent)
                 guard conn.write(n == piece.count ? piece : Array(piece[0..<n])) else { return false }
                 sent += n
+                lock.withLock { _streamedBytes += n }
             }
             return true
         }

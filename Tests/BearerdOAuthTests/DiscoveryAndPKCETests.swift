@@ -53,3 +53,34 @@ struct DiscoveryAndPKCETests {
                 == "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Adevice_code&device_code=dc&client_id=tv")
     }
 }
+
+@Suite("Client authentication without a secret (RFC 7523, RFC 8705)")
+struct ClientAuthEncodingTests {
+    @Test func tlsClientAuthSendsTheClientIDOnly() throws {
+        let r = TokenRequest(grant: .clientCredentials, clientID: "svc", clientSecret: OAuthSecret("ignored"), clientAuthentication: .tlsClientAuth, scope: "read")
+        let e = try r.encode()
+        #expect(String(decoding: e.body, as: UTF8.self) == "grant_type=client_credentials&scope=read&client_id=svc")
+        #expect(e.header("Authorization") == nil)
+    }
+
+    @Test func privateKeyJWTCarriesTheAssertion() throws {
+        var r = TokenRequest(grant: .clientCredentials, clientID: "svc", clientAuthentication: .privateKeyJWT)
+        #expect(throws: TokenRequest.EncodingError.self) { try r.encode() }
+        r.clientAssertion = OAuthSecret("h.c.s")
+        let body = String(decoding: try r.encode().body, as: UTF8.self)
+        #expect(body == "grant_type=client_credentials&client_id=svc&client_assertion_type=urn%3Aietf%3Aparams%3Aoauth%3Aclient-assertion-type%3Ajwt-bearer&client_assertion=h.c.s")
+    }
+
+    @Test func assertionClaims() throws {
+        let input = ClientAssertion.signingInput(algorithm: "ES256", keyID: "k1", clientID: "svc", audience: "https://as/token",
+                                                 jti: "j1", now: 1_000, lifetime: 10_000)
+        let parts = input.split(separator: ".").map(String.init)
+        #expect(parts.count == 2)
+        let header = String(decoding: try #require(Base64.decodeURL(parts[0])), as: UTF8.self)
+        let claims = String(decoding: try #require(Base64.decodeURL(parts[1])), as: UTF8.self)
+        #expect(header == #"{"alg":"ES256","typ":"JWT","kid":"k1"}"#)
+        // exp capped at 5 minutes whatever was asked.
+        #expect(claims == #"{"iss":"svc","sub":"svc","aud":"https://as/token","jti":"j1","iat":1000,"exp":1300}"#)
+        #expect(ClientAssertion.assemble(signingInput: input, signature: [0xfb, 0xff]) == input + ".-_8")
+    }
+}
