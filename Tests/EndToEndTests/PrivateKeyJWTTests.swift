@@ -88,3 +88,41 @@ struct PrivateKeyJWTTests {
         #expect(try auth.request("POST", "/oauth/token", headers: forged.headers.map { ($0.name, $0.value) }, body: forged.body).status != 200)
     }
 }
+
+/// `client_auth: tls_client_auth` (RFC 8705 §2): a token endpoint on TLS that requires a client
+/// certificate (certificates made for the test) and authenticates the client by it; the body
+/// carries `client_id` and no secret.
+@Suite("tls_client_auth", .serialized)
+struct TLSClientAuthTests {
+    @Test func theClientCertificateAuthenticates() throws {
+        let pki = try TestPKI.generate()
+        defer { pki.remove() }
+        let endpoint = try TestOrigin(tls: try pki.serverContext(requireClientCertificate: true)) { r in
+            let form = String(decoding: r.body, as: UTF8.self)
+            guard r.clientCertificateSubject?.contains(TestPKI.clientCommonName) == true, form.contains("client_id=svc"),
+                  !form.contains("client_secret"), r.head.headers["Authorization"] == nil else {
+                return .response(status: 401, headers: [("Content-Type", "application/json")], body: Array(#"{"error":"invalid_client"}"#.utf8))
+            }
+            return .response(status: 200, headers: [("Content-Type", "application/json")],
+                             body: Array(#"{"access_token":"mtls-token","token_type":"Bearer","expires_in":600}"#.utf8))
+        }
+        defer { endpoint.stop() }
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", """
+            sessions:
+              m:
+                grant: client_credentials
+                token_url: https://localhost:\(endpoint.port)/token
+                client_id: svc
+                client_auth: tls_client_auth
+                tls: { ca_file: \(pki.caFile), client_cert: \(pki.clientCertFile), client_key: \(pki.clientKeyFile) }
+            routes:
+              - match: /
+                upstream: http://127.0.0.1:9
+                session: m
+            """)
+        let out = try CommandLineTests.run(["token", "-c", cfg, "m"])
+        #expect(out.status == 0, "\(out.stderr)")
+        #expect(out.stdout == "mtls-token\n")
+        #expect(endpoint.requests.first?.clientCertificateSubject?.contains(TestPKI.clientCommonName) == true)
+    }
+}
