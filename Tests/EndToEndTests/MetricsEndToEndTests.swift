@@ -273,7 +273,8 @@ struct MetricsEndToEndTests {
         #expect(early["Content-Type"] == "application/json")
         let missing = try #require((Self.json(early)["missing"] as? [[String: Any]])?.first)
         #expect(missing["session"] as? String == "s")
-        #expect(missing["state"] as? String == "fetching")
+        // The session's start runs on its own queue: on a loaded machine /readyz can come first.
+        #expect(["fetching", "idle"].contains(missing["state"] as? String ?? ""), "\(missing)")
         #expect(missing["detail"] as? String == "no token yet")
 
         // Blocking clients on threads of their own: Dispatch's global pool (as wide as the
