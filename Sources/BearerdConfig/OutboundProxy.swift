@@ -1,3 +1,5 @@
+import BearerdOAuth
+
 /// `outbound_proxy:` (DESIGN §4): how token endpoints and upstreams are reached from behind a
 /// forward proxy. `env` reads `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` (and their lower-case forms)
 /// as curl does; a URL sends everything through that proxy; `none` (default) connects directly.
@@ -13,6 +15,11 @@ public struct OutboundProxy: Sendable, Equatable {
             self.host = host
             self.port = port
             self.credentials = credentials
+        }
+        /// `Basic base64(user:password)` (RFC 7617) for `Proxy-Authorization`, when credentials
+        /// were given; never logged.
+        public var proxyAuthorization: String? {
+            credentials.map { "Basic " + Base64.encode(Array($0.utf8)) }
         }
         /// Without the credentials.
         public var description: String { "http://\(host.contains(":") ? "[\(host)]" : host):\(port)" }

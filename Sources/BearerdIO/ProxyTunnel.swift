@@ -6,7 +6,7 @@ import Glibc
 
 /// A tunnel through a forward proxy (`outbound_proxy:`): `CONNECT host:port` (RFC 9110 §9.3.6)
 /// on a fresh connection to the proxy, with `Proxy-Authorization: Basic` when the proxy URL
-/// carried credentials. The blocking exchange runs on a global queue (like DNS), never on a
+/// carried credentials (`OutboundProxy.Endpoint.proxyAuthorization`). The blocking exchange runs on a global queue (like DNS), never on a
 /// loop; the connected descriptor then becomes a `SocketChannel` (`adoptConnected`), which
 /// starts TLS to the target inside the tunnel.
 public enum ProxyTunnel {
@@ -17,25 +17,25 @@ public enum ProxyTunnel {
 
     /// Opens the tunnel off-loop; `completion` runs on `loop` with the connected fd (blocking
     /// mode, the caller's to adopt) or why not.
-    public static func open(proxyHost: String, proxyPort: UInt16, credentials: String?, targetHost: String, targetPort: UInt16,
+    public static func open(proxyHost: String, proxyPort: UInt16, proxyAuthorization: String?, targetHost: String, targetPort: UInt16,
                             timeout: Duration, on loop: EventLoop, completion: @escaping (Result<Int32, Failure>) -> Void) {
         DispatchQueue.global().async {
-            let result = openBlocking(proxyHost: proxyHost, proxyPort: proxyPort, credentials: credentials,
+            let result = openBlocking(proxyHost: proxyHost, proxyPort: proxyPort, proxyAuthorization: proxyAuthorization,
                                       targetHost: targetHost, targetPort: targetPort, timeout: timeout)
             loop.execute { completion(result) }
         }
     }
 
-    /// The CONNECT request head (credentials Base64 per RFC 7617).
-    public static func connectRequest(targetHost: String, targetPort: UInt16, credentials: String?) -> [UInt8] {
+    /// The CONNECT request head; `proxyAuthorization` is the `Proxy-Authorization` value.
+    public static func connectRequest(targetHost: String, targetPort: UInt16, proxyAuthorization: String?) -> [UInt8] {
         let authority = (targetHost.contains(":") ? "[\(targetHost)]" : targetHost) + ":\(targetPort)"
         var head = "CONNECT \(authority) HTTP/1.1\r\nHost: \(authority)\r\n"
-        if let credentials { head += "Proxy-Authorization: Basic \(base64(Array(credentials.utf8)))\r\n" }
+        if let proxyAuthorization { head += "Proxy-Authorization: \(proxyAuthorization)\r\n" }
         head += "\r\n"
         return Array(head.utf8)
     }
 
-    static func openBlocking(proxyHost: String, proxyPort: UInt16, credentials: String?, targetHost: String, targetPort: UInt16,
+    static func openBlocking(proxyHost: String, proxyPort: UInt16, proxyAuthorization: String?, targetHost: String, targetPort: UInt16,
                              timeout: Duration) -> Result<Int32, Failure> {
         let deadline = monotonicNanos() &+ UInt64(max(1, timeout.components.seconds)) &* 1_000_000_000
         let addresses = Resolver.resolveBlocking(host: proxyHost, port: proxyPort)
@@ -63,7 +63,7 @@ public enum ProxyTunnel {
                 close(fd)
                 continue
             }
-            switch handshake(fd, targetHost: targetHost, targetPort: targetPort, credentials: credentials, deadline: deadline) {
+            switch handshake(fd, targetHost: targetHost, targetPort: targetPort, proxyAuthorization: proxyAuthorization, deadline: deadline) {
             case .success:
                 return .success(fd)
             case .failure(let f):
@@ -87,9 +87,9 @@ public enum ProxyTunnel {
 
     /// Sends CONNECT and reads the proxy's answer head byte by byte (nothing of the tunnel is
     /// consumed); a 2xx opens the tunnel (RFC 9110 §15.3: any 2xx).
-    private static func handshake(_ fd: Int32, targetHost: String, targetPort: UInt16, credentials: String?,
+    private static func handshake(_ fd: Int32, targetHost: String, targetPort: UInt16, proxyAuthorization: String?,
                                   deadline: UInt64) -> Result<Void, Failure> {
-        let request = connectRequest(targetHost: targetHost, targetPort: targetPort, credentials: credentials)
+        let request = connectRequest(targetHost: targetHost, targetPort: targetPort, proxyAuthorization: proxyAuthorization)
         var off = 0
         while off < request.count {
             guard wait(fd, for: Int16(POLLOUT), until: deadline) else { return .failure(Failure(message: "the proxy did not take the CONNECT in time")) }
@@ -123,21 +123,6 @@ public enum ProxyTunnel {
             return .failure(Failure(message: "the proxy refused the tunnel: \(statusLine.prefix(120))\(hint)"))
         }
         return .success(())
-    }
-
-    public static func base64(_ bytes: [UInt8]) -> String {
-        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
-        var out: [UInt8] = []
-        var i = 0
-        while i < bytes.count {
-            let b0 = bytes[i], b1 = i + 1 < bytes.count ? bytes[i + 1] : 0, b2 = i + 2 < bytes.count ? bytes[i + 2] : 0
-            out.append(alphabet[Int(b0 >> 2)])
-            out.append(alphabet[Int((b0 & 3) << 4 | b1 >> 4)])
-            out.append(i + 1 < bytes.count ? alphabet[Int((b1 & 15) << 2 | b2 >> 6)] : UInt8(ascii: "="))
-            out.append(i + 2 < bytes.count ? alphabet[Int(b2 & 63)] : UInt8(ascii: "="))
-            i += 3
-        }
-        return String(decoding: out, as: UTF8.self)
     }
 }
 

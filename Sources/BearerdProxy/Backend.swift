@@ -228,8 +228,8 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
             // Through a forward proxy: the absolute form (RFC 9112 §3.2.2) and the proxy's credentials.
             var h = head
             h.target = "http://" + target.url.authority + head.target
-            if let credentials = proxy.credentials {
-                h.headers.add("Proxy-Authorization", "Basic " + ProxyTunnel.base64(Array(credentials.utf8)))
+            if let authorization = proxy.proxyAuthorization {
+                h.headers.add("Proxy-Authorization", authorization)
             }
             HTTP1Serializer.writeRequestHead(h, into: &buf)
             channel?.write(taking: &buf)
@@ -553,7 +553,7 @@ final class BackendPool {
         }
         if let proxy = target.proxy, target.url.isTLS || target.http2 == .priorKnowledge {
             // `outbound_proxy:` for https: a CONNECT tunnel, TLS to the upstream inside it.
-            ProxyTunnel.open(proxyHost: proxy.host, proxyPort: proxy.port, credentials: proxy.credentials,
+            ProxyTunnel.open(proxyHost: proxy.host, proxyPort: proxy.port, proxyAuthorization: proxy.proxyAuthorization,
                              targetHost: target.url.host, targetPort: target.url.port,
                              timeout: .nanoseconds(Int64(clamping: target.connectTimeout)), on: loop) { [self] result in
                 switch result {

@@ -64,8 +64,8 @@ final class TokenEndpointClient: ChannelDelegate {
         if let proxy, !url.isTLS {
             // Through a forward proxy: the absolute form (RFC 9112 §3.2.2) and the proxy's credentials.
             target = "http://" + url.authority + target
-            if let credentials = proxy.credentials {
-                headers.add("Proxy-Authorization", "Basic " + ProxyTunnel.base64(Array(credentials.utf8)))
+            if let authorization = proxy.proxyAuthorization {
+                headers.add("Proxy-Authorization", authorization)
             }
         }
         let method = request == nil ? "GET" : "POST"
@@ -134,7 +134,7 @@ final class TokenEndpointClient: ChannelDelegate {
         guard completion != nil else { return }
         if let proxy, url.isTLS {
             // https through `outbound_proxy:`: a CONNECT tunnel, TLS to the token endpoint inside it.
-            ProxyTunnel.open(proxyHost: proxy.host, proxyPort: proxy.port, credentials: proxy.credentials, targetHost: url.host,
+            ProxyTunnel.open(proxyHost: proxy.host, proxyPort: proxy.port, proxyAuthorization: proxy.proxyAuthorization, targetHost: url.host,
                              targetPort: url.port, timeout: .seconds(10), on: loop) { [self] result in
                 guard completion != nil else {
                     if case .success(let fd) = result { Glibc.close(fd) }
