@@ -241,18 +241,12 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             sys.closeFD(fd)
             throw IOError("connect", e)
         }
-        let ch = SocketChannel(fd: fd, loop: loop)
-        ch.delegate = delegate
-        ch.peerAddress = address
-        ch.tls = tls
-        ch.phase = .connecting
-        ch.start()
-        ch.armWrite()
-        return ch
+        return startConnected(fd: fd, peer: address, loop: loop, tls: tls, delegate: delegate)
     }
 
-    /// An fd connected elsewhere (`adoptConnected`): the same path as a connect in progress,
-    /// whose write readiness (at once) completes it.
+    /// A channel in `.connecting` whose write readiness completes the connect (then the TLS
+    /// handshake): a connect in progress, or an fd connected elsewhere (`adoptConnected`,
+    /// writable at once).
     static func startConnected(fd: Int32, peer: SocketAddress?, loop: EventLoop, tls: TLSEngine?, delegate: ChannelDelegate) -> SocketChannel {
         let ch = SocketChannel(fd: fd, loop: loop)
         ch.delegate = delegate

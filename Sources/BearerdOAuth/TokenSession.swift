@@ -45,7 +45,7 @@ public struct MonotonicInstant: Sendable, Hashable, Comparable, CustomStringConv
 
 extension Duration {
     /// Whole nanoseconds, clamped to `Int64`.
-    var nanosecondsClamped: Int64 {
+    public var nanosecondsClamped: Int64 {
         let (s, atto) = components
         let (ns, overflow) = s.multipliedReportingOverflow(by: 1_000_000_000)
         if overflow { return s < 0 ? .min : .max }

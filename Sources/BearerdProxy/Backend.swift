@@ -145,6 +145,13 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
 
     private var remainingAddresses: ArraySlice<SocketAddress> = []
 
+    /// The client TLS engine for this connection (https upstreams): the HTTP/1.1-only context
+    /// for an upgrade on an `http2: auto` route, else the route's.
+    private func tlsEngine() throws(TLSError) -> TLSEngine? {
+        guard let ctx = http1Only ? (target.http1TLSContext ?? target.tlsContext) : target.tlsContext else { return nil }
+        return try TLSEngine(client: ctx, serverName: target.url.host)
+    }
+
     /// The connection is a CONNECT tunnel through the outbound proxy (`ProxyTunnel`), already
     /// connected: only TLS (and the protocol) remain.
     func connectThroughTunnel(fd: Int32, http1Only: Bool, completion: @escaping (Result<ConnectOutcome, ChannelError>) -> Void) {
@@ -153,11 +160,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         deadline = monotonicNanos() + target.connectTimeout
         pool.loop.register(self)
         do {
-            var engine: TLSEngine?
-            if let ctx = http1Only ? (target.http1TLSContext ?? target.tlsContext) : target.tlsContext {
-                engine = try TLSEngine(client: ctx, serverName: target.url.host)
-            }
-            channel = try SocketChannel.adoptConnected(fd: fd, peer: nil, loop: pool.loop, tls: engine, delegate: self)
+            channel = try SocketChannel.adoptConnected(fd: fd, peer: nil, loop: pool.loop, tls: try tlsEngine(), delegate: self)
         } catch let e as TLSError {
             Glibc.close(fd)
             finishConnect(.failure(.tls(e)))
@@ -174,11 +177,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         guard let address = addresses.first else { return }
         remainingAddresses = addresses.dropFirst()
         do {
-            var engine: TLSEngine?
-            if let ctx = http1Only ? (target.http1TLSContext ?? target.tlsContext) : target.tlsContext {
-                engine = try TLSEngine(client: ctx, serverName: target.url.host)
-            }
-            channel = try SocketChannel.connect(to: address, loop: pool.loop, tls: engine, delegate: self)
+            channel = try SocketChannel.connect(to: address, loop: pool.loop, tls: try tlsEngine(), delegate: self)
         } catch let e as TLSError {
             finishConnect(.failure(.tls(e)))
         } catch let e as IOError {
@@ -636,9 +635,6 @@ final class BackendPool {
         list.remove(at: i)
         http2[conn.target.key] = list.isEmpty ? nil : list
     }
-
-    /// An HTTP/2 connection has room again (a stream ended, the server raised its limit).
-    func http2CapacityAvailable(_ conn: BackendH2Connection) {}
 
     func closeAll() {
         for (_, list) in idle { for c in list { c.close() } }

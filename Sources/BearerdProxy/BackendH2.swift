@@ -224,26 +224,26 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
         armDeadline()
     }
 
-    /// Every stream fails with `error`; the connection closes.
-    private func fail(_ error: ChannelError) {
-        guard phase != .closed else { return }
+    /// Leaves the pool and fails every stream with `error`; false when already closed.
+    private func shutDown(failingStreamsWith error: ChannelError) -> Bool {
+        guard phase != .closed else { return false }
         phase = .closed
         pool.forget(self)
         let all = streams
         streams.removeAll()
         for (_, s) in all { s.connectionFailed(error) }
         deadline = 0
+        return true
+    }
+
+    /// Every stream fails with `error`; the connection closes.
+    private func fail(_ error: ChannelError) {
+        guard shutDown(failingStreamsWith: error) else { return }
         channel.close()
     }
 
     func close() {
-        guard phase != .closed else { return }
-        phase = .closed
-        pool.forget(self)
-        let all = streams
-        streams.removeAll()
-        for (_, s) in all { s.connectionFailed(.protocolError("upstream connection closed")) }
-        deadline = 0
+        guard shutDown(failingStreamsWith: .protocolError("upstream connection closed")) else { return }
         session.goAway(error: .noError)
         var bye: [UInt8] = []
         try? session.produce(into: &bye)

@@ -1,5 +1,6 @@
 import Dispatch
 import BearerdIO
+import BearerdOAuth
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -138,26 +139,16 @@ enum CommandRunner {
     }
 }
 
-extension Duration {
-    /// Nanoseconds, clamped to Int64 (durations come from the config; never trap).
-    var nanosecondsClamped: Int64 {
-        let (s, a) = components
-        let (ns, o1) = s.multipliedReportingOverflow(by: 1_000_000_000)
-        if o1 { return s < 0 ? .min : .max }
-        let (total, o2) = ns.addingReportingOverflow(a / 1_000_000_000)
-        return o2 ? .max : total
-    }
-}
-
 /// Opens a URL in the user's browser for `bearerd login`: `$BROWSER` (a command; the URL is
-/// added as its last argument; words split on spaces) or `xdg-open`. Started detached with a
+/// added as its last argument; words split on spaces and tabs) or `xdg-open`. Started detached with a
 /// clean signal state; not waited for.
 public enum BrowserLauncher {
     /// Nil when started; else why not.
     public static func open(_ url: String, environment: [String: String]) -> String? {
         var argv: [String]
-        if let b = environment["BROWSER"], !b.trimmingCharacters(in: " \t").isEmpty {
-            argv = b.split(separator: " ").map(String.init)
+        let words = environment["BROWSER"].map { $0.split(whereSeparator: { $0 == " " || $0 == "\t" }).map(String.init) } ?? []
+        if !words.isEmpty {
+            argv = words
         } else {
             argv = ["xdg-open"]
         }
@@ -177,16 +168,5 @@ public enum BrowserLauncher {
         var pid: pid_t = 0
         let rc = posix_spawnp(&pid, argv[0], &actions, &attr, cArgs, environ)
         return rc == 0 ? nil : "cannot start \(argv[0]): \(String(cString: strerror(rc)))"
-    }
-}
-
-extension String {
-    /// `self` without leading and trailing characters in `set`; stdlib only.
-    func trimmingCharacters(in set: String) -> String {
-        let chars = Set(set)
-        var s = Substring(self)
-        while let f = s.first, chars.contains(f) { s = s.dropFirst() }
-        while let l = s.last, chars.contains(l) { s = s.dropLast() }
-        return String(s)
     }
 }
