@@ -103,19 +103,23 @@ public enum HTTP1Serializer {
 
 /// Header rules of RFC 9110 §7.6.1 and RFC 9112 §9 (connection management). Stateless.
 public enum HTTPHeaderRules {
-    /// Fields that are hop-by-hop whether or not `Connection` names them (RFC 9110 §7.6.1, plus
-    /// the legacy `Keep-Alive` and `Proxy-Connection`, and `Proxy-Authenticate`/`-Authorization`
-    /// which are meant for the next hop only).
-    static let hopByHop: [String] = [
-        "connection", "keep-alive", "proxy-connection", "te", "transfer-encoding", "upgrade",
-        "trailer", "proxy-authenticate", "proxy-authorization",
-    ]
-
-    /// Removes hop-by-hop fields and every field named in a `Connection` field (RFC 9110 §7.6.1).
+    /// Removes hop-by-hop fields (`KnownField.isHopByHop`) and every field named in a
+    /// `Connection` field (RFC 9110 §7.6.1). Leaves `headers` untouched (no copy) when none is there.
     public static func removeHopByHop(_ headers: inout HTTPHeaders) {
-        let named = connectionTokens(headers)
+        var hopByHop = false, connection = false
+        for field in headers.fields {
+            let kind = KnownField(field.name)
+            guard kind.isHopByHop else { continue }
+            hopByHop = true
+            if kind == .connection {
+                connection = true
+                break
+            }
+        }
+        guard hopByHop else { return }
+        let named = connection ? connectionTokens(headers) : []
         headers.fields.removeAll { field in
-            for n in hopByHop where asciiCaseInsensitiveEquals(field.name, n) { return true }
+            if KnownField(field.name).isHopByHop { return true }
             for n in named where asciiCaseInsensitiveEquals(field.name, n) { return true }
             return false
         }
@@ -137,7 +141,7 @@ public enum HTTPHeaderRules {
     /// elements dropped, in order.
     public static func connectionTokens(_ headers: HTTPHeaders) -> [String] {
         var tokens: [String] = []
-        for field in headers.fields where asciiCaseInsensitiveEquals(field.name, "connection") {
+        for field in headers.fields where KnownField(field.name) == .connection {
             for element in HTTP1Syntax.listElements(field.value.utf8) where !element.isEmpty {
                 let lowered = element.map { $0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0 }
                 tokens.append(String(decoding: lowered, as: UTF8.self))
@@ -149,9 +153,12 @@ public enum HTTPHeaderRules {
     /// RFC 9112 §9.3: HTTP/1.1 (and later) connections persist unless `close` is given; HTTP/1.0
     /// ones only with `keep-alive` (and no `close`).
     public static func keepAlive(version: HTTPVersion, headers: HTTPHeaders) -> Bool {
+        let modern = version.major > 1 || (version.major == 1 && version.minor >= 1)
+        // Most messages carry no Connection field: decide without building the token list.
+        guard headers.fields.contains(where: { KnownField($0.name) == .connection }) else { return modern }
         let tokens = connectionTokens(headers)
         if tokens.contains("close") { return false }
-        if version.major > 1 || (version.major == 1 && version.minor >= 1) { return true }
+        if modern { return true }
         return tokens.contains("keep-alive")
     }
 

@@ -139,19 +139,80 @@ public struct HTTP1Error: Error, Sendable, Equatable, CustomStringConvertible {
     public var description: String { "\(reason) at byte \(offset): \(message)" }
 }
 
+/// ASCII case-insensitive equality of two strings (header names, tokens). Compares lengths
+/// first (O(1) for native strings) and then the contiguous UTF-8 bytes.
 @inline(__always)
 public func asciiCaseInsensitiveEquals(_ a: String, _ b: String) -> Bool {
-    var ia = a.utf8.makeIterator(), ib = b.utf8.makeIterator()
-    while true {
-        switch (ia.next(), ib.next()) {
-        case (nil, nil): return true
-        case (let x?, let y?):
-            if x != y {
-                let lx = (x >= 65 && x <= 90) ? x | 0x20 : x
-                let ly = (y >= 65 && y <= 90) ? y | 0x20 : y
-                if lx != ly { return false }
-            }
-        default: return false
+    let ua = a.utf8, ub = b.utf8
+    guard ua.count == ub.count else { return false }
+    if let r = ua.withContiguousStorageIfAvailable({ pa in ub.withContiguousStorageIfAvailable({ pb in asciiCaseInsensitiveEquals(pa, pb) }) }),
+       let r {
+        return r
+    }
+    return asciiCaseInsensitiveEquals(Array(ua)[...], Array(ub)[...])
+}
+
+@inline(__always)
+func asciiCaseInsensitiveEquals<A: RandomAccessCollection<UInt8>, B: RandomAccessCollection<UInt8>>(_ a: A, _ b: B) -> Bool
+    where A.Index == Int, B.Index == Int {
+    guard a.count == b.count else { return false }
+    var i = a.startIndex, j = b.startIndex
+    while i < a.endIndex {
+        let x = a[i], y = b[j]
+        if x != y {
+            let lx = (x >= 65 && x <= 90) ? x | 0x20 : x
+            let ly = (y >= 65 && y <= 90) ? y | 0x20 : y
+            if lx != ly { return false }
+        }
+        i += 1
+        j += 1
+    }
+    return true
+}
+
+/// The header fields the proxy treats specially (RFC 9110 §7.6.1 hop-by-hop fields and those it
+/// rewrites), recognised by length and then by bytes: one classification per field replaces a
+/// scan of every field per rule on the request path.
+public enum KnownField: Sendable, Equatable {
+    case connection, keepAlive, proxyConnection, te, transferEncoding, upgrade, trailer
+    case proxyAuthenticate, proxyAuthorization
+    case expect, contentLength, host, xForwardedFor, xForwardedProto, xForwardedHost, via
+    case other
+
+    /// Fields that are hop-by-hop whether or not `Connection` names them (RFC 9110 §7.6.1, plus
+    /// the legacy `Keep-Alive` and `Proxy-Connection`, and `Proxy-Authenticate`/`-Authorization`
+    /// which are meant for the next hop only).
+    public var isHopByHop: Bool {
+        switch self {
+        case .connection, .keepAlive, .proxyConnection, .te, .transferEncoding, .upgrade, .trailer,
+             .proxyAuthenticate, .proxyAuthorization:
+            return true
+        default:
+            return false
+        }
+    }
+
+    public init(_ name: String) {
+        var name = name
+        self = name.withUTF8 { KnownField.classify($0) }
+    }
+
+    static func classify(_ b: UnsafeBufferPointer<UInt8>) -> KnownField {
+        @inline(__always) func eq(_ lower: StaticString) -> Bool { HTTP1Syntax.equalsLowercase(b, lower) }
+        switch b.count {
+        case 2: return eq("te") ? .te : .other
+        case 3: return eq("via") ? .via : .other
+        case 4: return eq("host") ? .host : .other
+        case 6: return eq("expect") ? .expect : .other
+        case 7: return eq("upgrade") ? .upgrade : eq("trailer") ? .trailer : .other
+        case 10: return eq("connection") ? .connection : eq("keep-alive") ? .keepAlive : .other
+        case 14: return eq("content-length") ? .contentLength : .other
+        case 15: return eq("x-forwarded-for") ? .xForwardedFor : .other
+        case 16: return eq("proxy-connection") ? .proxyConnection : eq("x-forwarded-host") ? .xForwardedHost : .other
+        case 17: return eq("transfer-encoding") ? .transferEncoding : eq("x-forwarded-proto") ? .xForwardedProto : .other
+        case 18: return eq("proxy-authenticate") ? .proxyAuthenticate : .other
+        case 19: return eq("proxy-authorization") ? .proxyAuthorization : .other
+        default: return .other
         }
     }
 }

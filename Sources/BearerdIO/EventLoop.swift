@@ -114,6 +114,25 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         }
     }
 
+    /// The events of the batch being served: entries `batchCursor + 1 ..< batchCount` of
+    /// `pollFDs`/`pollFlags` are still to be delivered (0 outside a batch).
+    private var batchCount = 0
+    private var batchCursor = 0
+
+    /// Poller mode: whether epoll reported input or a hang-up on `fd` in the batch being served
+    /// that its channel has not been given yet. With every earlier event already read (edge
+    /// triggered, read until a short read or EOF), this is what the loop knows of the socket
+    /// without a system call.
+    public func hasUndeliveredInput(fd: Int32) -> Bool {
+        assertInEventLoop()
+        var i = batchCursor + 1
+        while i < batchCount {
+            if pollFDs[i] == fd && pollFlags[i] & 5 != 0 { return true }
+            i += 1
+        }
+        return false
+    }
+
     /// Registers a socket with the loop poller (edge-triggered; read until EAGAIN).
     public func registerPollable(fd: Int32, _ p: LoopPollable) {
         assertInEventLoop()
@@ -155,7 +174,10 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
             if n <= 0 { return served }
             served = true
             timeout = 0
-            for i in 0..<min(n, pollFDs.count, pollFlags.count) {
+            batchCount = min(Int(n), pollFDs.count, pollFlags.count)
+            defer { batchCount = 0 }
+            for i in 0..<batchCount {
+                batchCursor = i
                 let f = pollFlags[i]
                 pollables[pollFDs[i]]?.pollerEvent(readable: f & 1 != 0, writable: f & 2 != 0, hangup: f & 4 != 0)
             }

@@ -171,11 +171,23 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     public var isClosed: Bool { phase == .closed }
 
-    /// Whether the socket holds unread bytes or the peer's EOF, without consuming anything (a
-    /// `MSG_PEEK`). An idle pooled connection for which this holds must not carry a new request:
-    /// those bytes would be read as its response (DESIGN §5, issue 8 item 7).
-    public var hasUnreadInput: Bool {
+    /// Whether the socket holds unread bytes or the peer's EOF, without consuming anything. An
+    /// idle pooled connection for which this holds must not carry a new request: those bytes
+    /// would be read as its response (DESIGN §5, issue 8 item 7).
+    ///
+    /// With Dispatch sources, and in poller mode for a socket quiet for a while
+    /// (`recentlyActive` false), it asks the kernel (`MSG_PEEK`). In poller mode a socket that
+    /// carried traffic less than a second ago is judged by what the loop knows: every event epoll
+    /// reported before has been read to a short read or EOF (a hang-up reads on to EOF), and the
+    /// batch being served is checked for an event still to come; that saves a system call per
+    /// reused connection (issue 10). What could arrive unseen in that window is the same race
+    /// a peek has a microsecond later.
+    public func hasUnreadInput(recentlyActive: Bool = false) -> Bool {
         guard !isClosed else { return true }
+        if polled {
+            if peerHungUp || loop.hasUndeliveredInput(fd: fd) { return true }
+            if recentlyActive { return false }
+        }
         let rc = sys.peek(fd)
         return rc >= 0 || rc != -Int(EAGAIN) && rc != -Int(EWOULDBLOCK)
     }

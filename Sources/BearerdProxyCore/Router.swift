@@ -78,30 +78,27 @@ public enum ProxyHeaders {
     public static func upstreamRequest(client head: HTTPRequestHead, framing: HTTP1BodyFraming, target: String,
                                        route: RouteRule, clientAddress: String, originalHost: Substring?,
                                        forwardedProto: String = "http") -> HTTPRequestHead {
-        var h = head.headers
-        HTTPHeaderRules.removeHopByHop(&h)
-        h.remove("Expect")
-        h.remove("Content-Length")
-        h.remove("Host")
-        h.remove("X-Forwarded-Proto")
+        // One pass over the client's fields (this runs for every request).
         var fields: [HTTPField] = []
-        fields.reserveCapacity(h.count + 6)
+        fields.reserveCapacity(head.headers.count + 7)
         fields.append(HTTPField(name: "Host", value: route.upstreamAuthority))
-        fields.append(contentsOf: h.fields)
-        var out = HTTPHeaders(fields)
-        if let prior = out["X-Forwarded-For"] {
-            out.set("X-Forwarded-For", prior + ", " + clientAddress)
-        } else {
-            out.add("X-Forwarded-For", clientAddress)
+        let seen = copyEndToEnd(head.headers, into: &fields) { kind in
+            kind == .expect || kind == .contentLength || kind == .host || kind == .xForwardedProto
         }
-        out.add("X-Forwarded-Proto", forwardedProto)
-        if let originalHost, !out.contains("X-Forwarded-Host") { out.add("X-Forwarded-Host", String(originalHost)) }
-        appendVia(&out, version: head.version)
+        if let i = seen.xForwardedFor {
+            fields[i].value = fields[i].value + ", " + clientAddress
+        } else {
+            fields.append(HTTPField(name: "X-Forwarded-For", value: clientAddress))
+        }
+        fields.append(HTTPField(name: "X-Forwarded-Proto", value: forwardedProto))
+        if let originalHost, !seen.xForwardedHost { fields.append(HTTPField(name: "X-Forwarded-Host", value: String(originalHost))) }
+        appendVia(&fields, at: seen.via, version: head.version)
         switch framing {
         case .none, .closeDelimited: break
-        case .contentLength(let n): out.add("Content-Length", String(n))
-        case .chunked: out.add("Transfer-Encoding", "chunked")
+        case .contentLength(let n): fields.append(HTTPField(name: "Content-Length", value: String(n)))
+        case .chunked: fields.append(HTTPField(name: "Transfer-Encoding", value: "chunked"))
         }
+        let out = HTTPHeaders(fields)
         return HTTPRequestHead(method: head.method, target: target, version: .http1_1, headers: out)
     }
 
@@ -117,34 +114,36 @@ public enum ProxyHeaders {
     /// Builds the client response head from the upstream's.
     public static func clientResponse(upstream head: HTTPResponseHead, framing: HTTP1BodyFraming, requestMethod: String,
                                       clientVersion: HTTPVersion, keepAlive: Bool) -> (HTTPResponseHead, ClientFraming) {
-        var h = head.headers
-        HTTPHeaderRules.removeHopByHop(&h)
         let bodyless = requestMethod == "HEAD" || head.status == 204 || head.status == 304 || head.isInformational
+        var fields: [HTTPField] = []
+        fields.reserveCapacity(head.headers.count + 3)
+        // Content-Length of a HEAD/304 answer is kept as sent; otherwise it is re-declared.
+        let seen = copyEndToEnd(head.headers, into: &fields) { kind in !bodyless && kind == .contentLength }
         var clientFraming: ClientFraming
         if bodyless {
-            clientFraming = .none  // Content-Length of a HEAD/304 answer is kept as sent
+            clientFraming = .none
         } else {
-            h.remove("Content-Length")
             switch framing {
             case .none: clientFraming = .contentLength(0)
             case .contentLength(let n): clientFraming = .contentLength(n)
             case .chunked, .closeDelimited: clientFraming = clientVersion == .http1_1 ? .chunked : .untilClose
             }
             switch clientFraming {
-            case .contentLength(let n): h.add("Content-Length", String(n))
-            case .chunked: h.add("Transfer-Encoding", "chunked")
+            case .contentLength(let n): fields.append(HTTPField(name: "Content-Length", value: String(n)))
+            case .chunked: fields.append(HTTPField(name: "Transfer-Encoding", value: "chunked"))
             default: break
             }
         }
-        appendVia(&h, version: head.version)
+        appendVia(&fields, at: seen.via, version: head.version)
         if !head.isInformational {
             let persistent = keepAlive && clientFraming != .untilClose
             if !persistent {
-                h.add("Connection", "close")
+                fields.append(HTTPField(name: "Connection", value: "close"))
             } else if clientVersion == .http1_0 {
-                h.add("Connection", "keep-alive")
+                fields.append(HTTPField(name: "Connection", value: "keep-alive"))
             }
         }
+        let h = HTTPHeaders(fields)
         return (HTTPResponseHead(status: head.status, reason: head.reason, version: .http1_1, headers: h), clientFraming)
     }
 
@@ -199,6 +198,54 @@ public enum ProxyHeaders {
         for u in upgrade { h.add("Upgrade", u) }
         appendVia(&h, version: head.version)
         return HTTPResponseHead(status: 101, reason: head.reason.isEmpty ? "Switching Protocols" : head.reason, version: .http1_1, headers: h)
+    }
+
+    /// Where `copyEndToEnd` put the first `X-Forwarded-For` and `Via` (later ones are merged
+    /// into them, so dropped), and whether an `X-Forwarded-Host` was there.
+    struct CopiedFields {
+        var xForwardedFor: Int?
+        var via: Int?
+        var xForwardedHost = false
+    }
+
+    /// Appends the end-to-end fields of `headers` to `out` in one pass: hop-by-hop fields, the
+    /// fields its `Connection` names (RFC 9110 §7.6.1), those `drop` names, and every
+    /// `X-Forwarded-For`/`Via` after the first are left out.
+    static func copyEndToEnd(_ headers: HTTPHeaders, into out: inout [HTTPField], drop: (KnownField) -> Bool) -> CopiedFields {
+        var seen = CopiedFields()
+        // The options a Connection field names apply to every field, before or after it.
+        let named: [String]? = headers.fields.contains { KnownField($0.name) == .connection }
+            ? HTTPHeaderRules.connectionTokens(headers) : nil
+        for field in headers.fields {
+            let kind = KnownField(field.name)
+            if kind.isHopByHop || drop(kind) { continue }
+            switch kind {
+            case .xForwardedFor:
+                if seen.xForwardedFor != nil { continue }
+            case .via:
+                if seen.via != nil { continue }
+            default:
+                break
+            }
+            if let named, named.contains(where: { asciiCaseInsensitiveEquals(field.name, $0) }) { continue }
+            switch kind {
+            case .xForwardedFor: seen.xForwardedFor = out.count
+            case .via: seen.via = out.count
+            case .xForwardedHost: seen.xForwardedHost = true
+            default: break
+            }
+            out.append(field)
+        }
+        return seen
+    }
+
+    static func appendVia(_ fields: inout [HTTPField], at index: Int?, version: HTTPVersion) {
+        let token = version == .http1_0 ? "1.0 bearerd" : viaToken
+        if let index {
+            fields[index].value = fields[index].value + ", " + token
+        } else {
+            fields.append(HTTPField(name: "Via", value: token))
+        }
     }
 
     static func appendVia(_ h: inout HTTPHeaders, version: HTTPVersion) {

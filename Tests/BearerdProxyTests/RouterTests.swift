@@ -73,4 +73,47 @@ struct RouterTests {
         #expect(resp.headers["Transfer-Encoding"] == nil)
         #expect(resp.headers["Connection"] == "close")
     }
+
+    /// The one-pass rewrite (issue 10) keeps the exact field order and RFC 9110 §7.6.1: fields a
+    /// `Connection` names go whether they come before or after it, duplicates of
+    /// X-Forwarded-For and Via are merged into the first, names match whatever their case.
+    @Test func oneRewritePassKeepsOrderAndConnectionNames() {
+        let head = HTTPRequestHead(method: "GET", target: "/x", headers: HTTPHeaders([
+            ("x-early", "1"), ("host", "client"), ("accept", "*/*"), ("X-FORWARDED-FOR", "10.0.0.1"), ("TE", "trailers"),
+            ("connection", "X-Early, x-late"), ("x-forwarded-for", "10.0.0.2"), ("via", "1.0 a"), ("Via", "1.1 b"),
+            ("X-Forwarded-Proto", "https"), ("x-late", "2"), ("Proxy-Authorization", "Basic y"), ("X-Forwarded-Host", "orig"),
+        ]))
+        let up = ProxyHeaders.upstreamRequest(client: head, framing: .none, target: "/y", route: r("/").rule,
+                                              clientAddress: "127.0.0.1", originalHost: "client")
+        #expect(up.headers.fields.map { "\($0.name): \($0.value)" } == [
+            "Host: u", "accept: */*", "X-FORWARDED-FOR: 10.0.0.1, 127.0.0.1", "via: 1.0 a, 1.1 bearerd",
+            "X-Forwarded-Host: orig", "X-Forwarded-Proto: http",
+        ])
+        let (resp, framing) = ProxyHeaders.clientResponse(
+            upstream: HTTPResponseHead(status: 200, headers: HTTPHeaders([
+                ("Server", "o"), ("content-length", "100"), ("Keep-Alive", "timeout=5"), ("Connection", "keep-alive"),
+            ])),
+            framing: .contentLength(100), requestMethod: "GET", clientVersion: .http1_1, keepAlive: true)
+        #expect(framing == .contentLength(100))
+        #expect(resp.headers.fields.map { "\($0.name): \($0.value)" } == ["Server: o", "Content-Length: 100", "Via: 1.1 bearerd"])
+        let (head304, _) = ProxyHeaders.clientResponse(
+            upstream: HTTPResponseHead(status: 304, headers: HTTPHeaders([("Content-Length", "7"), ("ETag", "\"e\"")])),
+            framing: .none, requestMethod: "GET", clientVersion: .http1_0, keepAlive: true)
+        #expect(head304.headers.fields.map { "\($0.name): \($0.value)" } == ["Content-Length: 7", "ETag: \"e\"", "Via: 1.1 bearerd", "Connection: keep-alive"])
+    }
+
+    @Test func knownFieldsAreRecognisedInAnyCase() {
+        let names: [(String, KnownField)] = [
+            ("TE", .te), ("via", .via), ("HOST", .host), ("Expect", .expect), ("upgrade", .upgrade), ("Trailer", .trailer),
+            ("Connection", .connection), ("keep-alive", .keepAlive), ("Content-Length", .contentLength),
+            ("x-forwarded-for", .xForwardedFor), ("Proxy-Connection", .proxyConnection), ("X-Forwarded-Host", .xForwardedHost),
+            ("Transfer-Encoding", .transferEncoding), ("x-forwarded-proto", .xForwardedProto),
+            ("Proxy-Authenticate", .proxyAuthenticate), ("proxy-authorization", .proxyAuthorization),
+            ("tf", .other), ("hosts", .other), ("Connectiom", .other), ("content-lengtH", .contentLength), ("", .other),
+        ]
+        for (name, kind) in names { #expect(KnownField(name) == kind, "\(name)") }
+        #expect(asciiCaseInsensitiveEquals("Content-Type", "content-type"))
+        #expect(!asciiCaseInsensitiveEquals("Content-Type", "content-typ"))
+        #expect(!asciiCaseInsensitiveEquals("a-b", "a_b"))
+    }
 }
