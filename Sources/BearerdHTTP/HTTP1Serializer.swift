@@ -3,8 +3,12 @@
 /// pass heads that satisfy the field grammar (the parser guarantees it for received ones).
 public enum HTTP1Serializer {
     /// `method SP target SP HTTP/x.y CRLF *(field CRLF) CRLF`
-    public static func writeRequestHead(_ head: HTTPRequestHead, into buffer: inout [UInt8]) {
-        buffer.reserveCapacity(buffer.count + head.method.utf8.count + head.target.utf8.count + 12 + fieldsSize(head.headers) + 2)
+    /// `setting`: a field written as `HTTPHeaders.set` would leave it (in place of the first field
+    /// of that name, under `setting`'s spelling, the others dropped, or last), without copying
+    /// the head to change it.
+    public static func writeRequestHead(_ head: HTTPRequestHead, setting: HTTPField? = nil, into buffer: inout [UInt8]) {
+        let extra = setting.map { $0.name.utf8.count + $0.value.utf8.count + 4 } ?? 0
+        buffer.reserveCapacity(buffer.count + head.method.utf8.count + head.target.utf8.count + 12 + fieldsSize(head.headers) + extra + 2)
         buffer.append(contentsOf: head.method.utf8)
         buffer.append(asciiSP)
         buffer.append(contentsOf: head.target.utf8)
@@ -12,7 +16,20 @@ public enum HTTP1Serializer {
         writeVersion(head.version, into: &buffer)
         buffer.append(asciiCR)
         buffer.append(asciiLF)
-        writeFields(head.headers, into: &buffer)
+        if let setting {
+            var written = false
+            for field in head.headers.fields {
+                if asciiCaseInsensitiveEquals(field.name, setting.name) {
+                    if !written { writeField(setting, into: &buffer) }
+                    written = true
+                } else {
+                    writeField(field, into: &buffer)
+                }
+            }
+            if !written { writeField(setting, into: &buffer) }
+        } else {
+            writeFields(head.headers, into: &buffer)
+        }
         buffer.append(asciiCR)
         buffer.append(asciiLF)
     }
@@ -80,14 +97,17 @@ public enum HTTP1Serializer {
 
     @inline(__always)
     static func writeFields(_ headers: HTTPHeaders, into buffer: inout [UInt8]) {
-        for field in headers.fields {
-            buffer.append(contentsOf: field.name.utf8)
-            buffer.append(UInt8(ascii: ":"))
-            buffer.append(asciiSP)
-            buffer.append(contentsOf: field.value.utf8)
-            buffer.append(asciiCR)
-            buffer.append(asciiLF)
-        }
+        for field in headers.fields { writeField(field, into: &buffer) }
+    }
+
+    @inline(__always)
+    static func writeField(_ field: HTTPField, into buffer: inout [UInt8]) {
+        buffer.append(contentsOf: field.name.utf8)
+        buffer.append(UInt8(ascii: ":"))
+        buffer.append(asciiSP)
+        buffer.append(contentsOf: field.value.utf8)
+        buffer.append(asciiCR)
+        buffer.append(asciiLF)
     }
 
     static func writeHex(_ value: UInt64, into buffer: inout [UInt8]) {
@@ -117,12 +137,8 @@ public enum HTTPHeaderRules {
             }
         }
         guard hopByHop else { return }
-        let named = connection ? connectionTokens(headers) : []
-        headers.fields.removeAll { field in
-            if KnownField(field.name).isHopByHop { return true }
-            for n in named where asciiCaseInsensitiveEquals(field.name, n) { return true }
-            return false
-        }
+        let named = connection ? connectionOptions(headers) : ConnectionOptions()
+        headers.fields.removeAll { field in KnownField(field.name).isHopByHop || named.names(field.name) }
     }
 
     /// The non-empty elements of every `name` field's comma-separated list (RFC 9110 §5.6.1),
@@ -150,16 +166,69 @@ public enum HTTPHeaderRules {
         return tokens
     }
 
+    /// What the `Connection` fields of a message say (RFC 9110 §7.6.1). Read without allocating
+    /// unless they name options other than `close`, `keep-alive` and `upgrade`.
+    public struct ConnectionOptions: Sendable, Equatable {
+        /// Whether any `Connection` field was there.
+        public var present = false
+        public var close = false
+        public var keepAlive = false
+        public var upgrade = false
+        /// The other options, lowercased, in order.
+        public var others: [String] = []
+
+        public init() {}
+
+        /// Whether the field `name` is one the `Connection` fields name (so hop-by-hop).
+        public func names(_ name: String) -> Bool {
+            guard present else { return false }
+            if close && asciiCaseInsensitiveEquals(name, "close") { return true }
+            if keepAlive && asciiCaseInsensitiveEquals(name, "keep-alive") { return true }
+            if upgrade && asciiCaseInsensitiveEquals(name, "upgrade") { return true }
+            return others.contains { asciiCaseInsensitiveEquals(name, $0) }
+        }
+    }
+
+    public static func connectionOptions(_ headers: HTTPHeaders) -> ConnectionOptions {
+        var options = ConnectionOptions()
+        for field in headers.fields where KnownField(field.name) == .connection {
+            options.present = true
+            var value = field.value
+            value.withUTF8 { b in
+                var start = 0
+                var i = 0
+                while i <= b.count {
+                    if i == b.count || b[i] == UInt8(ascii: ",") {
+                        var lo = start, hi = i
+                        while lo < hi && HTTP1Syntax.isOWS(b[lo]) { lo += 1 }
+                        while hi > lo && HTTP1Syntax.isOWS(b[hi - 1]) { hi -= 1 }
+                        let element = UnsafeBufferPointer(rebasing: b[lo..<hi])
+                        if element.isEmpty {
+                        } else if HTTP1Syntax.equalsLowercase(element, "close") {
+                            options.close = true
+                        } else if HTTP1Syntax.equalsLowercase(element, "keep-alive") {
+                            options.keepAlive = true
+                        } else if HTTP1Syntax.equalsLowercase(element, "upgrade") {
+                            options.upgrade = true
+                        } else {
+                            options.others.append(String(decoding: element.map { $0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0 }, as: UTF8.self))
+                        }
+                        start = i + 1
+                    }
+                    i += 1
+                }
+            }
+        }
+        return options
+    }
+
     /// RFC 9112 §9.3: HTTP/1.1 (and later) connections persist unless `close` is given; HTTP/1.0
     /// ones only with `keep-alive` (and no `close`).
     public static func keepAlive(version: HTTPVersion, headers: HTTPHeaders) -> Bool {
         let modern = version.major > 1 || (version.major == 1 && version.minor >= 1)
-        // Most messages carry no Connection field: decide without building the token list.
-        guard headers.fields.contains(where: { KnownField($0.name) == .connection }) else { return modern }
-        let tokens = connectionTokens(headers)
-        if tokens.contains("close") { return false }
-        if modern { return true }
-        return tokens.contains("keep-alive")
+        let options = connectionOptions(headers)
+        if options.close { return false }
+        return modern || options.keepAlive
     }
 
     /// RFC 9110 §10.1.1: the request carries `Expect: 100-continue` (case-insensitive).

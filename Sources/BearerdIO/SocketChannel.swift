@@ -144,7 +144,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     public let loop: EventLoop
     public let fd: Int32
-    public weak var delegate: ChannelDelegate?
+    /// Strong, cleared by `close()`: the channel lives until it is closed anyway (the loop's
+    /// poller table or its Dispatch sources hold it), and a weak reference would put the
+    /// delegate's reference count in a side table, slowing every retain of it (issue 10).
+    public var delegate: ChannelDelegate?
     public var peerAddress: SocketAddress?
     let sys: Syscalls
 
@@ -293,7 +296,9 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             readGate?.resume()
         } else {
             // Edge-triggered: data that arrived while paused raised no new event.
-            loop.deferToEndOfEvent { [weak self] in self?.handleReadable() }
+            // Strong: end-of-event work, no cycle; a weak reference would put the channel's
+            // reference count in a side table for good (slower retains, issue 10).
+            loop.deferToEndOfEvent { [self] in handleReadable() }
         }
     }
 
@@ -310,7 +315,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         while phase != .closed && pauseReasons.isEmpty {
             if rounds == 16 {
                 // Edge-triggered polling raises no new event for data left behind: come back.
-                if polled { loop.execute { [weak self] in self?.handleReadable() } }
+                if polled { loop.execute { [self] in handleReadable() } }
                 return
             }
             rounds += 1

@@ -122,7 +122,9 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     var channel: SocketChannel?
     private(set) var state: State = .connecting
     private var parser: HTTP1Parser
-    weak var delegate: BackendConnectionDelegate?
+    /// Strong, and cleared whenever the connection goes idle or closes (the invariant above), so
+    /// the exchange lives as long as it uses the connection; no weak reference on the request path.
+    var delegate: BackendConnectionDelegate?
     /// What a new connection turned out to be: HTTP/1.1 (this object) or HTTP/2 (ALPN `h2`, or
     /// prior knowledge), in which case the channel moved to a `BackendH2Connection`.
     enum ConnectOutcome {
@@ -234,7 +236,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     }
 
     /// Sends a request head (and whatever body bytes the exchange writes after it).
-    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool, credentialHeader: String?) {
+    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool, credential: HTTPField?) {
         parser.expectResponse(to: head.method, upgrade: upgrade)
         requestChunked = body == .chunked
         var buf: [UInt8] = []
@@ -246,12 +248,12 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
             if let authorization = proxy.proxyAuthorization {
                 h.headers.add("Proxy-Authorization", authorization)
             }
-            HTTP1Serializer.writeRequestHead(h, into: &buf)
+            HTTP1Serializer.writeRequestHead(h, setting: credential, into: &buf)
             channel?.write(taking: &buf)
             touch()
             return
         }
-        HTTP1Serializer.writeRequestHead(head, into: &buf)
+        HTTP1Serializer.writeRequestHead(head, setting: credential, into: &buf)
         channel?.write(taking: &buf)
         touch()
     }

@@ -89,7 +89,7 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
     func scheduleFlush() {
         guard !flushScheduled, phase != .closed else { return }
         flushScheduled = true
-        pool.loop.deferToEndOfEvent { [weak self] in self?.flush() }
+        pool.loop.deferToEndOfEvent { [self] in flush() }
     }
 
     func flush() {
@@ -259,7 +259,8 @@ final class BackendH2Stream: UpstreamStream {
     unowned let connection: BackendH2Connection
     let reused: Bool
     private(set) var id: Int32 = 0
-    weak var delegate: BackendConnectionDelegate?
+    /// Strong, cleared when the exchange releases the stream or the stream fails or closes.
+    var delegate: BackendConnectionDelegate?
     var deadline: UInt64 = 0
     /// The response (head or body) has begun: a failure is no longer a clean retry.
     private var responseSeen = false
@@ -281,11 +282,13 @@ final class BackendH2Stream: UpstreamStream {
         self.delegate = delegate
     }
 
-    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool, credentialHeader: String?) {
+    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool, credential: HTTPField?) {
+        var head = head
+        if let credential { head.headers.set(credential.name, credential.value) }
         let authority = head.headers["Host"] ?? connection.target.url.authority
         var fields = HTTP2HeaderMapping.requestFields(head, scheme: connection.target.url.scheme, authority: authority)
         if teTrailers { fields.append(HTTPField(name: "te", value: "trailers")) }
-        guard let id = connection.open(self, fields: fields, endStream: body == .none, sensitive: credentialHeader) else {
+        guard let id = connection.open(self, fields: fields, endStream: body == .none, sensitive: credential?.name) else {
             // The connection went away between acquire and send: nothing was processed.
             failLater(.protocolError("the upstream's HTTP/2 connection is going away"))
             return

@@ -341,9 +341,12 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     /// Called when an exchange can take body again after backpressure.
     func exchangeWantsBody() {
         channel.resumeReading(.peerBackpressure)
-        ctx.loop.deferToEndOfEvent { [weak self] in
-            self?.processInput()
-            self?.armBodyDeadline()
+        // Strong captures in end-of-event work (here and below): the closure runs within this
+        // event and is dropped, so no cycle; a weak reference would move the object's reference
+        // count to a side table for good, slowing every retain of it (issue 10).
+        ctx.loop.deferToEndOfEvent { [self] in
+            processInput()
+            armBodyDeadline()
         }
     }
 
@@ -407,7 +410,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         channel.resumeReading(.peerBackpressure)
         if parser.bufferedByteCount > 0 {
             // Not re-entrantly: the upstream connection that finished may still be unwinding.
-            ctx.loop.deferToEndOfEvent { [weak self] in self?.processInput() }
+            ctx.loop.deferToEndOfEvent { [self] in processInput() }
         }
     }
 
@@ -559,7 +562,7 @@ final class LocalExchange: FrontendExchange {
 
     func start() {
         if framing == .none {
-            frontend.ctx.loop.deferToEndOfEvent { [weak self] in self?.run() }
+            frontend.ctx.loop.deferToEndOfEvent { [self] in run() }
         } else if HTTPHeaderRules.expectsContinue(head) && head.version == .http1_1 {
             // RFC 9110 §15.2: never a 1xx to an HTTP/1.0 client.
             frontend.writeRaw(continueLine)

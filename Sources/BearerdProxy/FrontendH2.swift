@@ -239,7 +239,7 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
     func scheduleFlush() {
         guard !flushScheduled, phase != .closed else { return }
         flushScheduled = true
-        ctx.loop.deferToEndOfEvent { [weak self] in self?.flush() }
+        ctx.loop.deferToEndOfEvent { [self] in flush() }
     }
 
     func flush() {

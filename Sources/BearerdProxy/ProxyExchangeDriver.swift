@@ -72,8 +72,10 @@ protocol UpstreamStream: AnyObject {
     /// `body`: the request body's framing (`.none`: the head is the whole request); `upgrade`: a
     /// WebSocket handshake (a 101 is acceptable); `teTrailers`: the client sent `TE: trailers`
     /// (hop-by-hop in HTTP/1.1, so dropped there; HTTP/2 carries it on, gRPC servers require it).
-    /// `credentialHeader`: the field carrying the token (HTTP/2 sends it never-indexed).
-    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool, credentialHeader: String?)
+    /// `credential`: the field carrying the token, set (never added: it replaces the client's
+    /// copy) as the head is written, so the head itself is never copied to change one field;
+    /// HTTP/2 sends it never-indexed.
+    func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool, credential: HTTPField?)
     func writeBody(_ raw: UnsafeRawBufferPointer)
     func endBody(trailers: HTTPHeaders?)
     var isOverHighWater: Bool { get }
@@ -353,11 +355,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         attemptStarted = monotonicNanos()
         upstreamHeadAt = 0
         headSentAt = 0
-        let completion: (Result<UpstreamStream, ChannelError>) -> Void = { [weak self] result in
-            guard let self else {
-                if case .success(let c) = result { c.close() }
-                return
-            }
+        // Strong: the pool calls back once (within the connect timeout at worst); the exchange
+        // stays until then, and no weak reference slows its retains (issue 10).
+        let completion: (Result<UpstreamStream, ChannelError>) -> Void = { [self] result in
             switch result {
             case .success(let conn):
                 guard case .connecting = self.machine.state else {
@@ -381,20 +381,19 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
 
     private func sendRequest(_ send: ProxyExchange.SendRequest) {
         guard let conn = backend else { return }
-        var h = upstreamHead
-        if let token {
-            // Set, never add: the client's own copy never reaches the upstream (DESIGN §5, `inject:`).
-            h.headers.set(route.inject.header, route.inject.value(token.value))
-        }
+        // Set, never add: the client's own copy never reaches the upstream (DESIGN §5, `inject:`).
+        let credential = token.map { HTTPField(name: route.inject.header, value: ctx.credentialValue(route: routeIndex, of: runtime, token: $0, inject: route.inject)) }
         if runtime.logger.logLevel <= .trace {
+            var h = upstreamHead
+            if let credential { h.headers.set(credential.name, credential.value) }
             runtime.logger.trace("upstream request", metadata: [
                 "http.method": "\(h.method)", "http.target": "\(Redaction.target(h.target))",
                 "http.headers": "\(Redaction.describe(h.headers, alsoSensitive: route.inject.header))",
                 "token.generation": "\(token?.generation ?? 0)"])
         }
         headSentAt = monotonicNanos()
-        conn.sendHead(h, body: framing, upgrade: machine.setup.upgrade, teTrailers: clientAcceptsTrailers,
-                      credentialHeader: token == nil ? nil : route.inject.header)
+        conn.sendHead(upstreamHead, body: framing, upgrade: machine.setup.upgrade, teTrailers: clientAcceptsTrailers,
+                      credential: credential)
         // The stream may have failed while sending (an HTTP/2 connection that just went away).
         guard let conn = backend else { return }
         switch send.body {

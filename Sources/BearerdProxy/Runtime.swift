@@ -121,6 +121,8 @@ final class LoopContext {
     private struct CachedToken {
         var version: UInt64 = .max
         var token: PublishedToken?
+        /// `inject:`'s value for `token` (`Bearer <token>`), built once per token, not per request.
+        var credential: (token: String, inject: InjectConfig, value: String)?
     }
     private var tokenCache: [CachedToken] = []
 
@@ -135,6 +137,17 @@ final class LoopContext {
         }
         guard let t = tokenCache[index].token, now < t.usableUntil else { return nil }
         return t
+    }
+
+    /// The credential field's value for `token` on route `index` (`inject.value(token.value)`),
+    /// from this loop's cache when the same token was formatted before.
+    func credentialValue(route index: Int, of runtime: ProxyRuntime, token: PublishedToken, inject: InjectConfig) -> String {
+        guard runtime === self.runtime, index >= 0, index < tokenCache.count else { return inject.value(token.value) }
+        // The same token's string compares by its storage first: O(1) for the cached copy.
+        if let c = tokenCache[index].credential, c.token == token.value, c.inject == inject { return c.value }
+        let value = inject.value(token.value)
+        tokenCache[index].credential = (token.value, inject, value)
+        return value
     }
 
     /// A copy of the counters with the gauges filled in (`/metrics`). On `loop`.

@@ -163,7 +163,7 @@ public enum ProxyHeaders {
         guard head.headers.contains("Upgrade") else { return .none }
         let protocols = HTTPHeaderRules.listValues(head.headers, "Upgrade")
         if protocols.isEmpty { return .unsupported("an empty Upgrade field") }
-        let connectionNamesUpgrade = HTTPHeaderRules.connectionTokens(head.headers).contains("upgrade")
+        let connectionNamesUpgrade = HTTPHeaderRules.connectionOptions(head.headers).upgrade
         if protocols.contains(where: { asciiCaseInsensitiveEquals($0, "websocket") }) {
             guard head.method == "GET", head.version == .http1_1, connectionNamesUpgrade else {
                 return .unsupported("a WebSocket handshake is an HTTP/1.1 GET with Connection: Upgrade (RFC 6455 §4.1)")
@@ -214,8 +214,7 @@ public enum ProxyHeaders {
     static func copyEndToEnd(_ headers: HTTPHeaders, into out: inout [HTTPField], drop: (KnownField) -> Bool) -> CopiedFields {
         var seen = CopiedFields()
         // The options a Connection field names apply to every field, before or after it.
-        let named: [String]? = headers.fields.contains { KnownField($0.name) == .connection }
-            ? HTTPHeaderRules.connectionTokens(headers) : nil
+        let named = HTTPHeaderRules.connectionOptions(headers)
         for field in headers.fields {
             let kind = KnownField(field.name)
             if kind.isHopByHop || drop(kind) { continue }
@@ -227,7 +226,7 @@ public enum ProxyHeaders {
             default:
                 break
             }
-            if let named, named.contains(where: { asciiCaseInsensitiveEquals(field.name, $0) }) { continue }
+            if named.names(field.name) { continue }
             switch kind {
             case .xForwardedFor: seen.xForwardedFor = out.count
             case .via: seen.via = out.count

@@ -78,10 +78,40 @@ import Testing
 }
 
 @Suite struct HeaderRulesTests {
+    /// `setting:` writes what `HTTPHeaders.set` would leave, without copying the head.
+    private func parsedFields(_ buf: [UInt8]) -> [(String, String)] {
+        String(decoding: buf.filter { $0 != 13 }, as: UTF8.self).split(separator: "\n").dropFirst().map {
+            let p = $0.split(separator: ":", maxSplits: 1)
+            return (String(p[0]), String(p[1].dropFirst()))
+        }
+    }
+
+    @Test func requestHeadWithACredentialSetInPlace() {
+        func written(_ fields: [(String, String)]) -> String {
+            var buf: [UInt8] = []
+            HTTP1Serializer.writeRequestHead(HTTPRequestHead(method: "GET", target: "/", headers: HTTPHeaders(fields)),
+                                             setting: HTTPField(name: "Authorization", value: "Bearer t"), into: &buf)
+            // What `set` leaves, but under the configured name's spelling.
+            var viaSet = HTTPHeaders(fields)
+            viaSet.set("Authorization", "Bearer t")
+            #expect(viaSet.fields.map { $0.name.lowercased() + $0.value } == HTTPHeaders(parsedFields(buf)).fields.map { $0.name.lowercased() + $0.value })
+            return String(decoding: buf, as: UTF8.self)
+        }
+        #expect(written([("Host", "h")]) == "GET / HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer t\r\n\r\n")
+        #expect(written([("authorization", "Basic a"), ("Host", "h"), ("AUTHORIZATION", "x")])
+                == "GET / HTTP/1.1\r\nAuthorization: Bearer t\r\nHost: h\r\n\r\n")
+    }
+
     @Test func connectionTokens() {
         let h = hdrs(("Connection", "Keep-Alive, X-Foo ,, "), ("connection", "close"), ("X", "y"))
         #expect(HTTPHeaderRules.connectionTokens(h) == ["keep-alive", "x-foo", "close"])
         #expect(HTTPHeaderRules.connectionTokens(["A": "b"]) == [])
+        let options = HTTPHeaderRules.connectionOptions(HTTPHeaders([("connection", " Keep-Alive ,, X-Foo"), ("Connection", "CLOSE,upgrade , x-bar")]))
+        #expect(options.present && options.close && options.keepAlive && options.upgrade)
+        #expect(options.others == ["x-foo", "x-bar"])
+        #expect(options.names("X-FOO") && options.names("Close") && options.names("x-bar") && !options.names("x-baz"))
+        #expect(HTTPHeaderRules.connectionOptions(["A": "b"]) == HTTPHeaderRules.ConnectionOptions())
+        #expect(!HTTPHeaderRules.connectionOptions(["Connection": ""]).names(""))
     }
 
     @Test func removeHopByHop() {
