@@ -301,8 +301,37 @@ public final class EventLoopGroup: @unchecked Sendable {  // @unchecked: `loops`
         self.loops = loops
     }
 
+    /// The default number of loops: the CPUs this process may use. The online CPUs, fewer when
+    /// the affinity mask allows fewer (taskset, cpusets) or a cgroup v2 CPU quota (`cpu.max`,
+    /// a container's CPU limit) allows less, rounded up; at least 1. A sidecar limited to half a
+    /// core gets one loop, not one per host core.
     public static var coreCount: Int {
-        Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+        var n = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+        let affinity = Int(bearerd_affinity_cpu_count())
+        if affinity > 0 { n = min(n, affinity) }
+        if let quota = cgroupCPUQuota(readSmallFile("/sys/fs/cgroup/cpu.max")) { n = min(n, quota) }
+        return max(1, n)
+    }
+
+    /// The first 256 bytes of a file, or nil.
+    private static func readSmallFile(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var buf = [UInt8](repeating: 0, count: 256)
+        let n = buf.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        guard n > 0 else { return nil }
+        return String(decoding: buf[0..<min(n, buf.count)], as: UTF8.self)
+    }
+
+    /// CPUs allowed by a cgroup v2 `cpu.max` (`"<quota> <period>"` or `"max <period>"`), rounded
+    /// up; nil when unlimited or unreadable.
+    static func cgroupCPUQuota(_ text: String?) -> Int? {
+        guard let text else { return nil }
+        let parts = text.split(whereSeparator: { $0 == " " || $0 == "\n" })
+        guard parts.count >= 2, let quota = UInt64(parts[0]), let period = UInt64(parts[1]), period > 0, quota > 0 else { return nil }
+        let cpus = quota / period + (quota % period == 0 ? 0 : 1)
+        return Int(clamping: min(cpus, 4096))
     }
 
     public func next() -> EventLoop {

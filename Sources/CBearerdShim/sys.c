@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include <sys/socket.h>
 #include <errno.h>
+#include <sched.h>
 #include "bearerd_sys.h"
 int bearerd_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) { return accept4(fd, addr, len, flags); }
 int bearerd_stream_socket(int family) { return socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0); }
@@ -15,4 +16,11 @@ int bearerd_peer_credentials(int fd, int *pid, unsigned int *uid, unsigned int *
     *uid = cred.uid;
     *gid = cred.gid;
     return 0;
+}
+
+int bearerd_affinity_cpu_count(void) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) return -1;
+    return CPU_COUNT(&set);
 }

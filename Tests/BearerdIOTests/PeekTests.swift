@@ -1,5 +1,6 @@
 import Testing
 @testable import BearerdIO
+import CBearerdShim
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -21,5 +22,25 @@ import Glibc
         #expect(Syscalls.System.peek(fds[0]) == -Int(EAGAIN))
         close(fds[1])
         #expect(Syscalls.System.peek(fds[0]) == 0, "the peer's EOF")
+    }
+}
+
+/// The default loop count follows the CPUs the process may use (issue 10: default settings
+/// under taskset or a container CPU limit).
+@Suite struct CoreCountTests {
+    @Test func cgroupQuotaIsRoundedUp() {
+        #expect(EventLoopGroup.cgroupCPUQuota("max 100000\n") == nil)
+        #expect(EventLoopGroup.cgroupCPUQuota("50000 100000\n") == 1)
+        #expect(EventLoopGroup.cgroupCPUQuota("200000 100000") == 2)
+        #expect(EventLoopGroup.cgroupCPUQuota("250000 100000") == 3)
+        #expect(EventLoopGroup.cgroupCPUQuota("garbage") == nil)
+        #expect(EventLoopGroup.cgroupCPUQuota("1 0") == nil)
+        #expect(EventLoopGroup.cgroupCPUQuota(nil) == nil)
+    }
+
+    @Test func coreCountIsWithinTheAffinityMask() {
+        let n = EventLoopGroup.coreCount
+        #expect(n >= 1)
+        #expect(n <= max(1, Int(bearerd_affinity_cpu_count())))
     }
 }

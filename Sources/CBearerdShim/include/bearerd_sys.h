@@ -10,4 +10,6 @@ int bearerd_SOCK_STREAM(void);
 int bearerd_accept_flags(void);
 /* SO_PEERCRED of a connected unix socket (struct ucred needs _GNU_SOURCE). 0, or -1 with errno. */
 int bearerd_peer_credentials(int fd, int *pid, unsigned int *uid, unsigned int *gid);
+/* CPUs this process may run on (sched_getaffinity: taskset, cpusets), or -1. */
+int bearerd_affinity_cpu_count(void);
 #endif
