@@ -3,12 +3,18 @@
 #   origin   the origin nginx, directly                         127.0.0.1:18081
 #   nginx    nginx as a reverse proxy adding a static
 #            `Authorization: Bearer bench-static-token`          127.0.0.1:18082
-#   bearerd  bearerd in front of the same origin (loops: 1)      127.0.0.1:18080
+#   haproxy  HAProxy (nbthread 1) adding the same static header  127.0.0.1:18086
+#   bearerd  bearerd in front of the same origin, default
+#            settings (no `loops:`/`io:` in its config)          127.0.0.1:18080
+#   bearerd_log  the same bearerd with its JSON access log on     127.0.0.1:18085
+#            (small_c64 only: the cost of the log line)
 #
 # Scenarios (wrk, one thread):
 #   small_c64  GET /small (100-byte body), 64 connections  -> requests/s
 #   small_c1   GET /small, 1 connection                    -> latency p50/p99 in µs (and req/s)
 #   big_c8     GET /big (1 MiB body), 8 connections        -> MiB/s (bytes read / duration)
+#   newconn_c16  GET /small with `Connection: close`, 16 connections: a new TCP connection
+#              per request -> requests/s
 #   h2c_c4m16  GET /small over prior-knowledge HTTP/2 (h2load -c4 -m16: 4 connections, 16
 #              streams each) -> requests/s. nginx takes it on an h2c listener (127.0.0.1:18083)
 #              proxying to the same origin over HTTP/1.1; bearerd on its usual port (every
@@ -27,17 +33,26 @@
 # Environment knobs:
 #   ROUNDS=5          number of measured rounds
 #   DURATION=5        seconds per wrk run (warm-up runs take 1 s)
-#   TARGETS="origin nginx bearerd"   subset/order of targets (bearerd needs a binary)
+#   TARGETS="origin nginx haproxy bearerd bearerd_log"   subset/order of targets
+#   IDLE_CONNS=10000  idle keep-alive connections held against each proxy (0: skip)
 #   BEARERD=path      use this bearerd binary instead of building it (swift build -c release)
 #   BEARERD_AUTH=session|none   session (default): bearerd injects a token of a
 #                     client_credentials session whose token endpoint is the origin's /token,
 #                     so it does what nginx does (add an Authorization header); none: plain
 #                     proxying route without a session
 #   BEARERD_ACCESS_LOG=1   keep bearerd's per-request log line (off by default, as nginx's is)
-#   BEARERD_IO=poller|sources   bearerd's `io:` mode (default poller, as bearerd's own default; sources: a Dispatch source per
-#                     socket)
+#   BEARERD_IO=poller|sources   set bearerd's `io:` mode (default: unset, bearerd's own default)
+#   BEARERD_LOOPS=N   set bearerd's `loops:` (default: unset, one per CPU it may use: 1 when
+#                     pinned to one core)
 #   PROXY_CPUS, LOAD_CPUS   taskset CPU lists (default 0 and 1-(N-1))
 #   KEEP=1            keep the temporary directory (configs, logs, raw wrk output)
+#
+# Besides requests/s and latency, each run records the proxy's CPU time per request (utime +
+# stime of the bearerd process or the nginx/HAProxy worker, from /proc, divided by requests)
+# and the origin's new connections per 1,000 requests (nginx stub_status `accepts`): upstream
+# keep-alive reuse. After the rounds: idle RSS (VmRSS after start-up and the sanity checks)
+# and IDLE_CONNS (10000) idle keep-alive client connections held open by bench/idle_conns.py
+# against each proxy, RSS growth per connection.
 #
 # Output: a table on stdout, raw results as CSV plus the table in bench/out/ (gitignored).
 # All processes started here are stopped on exit, including Ctrl-C.
@@ -45,10 +60,12 @@ set -euo pipefail
 
 ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-5}
-TARGETS=${TARGETS:-origin nginx bearerd}
+TARGETS=${TARGETS:-origin nginx haproxy bearerd bearerd_log}
+IDLE_CONNS=${IDLE_CONNS:-10000}
+BEARERD_LOOPS=${BEARERD_LOOPS:-}
 BEARERD=${BEARERD:-}
 BEARERD_AUTH=${BEARERD_AUTH:-session}
-BEARERD_IO=${BEARERD_IO:-poller}
+BEARERD_IO=${BEARERD_IO:-}
 KEEP=${KEEP:-0}
 
 ORIGIN_PORT=18081
@@ -60,7 +77,9 @@ STATIC_TOKEN=bench-static-token
 SESSION_TOKEN=bench-session-token
 NGINX_H2C_PORT=18083
 ORIGIN_H2C_PORT=18084
-SCENARIOS=(small_c64 small_c1 big_c8 h2c_c4m16)
+BEARERD_LOG_PORT=18085
+HAPROXY_PORT=18086
+SCENARIOS=(small_c64 small_c1 big_c8 newconn_c16 h2c_c4m16)
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT_DIR=$REPO/bench/out
@@ -71,10 +90,11 @@ die() { printf '[bench] error: %s\n' "$*" >&2; exit 1; }
 
 case "$ROUNDS" in ''|*[!0-9]*|0) die "ROUNDS must be a positive integer" ;; esac
 case "$DURATION" in ''|*[!0-9]*|0) die "DURATION must be a positive integer (seconds)" ;; esac
+case "$IDLE_CONNS" in ''|*[!0-9]*) die "IDLE_CONNS must be a non-negative integer" ;; esac
 case "$BEARERD_AUTH" in session|none) ;; *) die "BEARERD_AUTH must be session or none" ;; esac
 read -r -a TARGET_LIST <<<"$TARGETS"
 for t in "${TARGET_LIST[@]}"; do
-    case "$t" in origin|nginx|bearerd) ;; *) die "unknown target '$t' (origin, nginx, bearerd)" ;; esac
+    case "$t" in origin|nginx|haproxy|bearerd|bearerd_log) ;; *) die "unknown target '$t' (origin, nginx, haproxy, bearerd, bearerd_log)" ;; esac
 done
 [ "${#TARGET_LIST[@]}" -gt 0 ] || die "TARGETS is empty"
 wants() { [[ " ${TARGET_LIST[*]} " == *" $1 "* ]]; }
@@ -91,6 +111,8 @@ ensure_tools() {
     command -v h2load >/dev/null || missing+=(nghttp2-client)
     command -v curl >/dev/null || missing+=(curl)
     command -v taskset >/dev/null || missing+=(util-linux)
+    if wants haproxy; then command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy); fi
+    command -v python3 >/dev/null || missing+=(python3)
     if [ "${#missing[@]}" -gt 0 ]; then
         log "installing ${missing[*]}"
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" >&2 || {
@@ -100,6 +122,7 @@ ensure_tools() {
     fi
     NGINX=$(find_nginx)
     [ -n "$NGINX" ] || die "nginx not found after installation"
+    HAPROXY=$(command -v haproxy 2>/dev/null || echo /usr/sbin/haproxy)
 }
 
 # --------------------------------------------------------------------------- processes
@@ -185,7 +208,9 @@ fi
 
 # --------------------------------------------------------------------------- setup
 ensure_tools
-if wants bearerd; then
+# 10,000 idle client connections (and the proxies' own) need descriptors.
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+if wants bearerd || wants bearerd_log; then
     if [ -z "$BEARERD" ]; then
         log "building bearerd (release)"
         (cd "$REPO" && swift build -c release --product bearerd >&2)
@@ -197,8 +222,8 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/bearerd-bench.XXXXXX")
 # nginx workers drop to an unprivileged user when started as root: they must read our files.
 chmod 0755 "$WORK"
-mkdir -p "$OUT_DIR" "$WORK/origin/www" "$WORK/origin/tmp" "$WORK/nginx/tmp" "$WORK/bearerd-state" "$WORK/wrk"
-chmod 0700 "$WORK/bearerd-state"
+mkdir -p "$OUT_DIR" "$WORK/origin/www" "$WORK/origin/tmp" "$WORK/nginx/tmp" "$WORK/bearerd-state" "$WORK/bearerd-log-state" "$WORK/wrk" "$WORK/haproxy"
+chmod 0700 "$WORK/bearerd-state" "$WORK/bearerd-log-state"
 
 SMALL_BODY=$(printf 'x%.0s' $(seq "$SMALL_BODY_BYTES"))
 head -c "$BIG_BYTES" /dev/urandom >"$WORK/origin/www/big"
@@ -236,7 +261,7 @@ EOF
     nginx_common "$WORK/origin"
     cat <<EOF
 worker_processes $ORIGIN_WORKERS;
-events { worker_connections 4096; }
+events { worker_connections 30000; }
 http {
 $(nginx_http_common "$WORK/origin")
     sendfile on;
@@ -247,6 +272,7 @@ $(nginx_http_common "$WORK/origin")
         location = /small { default_type text/plain; return 200 "$SMALL_BODY"; }
         location = /big { root $WORK/origin/www; default_type application/octet-stream; }
         location = /auth-echo { default_type text/plain; return 200 "\$http_authorization"; }
+        location = /nginx_status { stub_status; }
         location = /token {
             default_type application/json;
             return 200 '{"access_token":"$SESSION_TOKEN","token_type":"Bearer","expires_in":86400}';
@@ -262,7 +288,7 @@ EOF
     nginx_common "$WORK/nginx"
     cat <<EOF
 worker_processes 1;
-events { worker_connections 4096; }
+events { worker_connections 30000; }
 http {
 $(nginx_http_common "$WORK/nginx")
     upstream origin {
@@ -291,10 +317,10 @@ EOF
 {
     cat <<EOF
 listen: [127.0.0.1:$BEARERD_PORT]
-loops: 1
-io: $BEARERD_IO
 state_dir: $WORK/bearerd-state
 EOF
+    if [ -n "$BEARERD_LOOPS" ]; then echo "loops: $BEARERD_LOOPS"; fi
+    if [ -n "$BEARERD_IO" ]; then echo "io: $BEARERD_IO"; fi
     if [ "$BEARERD_AUTH" = session ]; then
         cat <<EOF
 sessions:
@@ -316,6 +342,30 @@ routes:
 EOF
     fi
 } >"$WORK/bearerd.yaml"
+# The access-log variant: same settings, its own port and state directory.
+sed -e "s|127.0.0.1:$BEARERD_PORT|127.0.0.1:$BEARERD_LOG_PORT|" -e "s|$WORK/bearerd-state|$WORK/bearerd-log-state|" \
+    "$WORK/bearerd.yaml" >"$WORK/bearerd-log.yaml"
+
+# HAProxy: one thread, keep-alive to the origin (http-reuse always), the static header.
+cat >"$WORK/haproxy/haproxy.cfg" <<EOF
+global
+    nbthread 1
+    ulimit-n $(ulimit -n)
+    maxconn $(( (IDLE_CONNS > 4000 ? IDLE_CONNS : 4000) + 200 ))
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 300s
+    timeout server 300s
+    timeout http-keep-alive 300s
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:$HAPROXY_PORT
+    default_backend be
+backend be
+    http-request set-header Authorization "Bearer $STATIC_TOKEN"
+    server origin 127.0.0.1:$ORIGIN_PORT maxconn 20000
+EOF
 
 # wrk hook: one machine-readable line per run (latency in µs).
 cat >"$WORK/report.lua" <<'EOF'
@@ -340,6 +390,15 @@ if wants nginx; then
         "${PIN_PROXY[@]}" "$NGINX" -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf" -g 'daemon off;'
     wait_ready nginx "$NGINX_PORT" "$NGINX_PID" "$WORK/nginx/error.log"
 fi
+HAPROXY_PID="" BEARERD_LOG_PID=""
+if wants haproxy; then
+    start_bg HAPROXY_PID "$WORK/haproxy/haproxy.log" "${PIN_PROXY[@]}" "$HAPROXY" -db -f "$WORK/haproxy/haproxy.cfg"
+    wait_ready haproxy "$HAPROXY_PORT" "$HAPROXY_PID" "$WORK/haproxy/haproxy.log"
+fi
+if wants bearerd_log; then
+    start_bg BEARERD_LOG_PID "$WORK/bearerd-log.out" "${PIN_PROXY[@]}" "$BEARERD" run -c "$WORK/bearerd-log.yaml" --log-format json
+    wait_ready bearerd_log "$BEARERD_LOG_PORT" "$BEARERD_LOG_PID" "$WORK/bearerd-log.out"
+fi
 if wants bearerd; then
     "$BEARERD" check -c "$WORK/bearerd.yaml" >&2 || die "bearerd check rejected $WORK/bearerd.yaml"
     # Like the nginx proxy (access_log off), bearerd writes no per-request log line here;
@@ -350,9 +409,21 @@ if wants bearerd; then
     wait_ready bearerd "$BEARERD_PORT" "$BEARERD_PID" "$WORK/bearerd.log"
 fi
 
-pid_of() { case "$1" in origin) echo "$ORIGIN_PID" ;; nginx) echo "$NGINX_PID" ;; bearerd) echo "$BEARERD_PID" ;; esac; }
-log_of() { case "$1" in origin) echo "$WORK/origin/error.log" ;; nginx) echo "$WORK/nginx/error.log" ;; bearerd) echo "$WORK/bearerd.log" ;; esac; }
-port_of() { case "$1" in origin) echo "$ORIGIN_PORT" ;; nginx) echo "$NGINX_PORT" ;; bearerd) echo "$BEARERD_PORT" ;; esac; }
+pid_of() { case "$1" in origin) echo "$ORIGIN_PID" ;; nginx) echo "$NGINX_PID" ;; haproxy) echo "$HAPROXY_PID" ;; bearerd) echo "$BEARERD_PID" ;; bearerd_log) echo "$BEARERD_LOG_PID" ;; esac; }
+log_of() { case "$1" in origin) echo "$WORK/origin/error.log" ;; nginx) echo "$WORK/nginx/error.log" ;; haproxy) echo "$WORK/haproxy/haproxy.log" ;; bearerd) echo "$WORK/bearerd.log" ;; bearerd_log) echo "$WORK/bearerd-log.out" ;; esac; }
+port_of() { case "$1" in origin) echo "$ORIGIN_PORT" ;; nginx) echo "$NGINX_PORT" ;; haproxy) echo "$HAPROXY_PORT" ;; bearerd) echo "$BEARERD_PORT" ;; bearerd_log) echo "$BEARERD_LOG_PORT" ;; esac; }
+# The process doing the work: nginx's worker (child of the master we started), else the pid.
+work_pid_of() {
+    local pid
+    pid=$(pid_of "$1")
+    case "$1" in origin|nginx) pgrep -P "$pid" | head -n 1 ;; *) echo "$pid" ;; esac
+}
+# cpu_ticks PID: utime + stime in clock ticks.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+vm_rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || true; }
+# origin_accepts: connections the origin accepted so far (stub_status), or empty.
+origin_accepts() { curl -s --max-time 2 "http://127.0.0.1:$ORIGIN_PORT/nginx_status" | awk 'NR == 3 { print $1 }'; }
+CLK_TCK=$(getconf CLK_TCK)
 
 # Sanity: sizes and status through every target; the proxies deliver the header.
 for t in "${TARGET_LIST[@]}"; do
@@ -364,19 +435,39 @@ for t in "${TARGET_LIST[@]}"; do
     auth=$(curl -s "$url/auth-echo")
     case "$t" in
         nginx) want="Bearer $STATIC_TOKEN" ;;
-        bearerd) if [ "$BEARERD_AUTH" = session ]; then want="Bearer $SESSION_TOKEN"; else want=""; fi ;;
+        haproxy) want="Bearer $STATIC_TOKEN" ;;
+        bearerd|bearerd_log) if [ "$BEARERD_AUTH" = session ]; then want="Bearer $SESSION_TOKEN"; else want=""; fi ;;
         *) want="" ;;
     esac
     [ "$auth" = "$want" ] || die "$t: origin saw Authorization '$auth', expected '$want'"
 done
 log "sanity checks passed for: ${TARGET_LIST[*]}"
 
+# Idle RSS: after start-up and the sanity requests, before any load.
+declare -A IDLE_RSS=()
+for t in "${TARGET_LIST[@]}"; do
+    [ "$t" = origin ] && continue
+    IDLE_RSS[$t]=$(vm_rss_kib "$(work_pid_of "$t")")
+done
+
 # --------------------------------------------------------------------------- runs
 CSV=$OUT_DIR/bench-$STAMP.csv
-echo "round,scenario,target,connections,duration_s,requests,rps,p50_us,p99_us,bytes,mib_s,errors,non2xx" >"$CSV"
+echo "round,scenario,target,connections,duration_s,requests,rps,p50_us,p99_us,bytes,mib_s,errors,non2xx,cpu_us_per_req,origin_conns_per_1k" >"$CSV"
 
 # h2c_port TARGET: where the target takes prior-knowledge HTTP/2.
 h2c_port() { case "$1" in origin) echo "$ORIGIN_H2C_PORT" ;; nginx) echo "$NGINX_H2C_PORT" ;; bearerd) echo "$BEARERD_PORT" ;; esac; }
+
+# Which targets take part in a scenario: the access-log variant only where its cost shows
+# (small_c64); h2c for origin, nginx and bearerd (HAProxy's h2c needs its own listener).
+takes_part() {
+    case "$1:$2" in
+        small_c64:*) return 0 ;;
+        h2c_c4m16:origin|h2c_c4m16:nginx|h2c_c4m16:bearerd) return 0 ;;
+        h2c_c4m16:*) return 1 ;;
+        *:bearerd_log) return 1 ;;
+        *) return 0 ;;
+    esac
+}
 
 # run_h2load ROUND TARGET SECONDS: the h2c scenario with h2load (4 connections x 16 streams);
 # a CSV row with req/s (no latency percentiles: h2load reports none). A failed run is recorded
@@ -399,7 +490,7 @@ run_h2load() {
     fi
     [ "${failed:-0}" != 0 ] && log "warning: $target h2c round $round: $failed failed requests"
     [ "$round" = warmup ] && return 0
-    printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$round" h2c_c4m16 "$target" 4 "$secs" "$done" "$rps" 0 0 "${bytes:-0}" 0 "${failed:-0}" 0 >>"$CSV"
+    printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,,\n' "$round" h2c_c4m16 "$target" 4 "$secs" "$done" "$rps" 0 0 "${bytes:-0}" 0 "${failed:-0}" 0 >>"$CSV"
     log "round $round h2c_c4m16 $target: rps=$rps"
 }
 
@@ -410,18 +501,26 @@ run_wrk() {
         run_h2load "$round" "$target" "$secs"
         return
     fi
+    local extra=()
     case "$scenario" in
         small_c64) conns=64 path=/small ;;
         small_c1) conns=1 path=/small ;;
         big_c8) conns=8 path=/big ;;
+        newconn_c16) conns=16 path=/small extra=(-H "Connection: close") ;;
     esac
     local out="$WORK/wrk/$round-$scenario-$target.txt"
+    local wpid ticks0 ticks1 acc0 acc1
+    wpid=$(work_pid_of "$target")
+    ticks0=$(cpu_ticks "$wpid")
+    acc0=$(origin_accepts)
     # In the background + wait, so a signal to this script interrupts at once (trap).
-    "${PIN_LOAD[@]}" wrk -t1 -c"$conns" -d"${secs}s" --timeout 10s -s "$WORK/report.lua" \
+    "${PIN_LOAD[@]}" wrk -t1 -c"$conns" -d"${secs}s" --timeout 10s -s "$WORK/report.lua" "${extra[@]}" \
         "http://127.0.0.1:$(port_of "$target")$path" >"$out" 2>&1 &
     WRK_PID=$!
     wait "$WRK_PID" || { cat "$out" >&2; die "wrk failed ($scenario, $target)"; }
     WRK_PID=""
+    ticks1=$(cpu_ticks "$wpid")
+    acc1=$(origin_accepts)
     local line
     line=$(grep '^BENCH ' "$out") || { cat "$out" >&2; die "no BENCH line from wrk"; }
     # Parse key=value pairs into local variables r_<key>.
@@ -438,16 +537,58 @@ run_wrk() {
         log "warning: $target $scenario round $round: $r_errors socket errors, $r_non2xx non-2xx responses"
     fi
     [ "$round" = warmup ] && return 0
-    printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$round" "$scenario" "$target" "$conns" \
+    local cpu_us="" conns_1k=""
+    if [ "$target" != origin ] && [ "${r_requests:-0}" -gt 0 ]; then
+        cpu_us=$(awk -v t=$((ticks1 - ticks0)) -v hz="$CLK_TCK" -v n="$r_requests" 'BEGIN { printf "%.2f", t / hz / n * 1e6 }')
+        if [ -n "$acc0" ] && [ -n "$acc1" ]; then
+            conns_1k=$(awk -v a=$((acc1 - acc0)) -v n="$r_requests" 'BEGIN { printf "%.3f", a / n * 1000 }')
+        fi
+    fi
+    printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$round" "$scenario" "$target" "$conns" \
         "$(awk -v d="$r_duration_us" 'BEGIN { printf "%.3f", d / 1e6 }')" \
-        "$r_requests" "$r_rps" "$r_p50_us" "$r_p99_us" "$r_bytes" "$r_mib_s" "$r_errors" "$r_non2xx" >>"$CSV"
-    log "round $round $scenario $target: rps=$r_rps p50=${r_p50_us}us p99=${r_p99_us}us MiB/s=$r_mib_s"
+        "$r_requests" "$r_rps" "$r_p50_us" "$r_p99_us" "$r_bytes" "$r_mib_s" "$r_errors" "$r_non2xx" "$cpu_us" "$conns_1k" >>"$CSV"
+    log "round $round $scenario $target: rps=$r_rps p50=${r_p50_us}us p99=${r_p99_us}us MiB/s=$r_mib_s cpu/req=${cpu_us}us origin conns/1k=${conns_1k}"
 }
+
+# --------------------------------------------------------------------------- idle connections
+# IDLE_CONNS keep-alive connections, one request each, then held idle: RSS growth per connection.
+# Before any load, so that memory freed by earlier runs cannot hide the growth.
+declare -A IDLE_KIB_PER_CONN=() IDLE_OK=()
+if [ "$IDLE_CONNS" -gt 0 ]; then
+    for t in "${TARGET_LIST[@]}"; do
+        case "$t" in origin|bearerd_log) continue ;; esac
+        wpid=$(work_pid_of "$t")
+        before=$(vm_rss_kib "$wpid")
+        fifo="$WORK/idle-$t.fifo"
+        mkfifo "$fifo"
+        "${PIN_LOAD[@]}" python3 "$REPO/bench/idle_conns.py" 127.0.0.1 "$(port_of "$t")" "$IDLE_CONNS" <"$fifo" >"$WORK/idle-$t.out" 2>&1 &
+        idle_pid=$!
+        exec 9>"$fifo"   # hold the script's stdin open until the measurement is taken
+        for i in $(seq 600); do
+            grep -q '^READY' "$WORK/idle-$t.out" 2>/dev/null && break
+            kill -0 "$idle_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        sleep 1
+        after=$(vm_rss_kib "$wpid")
+        ready=$(grep '^READY' "$WORK/idle-$t.out" || echo "READY ok=0 errors=$IDLE_CONNS")
+        exec 9>&-
+        wait "$idle_pid" 2>/dev/null || true
+        ok=$(sed -n 's/.*ok=\([0-9]*\).*/\1/p' <<<"$ready")
+        errs=$(sed -n 's/.*errors=\([0-9]*\).*/\1/p' <<<"$ready")
+        IDLE_OK[$t]="$ok/$IDLE_CONNS ok, $errs errors"
+        if [ "${ok:-0}" -gt 0 ] && [ -n "$before" ] && [ -n "$after" ]; then
+            IDLE_KIB_PER_CONN[$t]=$(awk -v a="$after" -v b="$before" -v n="$ok" 'BEGIN { printf "%.1f", (a - b) / n }')
+        fi
+        log "idle connections $t: ${IDLE_OK[$t]}, RSS $before -> $after KiB"
+        sleep 2   # let the proxy notice the closes
+    done
+fi
 
 log "cores: $NCPU; proxies on cpu $PROXY_CPUS, wrk + origin ($ORIGIN_WORKERS worker(s)) on cpu $LOAD_CPUS"
 log "warm-up"
 for scenario in "${SCENARIOS[@]}"; do
-    for t in "${TARGET_LIST[@]}"; do run_wrk warmup "$scenario" "$t" 1; done
+    for t in "${TARGET_LIST[@]}"; do if takes_part "$scenario" "$t"; then run_wrk warmup "$scenario" "$t" 1; fi; done
 done
 
 n_targets=${#TARGET_LIST[@]}
@@ -456,6 +597,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
         for ((i = 0; i < n_targets; i++)); do
             # Rotate the starting target each round.
             t=${TARGET_LIST[$(((i + round - 1) % n_targets))]}
+            takes_part "$scenario" "$t" || continue
             run_wrk "$round" "$scenario" "$t" "$DURATION"
         done
     done
@@ -463,53 +605,62 @@ done
 
 # --------------------------------------------------------------------------- memory
 vm_hwm_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status" 2>/dev/null || true; }
-BEARERD_HWM="" NGINX_HWM=""
-if [ -n "$BEARERD_PID" ]; then
-    # taskset execs the binary, so the recorded pid is bearerd itself.
-    BEARERD_HWM=$(vm_hwm_kib "$BEARERD_PID")
-fi
-if [ -n "$NGINX_PID" ]; then
-    # The nginx proxy's worker (child of the master we started).
-    nginx_worker=$(pgrep -P "$NGINX_PID" | head -n 1 || true)
-    [ -n "$nginx_worker" ] && NGINX_HWM=$(vm_hwm_kib "$nginx_worker")
-fi
 
 # --------------------------------------------------------------------------- report
 # median SCENARIO TARGET COLUMN: median of a CSV column over the rounds ("" if none).
 median() {
-    awk -F, -v s="$1" -v t="$2" -v c="$3" 'NR > 1 && $2 == s && $3 == t { print $c }' "$CSV" |
+    awk -F, -v s="$1" -v t="$2" -v c="$3" 'NR > 1 && $2 == s && $3 == t && $c != "" { print $c }' "$CSV" |
         sort -g |
-        awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) printf "%.1f", v[(NR + 1) / 2]; else printf "%.1f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+        awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) printf "%.2f", v[(NR + 1) / 2]; else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 # Column numbers in the CSV.
-COL_RPS=7 COL_P50=8 COL_P99=9 COL_MIBS=11
+COL_RPS=7 COL_P50=8 COL_P99=9 COL_MIBS=11 COL_CPU=14 COL_CONNS=15
 
-fmt_row() { # LABEL METRIC COLUMN SCENARIO KIND(higher|lower)
-    local label=$1 metric=$2 col=$3 scenario=$4 kind=$5 o n b cmp=""
-    o=$(median "$scenario" origin "$col"); n=$(median "$scenario" nginx "$col"); b=$(median "$scenario" bearerd "$col")
-    if [ -n "$n" ] && [ -n "$b" ]; then
-        cmp=$(awk -v n="$n" -v b="$b" -v k="$kind" 'BEGIN {
-            r = (n > 0) ? sprintf("%.2fx", b / n) : "n/a"
-            if (k == "lower") printf "%s (%+.0f us)", r, b - n; else printf "%s", r }')
-    fi
-    printf '%-22s %-8s %12s %12s %12s   %s\n' "$label" "$metric" "${o:--}" "${n:--}" "${b:--}" "${cmp:--}"
+# ratio KIND B REF: "0.93x" (KIND higher, lower or latency: lower, with the µs difference).
+ratio() {
+    local kind=$1 b=$2 n=$3
+    [ -n "$b" ] && [ -n "$n" ] || { echo "-"; return; }
+    awk -v n="$n" -v b="$b" -v k="$kind" 'BEGIN {
+        r = (n > 0) ? sprintf("%.2fx", b / n) : "n/a"
+        if (k == "latency") printf "%s (%+.0f us)", r, b - n; else printf "%s", r }'
+}
+
+fmt_row() { # LABEL METRIC COLUMN SCENARIO KIND(higher|lower|latency)
+    local label=$1 metric=$2 col=$3 scenario=$4 kind=$5 o n h b
+    o=$(median "$scenario" origin "$col"); n=$(median "$scenario" nginx "$col")
+    h=$(median "$scenario" haproxy "$col"); b=$(median "$scenario" bearerd "$col")
+    printf '%-24s %-9s %10s %10s %10s %10s   %-18s %s\n' "$label" "$metric" "${o:--}" "${n:--}" "${h:--}" "${b:--}" \
+        "$(ratio "$kind" "$b" "$n")" "$(ratio "$kind" "$b" "$h")"
 }
 
 SUMMARY=$OUT_DIR/bench-$STAMP.txt
 {
     echo "bearerd benchmark $STAMP  commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
-    echo "rounds=$ROUNDS duration=${DURATION}s cores=$NCPU proxy_cpus=$PROXY_CPUS load_cpus=$LOAD_CPUS bearerd_auth=$BEARERD_AUTH bearerd_io=$BEARERD_IO"
-    echo "medians across rounds; bearerd/nginx > 1 is better for req/s and MiB/s, < 1 is better for latency"
+    echo "rounds=$ROUNDS duration=${DURATION}s cores=$NCPU proxy_cpus=$PROXY_CPUS load_cpus=$LOAD_CPUS bearerd_auth=$BEARERD_AUTH bearerd_io=${BEARERD_IO:-default} bearerd_loops=${BEARERD_LOOPS:-default}"
+    echo "medians across rounds; ratios > 1 are better for req/s and MiB/s, < 1 for latency, CPU and memory"
     echo
-    printf '%-22s %-8s %12s %12s %12s   %s\n' scenario metric origin nginx bearerd bearerd/nginx
+    printf '%-24s %-9s %10s %10s %10s %10s   %-18s %s\n' scenario metric origin nginx haproxy bearerd bearerd/nginx bearerd/haproxy
     fmt_row "/small 64 conns" "req/s" "$COL_RPS" small_c64 higher
-    fmt_row "/small 1 conn" "p50 us" "$COL_P50" small_c1 lower
-    fmt_row "/small 1 conn" "p99 us" "$COL_P99" small_c1 lower
+    fmt_row "/small 64 conns" "CPU us/req" "$COL_CPU" small_c64 lower
+    fmt_row "/small 64 conns" "orig.conn/1k" "$COL_CONNS" small_c64 lower
+    fmt_row "new conn per request" "req/s" "$COL_RPS" newconn_c16 higher
+    fmt_row "new conn per request" "CPU us/req" "$COL_CPU" newconn_c16 lower
+    fmt_row "/small 1 conn" "p50 us" "$COL_P50" small_c1 latency
+    fmt_row "/small 1 conn" "p99 us" "$COL_P99" small_c1 latency
     fmt_row "/small 1 conn" "req/s" "$COL_RPS" small_c1 higher
     fmt_row "/big 1MiB 8 conns" "MiB/s" "$COL_MIBS" big_c8 higher
     fmt_row "h2c 4 conns x 16 str" "req/s" "$COL_RPS" h2c_c4m16 higher
     echo
-    if [ -n "$BEARERD_HWM" ]; then echo "bearerd peak RSS (VmHWM): $BEARERD_HWM KiB"; fi
-    if [ -n "$NGINX_HWM" ]; then echo "nginx proxy worker peak RSS (VmHWM): $NGINX_HWM KiB"; fi
+    if wants bearerd_log && wants bearerd; then
+        bl=$(median small_c64 bearerd_log "$COL_RPS"); bo=$(median small_c64 bearerd "$COL_RPS")
+        echo "access log (JSON) on, /small 64 conns: $bl req/s vs $bo off: $(ratio higher "$bl" "$bo")"
+    fi
+    for t in nginx haproxy bearerd; do
+        wants "$t" || continue
+        printf 'idle RSS %-8s %8s KiB' "$t" "${IDLE_RSS[$t]:--}"
+        if [ -n "${IDLE_OK[$t]:-}" ]; then printf '   %s idle conns: %s KiB per conn (%s)' "$IDLE_CONNS" "${IDLE_KIB_PER_CONN[$t]:--}" "${IDLE_OK[$t]}"; fi
+        hwm=$(vm_hwm_kib "$(work_pid_of "$t")")
+        printf '   peak RSS %s KiB\n' "${hwm:--}"
+    done
     echo "raw results: $CSV"
 } | tee "$SUMMARY"

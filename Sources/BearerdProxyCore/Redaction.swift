@@ -79,6 +79,15 @@ public enum Redaction {
         return String(decoding: bytes, as: UTF8.self)
     }
 
+    /// `scrub` on a line in bytes, in place (no copy unless a credential is found).
+    public static func scrub(bytes: inout [UInt8]) {
+        var from = 0
+        while let (start, end) = bytes.withUnsafeBufferPointer({ firstCredential(in: $0, from: from) }) {
+            bytes.replaceSubrange(start..<end, with: redactedBytes)
+            from = start + redactedBytes.count
+        }
+    }
+
     private static let redactedBytes = Array("<redacted>".utf8)
 
     /// The byte range of the first credential value at or after `from`.

@@ -60,6 +60,16 @@ public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` guard
         if urgent || full { flush() }
     }
 
+    /// A line already in bytes (no trailing newline).
+    public func write(bytes line: [UInt8], urgent: Bool) {
+        let full: Bool = lock.withLock {
+            buffer.append(contentsOf: line)
+            buffer.append(10)
+            return buffer.count >= 64 * 1024
+        }
+        if urgent || full { flush() }
+    }
+
     public func flush() {
         let data: [UInt8] = lock.withLock {
             let d = buffer
@@ -134,6 +144,44 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
         return s
     }
 
+    /// `logfmt` and `jsonFields` written as bytes into `out`: the access line's hot path builds
+    /// no intermediate strings (issue 10: the log line cost ~16 % of throughput as strings).
+    func appendLogfmt(to out: inout [UInt8]) {
+        LineBytes.raw("method=", &out); LineBytes.raw(method, &out)
+        LineBytes.raw(" path=", &out); LineBytes.quotedIfNeeded(path, &out)
+        LineBytes.raw(" route=", &out); LineBytes.quotedIfNeeded(route, &out)
+        LineBytes.raw(" status=", &out); LineBytes.int(status, &out)
+        LineBytes.raw(" upstream_ms=", &out)
+        if upstreamMicros < 0 { out.append(UInt8(ascii: "-")) } else { LineBytes.millis(upstreamMicros, &out) }
+        LineBytes.raw(" total_ms=", &out); LineBytes.millis(max(0, totalMicros), &out)
+        LineBytes.raw(" bytes=", &out); LineBytes.uint(bytes, &out)
+        if let outcome { LineBytes.raw(" outcome=", &out); LineBytes.raw(outcome, &out) }
+        if let session { LineBytes.raw(" session=", &out); LineBytes.raw(session, &out) }
+        if let generation { LineBytes.raw(" token.generation=", &out); LineBytes.uint(generation, &out) }
+        if replayed { LineBytes.raw(" replayed=1", &out) }
+        if let protocolName { LineBytes.raw(" protocol=", &out); LineBytes.raw(protocolName, &out) }
+        if let upstreamProtocol { LineBytes.raw(" upstream_protocol=", &out); LineBytes.raw(upstreamProtocol, &out) }
+        if let grpcStatus { LineBytes.raw(" grpc_status=", &out); LineBytes.quotedIfNeeded(grpcStatus, &out) }
+    }
+
+    func appendJSONFields(to out: inout [UInt8]) {
+        LineBytes.raw("\"method\":", &out); LineBytes.json(method, &out)
+        LineBytes.raw(",\"path\":", &out); LineBytes.json(path, &out)
+        LineBytes.raw(",\"route\":", &out); LineBytes.json(route, &out)
+        LineBytes.raw(",\"status\":", &out); LineBytes.int(status, &out)
+        LineBytes.raw(",\"upstream_ms\":", &out)
+        if upstreamMicros < 0 { LineBytes.raw("null", &out) } else { LineBytes.millis(upstreamMicros, &out) }
+        LineBytes.raw(",\"total_ms\":", &out); LineBytes.millis(max(0, totalMicros), &out)
+        LineBytes.raw(",\"bytes\":", &out); LineBytes.uint(bytes, &out)
+        if let outcome { LineBytes.raw(",\"outcome\":", &out); LineBytes.json(outcome, &out) }
+        if let session { LineBytes.raw(",\"session\":", &out); LineBytes.json(session, &out) }
+        if let generation { LineBytes.raw(",\"token.generation\":", &out); LineBytes.uint(generation, &out) }
+        if replayed { LineBytes.raw(",\"replayed\":true", &out) }
+        if let protocolName { LineBytes.raw(",\"protocol\":", &out); LineBytes.json(protocolName, &out) }
+        if let upstreamProtocol { LineBytes.raw(",\"upstream_protocol\":", &out); LineBytes.json(upstreamProtocol, &out) }
+        if let grpcStatus { LineBytes.raw(",\"grpc_status\":", &out); LineBytes.json(grpcStatus, &out) }
+    }
+
     public var jsonFields: String {
         var s = "\"method\":" + ErrorResponse.jsonString(method) + ",\"path\":" + ErrorResponse.jsonString(path)
         s += ",\"route\":" + ErrorResponse.jsonString(route) + ",\"status\":" + String(status)
@@ -186,8 +234,29 @@ public struct BearerdLogHandler: LogHandler {
         // Fast path for the per-request line: fields in a fixed order, no dictionary walk or sort.
         if metadata.isEmpty, let explicit, explicit.count == 1,
            case .stringConvertible(let value)? = explicit["access"], let record = value as? AccessRecord {
-            let head = format == .text ? "\(Self.timestamp()) \(level) \(message) " : "{\"ts\":\"\(Self.timestamp())\",\"level\":\"\(level)\",\"msg\":\"\(message)\","
-            sink.write(Redaction.scrub(head + (format == .text ? record.logfmt : record.jsonFields + "}")), urgent: false)
+            var line: [UInt8] = []
+            line.reserveCapacity(320)
+            if format == .text {
+                LineBytes.timestamp(&line)
+                line.append(UInt8(ascii: " "))
+                LineBytes.raw(level.rawValue, &line)
+                line.append(UInt8(ascii: " "))
+                LineBytes.raw(message.description, &line)
+                line.append(UInt8(ascii: " "))
+                record.appendLogfmt(to: &line)
+            } else {
+                LineBytes.raw("{\"ts\":\"", &line)
+                LineBytes.timestamp(&line)
+                LineBytes.raw("\",\"level\":\"", &line)
+                LineBytes.raw(level.rawValue, &line)
+                LineBytes.raw("\",\"msg\":", &line)
+                LineBytes.json(message.description, &line)
+                line.append(UInt8(ascii: ","))
+                record.appendJSONFields(to: &line)
+                line.append(UInt8(ascii: "}"))
+            }
+            Redaction.scrub(bytes: &line)
+            sink.write(bytes: line, urgent: false)
             return
         }
         let all: Logger.Metadata
@@ -237,4 +306,108 @@ public struct BearerdLogHandler: LogHandler {
         }
         return "\(tmv.tm_year + 1900)-\(pad(tmv.tm_mon + 1, 2))-\(pad(tmv.tm_mday, 2))T\(pad(tmv.tm_hour, 2)):\(pad(tmv.tm_min, 2)):\(pad(tmv.tm_sec, 2)).\(pad(Int32(ms), 3))Z"
     }
+}
+
+/// Byte-level pieces of a log line (the access line's path): no intermediate strings.
+enum LineBytes {
+    @inline(__always)
+    static func raw(_ s: String, _ out: inout [UInt8]) { out.append(contentsOf: s.utf8) }
+
+    static func int(_ v: Int, _ out: inout [UInt8]) {
+        if v < 0 {
+            out.append(UInt8(ascii: "-"))
+            uint(v.magnitude.toUInt64, &out)
+        } else {
+            uint(UInt64(v), &out)
+        }
+    }
+
+    static func uint(_ v: UInt64, _ out: inout [UInt8]) {
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var n = 0
+        var v = v
+        withUnsafeMutableBytes(of: &digits) { d in
+            repeat {
+                d[19 - n] = UInt8(truncatingIfNeeded: v % 10) + 0x30
+                v /= 10
+                n += 1
+            } while v > 0 && n < 20
+            out.append(contentsOf: d[(20 - n)...])
+        }
+    }
+
+    /// Microseconds as milliseconds with three decimals (`12.345`).
+    static func millis(_ micros: Int, _ out: inout [UInt8]) {
+        let m = max(0, micros)
+        uint(UInt64(m / 1000), &out)
+        out.append(UInt8(ascii: "."))
+        let frac = m % 1000
+        out.append(UInt8(frac / 100) + 0x30)
+        out.append(UInt8(frac / 10 % 10) + 0x30)
+        out.append(UInt8(frac % 10) + 0x30)
+    }
+
+    /// A JSON string literal (as `JSONWriter.quote`: `"`, `\\`, and control characters escaped).
+    static func json(_ s: String, _ out: inout [UInt8]) {
+        let hex: StaticString = "0123456789abcdef"
+        out.append(UInt8(ascii: "\""))
+        for b in s.utf8 {
+            switch b {
+            case UInt8(ascii: "\""): out.append(UInt8(ascii: "\\")); out.append(b)
+            case UInt8(ascii: "\\"): out.append(UInt8(ascii: "\\")); out.append(b)
+            case 0x0A: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "n"))
+            case 0x0D: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "r"))
+            case 0x09: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "t"))
+            case 0..<0x20:
+                out.append(contentsOf: "\\u00".utf8)
+                out.append(hex.utf8Start[Int(b >> 4)])
+                out.append(hex.utf8Start[Int(b & 0xF)])
+            default: out.append(b)
+            }
+        }
+        out.append(UInt8(ascii: "\""))
+    }
+
+    /// logfmt: as is, or JSON-quoted when empty or holding a space, `"` or `=`.
+    static func quotedIfNeeded(_ s: String, _ out: inout [UInt8]) {
+        if s.isEmpty || s.utf8.contains(where: { $0 == 0x20 || $0 == 0x22 || $0 == 0x3D }) {
+            json(s, &out)
+        } else {
+            raw(s, &out)
+        }
+    }
+
+    /// `2026-11-25T01:41:31.954Z` (UTC, milliseconds), as `BearerdLogHandler.timestamp()`.
+    static func timestamp(_ out: inout [UInt8]) {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        var t = time_t(ts.tv_sec)
+        var tmv = tm()
+        gmtime_r(&t, &tmv)
+        func pad(_ v: Int, _ width: Int) {
+            var div = 1
+            for _ in 1..<width { div *= 10 }
+            var v = max(0, v)
+            if v >= div * 10 { uint(UInt64(v), &out); return }
+            while div > 0 {
+                out.append(UInt8(v / div) + 0x30)
+                v %= div
+                div /= 10
+            }
+        }
+        pad(Int(tmv.tm_year) + 1900, 4)
+        out.append(UInt8(ascii: "-")); pad(Int(tmv.tm_mon) + 1, 2)
+        out.append(UInt8(ascii: "-")); pad(Int(tmv.tm_mday), 2)
+        out.append(UInt8(ascii: "T")); pad(Int(tmv.tm_hour), 2)
+        out.append(UInt8(ascii: ":")); pad(Int(tmv.tm_min), 2)
+        out.append(UInt8(ascii: ":")); pad(Int(tmv.tm_sec), 2)
+        out.append(UInt8(ascii: ".")); pad(Int(ts.tv_nsec) / 1_000_000, 3)
+        out.append(UInt8(ascii: "Z"))
+    }
+}
+
+private extension UInt {
+    var toUInt64: UInt64 { UInt64(self) }
 }

@@ -19,6 +19,34 @@ struct AccessLogTests {
         #expect(r.logfmt.contains("upstream_ms=-"))
     }
 
+    /// The byte writers of the hot path produce exactly the string forms (issue 10).
+    @Test(arguments: [
+        AccessRecord(method: "GET", path: "/a \"b\"", route: "/", status: 200, upstreamMicros: 1234, totalMicros: 56, bytes: 100,
+                     outcome: nil, session: "partner", generation: 3, replayed: true),
+        AccessRecord(method: "POST", path: "/x=\u{1}\\\n\t\r/é", route: "", status: 502, upstreamMicros: -1, totalMicros: 12_345_678,
+                     bytes: .max, outcome: "upstream.connect", session: nil, generation: nil, replayed: false),
+        AccessRecord(method: "GET", path: "/", route: "/r", status: 0, upstreamMicros: 0, totalMicros: 0, bytes: 0,
+                     outcome: "client.aborted", session: "s", generation: 0, replayed: false),
+    ])
+    func byteWritersMatchTheStringForms(record: AccessRecord) {
+        var r = record
+        r.protocolName = "h2"
+        r.upstreamProtocol = "h1"
+        r.grpcStatus = "16 x"
+        for rec in [record, r] {
+            var text: [UInt8] = []
+            rec.appendLogfmt(to: &text)
+            #expect(String(decoding: text, as: UTF8.self) == rec.logfmt)
+            var json: [UInt8] = []
+            rec.appendJSONFields(to: &json)
+            #expect(String(decoding: json, as: UTF8.self) == rec.jsonFields)
+        }
+        var ts: [UInt8] = []
+        LineBytes.timestamp(&ts)
+        let t = String(decoding: ts, as: UTF8.self)
+        #expect(t.utf8.count == 24 && t.hasSuffix("Z") && t.dropFirst(10).first == "T", "\(t)")
+    }
+
     @Test func jsonLineParsesThroughTheHandler() throws {
         var fds: [Int32] = [0, 0]
         #expect(pipe(&fds) == 0)
