@@ -35,7 +35,8 @@
 #   DURATION=5        seconds per wrk run (warm-up runs take 1 s)
 #   TARGETS="origin nginx haproxy bearerd bearerd_log"   subset/order of targets
 #   IDLE_CONNS=10000  idle keep-alive connections held against each proxy (0: skip)
-#   BEARERD=path      use this bearerd binary instead of building it (swift build -c release)
+#   BEARERD=path      use this bearerd binary instead of building it (swift build -c release
+#                     --static-swift-stdlib)
 #   BEARERD_AUTH=session|none   session (default): bearerd injects a token of a
 #                     client_credentials session whose token endpoint is the origin's /token,
 #                     so it does what nginx does (add an Authorization header); none: plain
@@ -213,7 +214,8 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 if wants bearerd || wants bearerd_log; then
     if [ -z "$BEARERD" ]; then
         log "building bearerd (release)"
-        (cd "$REPO" && swift build -c release --product bearerd >&2)
+        # As README and deploy/ build it: the Swift runtime linked in (static stdlib).
+        (cd "$REPO" && swift build -c release --static-swift-stdlib --product bearerd >&2)
         BEARERD="$(cd "$REPO" && swift build -c release --show-bin-path)/bearerd"
     fi
     [ -x "$BEARERD" ] || die "bearerd binary not found or not executable: $BEARERD (set BEARERD=, or TARGETS=\"origin nginx\")"
