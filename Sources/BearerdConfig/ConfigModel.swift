@@ -14,7 +14,7 @@ public struct BearerdConfig: Sendable {
     public var listen: [ListenAddress] { listeners.map(\.address) }
     public var admin: ListenAddress?
     public var stateDir: String?
-    /// Number of event loops; default one per core.
+    /// Number of event loops; default one per CPU the process may use (`EventLoopGroup.coreCount`).
     public var loops: Int?
     /// How sockets get readiness events (`io:`; extension). nil: `$BEARERD_IO`, else the loop poller (`IOMode.defaultMode`).
     public var ioMode: IOModeSetting?
