@@ -38,17 +38,22 @@ public enum HTTP1Serializer {
     /// kept, as RFC 9112 §4 requires).
     public static func writeResponseHead(_ head: HTTPResponseHead, into buffer: inout [UInt8]) {
         buffer.reserveCapacity(buffer.count + 15 + head.reason.utf8.count + fieldsSize(head.headers) + 2)
-        writeVersion(head.version, into: &buffer)
+        writeStatusLine(status: head.status, reason: head.reason, version: head.version, into: &buffer)
+        writeFields(head.headers, into: &buffer)
+        buffer.append(asciiCR)
+        buffer.append(asciiLF)
+    }
+
+    /// `HTTP/x.y SP 3DIGIT SP reason CRLF`.
+    public static func writeStatusLine(status: Int, reason: String, version: HTTPVersion, into buffer: inout [UInt8]) {
+        writeVersion(version, into: &buffer)
         buffer.append(asciiSP)
-        let status = min(max(head.status, 0), 999)
+        let status = min(max(status, 0), 999)
         buffer.append(UInt8(0x30 + status / 100))
         buffer.append(UInt8(0x30 + (status / 10) % 10))
         buffer.append(UInt8(0x30 + status % 10))
         buffer.append(asciiSP)
-        buffer.append(contentsOf: head.reason.utf8)
-        buffer.append(asciiCR)
-        buffer.append(asciiLF)
-        writeFields(head.headers, into: &buffer)
+        buffer.append(contentsOf: reason.utf8)
         buffer.append(asciiCR)
         buffer.append(asciiLF)
     }
@@ -101,7 +106,7 @@ public enum HTTP1Serializer {
     }
 
     @inline(__always)
-    static func writeField(_ field: HTTPField, into buffer: inout [UInt8]) {
+    public static func writeField(_ field: HTTPField, into buffer: inout [UInt8]) {
         buffer.append(contentsOf: field.name.utf8)
         buffer.append(UInt8(ascii: ":"))
         buffer.append(asciiSP)

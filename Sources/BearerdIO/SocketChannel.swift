@@ -427,6 +427,22 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         bytes.withUnsafeBytes { write($0) }
     }
 
+    /// Lets `body` append bytes straight to the pending output (no buffer of its own, no
+    /// copy); they are written at the end of the current event like `write`. With TLS the
+    /// bytes go through a scratch buffer and the engine.
+    public func writeDirect(_ body: (inout [UInt8]) -> Void) {
+        guard phase != .closed else { return }
+        if tls != nil {
+            var scratch: [UInt8] = []
+            body(&scratch)
+            write(scratch)
+            return
+        }
+        compactIfNeeded()
+        body(&out)
+        scheduleFlush()
+    }
+
     /// Moves a whole prepared buffer in when nothing is pending (no copy).
     public func write(taking bytes: inout [UInt8]) {
         if tls == nil && out.count == outOffset && phase != .closed {

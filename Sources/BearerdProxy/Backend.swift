@@ -239,9 +239,9 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool, credential: HTTPField?) {
         parser.expectResponse(to: head.method, upgrade: upgrade)
         requestChunked = body == .chunked
-        var buf: [UInt8] = []
-        buf.reserveCapacity(512)
         if let proxy = target.proxy, !target.url.isTLS {
+            var buf: [UInt8] = []
+            buf.reserveCapacity(512)
             // Through a forward proxy: the absolute form (RFC 9112 §3.2.2) and the proxy's credentials.
             var h = head
             h.target = "http://" + target.url.authority + head.target
@@ -253,8 +253,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
             touch()
             return
         }
-        HTTP1Serializer.writeRequestHead(head, setting: credential, into: &buf)
-        channel?.write(taking: &buf)
+        channel?.writeDirect { HTTP1Serializer.writeRequestHead(head, setting: credential, into: &$0) }
         touch()
     }
 
@@ -535,16 +534,28 @@ final class BackendPool {
     /// or a new connection (resolve off-loop, connect, TLS handshake). `http1Only`: a WebSocket
     /// upgrade, which needs HTTP/1.1.
     func acquire(_ target: UpstreamTarget, http1Only: Bool = false, completion: @escaping Completion) {
+        if let stream = takeReady(target, http1Only: http1Only) {
+            completion(.success(stream))
+            return
+        }
+        let slot = slot(target)
+        if !http1Only && slot.connecting != nil {
+            slot.connecting?.append(completion)
+            return
+        }
+        connectNew(target, http1Only: http1Only, completion: completion)
+    }
+
+    /// The synchronous part of `acquire`: a stream on an open HTTP/2 connection with room, or an
+    /// idle HTTP/1.1 connection; nil when the request must wait for a connection being opened
+    /// or open one (then call `acquire`). Lets the common case skip the completion closure.
+    func takeReady(_ target: UpstreamTarget, http1Only: Bool = false) -> UpstreamStream? {
         let slot = slot(target)
         if !http1Only {
             if !slot.http2.isEmpty, let conn = slot.http2.first(where: { $0.canOpenStream }) {
-                completion(.success(conn.newStream(reused: true)))
-                return
+                return conn.newStream(reused: true)
             }
-            if slot.connecting != nil {
-                slot.connecting?.append(completion)
-                return
-            }
+            if slot.connecting != nil { return nil }
         }
         while let conn = slot.idle.popLast() {
             guard conn.state == .idle, let ch = conn.channel, !ch.isClosed else { continue }
@@ -554,10 +565,9 @@ final class BackendPool {
                 continue
             }
             conn.reused = true
-            completion(.success(conn))
-            return
+            return conn
         }
-        connectNew(target, http1Only: http1Only, completion: completion)
+        return nil
     }
 
     /// A new connection for `target`, never a pooled one.

@@ -467,17 +467,14 @@ extension FrontendConnection: ExchangeClient {
 
     func sendResponseHead(_ upstream: HTTPResponseHead, framing: HTTP1BodyFraming, request: HTTPRequestHead,
                           keepAlive: Bool, endStream: Bool) -> Bool {
-        let (h, cf) = ProxyHeaders.clientResponse(upstream: upstream, framing: framing, requestMethod: request.method,
-                                                  clientVersion: request.version, keepAlive: keepAlive)
-        responseFraming = cf
-        var buf: [UInt8] = []
-        buf.reserveCapacity(512)
-        HTTP1Serializer.writeResponseHead(h, into: &buf)
-        if endStream && cf == .chunked {
-            HTTP1Serializer.writeLastChunk(trailers: nil, into: &buf)
-            responseFraming = .none
+        // Rewritten and serialised in one pass, straight into the connection's output.
+        var cf = ProxyHeaders.ClientFraming.none
+        channel.writeDirect { buf in
+            cf = ProxyHeaders.writeClientResponse(upstream: upstream, framing: framing, requestMethod: request.method,
+                                                  clientVersion: request.version, keepAlive: keepAlive, into: &buf)
+            if endStream && cf == .chunked { HTTP1Serializer.writeLastChunk(trailers: nil, into: &buf) }
         }
-        channel.write(taking: &buf)
+        responseFraming = endStream && cf == .chunked ? .none : cf
         return cf != .untilClose
     }
 

@@ -355,21 +355,19 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         attemptStarted = monotonicNanos()
         upstreamHeadAt = 0
         headSentAt = 0
+        // A pooled connection or a stream on an open HTTP/2 connection: no closure, no wait.
+        if !fresh, let conn = ctx.pool.takeReady(target, http1Only: machine.setup.upgrade) {
+            backendAcquired(conn)
+            return
+        }
         // Strong: the pool calls back once (within the connect timeout at worst); the exchange
         // stays until then, and no weak reference slows its retains (issue 10).
         let completion: (Result<UpstreamStream, ChannelError>) -> Void = { [self] result in
             switch result {
             case .success(let conn):
-                guard case .connecting = self.machine.state else {
-                    conn.close()
-                    return
-                }
-                self.backend = conn
-                self.upstreamProtocol = conn.protocolName
-                conn.assign(to: self)
-                self.perform(self.machine.backendAcquired())
+                backendAcquired(conn)
             case .failure(let error):
-                self.upstreamFailed(error, reused: false, responseBytesSeen: false, unprocessed: false)
+                upstreamFailed(error, reused: false, responseBytesSeen: false, unprocessed: false)
             }
         }
         if fresh {
@@ -377,6 +375,17 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         } else {
             ctx.pool.acquire(target, http1Only: machine.setup.upgrade, completion: completion)
         }
+    }
+
+    private func backendAcquired(_ conn: UpstreamStream) {
+        guard case .connecting = machine.state else {
+            conn.close()
+            return
+        }
+        backend = conn
+        upstreamProtocol = conn.protocolName
+        conn.assign(to: self)
+        perform(machine.backendAcquired())
     }
 
     private func sendRequest(_ send: ProxyExchange.SendRequest) {

@@ -12,22 +12,32 @@ public enum RequestTarget {
     }
 
     /// Splits origin-form or absolute-form; nil for forms a reverse proxy does not serve.
+    /// Works on the UTF-8 bytes (the delimiters are ASCII; targets are visible ASCII after the
+    /// parsers), never on `Character`s: this runs for every request.
     public static func split(_ target: String) -> Parts? {
         var rest = Substring(target)
         var authority: Substring?
-        if !rest.hasPrefix("/") {
-            let lower = rest.prefix(8).lowercased()
+        if rest.utf8.first != UInt8(ascii: "/") {
+            let u = rest.utf8
             let schemeLength: Int
-            if lower.hasPrefix("http://") { schemeLength = 7 } else if lower.hasPrefix("https://") { schemeLength = 8 } else { return nil }
-            rest = rest.dropFirst(schemeLength)
-            let end = rest.firstIndex(where: { $0 == "/" || $0 == "?" }) ?? rest.endIndex
-            authority = rest[..<end]
-            if authority!.isEmpty || authority!.contains("@") { return nil }
+            if HTTPSyntaxBytes.hasPrefixIgnoringCase(u, "http://") {
+                schemeLength = 7
+            } else if HTTPSyntaxBytes.hasPrefixIgnoringCase(u, "https://") {
+                schemeLength = 8
+            } else {
+                return nil
+            }
+            rest = rest[u.index(u.startIndex, offsetBy: schemeLength)...]
+            let ru = rest.utf8
+            let end = ru.firstIndex(where: { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") }) ?? ru.endIndex
+            let a = rest[..<end]
+            if a.isEmpty || a.utf8.contains(UInt8(ascii: "@")) { return nil }
+            authority = a
             rest = rest[end...]
-            if rest.isEmpty { rest = "/" } else if rest.hasPrefix("?") { return Parts(path: "/", query: rest.dropFirst(), authority: authority) }
+            if rest.isEmpty { rest = "/" } else if rest.utf8.first == UInt8(ascii: "?") { return Parts(path: "/", query: rest.dropFirst(), authority: authority) }
         }
-        if let q = rest.firstIndex(of: "?") {
-            return Parts(path: rest[..<q], query: rest[rest.index(after: q)...], authority: authority)
+        if let q = rest.utf8.firstIndex(of: UInt8(ascii: "?")) {
+            return Parts(path: rest[..<q], query: rest[rest.utf8.index(after: q)...], authority: authority)
         }
         return Parts(path: rest, query: nil, authority: authority)
     }
@@ -35,19 +45,18 @@ public enum RequestTarget {
     /// True when the path has a "." or ".." segment, raw or percent-encoded. Such paths are
     /// refused (400) rather than normalised: a prefix route must not be escaped with "/a/../b".
     public static func hasDotSegment(_ path: Substring) -> Bool {
-        var segmentStart = path.startIndex
-        var i = path.startIndex
+        let u = path.utf8
         /// "." or "..", each dot raw or as %2e (either case), without allocating.
-        func isDot(_ s: Substring) -> Bool {
-            var u = s.utf8[...]
+        func isDot(_ seg: Substring.UTF8View.SubSequence) -> Bool {
+            var s = seg
             var dots = 0
-            while let c = u.first {
+            while let c = s.first {
                 if c == UInt8(ascii: ".") {
-                    u = u.dropFirst()
-                } else if c == UInt8(ascii: "%"), u.count >= 3,
-                          u[u.index(u.startIndex, offsetBy: 1)] == UInt8(ascii: "2"),
-                          u[u.index(u.startIndex, offsetBy: 2)] | 0x20 == UInt8(ascii: "e") {
-                    u = u.dropFirst(3)
+                    s = s.dropFirst()
+                } else if c == UInt8(ascii: "%"), s.count >= 3,
+                          s[s.index(s.startIndex, offsetBy: 1)] == UInt8(ascii: "2"),
+                          s[s.index(s.startIndex, offsetBy: 2)] | 0x20 == UInt8(ascii: "e") {
+                    s = s.dropFirst(3)
                 } else {
                     return false
                 }
@@ -56,23 +65,46 @@ public enum RequestTarget {
             }
             return dots == 1 || dots == 2
         }
-        while i < path.endIndex {
-            if path[i] == "/" {
-                if isDot(path[segmentStart..<i]) { return true }
-                segmentStart = path.index(after: i)
+        var segmentStart = u.startIndex
+        var i = u.startIndex
+        while i < u.endIndex {
+            if u[i] == UInt8(ascii: "/") {
+                if isDot(u[segmentStart..<i]) { return true }
+                segmentStart = u.index(after: i)
             }
-            i = path.index(after: i)
+            i = u.index(after: i)
         }
-        return isDot(path[segmentStart...])
+        return isDot(u[segmentStart...])
     }
 
 
     package static func hostWithoutPort(_ host: Substring) -> Substring {
-        if host.hasPrefix("[") {
-            if let close = host.firstIndex(of: "]") { return host[host.index(after: host.startIndex)..<close] }
+        let u = host.utf8
+        if u.first == UInt8(ascii: "[") {
+            if let close = u.firstIndex(of: UInt8(ascii: "]")) { return host[u.index(after: u.startIndex)..<close] }
             return host
         }
-        if let colon = host.lastIndex(of: ":") { return host[..<colon] }
+        if let colon = u.lastIndex(of: UInt8(ascii: ":")) { return host[..<colon] }
         return host
+    }
+}
+
+/// Byte helpers for request targets.
+enum HTTPSyntaxBytes {
+    /// Whether `u` starts with the lowercase ASCII `lower`, ignoring ASCII case.
+    static func hasPrefixIgnoringCase(_ u: Substring.UTF8View, _ lower: StaticString) -> Bool {
+        var p = lower.utf8Start
+        var n = lower.utf8CodeUnitCount
+        var i = u.startIndex
+        while n > 0 {
+            guard i < u.endIndex else { return false }
+            let c = u[i]
+            let lc = (c >= 65 && c <= 90) ? c | 0x20 : c
+            if lc != p.pointee { return false }
+            p += 1
+            n -= 1
+            i = u.index(after: i)
+        }
+        return true
     }
 }

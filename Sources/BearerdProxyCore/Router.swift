@@ -41,7 +41,8 @@ public struct Router: Sendable {
             if let h = r.host {
                 guard let hostName, asciiCaseInsensitiveEquals(String(hostName), h) else { continue }
             }
-            if path.hasPrefix(r.match) { return i }
+            // Bytes, not Characters: a path is ASCII, and this runs for every request.
+            if path.utf8.starts(with: r.match.utf8) { return i }
         }
         return nil
     }
@@ -82,7 +83,7 @@ public enum ProxyHeaders {
         var fields: [HTTPField] = []
         fields.reserveCapacity(head.headers.count + 7)
         fields.append(HTTPField(name: "Host", value: route.upstreamAuthority))
-        let seen = copyEndToEnd(head.headers, into: &fields) { kind in
+        let seen = copyEndToEnd(head.headers, into: &fields, mergingForwardedFor: true) { kind in
             kind == .expect || kind == .contentLength || kind == .host || kind == .xForwardedProto
         }
         if let i = seen.xForwardedFor {
@@ -147,6 +148,63 @@ public enum ProxyHeaders {
         return (HTTPResponseHead(status: head.status, reason: head.reason, version: .http1_1, headers: h), clientFraming)
     }
 
+    /// `clientResponse` written straight into `buffer` as bytes, identical to
+    /// `HTTP1Serializer.writeResponseHead(clientResponse(...).0)` but without building the
+    /// rewritten head (this runs for every HTTP/1.1 response).
+    public static func writeClientResponse(upstream head: HTTPResponseHead, framing: HTTP1BodyFraming, requestMethod: String,
+                                           clientVersion: HTTPVersion, keepAlive: Bool, into buffer: inout [UInt8]) -> ClientFraming {
+        let bodyless = requestMethod == "HEAD" || head.status == 204 || head.status == 304 || head.isInformational
+        var clientFraming: ClientFraming = .none
+        if !bodyless {
+            switch framing {
+            case .none: clientFraming = .contentLength(0)
+            case .contentLength(let n): clientFraming = .contentLength(n)
+            case .chunked, .closeDelimited: clientFraming = clientVersion == .http1_1 ? .chunked : .untilClose
+            }
+        }
+        buffer.reserveCapacity(buffer.count + 64 + head.reason.utf8.count + head.headers.fields.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count + 4 })
+        HTTP1Serializer.writeStatusLine(status: head.status, reason: head.reason, version: .http1_1, into: &buffer)
+        let named = HTTPHeaderRules.connectionOptions(head.headers)
+        let token = head.version == .http1_0 ? "1.0 bearerd" : viaToken
+        var viaWritten = false
+        for field in head.headers.fields {
+            let kind = KnownField(field.name)
+            if kind.isHopByHop || (!bodyless && kind == .contentLength) || named.names(field.name) { continue }
+            if kind == .via {
+                if viaWritten { continue }
+                viaWritten = true
+                buffer.append(contentsOf: field.name.utf8)
+                buffer.append(contentsOf: ": ".utf8)
+                buffer.append(contentsOf: field.value.utf8)
+                buffer.append(contentsOf: ", ".utf8)
+                buffer.append(contentsOf: token.utf8)
+                buffer.append(contentsOf: "\r\n".utf8)
+                continue
+            }
+            HTTP1Serializer.writeField(field, into: &buffer)
+        }
+        switch clientFraming {
+        case .contentLength(let n): HTTP1Serializer.writeField(HTTPField(name: "Content-Length", value: String(n)), into: &buffer)
+        case .chunked: buffer.append(contentsOf: "Transfer-Encoding: chunked\r\n".utf8)
+        default: break
+        }
+        if !viaWritten {
+            buffer.append(contentsOf: "Via: ".utf8)
+            buffer.append(contentsOf: token.utf8)
+            buffer.append(contentsOf: "\r\n".utf8)
+        }
+        if !head.isInformational {
+            let persistent = keepAlive && clientFraming != .untilClose
+            if !persistent {
+                buffer.append(contentsOf: "Connection: close\r\n".utf8)
+            } else if clientVersion == .http1_0 {
+                buffer.append(contentsOf: "Connection: keep-alive\r\n".utf8)
+            }
+        }
+        buffer.append(contentsOf: "\r\n".utf8)
+        return clientFraming
+    }
+
     /// What a request's `Upgrade` asks for (RFC 9110 §7.8; DESIGN §5).
     public enum UpgradeRequest: Equatable, Sendable {
         case none
@@ -209,9 +267,11 @@ public enum ProxyHeaders {
     }
 
     /// Appends the end-to-end fields of `headers` to `out` in one pass: hop-by-hop fields, the
-    /// fields its `Connection` names (RFC 9110 §7.6.1), those `drop` names, and every
-    /// `X-Forwarded-For`/`Via` after the first are left out.
-    static func copyEndToEnd(_ headers: HTTPHeaders, into out: inout [HTTPField], drop: (KnownField) -> Bool) -> CopiedFields {
+    /// fields its `Connection` names (RFC 9110 §7.6.1), those `drop` names, every `Via` after
+    /// the first and (`mergingForwardedFor`, requests) every `X-Forwarded-For` after the first
+    /// are left out.
+    static func copyEndToEnd(_ headers: HTTPHeaders, into out: inout [HTTPField], mergingForwardedFor: Bool = false,
+                             drop: (KnownField) -> Bool) -> CopiedFields {
         var seen = CopiedFields()
         // The options a Connection field names apply to every field, before or after it.
         let named = HTTPHeaderRules.connectionOptions(headers)
@@ -220,7 +280,7 @@ public enum ProxyHeaders {
             if kind.isHopByHop || drop(kind) { continue }
             switch kind {
             case .xForwardedFor:
-                if seen.xForwardedFor != nil { continue }
+                if mergingForwardedFor && seen.xForwardedFor != nil { continue }
             case .via:
                 if seen.via != nil { continue }
             default:
@@ -228,7 +288,7 @@ public enum ProxyHeaders {
             }
             if named.names(field.name) { continue }
             switch kind {
-            case .xForwardedFor: seen.xForwardedFor = out.count
+            case .xForwardedFor: if seen.xForwardedFor == nil { seen.xForwardedFor = out.count }
             case .via: seen.via = out.count
             case .xForwardedHost: seen.xForwardedHost = true
             default: break

@@ -102,6 +102,39 @@ struct RouterTests {
         #expect(head304.headers.fields.map { "\($0.name): \($0.value)" } == ["Content-Length: 7", "ETag: \"e\"", "Via: 1.1 bearerd", "Connection: keep-alive"])
     }
 
+    /// The direct writer of HTTP/1.1 responses gives the bytes of `clientResponse` serialised.
+    @Test func directClientResponseEqualsRewriteThenSerialise() {
+        let heads: [HTTPResponseHead] = [
+            HTTPResponseHead(status: 200, reason: "OK", headers: HTTPHeaders([("Server", "o"), ("Content-Length", "100"), ("Connection", "keep-alive")])),
+            HTTPResponseHead(status: 200, reason: "", version: .http1_0, headers: HTTPHeaders([("via", "1.0 a"), ("Via", "1.1 b"), ("X-A", "1")])),
+            HTTPResponseHead(status: 304, reason: "Not Modified", headers: HTTPHeaders([("Content-Length", "7"), ("ETag", "\"e\"")])),
+            HTTPResponseHead(status: 204, headers: HTTPHeaders([("Connection", "X-Secret, close"), ("x-secret", "s"), ("Keep-Alive", "5")])),
+            HTTPResponseHead(status: 103, reason: "Early Hints", headers: HTTPHeaders([("Link", "</a>; rel=preload")])),
+            HTTPResponseHead(status: 502, headers: HTTPHeaders([("X-Forwarded-For", "1"), ("X-Forwarded-For", "2"), ("Transfer-Encoding", "chunked"), ("Trailer", "x")])),
+        ]
+        let framings: [HTTP1BodyFraming] = [.none, .contentLength(100), .chunked, .closeDelimited]
+        for head in heads {
+            for framing in framings {
+                for method in ["GET", "HEAD"] {
+                    for version in [HTTPVersion.http1_1, .http1_0] {
+                        for keepAlive in [true, false] {
+                            let (h, cf) = ProxyHeaders.clientResponse(upstream: head, framing: framing, requestMethod: method,
+                                                                      clientVersion: version, keepAlive: keepAlive)
+                            var expected: [UInt8] = []
+                            HTTP1Serializer.writeResponseHead(h, into: &expected)
+                            var direct: [UInt8] = Array("prefix".utf8)
+                            let dcf = ProxyHeaders.writeClientResponse(upstream: head, framing: framing, requestMethod: method,
+                                                                       clientVersion: version, keepAlive: keepAlive, into: &direct)
+                            #expect(dcf == cf)
+                            #expect(String(decoding: direct.dropFirst(6), as: UTF8.self) == String(decoding: expected, as: UTF8.self),
+                                    "\(head.status) \(framing) \(method) \(version) \(keepAlive)")
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     @Test func knownFieldsAreRecognisedInAnyCase() {
         let names: [(String, KnownField)] = [
             ("TE", .te), ("via", .via), ("HOST", .host), ("Expect", .expect), ("upgrade", .upgrade), ("Trailer", .trailer),
