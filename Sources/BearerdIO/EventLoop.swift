@@ -114,6 +114,17 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         }
     }
 
+    /// `now` while an event runs: read when it started (and after each `epoll_wait`).
+    private var eventTime: UInt64 = 0
+
+    /// Monotonic nanoseconds for deadlines and idle stamps on this loop: inside an event, the
+    /// time it started (one clock read per event or poller batch instead of one per use; the
+    /// deadlines have 100 ms resolution anyway); outside one, the clock. Latency measurements
+    /// read the clock themselves.
+    public var now: UInt64 {
+        inEvent ? eventTime : monotonicNanos()
+    }
+
     /// The events of the batch being served: entries `batchCursor + 1 ..< batchCount` of
     /// `pollFDs`/`pollFlags` are still to be delivered (0 outside a batch).
     private var batchCount = 0
@@ -172,6 +183,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
                 }
             }
             if n <= 0 { return served }
+            eventTime = monotonicNanos()
             served = true
             timeout = 0
             batchCount = min(Int(n), pollFDs.count, pollFlags.count)
@@ -224,6 +236,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
             return
         }
         inEvent = true
+        eventTime = monotonicNanos()
         body()
         drain()
         inEvent = false

@@ -298,7 +298,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
 
     @inline(__always)
     func touch() {
-        deadline = monotonicNanos() &+ target.responseTimeout
+        deadline = pool.loop.now &+ target.responseTimeout
     }
 
     /// The parser holds bytes beyond the response it delivered.
@@ -483,7 +483,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         channel?.resumeReading(.peerBackpressure)
         delegate = nil
         state = .idle
-        idleSince = monotonicNanos()
+        idleSince = pool.loop.now
         deadline = idleSince &+ target.idleTimeout
     }
 }
@@ -560,7 +560,7 @@ final class BackendPool {
         while let conn = slot.idle.popLast() {
             guard conn.state == .idle, let ch = conn.channel, !ch.isClosed else { continue }
             // Stray bytes or a close that the loop has not read yet: never reuse (issue 8 item 7).
-            if ch.hasUnreadInput(recentlyActive: monotonicNanos() &- conn.idleSince < 1_000_000_000) {
+            if ch.hasUnreadInput(recentlyActive: loop.now &- conn.idleSince < 1_000_000_000) {
                 conn.close()
                 continue
             }

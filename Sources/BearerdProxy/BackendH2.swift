@@ -314,7 +314,7 @@ final class BackendH2Stream: UpstreamStream {
     }
 
     func touch() {
-        deadline = monotonicNanos() &+ connection.target.responseTimeout
+        deadline = connection.pool.loop.now &+ connection.target.responseTimeout
         connection.streamTouched(self)
     }
 

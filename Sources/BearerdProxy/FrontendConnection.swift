@@ -92,7 +92,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     func start() {
         ctx.frontends[ObjectIdentifier(self)] = self
         ctx.loop.register(self)
-        deadline = monotonicNanos() &+ ctx.runtime.headerReadTimeout
+        deadline = ctx.loop.now &+ ctx.runtime.headerReadTimeout
         phase = .awaitingHead(.headerRead)
         if let policy, policy.checksPeer { checkPeer(policy) }
         channel.start()
@@ -186,7 +186,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     private func armBodyDeadline() {
         guard let ex = exchange else { return }
         if !ex.requestComplete && ex.wantsBody {
-            deadline = monotonicNanos() &+ ctx.runtime.idleTimeout
+            deadline = ctx.loop.now &+ ctx.runtime.idleTimeout
         } else {
             deadline = 0
         }
@@ -320,7 +320,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
             guard let event else {
                 if case .awaitingHead(.idle) = phase, parser.bufferedByteCount > 0 {
                     phase = .awaitingHead(.headerRead)
-                    deadline = monotonicNanos() &+ ctx.runtime.headerReadTimeout
+                    deadline = ctx.loop.now &+ ctx.runtime.headerReadTimeout
                 }
                 return
             }
@@ -379,7 +379,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
                 channel.closeAfterFlush()
             } else {
                 phase = .awaitingHead(.idle)
-                deadline = monotonicNanos() &+ ctx.runtime.idleTimeout
+                deadline = ctx.loop.now &+ ctx.runtime.idleTimeout
             }
         case .refuse(let r):
             respondError(status: r.status, reason: r.error, message: r.detail, allow: !r.extra.isEmpty)
@@ -405,7 +405,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
             return
         }
         phase = .awaitingHead(.idle)
-        deadline = monotonicNanos() &+ ctx.runtime.idleTimeout
+        deadline = ctx.loop.now &+ ctx.runtime.idleTimeout
         channel.resumeReading(.pipelineFull)
         channel.resumeReading(.peerBackpressure)
         if parser.bufferedByteCount > 0 {

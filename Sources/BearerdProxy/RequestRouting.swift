@@ -31,6 +31,9 @@ struct RequestGate {
     /// The Host allowlist of `policy` under `allowlistRuntime` (looked up again after a reload).
     private var allowlist: HostAllowlist?
     private var allowlistRuntime: ProxyRuntime?
+    /// The last `Host` value `allowlist` admitted for an origin-form request: a connection
+    /// usually names one host, so a repeat skips the check.
+    private var admittedHost: String?
 
     init(policy: ListenerPolicy?, clientAddress: String, scheme: String) {
         self.policy = policy
@@ -46,15 +49,22 @@ struct RequestGate {
             if allowlistRuntime !== runtime {
                 allowlist = runtime.hostAllowlist(for: policy.config)
                 allowlistRuntime = runtime
+                admittedHost = nil
             }
-            let authority = HostAllowlist.requestAuthority(target: head.target, hostField: head.headers["Host"])
-            if let allowlist, !allowlist.admits(authority) {
+            let hostField = head.headers["Host"]
+            let originForm = head.target.utf8.first == UInt8(ascii: "/")
+            if originForm, let hostField, hostField == admittedHost {
+                // Admitted before on this connection.
+            } else if let allowlist, case let authority = HostAllowlist.requestAuthority(target: head.target, hostField: hostField),
+                      !allowlist.admits(authority) {
                 let shown = authority.map { HostAllowlist.hostPart($0).map(String.init) ?? String($0) } ?? ""
                 runtime.logger.warning("host refused", metadata: ["client": "\(clientAddress)", "listener": "\(policy.label)", "host": "\(shown)"])
                 let detail = authority == nil
                     ? "the request names no host; \(policy.label) needs a Host header naming it"
                     : "\(policy.label) answers only localhost, loopback addresses, its routes' hosts and allowed_hosts; add \(shown) to allowed_hosts if it is meant to reach bearerd"
                 return Refusal(status: 421, error: "host_not_allowed", detail: detail, fields: [("host", shown)], closes: true)
+            } else if originForm {
+                admittedHost = hostField
             }
         }
         if case .refuse(let r) = policy.browserGuard.check(head) {
