@@ -110,7 +110,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     let client: ExchangeClient
     let ctx: LoopContext
     let runtime: ProxyRuntime
-    let route: RouteConfig
+    /// The route (by reference: copying `RouteConfig` retained each of its fields per request).
+    let routeRef: RouteRef
+    var route: RouteConfig { routeRef.config }
     let head: HTTPRequestHead
     let framing: HTTP1BodyFraming
     /// This route's slot in `ctx.metrics.routes`, fixed at start (see `LoopContext.routeSlots`).
@@ -179,8 +181,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         self.clientWantsKeepAlive = keepAlive
         clientAcceptsTrailers = HTTPHeaderRules.listValues(head.headers, "TE").contains { asciiCaseInsensitiveEquals($0, "trailers") }
         started = monotonicNanos()
-        let route = runtime.config.routes[routeIndex]
-        self.route = route
+        let routeRef = runtime.routeRefs[routeIndex]
+        self.routeRef = routeRef
         let session = runtime.routeSessions[routeIndex]
         self.session = session
         machine = ProxyExchange.StateMachine(setup: ProxyExchange.Setup(
@@ -188,9 +190,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             clientSpeaksHTTP11: head.version == .http1_1,
             expectsContinue: HTTPHeaderRules.expectsContinue(head),
             hasSession: session != nil,
-            replayBodyLimit: route.replayBodyLimit,
-            rejectStatuses: route.rejectStatuses,
-            methodReplayable: route.replayMethods.allows(head.method),
+            replayBodyLimit: routeRef.config.replayBodyLimit,
+            rejectStatuses: routeRef.config.rejectStatuses,
+            methodReplayable: routeRef.config.replayMethods.allows(head.method),
             methodIdempotent: ProxyExchange.Setup.isIdempotent(head.method),
             upgrade: upgrade,
             grpc: ErrorResponse.isGRPC(head.headers)))
@@ -391,7 +393,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private func sendRequest(_ send: ProxyExchange.SendRequest) {
         guard let conn = backend else { return }
         // Set, never add: the client's own copy never reaches the upstream (DESIGN §5, `inject:`).
-        let credential = token.map { HTTPField(name: route.inject.header, value: ctx.credentialValue(route: routeIndex, of: runtime, token: $0, inject: route.inject)) }
+        let inject = routeRef.config.inject
+        let credential = token.map { HTTPField(name: inject.header, value: ctx.credentialValue(route: routeIndex, of: runtime, token: $0, inject: inject)) }
         if runtime.logger.logLevel <= .trace {
             var h = upstreamHead
             if let credential { h.headers.set(credential.name, credential.value) }
@@ -750,7 +753,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         guard runtime.accessLog else { return }
         let now = monotonicNanos()
         var record = AccessRecord(
-            method: head.method, path: String(logPath), route: route.match, status: status,
+            method: head.method, path: String(logPath), route: routeRef.config.match, status: status,
             upstreamMicros: upstreamHeadAt > 0 ? Int(clamping: upstreamHeadAt.saturatingSubtract(attemptStarted) / 1000) : -1,
             totalMicros: Int(clamping: now.saturatingSubtract(started) / 1000), bytes: bodyBytes, outcome: outcome,
             session: session?.name, generation: session == nil ? nil : token?.generation, replayed: replayed)

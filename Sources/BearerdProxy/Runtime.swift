@@ -10,10 +10,31 @@ import BearerdService
 /// Everything derived from one configuration that request handling needs: the router, one
 /// `UpstreamTarget` per route (TLS contexts built once), limits and timeouts. Immutable; each loop
 /// holds the current one and is handed a new one on SIGHUP (`LoopContext.runtime`).
+/// A formatted credential (`inject.value(token)`) kept by a loop's token cache. Immutable.
+final class CachedCredential {
+    let token: String
+    let inject: InjectConfig
+    let value: String
+    init(token: String, inject: InjectConfig, value: String) {
+        self.token = token
+        self.inject = inject
+        self.value = value
+    }
+}
+
+/// One route's configuration, shared by reference. Immutable.
+final class RouteRef: Sendable {
+    let config: RouteConfig
+    init(_ config: RouteConfig) { self.config = config }
+}
+
 public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable after init
     public let config: BearerdConfig
     public let router: Router
     public let targets: [UpstreamTarget]
+    /// Each route's configuration behind a reference, so an exchange holds it without copying
+    /// (and retaining) its many fields per request.
+    let routeRefs: [RouteRef]
     /// The token session of each route (nil for routes without `session`).
     public let routeSessions: [TokenSessionDriver?]
     public let logger: Logger
@@ -32,6 +53,7 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
         self.logger = logger
         self.accessLog = accessLog
         router = Router(rules: config.routes.map(\.rule))
+        routeRefs = config.routes.map(RouteRef.init)
         var targets: [UpstreamTarget] = []
         var errors: [ConfigError] = []
         var listenerTLS: [(address: ListenAddress, context: TLSContext)] = []
@@ -122,7 +144,7 @@ final class LoopContext {
         var version: UInt64 = .max
         var token: PublishedToken?
         /// `inject:`'s value for `token` (`Bearer <token>`), built once per token, not per request.
-        var credential: (token: String, inject: InjectConfig, value: String)?
+        var credential: CachedCredential?
     }
     private var tokenCache: [CachedToken] = []
 
@@ -146,7 +168,7 @@ final class LoopContext {
         // The same token's string compares by its storage first: O(1) for the cached copy.
         if let c = tokenCache[index].credential, c.token == token.value, c.inject == inject { return c.value }
         let value = inject.value(token.value)
-        tokenCache[index].credential = (token.value, inject, value)
+        tokenCache[index].credential = CachedCredential(token: token.value, inject: inject, value: value)
         return value
     }
 

@@ -67,10 +67,18 @@ public enum ErrorResponse {
     /// Whether a request is a gRPC call (`content-type: application/grpc`, `+proto`, `;...`).
     public static func isGRPC(_ headers: HTTPHeaders) -> Bool {
         guard let ct = headers["content-type"] else { return false }
-        let lowered = ct.lowercased()
-        guard lowered.hasPrefix("application/grpc") else { return false }
-        let rest = lowered.dropFirst("application/grpc".count)
-        return rest.isEmpty || rest.hasPrefix("+") || rest.hasPrefix(";")
+        // Bytes, no lowercased copy: this runs for every request and response.
+        let prefix: StaticString = "application/grpc"
+        let u = ct.utf8
+        guard u.count >= prefix.utf8CodeUnitCount else { return false }
+        var i = u.startIndex
+        for k in 0..<prefix.utf8CodeUnitCount {
+            let c = u[i]
+            if ((c >= 65 && c <= 90) ? c | 0x20 : c) != prefix.utf8Start[k] { return false }
+            i = u.index(after: i)
+        }
+        guard i < u.endIndex else { return true }
+        return u[i] == UInt8(ascii: "+") || u[i] == UInt8(ascii: ";")
     }
 
     public static func jsonString(_ s: String) -> String {

@@ -465,6 +465,10 @@ struct UpgradeAndGRPCHeaderTests {
         #expect(ErrorResponse.isGRPC(HTTPHeaders([("content-type", "application/grpc")])))
         #expect(!ErrorResponse.isGRPC(HTTPHeaders([("content-type", "application/grpc-web")])))
         #expect(!ErrorResponse.isGRPC(HTTPHeaders([("content-type", "application/json")])))
+        #expect(ErrorResponse.isGRPC(HTTPHeaders([("Content-Type", "Application/GRPC;charset=x")])))
+        #expect(!ErrorResponse.isGRPC(HTTPHeaders([("content-type", "application/grp")])))
+        #expect(!ErrorResponse.isGRPC(HTTPHeaders([("content-type", "")])))
+        #expect(!ErrorResponse.isGRPC(HTTPHeaders([("content-type", "application/grpcx")])))
     }
 }
 
