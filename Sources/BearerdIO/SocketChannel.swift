@@ -171,6 +171,8 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     private var tls: TLSEngine?
     private var cancelsPending = 2
+    /// While `lingering`: when to give up waiting for the peer's EOF (the loop's tick checks it).
+    private var lingerDeadline: UInt64 = 0
 
     public var isClosed: Bool { phase == .closed }
 
@@ -596,8 +598,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         let wasPaused = !pauseReasons.isEmpty
         pauseReasons = []
         if wasPaused { readsResumed() }
-        // Bound the linger: at most 2 s more.
-        loop.schedule(after: .seconds(2)) { [weak self] in self?.close() }
+        // Bound the linger: at most 2 s more, on the loop's tick (a Dispatch timer per closing
+        // connection cost a manager-thread wake-up each, issue 10).
+        lingerDeadline = loop.now &+ 2_000_000_000
+        loop.register(self)
     }
 
     /// Closes now: cancels both sources (resuming them first where suspended); the fd is closed
@@ -605,6 +609,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     public func close() {
         guard phase != .closed else { return }
         phase = .closed
+        if lingerDeadline != 0 {
+            lingerDeadline = 0
+            loop.unregister(self)
+        }
         if readGate != nil {
             readGate?.cancel()
             writeGate?.cancel()
@@ -626,4 +634,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     /// The negotiated ALPN protocol, when TLS is on.
     public var negotiatedALPN: String? { tls?.negotiatedALPN }
+}
+
+extension SocketChannel: LoopTimeoutable {
+    /// The linger bound while `lingering`, else 0.
+    public var deadline: UInt64 { lingerDeadline }
+    public func deadlineExpired(now: UInt64) { close() }
 }
