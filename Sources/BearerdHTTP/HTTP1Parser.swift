@@ -841,8 +841,9 @@ public struct HTTP1Parser: Sendable {
             try checkTransferEncoding(te, count: head.transferEncodingCount, at: head.transferEncodingOffset - bufferBase)
             chunked = true
         }
-        var progress = head
-        head = HeadProgress()
+        // Moved out, not copied (a copy retained every field).
+        var progress = HeadProgress()
+        swap(&progress, &head)
         let headers = HTTPHeaders(progress.fields)
         progress.fields = []
         switch role {

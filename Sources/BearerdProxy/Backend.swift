@@ -118,7 +118,8 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     enum State { case connecting, idle, busy, tunnelling, closed }
 
     let target: UpstreamTarget
-    unowned let pool: BackendPool
+    /// Strong: the loop's pool outlives its connections (no `unowned` check per access).
+    let pool: BackendPool
     var channel: SocketChannel?
     private(set) var state: State = .connecting
     private var parser: HTTP1Parser

@@ -20,7 +20,8 @@ import BearerdConfig
 /// connection) → `closed` once no stream is left.
 final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
     let target: UpstreamTarget
-    unowned let pool: BackendPool
+    /// Strong: the loop's pool outlives its connections (no `unowned` check per access).
+    let pool: BackendPool
     let channel: SocketChannel
     let session: HTTP2Session
     private(set) var streams: [Int32: BackendH2Stream] = [:]

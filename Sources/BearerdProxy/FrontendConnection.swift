@@ -33,7 +33,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     /// Set at accept when the unix peer is not admitted: the detail of the 403 its request gets.
     private var peerRefusal: String?
     /// Admission and routing, shared with HTTP/2 streams.
-    private var gate: RequestGate
+    private let gate: RequestGate
     private var parser: HTTP1Parser
 
     /// Which deadline runs while no exchange does.

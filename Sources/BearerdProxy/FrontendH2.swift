@@ -47,7 +47,7 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
     let clientAddress: String
     let policy: ListenerPolicy?
     let session: HTTP2Session
-    private var gate: RequestGate
+    private let gate: RequestGate
     /// The SO_PEERCRED refusal decided at accept (unix listeners), answered on every stream.
     private let peerRefusal: String?
     private var streams: [Int32: FrontendH2Stream] = [:]

@@ -150,7 +150,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
     private var bodyHold: BodyHold = []
 
-    // Timing (monotonic nanoseconds; differences are saturating, issue 8 item 1).
+    // Timing (monotonic nanoseconds; differences are saturating, issue 8 item 1). Read from the
+    // loop's per-event clock: the time the event that carried the bytes began.
     private let started: UInt64
     private var attemptStarted: UInt64 = 0
     private var headSentAt: UInt64 = 0
@@ -180,7 +181,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         self.logPath = logPath
         self.clientWantsKeepAlive = keepAlive
         clientAcceptsTrailers = HTTPHeaderRules.listValues(head.headers, "TE").contains { asciiCaseInsensitiveEquals($0, "trailers") }
-        started = monotonicNanos()
+        started = ctx.loop.now
         let routeRef = runtime.routeRefs[routeIndex]
         self.routeRef = routeRef
         let session = runtime.routeSessions[routeIndex]
@@ -285,7 +286,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
 
     private func acquireToken() {
         guard let session else { return }
-        if let t = ctx.usableToken(route: routeIndex, of: runtime, session: session, now: monotonicNanos()) {
+        if let t = ctx.usableToken(route: routeIndex, of: runtime, session: session, now: ctx.loop.now) {
             token = t
             perform(machine.tokenAcquired())
             return
@@ -354,7 +355,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     // MARK: backend
 
     private func acquireBackend(fresh: Bool) {
-        attemptStarted = monotonicNanos()
+        attemptStarted = ctx.loop.now
         upstreamHeadAt = 0
         headSentAt = 0
         // A pooled connection or a stream on an open HTTP/2 connection: no closure, no wait.
@@ -403,7 +404,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 "http.headers": "\(Redaction.describe(h.headers, alsoSensitive: route.inject.header))",
                 "token.generation": "\(token?.generation ?? 0)"])
         }
-        headSentAt = monotonicNanos()
+        headSentAt = ctx.loop.now
         conn.sendHead(upstreamHead, body: framing, upgrade: machine.setup.upgrade, teTrailers: clientAcceptsTrailers,
                       credential: credential)
         // The stream may have failed while sending (an HTTP/2 connection that just went away).
@@ -521,7 +522,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             if client.isOverHighWater { backend?.pauseReading() }
             return
         }
-        upstreamHeadAt = monotonicNanos()
+        upstreamHeadAt = ctx.loop.now
         if headSentAt > 0 {
             ctx.metrics.observeUpstreamLatency(slot: metricsSlot, nanoseconds: upstreamHeadAt.saturatingSubtract(headSentAt))
         }
@@ -751,7 +752,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         ctx.metrics.countRequest(slot: metricsSlot, status: status, http2: client.protocolName == "h2", grpcStatus: grpcStatus)
         ctx.metrics.responseBytes &+= bodyBytes
         guard runtime.accessLog else { return }
-        let now = monotonicNanos()
+        let now = ctx.loop.now
         var record = AccessRecord(
             method: head.method, path: String(logPath), route: routeRef.config.match, status: status,
             upstreamMicros: upstreamHeadAt > 0 ? Int(clamping: upstreamHeadAt.saturatingSubtract(attemptStarted) / 1000) : -1,

@@ -22,8 +22,10 @@ enum RoutingDecision {
 }
 
 /// Admission (issue 4: Host allowlist of loopback listeners, browser guard) and routing of one
-/// request, shared by the HTTP/1.1 connection and HTTP/2 streams. Lives on the loop.
-struct RequestGate {
+/// request, shared by the HTTP/1.1 connection and HTTP/2 streams. One per client connection,
+/// on its loop. A class: a struct field of the connection was copied (and its references
+/// retained) on every request.
+final class RequestGate {
     let policy: ListenerPolicy?
     let clientAddress: String
     /// `http` or `https` (the listener's), for X-Forwarded-Proto.
@@ -42,7 +44,7 @@ struct RequestGate {
     }
 
     /// nil when the listener admits the request; else the refusal (logged here).
-    mutating func admission(_ head: HTTPRequestHead, ctx: LoopContext) -> Refusal? {
+    func admission(_ head: HTTPRequestHead, ctx: LoopContext) -> Refusal? {
         guard let policy else { return nil }
         let runtime = ctx.runtime
         if policy.checksHost {
