@@ -761,7 +761,11 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         record.protocolName = client.protocolName
         record.upstreamProtocol = upstreamProtocol
         record.grpcStatus = grpcStatus
-        runtime.logger.info("request", metadata: ["access": .stringConvertible(record)])
+        if let handler = runtime.accessHandler, handler.metadata.isEmpty {
+            if handler.logLevel <= .info { handler.writeAccess(record) }
+        } else {
+            runtime.logger.info("request", metadata: ["access": .stringConvertible(record)])
+        }
     }
 }
 

@@ -38,6 +38,10 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
     /// The token session of each route (nil for routes without `session`).
     public let routeSessions: [TokenSessionDriver?]
     public let logger: Logger
+    /// `logger`'s handler when it is bearerd's own: access lines are handed to it directly
+    /// (no metadata dictionary, existential box and cast per request). nil with any other
+    /// handler (tests that capture logs), which gets them through `logger`.
+    let accessHandler: BearerdLogHandler?
     /// Write one access-log line per request.
     public let accessLog: Bool
     let headerReadTimeout: UInt64
@@ -51,6 +55,7 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
     public init(config: BearerdConfig, logger: Logger, accessLog: Bool = true, sessions: SessionManager? = nil) throws(ConfigErrors) {
         self.config = config
         self.logger = logger
+        accessHandler = logger.handler as? BearerdLogHandler
         self.accessLog = accessLog
         router = Router(rules: config.routes.map(\.rule))
         routeRefs = config.routes.map(RouteRef.init)

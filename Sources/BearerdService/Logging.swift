@@ -234,29 +234,7 @@ public struct BearerdLogHandler: LogHandler {
         // Fast path for the per-request line: fields in a fixed order, no dictionary walk or sort.
         if metadata.isEmpty, let explicit, explicit.count == 1,
            case .stringConvertible(let value)? = explicit["access"], let record = value as? AccessRecord {
-            var line: [UInt8] = []
-            line.reserveCapacity(320)
-            if format == .text {
-                LineBytes.timestamp(&line)
-                line.append(UInt8(ascii: " "))
-                LineBytes.raw(level.rawValue, &line)
-                line.append(UInt8(ascii: " "))
-                LineBytes.raw(message.description, &line)
-                line.append(UInt8(ascii: " "))
-                record.appendLogfmt(to: &line)
-            } else {
-                LineBytes.raw("{\"ts\":\"", &line)
-                LineBytes.timestamp(&line)
-                LineBytes.raw("\",\"level\":\"", &line)
-                LineBytes.raw(level.rawValue, &line)
-                LineBytes.raw("\",\"msg\":", &line)
-                LineBytes.json(message.description, &line)
-                line.append(UInt8(ascii: ","))
-                record.appendJSONFields(to: &line)
-                line.append(UInt8(ascii: "}"))
-            }
-            Redaction.scrub(bytes: &line)
-            sink.write(bytes: line, urgent: false)
+            writeAccess(record, level: level, message: message.description)
             return
         }
         let all: Logger.Metadata
@@ -283,6 +261,34 @@ public struct BearerdLogHandler: LogHandler {
             out += "}"
         }
         sink.write(Redaction.scrub(out), urgent: level >= .warning)
+    }
+
+    /// The access line, written as bytes (the request path's hot path: no metadata dictionary,
+    /// no existential box or cast when called directly, no intermediate strings).
+    public func writeAccess(_ record: AccessRecord, level: Logger.Level = .info, message: String = "request") {
+        var line: [UInt8] = []
+        line.reserveCapacity(320)
+        if format == .text {
+            LineBytes.timestamp(&line)
+            line.append(UInt8(ascii: " "))
+            LineBytes.raw(level.rawValue, &line)
+            line.append(UInt8(ascii: " "))
+            LineBytes.raw(message, &line)
+            line.append(UInt8(ascii: " "))
+            record.appendLogfmt(to: &line)
+        } else {
+            LineBytes.raw("{\"ts\":\"", &line)
+            LineBytes.timestamp(&line)
+            LineBytes.raw("\",\"level\":\"", &line)
+            LineBytes.raw(level.rawValue, &line)
+            LineBytes.raw("\",\"msg\":", &line)
+            LineBytes.json(message, &line)
+            line.append(UInt8(ascii: ","))
+            record.appendJSONFields(to: &line)
+            line.append(UInt8(ascii: "}"))
+        }
+        Redaction.scrub(bytes: &line)
+        sink.write(bytes: line, urgent: false)
     }
 
     static func quoteIfNeeded(_ s: String) -> String {

@@ -47,6 +47,32 @@ struct AccessLogTests {
         #expect(t.utf8.count == 24 && t.hasSuffix("Z") && t.dropFirst(10).first == "T", "\(t)")
     }
 
+    /// The runtime hands access lines straight to bearerd's handler (issue 10); the line is the
+    /// one the Logger path writes, timestamps aside, in both formats.
+    @Test(arguments: [LogFormat.json, .text])
+    func directAccessLineEqualsTheLoggerOne(format: LogFormat) throws {
+        var fds: [Int32] = [0, 0]
+        #expect(pipe(&fds) == 0)
+        let sink = LogSink(fd: fds[1])
+        let handler = BearerdLogHandler(label: "t", level: .info, format: format, sink: sink)
+        let logger = Logger(label: "t") { _ in handler }
+        logger.info("request", metadata: ["access": .stringConvertible(record)])
+        let direct = try #require(logger.handler as? BearerdLogHandler)
+        direct.writeAccess(record)
+        sink.flush()
+        close(fds[1])
+        let data = FileHandle(fileDescriptor: fds[0]).readDataToEndOfFile()
+        let lines = String(decoding: data, as: UTF8.self).split(separator: "\n").map(String.init)
+        try #require(lines.count == 2)
+        // The timestamp is the only field that may differ: 24 characters at the same place.
+        func withoutTimestamp(_ l: String) -> String {
+            let start = format == .json ? 7 : 0
+            return String(l.prefix(start)) + String(l.dropFirst(start + 24))
+        }
+        #expect(withoutTimestamp(lines[0]) == withoutTimestamp(lines[1]))
+        #expect(lines[1].contains("request"))
+    }
+
     @Test func jsonLineParsesThroughTheHandler() throws {
         var fds: [Int32] = [0, 0]
         #expect(pipe(&fds) == 0)
