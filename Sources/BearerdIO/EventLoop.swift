@@ -173,7 +173,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
 
     /// Serves ready sockets; true when there were any. Output is flushed by the enclosing `runEvent`.
     @discardableResult
-    private func pollOnce(timeoutMs: Int32) -> Bool {
+    func pollOnce(timeoutMs: Int32) -> Bool {  // internal for tests (a scripted batch)
         var served = false
         var timeout = timeoutMs
         while true {

@@ -42,6 +42,8 @@ final class ScriptedKernel: @unchecked Sendable {  // @unchecked: all state unde
     private var _written: [UInt8] = []
     private var _calls: [String] = []
     private var _closed: [Int32] = []
+    /// Batches the scripted `epoll_wait` returns, one per call: (fd, flags: 1 in, 2 out, 4 hang-up).
+    private var _epollBatches: [[(fd: Int32, flags: UInt32)]] = []
     /// fds the scripted close also closes for real (socketpairs watched by Dispatch sources).
     private var realFDs: Set<Int32> = []
 
@@ -52,6 +54,10 @@ final class ScriptedKernel: @unchecked Sendable {  // @unchecked: all state unde
             _sends += sends
             _accepts += accepts
         }
+    }
+
+    func scriptEpoll(_ batches: [[(fd: Int32, flags: UInt32)]]) {
+        lock.withLock { _epollBatches += batches }
     }
 
     func ownsRealFD(_ fd: Int32) { lock.withLock { _ = realFDs.insert(fd) } }
@@ -157,7 +163,21 @@ final class ScriptedKernel: @unchecked Sendable {  // @unchecked: all state unde
             self.record("epoll del \(fd)")
             return 0
         },
-        epollWait: { _, _, _, _ in 0 }
+        epollWait: { _, fds, flags, _ in
+            let batch = self.lock.withLock { () -> [(fd: Int32, flags: UInt32)] in
+                self._epollBatches.isEmpty ? [] : self._epollBatches.removeFirst()
+            }
+            let n = min(batch.count, fds.count, flags.count)
+            for i in 0..<n {
+                fds[i] = batch[i].fd
+                flags[i] = batch[i].flags
+            }
+            return n
+        },
+        peek: { fd in
+            self.record("peek \(fd)")
+            return -Int(EAGAIN)
+        }
     )
 }
 
@@ -171,7 +191,13 @@ final class RecordingDelegate: ChannelDelegate, @unchecked Sendable {  // @unche
     var closedCalls = 0
     var actives = 0
 
-    func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) { received += bytes }
+    /// Called on each read, after `received` grew (tests that look around mid-event).
+    var onRead: ((SocketChannel) -> Void)?
+
+    func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
+        received += bytes
+        onRead?(channel)
+    }
     func channelEOF(_ channel: SocketChannel) { eofs += 1 }
     func channelError(_ channel: SocketChannel, _ error: ChannelError) { errors.append("\(error)") }
     func channelWritable(_ channel: SocketChannel) { writableCalls += 1 }

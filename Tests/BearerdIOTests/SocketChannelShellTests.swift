@@ -70,6 +70,44 @@ struct SocketChannelShellTests {
         #expect(s.kernel.count("send") == 1)
     }
 
+    // MARK: what the loop knows of a pooled socket (issue 10)
+
+    /// In poller mode a socket active less than a second ago is judged without `MSG_PEEK`: an
+    /// event for it still to come in the batch being served counts as unread input, and so does
+    /// a hang-up; a socket quiet for longer is peeked.
+    @Test func pendingEventsInTheBatchCountAsUnreadInputWithoutAPeek() {
+        let s = ScriptedLoop(.loopPoller)
+        let first = RecordingDelegate(), second = RecordingDelegate()
+        let (a, b): (SocketChannel, SocketChannel) = s.event {
+            let a = SocketChannel(fd: 9_001, loop: s.loop), b = SocketChannel(fd: 9_002, loop: s.loop)
+            a.delegate = first
+            b.delegate = second
+            a.start()
+            b.start()
+            return (a, b)
+        }
+        // While the batch's first event (a readable) is served, b's event is still to come.
+        var seen: [Bool] = []
+        first.onRead = { _ in
+            seen.append(b.hasUnreadInput(recentlyActive: true))
+            seen.append(a.hasUnreadInput(recentlyActive: true))
+        }
+        s.kernel.script(reads: [.data(Array("x".utf8)), .data(Array("y".utf8))])  // short reads: one each
+        s.kernel.scriptEpoll([[(fd: 9_001, flags: 1), (fd: 9_002, flags: 1)]])
+        s.event { s.loop.pollOnce(timeoutMs: 0) }
+        #expect(seen == [true, false])
+        #expect(s.event { second.received } == Array("y".utf8))
+        // After the batch: nothing known, no peek for a recently active socket; a peek otherwise.
+        #expect(s.event { b.hasUnreadInput(recentlyActive: true) } == false)
+        #expect(s.kernel.count("peek") == 0)
+        #expect(s.event { b.hasUnreadInput(recentlyActive: false) } == false)
+        #expect(s.kernel.count("peek") == 1)
+        // A hang-up reported for the socket: unread input (its EOF), whatever its age.
+        s.kernel.script(reads: [.data(Array("z".utf8)), .eof])
+        s.event { b.pollerEvent(readable: false, writable: false, hangup: true) }
+        #expect(s.event { b.hasUnreadInput(recentlyActive: true) })
+    }
+
     // MARK: reads
 
     @Test func readsDrainUntilEAGAINAndAShortReadEndsTheDrain() {
