@@ -123,9 +123,11 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     var channel: SocketChannel?
     private(set) var state: State = .connecting
     private var parser: HTTP1Parser
-    /// Strong, and cleared whenever the connection goes idle or closes (the invariant above), so
-    /// the exchange lives as long as it uses the connection; no weak reference on the request path.
-    var delegate: BackendConnectionDelegate?
+    /// Weak: an exchange that its client abandoned must not be kept alive (and called) by its
+    /// upstream connection; its client side may hold unowned references to a connection that is
+    /// gone. (A strong delegate saved a side-table reference count per exchange, issue 10, but
+    /// a CI run trapped on an unowned read with it; see the note.)
+    weak var delegate: BackendConnectionDelegate?
     /// What a new connection turned out to be: HTTP/1.1 (this object) or HTTP/2 (ALPN `h2`, or
     /// prior knowledge), in which case the channel moved to a `BackendH2Connection`.
     enum ConnectOutcome {

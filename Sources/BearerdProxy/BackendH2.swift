@@ -260,8 +260,8 @@ final class BackendH2Stream: UpstreamStream {
     unowned let connection: BackendH2Connection
     let reused: Bool
     private(set) var id: Int32 = 0
-    /// Strong, cleared when the exchange releases the stream or the stream fails or closes.
-    var delegate: BackendConnectionDelegate?
+    /// Weak, as `BackendConnection.delegate`.
+    weak var delegate: BackendConnectionDelegate?
     var deadline: UInt64 = 0
     /// The response (head or body) has begun: a failure is no longer a clean retry.
     private var responseSeen = false

@@ -341,7 +341,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     /// Called when an exchange can take body again after backpressure.
     func exchangeWantsBody() {
         channel.resumeReading(.peerBackpressure)
-        // Strong captures in end-of-event work (here and below): the closure runs within this
+        // Strong captures in end-of-event work (here and in `exchangeFinished`): the closure runs within this
         // event and is dropped, so no cycle; a weak reference would move the object's reference
         // count to a side table for good, slowing every retain of it (issue 10).
         ctx.loop.deferToEndOfEvent { [self] in
@@ -559,7 +559,11 @@ final class LocalExchange: FrontendExchange {
 
     func start() {
         if framing == .none {
-            frontend.ctx.loop.deferToEndOfEvent { [self] in run() }
+            // Weak: `frontend` is unowned, and the connection (which owns this exchange) may be
+            // gone by the end of the event (a client that sent its request and closed at once).
+            // Weak: `frontend` is unowned, and the connection (which owns this exchange) may be
+            // gone by the end of the event.
+            frontend.ctx.loop.deferToEndOfEvent { [weak self] in self?.run() }
         } else if HTTPHeaderRules.expectsContinue(head) && head.version == .http1_1 {
             // RFC 9110 §15.2: never a 1xx to an HTTP/1.0 client.
             frontend.writeRaw(continueLine)

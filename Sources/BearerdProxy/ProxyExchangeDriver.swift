@@ -363,9 +363,13 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             backendAcquired(conn)
             return
         }
-        // Strong: the pool calls back once (within the connect timeout at worst); the exchange
-        // stays until then, and no weak reference slows its retains (issue 10).
-        let completion: (Result<UpstreamStream, ChannelError>) -> Void = { [self] result in
+        // Weak: an exchange abandoned while its connection is being opened is not kept alive
+        // for it; the connection is closed instead.
+        let completion: (Result<UpstreamStream, ChannelError>) -> Void = { [weak self] result in
+            guard let self else {
+                if case .success(let c) = result { c.close() }
+                return
+            }
             switch result {
             case .success(let conn):
                 backendAcquired(conn)

@@ -299,6 +299,25 @@ struct HostilePeerTests {
         Thread.sleep(forTimeInterval: 1.2)
     }
 
+    /// Admin (local) requests whose client closes right after sending, half-close or full close,
+    /// many times: the answer is written to a connection that may be gone by the end of the
+    /// event (the local exchange must not outlive its connection's use; a regression of issue 10
+    /// trapped here).
+    @Test func localRequestsFromClientsThatCloseAtOnce() throws {
+        let origin = try ScriptedOrigin { _ in [.respond(status: 200, body: "ok")] }
+        defer { origin.stop() }
+        let b = try HostileBearerd(routes: [.init("/api/", origin.port)])
+        defer { b.finish() }
+        for i in 0..<60 {
+            var c: TestClient? = try Hostile.client(b.adminPort)
+            try c?.send("GET \(i % 2 == 0 ? "/healthz" : "/metrics") HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            if i % 3 == 0 { c?.shutdownWrite() } else if i % 3 == 1, let fd = c?.fd { Hostile.lingerZero(fd) }
+            c = nil
+        }
+        Thread.sleep(forTimeInterval: 0.3)
+        b.checkAlive("after 60 local requests from clients that closed at once:")
+    }
+
     @Test func item1_replayThenFrontendIdleDeadline() throws {
         // A POST whose body comes in a later read (that arms the frontend idle deadline, see
         // item 9), rejected, then a replay slower than `timeouts.idle`.
