@@ -1,4 +1,5 @@
 import Dispatch
+import Synchronization
 import CBearerdShim
 #if canImport(Glibc)
 import Glibc
@@ -86,6 +87,8 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     private var timeoutables: [ObjectIdentifier: LoopTimeoutable] = [:]
     private var dirty: [LoopFlushable] = []
     private var tick: DispatchSourceTimer?
+    /// What the tick timer's and the poller source's handlers call (see `SourceTarget`).
+    private var sourceTarget: SourceTarget?
     /// Work to run at the end of the current event, after flushes (e.g. continue pipelined parsing).
     private var deferred: [() -> Void] = []
     private var inEvent = false
@@ -99,7 +102,9 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         queue.setSpecific(key: EventLoop.key, value: ObjectIdentifier(self))
         let timer = DispatchSource.makeTimerSource(queue: queue)
         timer.schedule(deadline: .now() + .milliseconds(100), repeating: .milliseconds(100), leeway: .milliseconds(20))
-        timer.setEventHandler { [unowned self] in self.onTick() }
+        let target = SourceTarget(self)
+        sourceTarget = target
+        timer.setEventHandler { target.withLoop { $0.onTick() } }
         tick = timer
         timer.resume()
         if ioMode == .loopPoller {
@@ -107,7 +112,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
             precondition(created >= 0, "epoll_create1 failed")  // out of descriptors at start-up: nothing can run
             epfd = Int32(truncatingIfNeeded: created)
             let src = DispatchSource.makeReadSource(fileDescriptor: epfd, queue: queue)
-            src.setEventHandler { [unowned self] in self.pollerFired() }
+            src.setEventHandler { target.withLoop { $0.pollerFired() } }
             src.setCancelHandler { [epfd, syscalls] in syscalls.closeFD(epfd) }
             src.resume()
             pollerSource = src
@@ -198,6 +203,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     }
 
     deinit {
+        sourceTarget?.detach(onLoopQueue: inEventLoop)
         pollerSource?.cancel()
         tick?.cancel()
         readBuffer.deallocate()
@@ -295,6 +301,58 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
                 if d != 0 && d <= now { expired.append(t) }
             }
             for t in expired { t.deadlineExpired(now: now) }
+        }
+    }
+}
+
+/// The loop as its own Dispatch sources see it. A loop's last reference may be dropped on any
+/// thread (a blocking token request's private loop, a group torn down by its owner) while a tick
+/// or a poller event is starting on the loop's queue; `deinit` cancels the sources, but a handler
+/// can begin in between. An `unowned` capture trapped there ("Attempted to read an unowned
+/// reference but object … was already destroyed": seen in CI, reproduced by
+/// `LoopLifetimeTests`), and a `weak` one would move the loop's reference count to a side table
+/// for good, slowing every retain of the loop on the request path (issue 10).
+///
+/// So the handlers hold this box. A handler takes a strong reference under the lock (unless the
+/// loop was detached) and marks itself running; `deinit` detaches the loop under the lock and,
+/// when a handler is running on another thread, waits for it to finish (retaining and releasing
+/// a loop whose `deinit` waits is allowed; the count is back where it was when the handler ends).
+/// When the handler's own release is the last one, `deinit` runs on the loop's queue at the end
+/// of the handler, after it is marked done, and does not wait. Uncontended except at that moment.
+final class SourceTarget: Sendable {
+    private struct State {
+        var loop: Unmanaged<EventLoop>?
+        var running = false
+    }
+    private let state: Mutex<State>
+
+    init(_ loop: EventLoop) { state = Mutex(State(loop: .passUnretained(loop))) }
+
+    func withLoop(_ body: (EventLoop) -> Void) {
+        let taken: EventLoop? = state.withLock { s in
+            guard let l = s.loop else { return nil }
+            s.running = true
+            return l.takeUnretainedValue()  // a strong reference, taken under the lock
+        }
+        guard let loop = taken else { return }
+        withExtendedLifetime(loop) {
+            body(loop)
+            state.withLock { $0.running = false }
+        }
+        // `loop` may have been the last reference: then `deinit` ran just now, on the loop's
+        // queue, with no handler marked running.
+    }
+
+    /// From the loop's `deinit`: no handler reaches the loop after this returns.
+    func detach(onLoopQueue: Bool) {
+        var running = state.withLock { s in
+            s.loop = nil
+            return s.running
+        }
+        // On the loop's queue a running handler is our caller (serial queue): nothing to wait for.
+        while running && !onLoopQueue {
+            sched_yield()
+            running = state.withLock { $0.running }
         }
     }
 }

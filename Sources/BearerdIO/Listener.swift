@@ -225,8 +225,10 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         }
         let source = DispatchSource.makeReadSource(fileDescriptor: fd, queue: acceptLoop.queue)
         source.setCancelHandler { [fd, sys] in sys.closeFD(fd) }
-        source.setEventHandler { [unowned self] in
-            self.acceptAll(onAccept)
+        // Weak: the listener may be released on another thread while an accept event is on its
+        // way (`stop()` cancels the source; an event before that finds nil, never a freed object).
+        source.setEventHandler { [weak self] in
+            self?.acceptAll(onAccept)
         }
         source.resume()
         self.source = source
