@@ -123,11 +123,12 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     var channel: SocketChannel?
     private(set) var state: State = .connecting
     private var parser: HTTP1Parser
-    /// Weak: an exchange that its client abandoned must not be kept alive (and called) by its
-    /// upstream connection; its client side may hold unowned references to a connection that is
-    /// gone. (A strong delegate saved a side-table reference count per exchange, issue 10, but
-    /// a CI run trapped on an unowned read with it; see the note.)
-    weak var delegate: BackendConnectionDelegate?
+    /// Strong, and cleared whenever the connection goes idle or closes (the invariant above), so
+    /// the exchange lives as long as it uses the connection; no weak reference on the request
+    /// path (a weak one moves the exchange's reference count to a side table: issue 10). Safe
+    /// because nothing an exchange reaches is `unowned`: its client (an HTTP/1.1 connection, or
+    /// an HTTP/2 stream holding its connection strongly) outlives it.
+    var delegate: BackendConnectionDelegate?
     /// What a new connection turned out to be: HTTP/1.1 (this object) or HTTP/2 (ALPN `h2`, or
     /// prior knowledge), in which case the channel moved to a `BackendH2Connection`.
     enum ConnectOutcome {

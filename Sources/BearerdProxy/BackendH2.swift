@@ -257,11 +257,15 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
 /// Lives on the loop. Invariant: `delegate` is set while the exchange uses it; a stream never
 /// carries a second request.
 final class BackendH2Stream: UpstreamStream {
-    unowned let connection: BackendH2Connection
+    /// Strong: an exchange may hold its stream after the connection closed (and left the pool);
+    /// calls then reach a closed connection, which ignores them, never a freed one. The cycle
+    /// with `BackendH2Connection.streams` is broken when the stream leaves that table.
+    let connection: BackendH2Connection
     let reused: Bool
     private(set) var id: Int32 = 0
-    /// Weak, as `BackendConnection.delegate`.
-    weak var delegate: BackendConnectionDelegate?
+    /// Strong, as `BackendConnection.delegate`: cleared when the exchange releases or closes the
+    /// stream, or the stream fails or closes.
+    var delegate: BackendConnectionDelegate?
     var deadline: UInt64 = 0
     /// The response (head or body) has begun: a failure is no longer a clean retry.
     private var responseSeen = false

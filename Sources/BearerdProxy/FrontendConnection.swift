@@ -528,8 +528,15 @@ extension FrontendConnection: ExchangeClient {
 }
 
 /// A request answered by a `LocalResponder`: collects the body (up to 1 MiB, else 413), then replies.
+/// Lives on the frontend's loop, owned by its connection.
 final class LocalExchange: FrontendExchange {
-    unowned let frontend: FrontendConnection
+    /// Weak: the connection owns this exchange; a responder's late answer (an admin request
+    /// collected across loops) or end-of-event work may outlive it, and then finds nil, never a
+    /// freed object. Local requests are rare: the side table this costs the connection is not on
+    /// the proxy path.
+    private weak var frontend: FrontendConnection?
+    /// The connection's loop (kept so late work needs no connection to find it).
+    private let loop: EventLoop
     let responder: LocalResponder
     let head: HTTPRequestHead
     private let framing: HTTP1BodyFraming
@@ -551,6 +558,7 @@ final class LocalExchange: FrontendExchange {
 
     init(frontend: FrontendConnection, responder: LocalResponder, head: HTTPRequestHead, framing: HTTP1BodyFraming, keepAlive: Bool) {
         self.frontend = frontend
+        self.loop = frontend.ctx.loop
         self.responder = responder
         self.head = head
         self.framing = framing
@@ -559,14 +567,12 @@ final class LocalExchange: FrontendExchange {
 
     func start() {
         if framing == .none {
-            // Weak: `frontend` is unowned, and the connection (which owns this exchange) may be
-            // gone by the end of the event (a client that sent its request and closed at once).
-            // Weak: `frontend` is unowned, and the connection (which owns this exchange) may be
-            // gone by the end of the event.
-            frontend.ctx.loop.deferToEndOfEvent { [weak self] in self?.run() }
+            // Weak: the connection (which owns this exchange) may be gone by the end of the
+            // event (a client that sent its request and closed at once).
+            loop.deferToEndOfEvent { [weak self] in self?.run() }
         } else if HTTPHeaderRules.expectsContinue(head) && head.version == .http1_1 {
             // RFC 9110 §15.2: never a 1xx to an HTTP/1.0 client.
-            frontend.writeRaw(continueLine)
+            frontend?.writeRaw(continueLine)
         }
     }
 
@@ -602,14 +608,15 @@ final class LocalExchange: FrontendExchange {
             phase = .responding
         case .tooLarge:
             phase = .done
+            guard let frontend else { return }
             frontend.writeRaw(ErrorResponse.make(status: 413, error: "body_too_large", close: true))
             frontend.exchangeFinished(self, keepAlive: false, abort: false)
             return
         case .responding, .done:
             return
         }
-        responder.respond(to: head, body: body, loop: frontend.ctx.loop) { [weak self] resp, respBody in
-            guard let self, case .responding = self.phase else { return }
+        responder.respond(to: head, body: body, loop: loop) { [weak self] resp, respBody in
+            guard let self, case .responding = self.phase, let frontend = self.frontend else { return }
             self.phase = .done
             var h = resp
             h.headers.set("Content-Length", String(respBody.count))
@@ -617,8 +624,8 @@ final class LocalExchange: FrontendExchange {
             var buf: [UInt8] = []
             HTTP1Serializer.writeResponseHead(h, into: &buf)
             if self.head.method != "HEAD" { buf.append(contentsOf: respBody) }
-            self.frontend.writeTaking(&buf)
-            self.frontend.exchangeFinished(self, keepAlive: self.keepAlive, abort: false)
+            frontend.writeTaking(&buf)
+            frontend.exchangeFinished(self, keepAlive: self.keepAlive, abort: false)
         }
     }
 

@@ -340,7 +340,11 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
 /// stream closed (which breaks the exchange ↔ stream reference cycle).
 final class FrontendH2Stream: ExchangeClient {
     let id: Int32
-    unowned let connection: FrontendH2Connection
+    /// Strong: the exchange holds its stream, and an upstream may keep the exchange until it
+    /// answers or fails, so the stream can outlive the connection's table; calls then reach a
+    /// closed connection (which ignores them), never a freed one. The cycle with
+    /// `FrontendH2Connection.streams` is broken when the stream leaves that table.
+    let connection: FrontendH2Connection
     var exchange: ProxyExchangeDriver?
     /// Received DATA bytes not yet given back to the client's window (the exchange is paused).
     private var unconsumed = 0

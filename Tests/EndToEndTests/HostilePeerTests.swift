@@ -3,6 +3,7 @@ import Foundation
 import Glibc
 #endif
 import Testing
+import BearerdHTTP
 import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
@@ -316,6 +317,37 @@ struct HostilePeerTests {
         }
         Thread.sleep(forTimeInterval: 0.3)
         b.checkAlive("after 60 local requests from clients that closed at once:")
+    }
+
+    /// HTTP/2 clients that open streams to a slow origin and then vanish (reset or FIN) while the
+    /// upstream requests are in flight; the origin answers afterwards. The upstream connection
+    /// holds each exchange strongly and the exchange holds its stream: the stream's connection
+    /// must still be a valid (closed) object when the late answer arrives (issue 10 made these
+    /// references strong; an unowned one here would trap).
+    @Test func h2ClientsThatVanishWhileTheirStreamsAreInFlight() throws {
+        let origin = try ScriptedOrigin { _ in [.wait(ms: 400), .respond(status: 200, body: "late")] }
+        defer { origin.stop() }
+        let b = try HostileBearerd(routes: [.init("/api/", origin.port)])
+        defer { b.finish() }
+        var expected = 0
+        for i in 0..<6 {
+            var c: H2TestClient? = try H2TestClient(port: b.port)
+            for s in 0..<3 {
+                _ = try c?.session.submitRequest([
+                    HTTPField(name: ":method", value: "GET"), HTTPField(name: ":scheme", value: "http"),
+                    HTTPField(name: ":authority", value: "localhost"), HTTPField(name: ":path", value: "/api/\(i)/\(s)"),
+                ], endStream: true)
+            }
+            var out: [UInt8] = []
+            try c?.session.produce(into: &out)
+            try c?.socket.send(out)
+            expected += 3
+            #expect(origin.waitForRequests(expected), "round \(i): the streams reached the origin")
+            if i % 2 == 0, let fd = c?.socket.fd { Hostile.lingerZero(fd) }
+            c = nil
+        }
+        Thread.sleep(forTimeInterval: 0.8)  // every late answer arrives for a client that is gone
+        b.checkAlive("after HTTP/2 clients vanished with streams in flight:")
     }
 
     @Test func item1_replayThenFrontendIdleDeadline() throws {
