@@ -693,12 +693,13 @@ public struct HTTP1Parser: Sendable {
                 value = String(decoding: valueBytes, as: UTF8.self)
             }
             let name = String(decoding: nameBytes, as: UTF8.self)
+            let known = KnownField.classify(nameBytes)
             var kind = FieldKind.other
             var length: UInt64?
-            switch nameBytes.count {
-            case 4 where HTTP1Syntax.equalsLowercase(nameBytes, "host"):
+            switch known {
+            case .host:
                 kind = .host
-            case 14 where HTTP1Syntax.equalsLowercase(nameBytes, "content-length"):
+            case .contentLength:
                 kind = .contentLength
                 // RFC 9110 §8.6: Content-Length = 1*DIGIT; a list of identical values may be
                 // treated as one (RFC 9112 §6.3 rule 5); anything else is an error.
@@ -733,12 +734,12 @@ public struct HTTP1Parser: Sendable {
                     k = a + 1
                 }
                 length = n
-            case 17 where HTTP1Syntax.equalsLowercase(nameBytes, "transfer-encoding"):
+            case .transferEncoding:
                 kind = .transferEncoding
             default:
                 break
             }
-            return .success(Parsed(field: HTTPField(name: name, value: value), kind: kind, length: length))
+            return .success(Parsed(field: HTTPField(name: name, value: value, known: known), kind: kind, length: length))
         }
         let parsed: Parsed
         switch result {

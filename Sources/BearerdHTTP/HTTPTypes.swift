@@ -1,10 +1,26 @@
-/// One header field as received (name case preserved) or to be sent.
+/// One header field as received (name case preserved) or to be sent. Invariant: `known` is
+/// `KnownField(name)`, computed when the field is made or renamed (the parser passes what it
+/// found in the bytes), so the rules that look for hop-by-hop and rewritten fields read it
+/// instead of classifying the name again at every step of a request (issue 10).
 public struct HTTPField: Sendable, Equatable {
-    public var name: String
+    public var name: String {
+        didSet { known = KnownField(name) }
+    }
     public var value: String
+    /// `name` classified: the fields the proxy treats specially, or `.other`.
+    public private(set) var known: KnownField
+
     public init(name: String, value: String) {
         self.name = name
         self.value = value
+        known = KnownField(name)
+    }
+
+    /// A field whose name was already classified (`known == KnownField(name)`; the parser).
+    init(name: String, value: String, known: KnownField) {
+        self.name = name
+        self.value = value
+        self.known = known
     }
 }
 
@@ -20,6 +36,17 @@ public struct HTTPHeaders: Sendable, Equatable, Sequence, ExpressibleByDictionar
 
     public var count: Int { fields.count }
     public func makeIterator() -> IndexingIterator<[HTTPField]> { fields.makeIterator() }
+
+    /// First value of a field the proxy knows by kind (no name comparison), or nil.
+    public func first(_ kind: KnownField) -> String? {
+        for f in fields where f.known == kind { return f.value }
+        return nil
+    }
+
+    /// Whether a field of that kind is there.
+    public func contains(_ kind: KnownField) -> Bool {
+        fields.contains { $0.known == kind }
+    }
 
     /// First value of `name`, or nil.
     public subscript(name: String) -> String? {

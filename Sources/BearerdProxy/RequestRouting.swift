@@ -53,7 +53,7 @@ final class RequestGate {
                 allowlistRuntime = runtime
                 admittedHost = nil
             }
-            let hostField = head.headers["Host"]
+            let hostField = head.headers.first(.host)
             let originForm = head.target.utf8.first == UInt8(ascii: "/")
             if originForm, let hostField, hostField == admittedHost {
                 // Admitted before on this connection.
@@ -95,7 +95,7 @@ final class RequestGate {
         if RequestTarget.hasDotSegment(parts.path) {
             return .refuse(Refusal(status: 400, error: "proxy.dot_segment", detail: "request path contains a dot segment", closes: true))
         }
-        let host = parts.authority ?? head.headers["Host"].map { Substring($0) }
+        let host = parts.authority ?? head.headers.first(.host).map { Substring($0) }
         let runtime = ctx.runtime
         guard let routeIndex = runtime.router.match(path: parts.path, host: host) else {
             // A body bearerd will not read: the connection cannot carry another request.

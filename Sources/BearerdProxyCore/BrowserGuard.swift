@@ -92,7 +92,7 @@ public struct BrowserGuard: Sendable, Equatable {
             if allowedOrigins.contains(origin) {
                 originAllowed = true
             } else {
-                let own = HostAllowlist.requestAuthority(target: head.target, hostField: head.headers["Host"])
+                let own = HostAllowlist.requestAuthority(target: head.target, hostField: head.headers.first(.host))
                     .flatMap { Self.normalizedOrigin(scheme: scheme.rawValue[...], authority: $0) }
                 if own != origin {
                     let listener = own.map { "this listener's own origin \($0)" } ?? "this listener's own origin (the request names no host)"

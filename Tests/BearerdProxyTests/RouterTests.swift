@@ -145,6 +145,31 @@ struct RouterTests {
             ("tf", .other), ("hosts", .other), ("Connectiom", .other), ("content-lengtH", .contentLength), ("", .other),
         ]
         for (name, kind) in names { #expect(KnownField(name) == kind, "\(name)") }
+        // The classification a field carries: from the parser's bytes, from init, after a rename.
+        // (Framing fields need values of their own: one Content-Length, no Transfer-Encoding.)
+        let framing: Set<KnownField> = [.contentLength, .transferEncoding]
+        let inRequest = names.filter { !$0.0.isEmpty && !framing.contains($0.1) } + [("Content-Length", .contentLength)]
+        var request = "GET / HTTP/1.1\r\n"
+        for (name, kind) in inRequest { request += "\(name): \(kind == .contentLength ? "0" : "v")\r\n" }
+        var parser = HTTP1Parser(role: .server)
+        parser.feed(Array((request + "\r\n").utf8))
+        guard case .requestHead(let head, _)? = try? parser.next() else {
+            Issue.record("the request did not parse")
+            return
+        }
+        let parsed = head.headers.fields
+        #expect(parsed.map(\.name) == inRequest.map(\.0))
+        for f in parsed { #expect(f.known == KnownField(f.name), "parsed \(f.name)") }
+        for (name, kind) in names { #expect(HTTPField(name: name, value: "v").known == kind, "init \(name)") }
+        var renamed = HTTPField(name: "Via", value: "1.1 x")
+        renamed.name = "X-Forwarded-For"
+        #expect(renamed.known == .xForwardedFor)
+        renamed.name = "X-Other"
+        #expect(renamed.known == .other)
+        var h = HTTPHeaders([("Host", "a"), ("upgrade", "websocket")])
+        #expect(h.first(.host) == "a" && h.contains(.upgrade) && !h.contains(.connection))
+        h.fields[0].name = "X-Host"
+        #expect(h.first(.host) == nil)
         #expect(asciiCaseInsensitiveEquals("Content-Type", "content-type"))
         #expect(!asciiCaseInsensitiveEquals("Content-Type", "content-typ"))
         #expect(!asciiCaseInsensitiveEquals("a-b", "a_b"))
