@@ -8,40 +8,72 @@ public enum HTTP1Serializer {
     /// the head to change it.
     public static func writeRequestHead(_ head: HTTPRequestHead, setting: HTTPField? = nil, into buffer: inout [UInt8]) {
         let extra = setting.map { $0.name.utf8.count + $0.value.utf8.count + 4 } ?? 0
-        buffer.reserveCapacity(buffer.count + head.method.utf8.count + head.target.utf8.count + 12 + fieldsSize(head.headers) + extra + 2)
-        buffer.append(contentsOf: head.method.utf8)
-        buffer.append(asciiSP)
-        buffer.append(contentsOf: head.target.utf8)
-        buffer.append(asciiSP)
-        writeVersion(head.version, into: &buffer)
-        buffer.append(asciiCR)
-        buffer.append(asciiLF)
-        if let setting {
-            var written = false
-            for field in head.headers.fields {
-                if asciiCaseInsensitiveEquals(field.name, setting.name) {
-                    if !written { writeField(setting, into: &buffer) }
-                    written = true
-                } else {
-                    writeField(field, into: &buffer)
+        let estimate = head.method.utf8.count + head.target.utf8.count + 12 + fieldsSize(head.headers) + extra + 2
+        buffer.appendingHead(estimate: estimate) { c in
+            c.put(head.method)
+            c.put(asciiSP)
+            c.put(head.target)
+            c.put(asciiSP)
+            putVersion(head.version, into: &c)
+            c.putCRLF()
+            if let setting {
+                var written = false
+                for field in head.headers.fields {
+                    if asciiCaseInsensitiveEquals(field.name, setting.name) {
+                        if !written { putField(setting, into: &c) }
+                        written = true
+                    } else {
+                        putField(field, into: &c)
+                    }
                 }
+                if !written { putField(setting, into: &c) }
+            } else {
+                for field in head.headers.fields { putField(field, into: &c) }
             }
-            if !written { writeField(setting, into: &buffer) }
-        } else {
-            writeFields(head.headers, into: &buffer)
+            c.putCRLF()
         }
-        buffer.append(asciiCR)
-        buffer.append(asciiLF)
     }
 
     /// `HTTP/x.y SP 3DIGIT SP reason CRLF *(field CRLF) CRLF` (the SP before an empty reason is
     /// kept, as RFC 9112 §4 requires).
     public static func writeResponseHead(_ head: HTTPResponseHead, into buffer: inout [UInt8]) {
-        buffer.reserveCapacity(buffer.count + 15 + head.reason.utf8.count + fieldsSize(head.headers) + 2)
-        writeStatusLine(status: head.status, reason: head.reason, version: head.version, into: &buffer)
-        writeFields(head.headers, into: &buffer)
-        buffer.append(asciiCR)
-        buffer.append(asciiLF)
+        buffer.appendingHead(estimate: 15 + head.reason.utf8.count + fieldsSize(head.headers) + 2) { c in
+            putStatusLine(status: head.status, reason: head.reason, version: head.version, into: &c)
+            for field in head.headers.fields { putField(field, into: &c) }
+            c.putCRLF()
+        }
+    }
+
+    /// `writeStatusLine` through a cursor.
+    @inlinable
+    public static func putStatusLine(status: Int, reason: String, version: HTTPVersion, into c: inout ByteCursor) {
+        putVersion(version, into: &c)
+        c.put(asciiSP)
+        let status = min(max(status, 0), 999)
+        c.put(UInt8(0x30 + status / 100))
+        c.put(UInt8(0x30 + (status / 10) % 10))
+        c.put(UInt8(0x30 + status % 10))
+        c.put(asciiSP)
+        c.put(reason)
+        c.putCRLF()
+    }
+
+    @inlinable @inline(__always)
+    static func putVersion(_ version: HTTPVersion, into c: inout ByteCursor) {
+        c.put("HTTP/" as StaticString)
+        c.put(UInt8(0x30 + min(max(version.major, 0), 9)))
+        c.put(UInt8(ascii: "."))
+        c.put(UInt8(0x30 + min(max(version.minor, 0), 9)))
+    }
+
+    /// `writeField` through a cursor.
+    @inlinable @inline(__always)
+    public static func putField(_ field: HTTPField, into c: inout ByteCursor) {
+        c.put(field.name)
+        c.put(UInt8(ascii: ":"))
+        c.put(asciiSP)
+        c.put(field.value)
+        c.putCRLF()
     }
 
     /// `HTTP/x.y SP 3DIGIT SP reason CRLF`.
@@ -82,7 +114,7 @@ public enum HTTP1Serializer {
     }
 
     /// Bytes `writeFields` appends for `headers`.
-    static func fieldsSize(_ headers: HTTPHeaders) -> Int {
+    public static func fieldsSize(_ headers: HTTPHeaders) -> Int {
         var n = 0
         for field in headers.fields { n += field.name.utf8.count + field.value.utf8.count + 4 }
         return n
@@ -133,7 +165,7 @@ public enum HTTPHeaderRules {
     public static func removeHopByHop(_ headers: inout HTTPHeaders) {
         var hopByHop = false, connection = false
         for field in headers.fields {
-            let kind = KnownField(field.name)
+            let kind = field.known
             guard kind.isHopByHop else { continue }
             hopByHop = true
             if kind == .connection {
@@ -143,7 +175,7 @@ public enum HTTPHeaderRules {
         }
         guard hopByHop else { return }
         let named = connection ? connectionOptions(headers) : ConnectionOptions()
-        headers.fields.removeAll { field in KnownField(field.name).isHopByHop || named.names(field.name) }
+        headers.fields.removeAll { field in field.known.isHopByHop || named.names(field.name) }
     }
 
     /// The non-empty elements of every `name` field's comma-separated list (RFC 9110 §5.6.1),
@@ -162,7 +194,7 @@ public enum HTTPHeaderRules {
     /// elements dropped, in order.
     public static func connectionTokens(_ headers: HTTPHeaders) -> [String] {
         var tokens: [String] = []
-        for field in headers.fields where KnownField(field.name) == .connection {
+        for field in headers.fields where field.known == .connection {
             for element in HTTP1Syntax.listElements(field.value.utf8) where !element.isEmpty {
                 let lowered = element.map { $0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0 }
                 tokens.append(String(decoding: lowered, as: UTF8.self))
@@ -196,7 +228,7 @@ public enum HTTPHeaderRules {
 
     public static func connectionOptions(_ headers: HTTPHeaders) -> ConnectionOptions {
         var options = ConnectionOptions()
-        for field in headers.fields where KnownField(field.name) == .connection {
+        for field in headers.fields where field.known == .connection {
             options.present = true
             var value = field.value
             value.withUTF8 { b in

@@ -1,4 +1,7 @@
 import BearerdHTTP
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// What routing and header rewriting need of one configured route (`RouteConfig.rule` builds
 /// it once per configuration). Immutable, pure data.
@@ -37,29 +40,45 @@ public struct Router: Sendable {
     /// request's host name (ASCII case-insensitive, port ignored).
     public func match(path: Substring, host: Substring?) -> Int? {
         let hostName = host.map(RequestTarget.hostWithoutPort)
-        for (i, r) in routes.enumerated() {
-            if let h = r.host {
+        // By index, not `enumerated()`, which copies every rule (retaining its strings).
+        for i in routes.indices {
+            if let h = routes[i].host {
                 guard let hostName, asciiCaseInsensitiveEquals(String(hostName), h) else { continue }
             }
             // Bytes, not Characters: a path is ASCII, and this runs for every request.
-            if path.utf8.starts(with: r.match.utf8) { return i }
+            if Self.hasPrefix(path, routes[i].match) { return i }
         }
         return nil
+    }
+
+    /// Whether `path`'s UTF-8 bytes begin with `prefix`'s (a byte comparison of contiguous
+    /// storage; the generic `starts(with:)` walks two iterators).
+    static func hasPrefix(_ path: Substring, _ prefix: String) -> Bool {
+        let r = path.utf8.withContiguousStorageIfAvailable { p in
+            prefix.utf8.withContiguousStorageIfAvailable { q in
+                p.count >= q.count && (q.isEmpty || memcmp(p.baseAddress!, q.baseAddress!, q.count) == 0)
+            }
+        }
+        if let r, let r { return r }
+        return path.utf8.starts(with: prefix.utf8)
     }
 }
 
 extension RequestTarget {
     /// The upstream target: base path + (path with the route prefix stripped when asked) + query.
+    /// On UTF-8 bytes: `hasPrefix`/`dropFirst` on a `Substring` compare and count `Character`s
+    /// (grapheme breaking per request, issue 10); the prefix was matched on bytes anyway.
     public static func upstreamTarget(path: Substring, query: Substring?, route: RouteRule) -> String {
-        var p = path
+        var rest = path.utf8[...]
         if route.stripPrefix {
-            var prefix = Substring(route.match)
-            if prefix.hasSuffix("/") { prefix = prefix.dropLast() }
-            p = p.dropFirst(prefix.count)
+            let match = route.match.utf8
+            let strip = match.last == UInt8(ascii: "/") ? match.count - 1 : match.count
+            rest = rest.dropFirst(strip)
         }
         var out = route.upstreamBasePath
-        if p.isEmpty || !p.hasPrefix("/") { out += "/" }
-        out += p
+        out.reserveCapacity(out.utf8.count + 1 + rest.count + (query.map { $0.utf8.count + 1 } ?? 0))
+        if rest.first != UInt8(ascii: "/") { out += "/" }
+        out += Substring(rest)
         if let query {
             out += "?"
             out += query
@@ -162,46 +181,55 @@ public enum ProxyHeaders {
             case .chunked, .closeDelimited: clientFraming = clientVersion == .http1_1 ? .chunked : .untilClose
             }
         }
-        buffer.reserveCapacity(buffer.count + 64 + head.reason.utf8.count + head.headers.fields.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count + 4 })
-        HTTP1Serializer.writeStatusLine(status: head.status, reason: head.reason, version: .http1_1, into: &buffer)
         let named = HTTPHeaderRules.connectionOptions(head.headers)
-        let token = head.version == .http1_0 ? "1.0 bearerd" : viaToken
-        var viaWritten = false
-        for field in head.headers.fields {
-            let kind = KnownField(field.name)
-            if kind.isHopByHop || (!bodyless && kind == .contentLength) || named.names(field.name) { continue }
-            if kind == .via {
-                if viaWritten { continue }
-                viaWritten = true
-                buffer.append(contentsOf: field.name.utf8)
-                buffer.append(contentsOf: ": ".utf8)
-                buffer.append(contentsOf: field.value.utf8)
-                buffer.append(contentsOf: ", ".utf8)
-                buffer.append(contentsOf: token.utf8)
-                buffer.append(contentsOf: "\r\n".utf8)
-                continue
+        let token: StaticString = head.version == .http1_0 ? "1.0 bearerd" : "1.1 bearerd"  // `viaToken` for 1.1
+        // Status line, the fields, and at most: Content-Length (20 digits) or Transfer-Encoding,
+        // Via (or ", " + token after the upstream's), Connection, the blank line.
+        let estimate = 160 + head.reason.utf8.count + HTTP1Serializer.fieldsSize(head.headers)
+        buffer.appendingHead(estimate: estimate) { c in
+            HTTP1Serializer.putStatusLine(status: head.status, reason: head.reason, version: .http1_1, into: &c)
+            var viaWritten = false
+            for field in head.headers.fields {
+                let kind = field.known
+                if kind.isHopByHop || (!bodyless && kind == .contentLength) || named.names(field.name) { continue }
+                if kind == .via {
+                    if viaWritten { continue }
+                    viaWritten = true
+                    c.put(field.name)
+                    c.put(": " as StaticString)
+                    c.put(field.value)
+                    c.put(", " as StaticString)
+                    c.put(token)
+                    c.put("\r\n" as StaticString)
+                    continue
+                }
+                HTTP1Serializer.putField(field, into: &c)
             }
-            HTTP1Serializer.writeField(field, into: &buffer)
-        }
-        switch clientFraming {
-        case .contentLength(let n): HTTP1Serializer.writeField(HTTPField(name: "Content-Length", value: String(n)), into: &buffer)
-        case .chunked: buffer.append(contentsOf: "Transfer-Encoding: chunked\r\n".utf8)
-        default: break
-        }
-        if !viaWritten {
-            buffer.append(contentsOf: "Via: ".utf8)
-            buffer.append(contentsOf: token.utf8)
-            buffer.append(contentsOf: "\r\n".utf8)
-        }
-        if !head.isInformational {
-            let persistent = keepAlive && clientFraming != .untilClose
-            if !persistent {
-                buffer.append(contentsOf: "Connection: close\r\n".utf8)
-            } else if clientVersion == .http1_0 {
-                buffer.append(contentsOf: "Connection: keep-alive\r\n".utf8)
+            switch clientFraming {
+            case .contentLength(let n):
+                c.put("Content-Length: " as StaticString)
+                c.putDecimal(n)
+                c.put("\r\n" as StaticString)
+            case .chunked:
+                c.put("Transfer-Encoding: chunked\r\n" as StaticString)
+            default:
+                break
             }
+            if !viaWritten {
+                c.put("Via: " as StaticString)
+                c.put(token)
+                c.put("\r\n" as StaticString)
+            }
+            if !head.isInformational {
+                let persistent = keepAlive && clientFraming != .untilClose
+                if !persistent {
+                    c.put("Connection: close\r\n" as StaticString)
+                } else if clientVersion == .http1_0 {
+                    c.put("Connection: keep-alive\r\n" as StaticString)
+                }
+            }
+            c.put("\r\n" as StaticString)
         }
-        buffer.append(contentsOf: "\r\n".utf8)
         return clientFraming
     }
 
@@ -218,7 +246,7 @@ public enum ProxyHeaders {
     }
 
     public static func upgradeRequest(_ head: HTTPRequestHead) -> UpgradeRequest {
-        guard head.headers.contains("Upgrade") else { return .none }
+        guard head.headers.contains(.upgrade) else { return .none }
         let protocols = HTTPHeaderRules.listValues(head.headers, "Upgrade")
         if protocols.isEmpty { return .unsupported("an empty Upgrade field") }
         let connectionNamesUpgrade = HTTPHeaderRules.connectionOptions(head.headers).upgrade
@@ -276,7 +304,7 @@ public enum ProxyHeaders {
         // The options a Connection field names apply to every field, before or after it.
         let named = HTTPHeaderRules.connectionOptions(headers)
         for field in headers.fields {
-            let kind = KnownField(field.name)
+            let kind = field.known
             if kind.isHopByHop || drop(kind) { continue }
             switch kind {
             case .xForwardedFor:

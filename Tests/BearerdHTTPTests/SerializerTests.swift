@@ -75,6 +75,37 @@ import Testing
         let e = verify(empty, role: .client, methods: ["GET"])
         #expect(e.events == [.responseHead(HTTPResponseHead(status: 304), framing: .none), .end(trailers: nil)])
     }
+
+    /// The cursor the head writers use: an estimate that is too small (or wildly so) starts over
+    /// with more room and writes the same bytes; nothing is written past the block; existing
+    /// bytes of the buffer stay in front.
+    @Test(arguments: [0, 1, 63, 64, 65, 100, 5000])
+    func cursorRetriesAShortEstimate(estimate: Int) {
+        let long = String(repeating: "v", count: 3000)
+        var out: [UInt8] = bytes("prefix|")
+        out.appendingHead(estimate: estimate) { c in
+            c.put("GET " as StaticString)
+            c.put("/x")
+            c.put(Substring("?q=1"))
+            c.put(asciiSP)
+            c.putDecimal(0)
+            c.putDecimal(9)
+            c.putDecimal(10)
+            c.putDecimal(UInt64.max)
+            c.put(UInt8(ascii: "|"))
+            c.put(long)
+            c.putCRLF()
+        }
+        #expect(out == bytes("prefix|GET /x?q=1 0910\(UInt64.max)|\(long)\r\n"))
+    }
+
+    @Test func headsLargerThanAnyFirstGuessAreWrittenWhole() {
+        let big = String(repeating: "b", count: 70_000)
+        let head = HTTPRequestHead(method: "GET", target: "/", headers: hdrs(("X-Big", big), ("Host", "h")))
+        var out: [UInt8] = []
+        HTTP1Serializer.writeRequestHead(head, setting: HTTPField(name: "Authorization", value: "Bearer t"), into: &out)
+        #expect(out == bytes("GET / HTTP/1.1\r\nX-Big: \(big)\r\nHost: h\r\nAuthorization: Bearer t\r\n\r\n"))
+    }
 }
 
 @Suite struct HeaderRulesTests {
