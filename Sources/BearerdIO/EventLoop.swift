@@ -75,11 +75,21 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     public let ioMode: IOMode
     /// The system calls of this loop's sockets and poller (`Syscalls.system` except in tests).
     public let syscalls: Syscalls
-    private var epfd: Int32 = -1
+    @exclusivity(unchecked) private var epfd: Int32 = -1
     private var pollerSource: DispatchSourceRead?
     private var pollables: [Int32: LoopPollable] = [:]
-    private var pollFDs = [Int32](repeating: 0, count: 512)
-    private var pollFlags = [UInt32](repeating: 0, count: 512)
+    /// epoll_wait's output (fds and flags of one batch): fixed buffers owned by the loop (freed
+    /// in `deinit`), not arrays, so reading an event costs no exclusivity check.
+    private let pollFDs: UnsafeMutableBufferPointer<Int32> = {
+        let b = UnsafeMutableBufferPointer<Int32>.allocate(capacity: 512)
+        b.initialize(repeating: 0)
+        return b
+    }()
+    private let pollFlags: UnsafeMutableBufferPointer<UInt32> = {
+        let b = UnsafeMutableBufferPointer<UInt32>.allocate(capacity: 512)
+        b.initialize(repeating: 0)
+        return b
+    }()
     private static let key = DispatchSpecificKey<ObjectIdentifier>()
 
     /// Shared scratch buffer for socket reads on this loop (read until EAGAIN, then hand slices on).
@@ -91,7 +101,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     private var sourceTarget: SourceTarget?
     /// Work to run at the end of the current event, after flushes (e.g. continue pipelined parsing).
     private var deferred: [() -> Void] = []
-    private var inEvent = false
+    @exclusivity(unchecked) private var inEvent = false
 
     public init(index: Int, readBufferSize: Int = 256 * 1024, ioMode: IOMode = .fromEnvironment, syscalls: Syscalls = .system) {
         self.index = index
@@ -120,7 +130,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     }
 
     /// `now` while an event runs: read when it started (and after each `epoll_wait`).
-    private var eventTime: UInt64 = 0
+    @exclusivity(unchecked) private var eventTime: UInt64 = 0
 
     /// Monotonic nanoseconds for deadlines and idle stamps on this loop: inside an event, the
     /// time it started (one clock read per event or poller batch instead of one per use; the
@@ -132,8 +142,8 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
 
     /// The events of the batch being served: entries `batchCursor + 1 ..< batchCount` of
     /// `pollFDs`/`pollFlags` are still to be delivered (0 outside a batch).
-    private var batchCount = 0
-    private var batchCursor = 0
+    @exclusivity(unchecked) private var batchCount = 0
+    @exclusivity(unchecked) private var batchCursor = 0
 
     /// Poller mode: whether epoll reported input or a hang-up on `fd` in the batch being served
     /// that its channel has not been given yet. With every earlier event already read (edge
@@ -182,11 +192,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         var served = false
         var timeout = timeoutMs
         while true {
-            let n = pollFDs.withUnsafeMutableBufferPointer { fds in
-                pollFlags.withUnsafeMutableBufferPointer { fl in
-                    syscalls.epollWait(epfd, fds, fl, timeout)
-                }
-            }
+            let n = syscalls.epollWait(epfd, pollFDs, pollFlags, timeout)
             if n <= 0 { return served }
             eventTime = monotonicNanos()
             served = true
@@ -207,6 +213,8 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         pollerSource?.cancel()
         tick?.cancel()
         readBuffer.deallocate()
+        pollFDs.deallocate()
+        pollFlags.deallocate()
     }
 
     public var inEventLoop: Bool {

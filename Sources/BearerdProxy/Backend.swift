@@ -121,7 +121,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     /// Strong: the loop's pool outlives its connections (no `unowned` check per access).
     let pool: BackendPool
     var channel: SocketChannel?
-    private(set) var state: State = .connecting
+    @exclusivity(unchecked) private(set) var state: State = .connecting
     private var parser: HTTP1Parser
     /// Strong, and cleared whenever the connection goes idle or closes (the invariant above), so
     /// the exchange lives as long as it uses the connection; no weak reference on the request
@@ -137,16 +137,16 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     }
     private var connectCompletion: ((Result<ConnectOutcome, ChannelError>) -> Void)?
     /// Speak HTTP/1.1 whatever the route's `http2:` (a WebSocket upgrade).
-    private var http1Only = false
+    @exclusivity(unchecked) private var http1Only = false
     /// Taken from the pool (not fresh): a failure before any response byte may be retried.
-    var reused = false
-    var receivedResponseBytes = false
+    @exclusivity(unchecked) var reused = false
+    @exclusivity(unchecked) var receivedResponseBytes = false
     /// The response ended and the connection can carry another request.
-    private(set) var reusable = false
-    var deadline: UInt64 = 0
-    var idleSince: UInt64 = 0
+    @exclusivity(unchecked) private(set) var reusable = false
+    @exclusivity(unchecked) var deadline: UInt64 = 0
+    @exclusivity(unchecked) var idleSince: UInt64 = 0
     /// The request body in flight is chunked (RFC 9112 §7.1): `writeBody` frames each piece.
-    private var requestChunked = false
+    @exclusivity(unchecked) private var requestChunked = false
     /// Scratch for chunk framing, reused.
     private var scratch: [UInt8] = []
     var protocolName: String { "h1" }

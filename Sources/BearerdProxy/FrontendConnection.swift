@@ -56,8 +56,8 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     }
     private var phase: Phase = .awaitingHead(.headerRead)
     /// Requests started on this connection.
-    private var requests = 0
-    var deadline: UInt64 = 0
+    @exclusivity(unchecked) private var requests = 0
+    @exclusivity(unchecked) var deadline: UInt64 = 0
 
     /// The running exchange, if any.
     private var exchange: FrontendExchange? {
@@ -132,7 +132,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     var isOverHighWater: Bool { channel.isOverHighWater }
 
     /// How the response in progress is framed for this client.
-    private var responseFraming: ProxyHeaders.ClientFraming = .none
+    @exclusivity(unchecked) private var responseFraming: ProxyHeaders.ClientFraming = .none
     /// Scratch for chunk framing and heads, reused across responses.
     private var scratch: [UInt8] = []
 

@@ -127,7 +127,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// The client asked for a persistent connection (and the server is not draining).
     private let clientWantsKeepAlive: Bool
 
-    private var machine: ProxyExchange.StateMachine
+    /// Trivially copyable (no references, no heap storage; a test pins it), so unchecked like the
+    /// scalars below: see `SocketChannel` on `@exclusivity(unchecked)`.
+    @exclusivity(unchecked) private var machine: ProxyExchange.StateMachine
     private var backend: UpstreamStream?
     /// The token the current attempt carries.
     private var token: PublishedToken?
@@ -138,7 +140,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private var requestTrailers: HTTPHeaders?
     private var responseHead: (head: HTTPResponseHead, framing: HTTP1BodyFraming)?
     private var heldBody: [UInt8] = []
-    private var clientKeepAlive = true
+    @exclusivity(unchecked) private var clientKeepAlive = true
     /// The last upstream failure, for the 502/504 body.
     private var lastFailure: ChannelError?
 
@@ -148,17 +150,17 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         /// The upstream connection's output is over its high-water mark.
         static let upstreamFull = BodyHold(rawValue: 1)
     }
-    private var bodyHold: BodyHold = []
+    @exclusivity(unchecked) private var bodyHold: BodyHold = []
 
     // Timing (monotonic nanoseconds; differences are saturating, issue 8 item 1). Read from the
     // loop's per-event clock: the time the event that carried the bytes began.
     private let started: UInt64
-    private var attemptStarted: UInt64 = 0
-    private var headSentAt: UInt64 = 0
-    private var upstreamHeadAt: UInt64 = 0
-    private var status = 0
-    private var bodyBytes: UInt64 = 0
-    private var replayed = false
+    @exclusivity(unchecked) private var attemptStarted: UInt64 = 0
+    @exclusivity(unchecked) private var headSentAt: UInt64 = 0
+    @exclusivity(unchecked) private var upstreamHeadAt: UInt64 = 0
+    @exclusivity(unchecked) private var status = 0
+    @exclusivity(unchecked) private var bodyBytes: UInt64 = 0
+    @exclusivity(unchecked) private var replayed = false
     /// gRPC calls: the `grpc-status` the client got (from the head or the trailers), for the log.
     private var grpcStatus: String?
     /// The upstream stream's protocol of the last attempt, for the log.

@@ -220,7 +220,7 @@ extension ProxyExchange {
         public mutating func upstreamFinalHead(status: Int, grpcUnauthenticated: Bool = false,
                                                wwwAuthenticate: () -> [String]) -> Action {
             guard case .forwarding(let attempt, let upstreamBody, .awaitingHead) = state else { return .none }
-            guard setup.hasSession, setup.rejectStatuses.contains(status) || grpcUnauthenticated else {
+            guard setup.hasSession, setup.rejectSet.contains(status) || grpcUnauthenticated else {
                 state = .forwarding(attempt, upstreamBody, .headPending)
                 return .none
             }
@@ -434,7 +434,13 @@ extension ProxyExchange {
         public var expectsContinue: Bool
         public var hasSession: Bool
         public var replayBodyLimit: Int
-        public var rejectStatuses: [Int]
+        /// `reject_statuses` as a bit set: a value type without heap storage, so the whole
+        /// machine is one (the driver holds it without exclusivity checks, issue 10).
+        public var rejectSet: StatusCodeSet
+        public var rejectStatuses: [Int] {
+            get { rejectSet.codes }
+            set { rejectSet = StatusCodeSet(newValue) }
+        }
         /// The method is in `replay_methods`.
         public var methodReplayable: Bool
         /// RFC 9110 §9.2.2: may be retried on a fresh connection after a stale pooled one.
@@ -454,7 +460,7 @@ extension ProxyExchange {
             self.expectsContinue = expectsContinue
             self.hasSession = hasSession
             self.replayBodyLimit = replayBodyLimit
-            self.rejectStatuses = rejectStatuses
+            self.rejectSet = StatusCodeSet(rejectStatuses)
             self.methodReplayable = methodReplayable
             self.methodIdempotent = methodIdempotent
         }
@@ -634,5 +640,37 @@ extension Int {
     func addingSaturating(_ other: Int) -> Int {
         let (r, o) = addingReportingOverflow(other)
         return o ? (other > 0 ? .max : .min) : r
+    }
+}
+
+/// A set of HTTP status codes (three digits, 0–999: what a status line can carry), as bits:
+/// trivially copyable, no heap storage. Codes outside 0–999 are not representable and never
+/// members (`reject_statuses` accepts 400–599 only).
+public struct StatusCodeSet: Sendable, Equatable {
+    private var words: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64,
+                        UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64) =
+        (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    public init(_ codes: [Int]) {
+        for c in codes where c >= 0 && c < 1000 {
+            withUnsafeMutableBytes(of: &words) { raw in
+                let w = raw.bindMemory(to: UInt64.self)
+                w[c >> 6] |= 1 << UInt64(c & 63)
+            }
+        }
+    }
+
+    public func contains(_ code: Int) -> Bool {
+        guard code >= 0 && code < 1000 else { return false }
+        return withUnsafeBytes(of: words) { raw in
+            raw.load(fromByteOffset: (code >> 6) * 8, as: UInt64.self) & (1 << UInt64(code & 63)) != 0
+        }
+    }
+
+    /// The members in ascending order.
+    public var codes: [Int] { (0..<1000).filter(contains) }
+
+    public static func == (a: StatusCodeSet, b: StatusCodeSet) -> Bool {
+        withUnsafeBytes(of: a.words) { x in withUnsafeBytes(of: b.words) { y in x.elementsEqual(y) } }
     }
 }

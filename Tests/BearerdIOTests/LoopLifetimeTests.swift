@@ -74,3 +74,14 @@ struct LoopLifetimeTests {
         #expect(released == nil)
     }
 }
+
+/// `SocketChannel` keeps some state with `@exclusivity(unchecked)`, sound only for trivially
+/// copyable values: this pins the types that are not obviously plain.
+@Suite("unchecked channel state is plain data")
+struct ChannelStateLayoutTests {
+    @Test func uncheckedStateTypesAreTriviallyCopyable() {
+        #expect(_isPOD(SocketChannel.Phase.self))
+        #expect(_isPOD(SocketChannel.WriteInterest.self))
+        #expect(_isPOD(ReadPauseReasons.self))
+    }
+}

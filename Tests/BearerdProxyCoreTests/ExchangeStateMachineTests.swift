@@ -496,3 +496,28 @@ struct ExchangeUnprocessedTests {
         #expect(n.upstreamFailed(.unreachable, reusedConnection: true, responseBytesSeen: false) == .respondUpstreamError(closeClient: false))
     }
 }
+
+/// The driver holds the machine with `@exclusivity(unchecked)`, which is sound only for a
+/// trivially copyable value (no references, no heap storage): this pins it.
+@Suite("ProxyExchange.StateMachine: a plain value")
+struct ExchangeMachineLayoutTests {
+    @Test func theMachineAndTheResponseFramingAreTriviallyCopyable() {
+        #expect(_isPOD(ProxyExchange.StateMachine.self))
+        #expect(_isPOD(ProxyExchange.Setup.self))
+        #expect(_isPOD(ProxyHeaders.ClientFraming.self))
+    }
+
+    @Test func rejectStatusesRoundTripThroughTheBitSet() {
+        var s = setup(reject: [503, 401, 403, 401])
+        #expect(s.rejectStatuses == [401, 403, 503])
+        #expect(s.rejectSet.contains(401) && s.rejectSet.contains(503) && !s.rejectSet.contains(402))
+        for outside in [-1, 1000, Int.max, Int.min] { #expect(!s.rejectSet.contains(outside)) }
+        s.rejectStatuses = [0, 999, 1000, -5]
+        #expect(s.rejectStatuses == [0, 999])
+        #expect(StatusCodeSet([401]) == StatusCodeSet([401, 401]) && StatusCodeSet([401]) != StatusCodeSet([403]))
+        // Every status a machine may see: members exactly as the list says.
+        let listed = [400, 401, 403, 429, 511, 599]
+        let set = StatusCodeSet(listed)
+        for code in 0..<1000 { #expect(set.contains(code) == listed.contains(code), "\(code)") }
+    }
+}
