@@ -228,6 +228,7 @@ public enum HTTPHeaderRules {
 
     public static func connectionOptions(_ headers: HTTPHeaders) -> ConnectionOptions {
         var options = ConnectionOptions()
+        guard headers.contains(.connection) else { return options }  // most messages: no copy of any field
         for field in headers.fields where field.known == .connection {
             options.present = true
             var value = field.value

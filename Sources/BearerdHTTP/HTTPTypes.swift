@@ -39,13 +39,15 @@ public struct HTTPHeaders: Sendable, Equatable, Sequence, ExpressibleByDictionar
 
     /// First value of a field the proxy knows by kind (no name comparison), or nil.
     public func first(_ kind: KnownField) -> String? {
-        for f in fields where f.known == kind { return f.value }
+        // By index: reads one byte per field instead of copying (retaining) each field.
+        for i in fields.indices where fields[i].known == kind { return fields[i].value }
         return nil
     }
 
     /// Whether a field of that kind is there.
     public func contains(_ kind: KnownField) -> Bool {
-        fields.contains { $0.known == kind }
+        for i in fields.indices where fields[i].known == kind { return true }
+        return false
     }
 
     /// First value of `name`, or nil.

@@ -520,18 +520,26 @@ final class BackendPool {
         /// The key answered HTTP/1.1 on an `auto` route: requests no longer wait for it.
         var knownHTTP1 = false
     }
-    /// Indexed by `UpstreamTarget.poolID` (an interned key: an integer hash, not the key's strings).
-    private var slots: [Int: Slot] = [:]
+    /// Indexed by `UpstreamTarget.poolID` (interned keys are small dense integers from 0): an
+    /// array index per request instead of hashing (nil: no connection to that key yet).
+    private var slots: [Slot?] = []
 
     init(loop: EventLoop) {
         self.loop = loop
     }
 
     private func slot(_ target: UpstreamTarget) -> Slot {
-        if let s = slots[target.poolID] { return s }
+        let id = target.poolID
+        if id < slots.count, let s = slots[id] { return s }
+        if id >= slots.count { slots.append(contentsOf: repeatElement(nil, count: id - slots.count + 1)) }
         let s = Slot()
-        slots[target.poolID] = s
+        slots[id] = s
         return s
+    }
+
+    /// The slot of `id` if one was made.
+    private func existingSlot(_ id: Int) -> Slot? {
+        id >= 0 && id < slots.count ? slots[id] : nil
     }
 
     /// A stream for `target`: on an open HTTP/2 connection with room, an idle HTTP/1.1 connection,
@@ -680,18 +688,18 @@ final class BackendPool {
     }
 
     func forget(_ conn: BackendConnection) {
-        guard let slot = slots[conn.target.poolID], let i = slot.idle.firstIndex(where: { $0 === conn }) else { return }
+        guard let slot = existingSlot(conn.target.poolID), let i = slot.idle.firstIndex(where: { $0 === conn }) else { return }
         slot.idle.remove(at: i)
     }
 
     /// An HTTP/2 connection closed: it takes no more streams.
     func forget(_ conn: BackendH2Connection) {
-        guard let slot = slots[conn.target.poolID], let i = slot.http2.firstIndex(where: { $0 === conn }) else { return }
+        guard let slot = existingSlot(conn.target.poolID), let i = slot.http2.firstIndex(where: { $0 === conn }) else { return }
         slot.http2.remove(at: i)
     }
 
     func closeAll() {
-        for slot in slots.values {
+        for case let slot? in slots {
             let idle = slot.idle, h2 = slot.http2
             slot.idle.removeAll()
             slot.http2.removeAll()
@@ -700,8 +708,8 @@ final class BackendPool {
         }
     }
 
-    var idleCount: Int { slots.values.reduce(0) { $0 + $1.idle.count + $1.http2.filter(\.isIdle).count } }
+    var idleCount: Int { slots.reduce(0) { $0 + ($1.map { $0.idle.count + $0.http2.filter(\.isIdle).count } ?? 0) } }
 
     /// Open HTTP/2 connections (for tests and metrics).
-    var http2ConnectionCount: Int { slots.values.reduce(0) { $0 + $1.http2.count } }
+    var http2ConnectionCount: Int { slots.reduce(0) { $0 + ($1?.http2.count ?? 0) } }
 }

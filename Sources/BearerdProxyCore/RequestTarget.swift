@@ -36,8 +36,10 @@ public enum RequestTarget {
             rest = rest[end...]
             if rest.isEmpty { rest = "/" } else if rest.utf8.first == UInt8(ascii: "?") { return Parts(path: "/", query: rest.dropFirst(), authority: authority) }
         }
-        if let q = rest.utf8.firstIndex(of: UInt8(ascii: "?")) {
-            return Parts(path: rest[..<q], query: rest[rest.utf8.index(after: q)...], authority: authority)
+        if let q = HTTPSyntaxBytes.firstOffset(of: UInt8(ascii: "?"), in: rest) {
+            let u = rest.utf8
+            let qi = u.index(u.startIndex, offsetBy: q)
+            return Parts(path: rest[..<qi], query: rest[u.index(after: qi)...], authority: authority)
         }
         return Parts(path: rest, query: nil, authority: authority)
     }
@@ -45,6 +47,38 @@ public enum RequestTarget {
     /// True when the path has a "." or ".." segment, raw or percent-encoded. Such paths are
     /// refused (400) rather than normalised: a prefix route must not be escaped with "/a/../b".
     public static func hasDotSegment(_ path: Substring) -> Bool {
+        if let r = path.utf8.withContiguousStorageIfAvailable(hasDotSegment) { return r }
+        return hasDotSegmentSlow(path)
+    }
+
+    /// `hasDotSegment` over contiguous bytes (the common case: one pass with a pointer).
+    static func hasDotSegment(_ b: UnsafeBufferPointer<UInt8>) -> Bool {
+        /// "." or "..", each dot raw or as %2e (either case).
+        func isDot(_ lo: Int, _ hi: Int) -> Bool {
+            var i = lo
+            var dots = 0
+            while i < hi {
+                if b[i] == UInt8(ascii: ".") {
+                    i += 1
+                } else if b[i] == UInt8(ascii: "%"), hi - i >= 3, b[i + 1] == UInt8(ascii: "2"), b[i + 2] | 0x20 == UInt8(ascii: "e") {
+                    i += 3
+                } else {
+                    return false
+                }
+                dots += 1
+                if dots > 2 { return false }
+            }
+            return dots == 1 || dots == 2
+        }
+        var segmentStart = 0
+        for i in 0..<b.count where b[i] == UInt8(ascii: "/") {
+            if isDot(segmentStart, i) { return true }
+            segmentStart = i + 1
+        }
+        return isDot(segmentStart, b.count)
+    }
+
+    static func hasDotSegmentSlow(_ path: Substring) -> Bool {
         let u = path.utf8
         /// "." or "..", each dot raw or as %2e (either case), without allocating.
         func isDot(_ seg: Substring.UTF8View.SubSequence) -> Bool {
@@ -86,6 +120,15 @@ public enum RequestTarget {
         }
         if let colon = u.lastIndex(of: UInt8(ascii: ":")) { return host[..<colon] }
         return host
+    }
+}
+
+extension HTTPSyntaxBytes {
+    /// Offset in UTF-8 bytes of the first `byte` in `s` (a pointer scan of contiguous storage).
+    static func firstOffset(of byte: UInt8, in s: Substring) -> Int? {
+        let found: Int?? = s.utf8.withContiguousStorageIfAvailable { b in b.firstIndex(of: byte) }
+        if let found { return found }
+        return s.utf8.firstIndex(of: byte).map { s.utf8.distance(from: s.utf8.startIndex, to: $0) }
     }
 }
 

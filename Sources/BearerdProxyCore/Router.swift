@@ -39,11 +39,13 @@ public struct Router: Sendable {
     /// Index of the first route whose prefix matches `path` and whose `host` (if any) equals the
     /// request's host name (ASCII case-insensitive, port ignored).
     public func match(path: Substring, host: Substring?) -> Int? {
-        let hostName = host.map(RequestTarget.hostWithoutPort)
+        // Computed on the first route that names a host (most tables have none).
+        var hostName: Substring??
         // By index, not `enumerated()`, which copies every rule (retaining its strings).
         for i in routes.indices {
             if let h = routes[i].host {
-                guard let hostName, asciiCaseInsensitiveEquals(String(hostName), h) else { continue }
+                if hostName == nil { hostName = .some(host.map(RequestTarget.hostWithoutPort)) }
+                guard let name = hostName ?? nil, asciiCaseInsensitiveEquals(String(name), h) else { continue }
             }
             // Bytes, not Characters: a path is ASCII, and this runs for every request.
             if Self.hasPrefix(path, routes[i].match) { return i }
