@@ -271,6 +271,7 @@ public enum HTTPHeaderRules {
 
     /// RFC 9110 §10.1.1: the request carries `Expect: 100-continue` (case-insensitive).
     public static func expectsContinue(_ head: HTTPRequestHead) -> Bool {
+        guard head.headers.contains(.expect) else { return false }
         for value in head.headers.values("expect") {
             for element in HTTP1Syntax.listElements(value.utf8) where HTTP1Syntax.equalsLowercase(element, "100-continue") {
                 return true

@@ -22,6 +22,16 @@ public struct HTTPField: Sendable, Equatable {
         self.value = value
         self.known = known
     }
+
+    // The fields the proxy writes itself, made without classifying their names again.
+    public static func host(_ value: String) -> HTTPField { HTTPField(name: "Host", value: value, known: .host) }
+    public static func xForwardedFor(_ value: String) -> HTTPField { HTTPField(name: "X-Forwarded-For", value: value, known: .xForwardedFor) }
+    public static func xForwardedProto(_ value: String) -> HTTPField { HTTPField(name: "X-Forwarded-Proto", value: value, known: .xForwardedProto) }
+    public static func xForwardedHost(_ value: String) -> HTTPField { HTTPField(name: "X-Forwarded-Host", value: value, known: .xForwardedHost) }
+    public static func contentLength(_ value: String) -> HTTPField { HTTPField(name: "Content-Length", value: value, known: .contentLength) }
+    public static func transferEncoding(_ value: String) -> HTTPField { HTTPField(name: "Transfer-Encoding", value: value, known: .transferEncoding) }
+    public static func connection(_ value: String) -> HTTPField { HTTPField(name: "Connection", value: value, known: .connection) }
+    public static func via(_ value: String) -> HTTPField { HTTPField(name: "Via", value: value, known: .via) }
 }
 
 /// An ordered list of header fields. Lookups are ASCII case-insensitive (RFC 9110 §5.1).

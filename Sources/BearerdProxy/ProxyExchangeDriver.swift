@@ -182,7 +182,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         self.upstreamHead = upstreamHead
         self.logPath = logPath
         self.clientWantsKeepAlive = keepAlive
-        clientAcceptsTrailers = HTTPHeaderRules.listValues(head.headers, "TE").contains { asciiCaseInsensitiveEquals($0, "trailers") }
+        clientAcceptsTrailers = head.headers.contains(.te)
+            && HTTPHeaderRules.listValues(head.headers, "TE").contains { asciiCaseInsensitiveEquals($0, "trailers") }
         started = ctx.loop.now
         let routeRef = runtime.routeRefs[routeIndex]
         self.routeRef = routeRef

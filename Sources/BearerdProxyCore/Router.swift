@@ -103,22 +103,22 @@ public enum ProxyHeaders {
         // One pass over the client's fields (this runs for every request).
         var fields: [HTTPField] = []
         fields.reserveCapacity(head.headers.count + 7)
-        fields.append(HTTPField(name: "Host", value: route.upstreamAuthority))
+        fields.append(HTTPField.host(route.upstreamAuthority))
         let seen = copyEndToEnd(head.headers, into: &fields, mergingForwardedFor: true) { kind in
             kind == .expect || kind == .contentLength || kind == .host || kind == .xForwardedProto
         }
         if let i = seen.xForwardedFor {
             fields[i].value = fields[i].value + ", " + clientAddress
         } else {
-            fields.append(HTTPField(name: "X-Forwarded-For", value: clientAddress))
+            fields.append(HTTPField.xForwardedFor(clientAddress))
         }
-        fields.append(HTTPField(name: "X-Forwarded-Proto", value: forwardedProto))
-        if let originalHost, !seen.xForwardedHost { fields.append(HTTPField(name: "X-Forwarded-Host", value: String(originalHost))) }
+        fields.append(HTTPField.xForwardedProto(forwardedProto))
+        if let originalHost, !seen.xForwardedHost { fields.append(HTTPField.xForwardedHost(String(originalHost))) }
         appendVia(&fields, at: seen.via, version: head.version)
         switch framing {
         case .none, .closeDelimited: break
-        case .contentLength(let n): fields.append(HTTPField(name: "Content-Length", value: String(n)))
-        case .chunked: fields.append(HTTPField(name: "Transfer-Encoding", value: "chunked"))
+        case .contentLength(let n): fields.append(HTTPField.contentLength(String(n)))
+        case .chunked: fields.append(HTTPField.transferEncoding("chunked"))
         }
         let out = HTTPHeaders(fields)
         return HTTPRequestHead(method: head.method, target: target, version: .http1_1, headers: out)
@@ -151,8 +151,8 @@ public enum ProxyHeaders {
             case .chunked, .closeDelimited: clientFraming = clientVersion == .http1_1 ? .chunked : .untilClose
             }
             switch clientFraming {
-            case .contentLength(let n): fields.append(HTTPField(name: "Content-Length", value: String(n)))
-            case .chunked: fields.append(HTTPField(name: "Transfer-Encoding", value: "chunked"))
+            case .contentLength(let n): fields.append(HTTPField.contentLength(String(n)))
+            case .chunked: fields.append(HTTPField.transferEncoding("chunked"))
             default: break
             }
         }
@@ -160,9 +160,9 @@ public enum ProxyHeaders {
         if !head.isInformational {
             let persistent = keepAlive && clientFraming != .untilClose
             if !persistent {
-                fields.append(HTTPField(name: "Connection", value: "close"))
+                fields.append(HTTPField.connection("close"))
             } else if clientVersion == .http1_0 {
-                fields.append(HTTPField(name: "Connection", value: "keep-alive"))
+                fields.append(HTTPField.connection("keep-alive"))
             }
         }
         let h = HTTPHeaders(fields)
@@ -333,7 +333,7 @@ public enum ProxyHeaders {
         if let index {
             fields[index].value = fields[index].value + ", " + token
         } else {
-            fields.append(HTTPField(name: "Via", value: token))
+            fields.append(HTTPField.via(token))
         }
     }
 

@@ -161,6 +161,9 @@ struct RouterTests {
         #expect(parsed.map(\.name) == inRequest.map(\.0))
         for f in parsed { #expect(f.known == KnownField(f.name), "parsed \(f.name)") }
         for (name, kind) in names { #expect(HTTPField(name: name, value: "v").known == kind, "init \(name)") }
+        let made: [HTTPField] = [.host("h"), .xForwardedFor("a"), .xForwardedProto("http"), .xForwardedHost("h"),
+                                 .contentLength("1"), .transferEncoding("chunked"), .connection("close"), .via("1.1 x")]
+        for f in made { #expect(f.known == KnownField(f.name) && f.known != .other, "factory \(f.name)") }
         var renamed = HTTPField(name: "Via", value: "1.1 x")
         renamed.name = "X-Forwarded-For"
         #expect(renamed.known == .xForwardedFor)
