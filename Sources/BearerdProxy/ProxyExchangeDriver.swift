@@ -195,7 +195,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             expectsContinue: HTTPHeaderRules.expectsContinue(head),
             hasSession: session != nil,
             replayBodyLimit: routeRef.config.replayBodyLimit,
-            rejectStatuses: routeRef.config.rejectStatuses,
+            rejectSet: routeRef.rejectSet,
             methodReplayable: routeRef.config.replayMethods.allows(head.method),
             methodIdempotent: ProxyExchange.Setup.isIdempotent(head.method),
             upgrade: upgrade,

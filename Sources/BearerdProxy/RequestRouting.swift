@@ -102,7 +102,11 @@ final class RequestGate {
             return .refuse(Refusal(status: 404, error: "no_route", detail: "no route matches \(parts.path)", closes: framing != .none))
         }
         let rule = runtime.router.routes[routeIndex]
-        let target = RequestTarget.upstreamTarget(path: parts.path, query: parts.query, route: rule)
+        // An origin-form target that the route neither strips nor prefixes goes upstream as the
+        // client sent it: the same string, not a rebuilt one.
+        let target = parts.authority == nil && !rule.stripPrefix && rule.upstreamBasePath.isEmpty
+            ? head.target
+            : RequestTarget.upstreamTarget(path: parts.path, query: parts.query, route: rule)
         var upstreamHead = ProxyHeaders.upstreamRequest(client: head, framing: framing, target: target, route: rule,
                                                         clientAddress: clientAddress, originalHost: host, forwardedProto: scheme)
         let websocket = upgrade == .websocket && framing == .none

@@ -25,7 +25,12 @@ final class CachedCredential {
 /// One route's configuration, shared by reference. Immutable.
 final class RouteRef: Sendable {
     let config: RouteConfig
-    init(_ config: RouteConfig) { self.config = config }
+    /// `config.rejectStatuses` as the exchange machine keeps it (built once, not per request).
+    let rejectSet: StatusCodeSet
+    init(_ config: RouteConfig) {
+        self.config = config
+        rejectSet = StatusCodeSet(config.rejectStatuses)
+    }
 }
 
 public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable after init

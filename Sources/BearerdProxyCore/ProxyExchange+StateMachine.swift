@@ -453,6 +453,13 @@ extension ProxyExchange {
 
         public init(hasBody: Bool, clientSpeaksHTTP11: Bool, expectsContinue: Bool, hasSession: Bool, replayBodyLimit: Int,
                     rejectStatuses: [Int], methodReplayable: Bool, methodIdempotent: Bool, upgrade: Bool = false, grpc: Bool = false) {
+            self.init(hasBody: hasBody, clientSpeaksHTTP11: clientSpeaksHTTP11, expectsContinue: expectsContinue, hasSession: hasSession,
+                      replayBodyLimit: replayBodyLimit, rejectSet: StatusCodeSet(rejectStatuses), methodReplayable: methodReplayable,
+                      methodIdempotent: methodIdempotent, upgrade: upgrade, grpc: grpc)
+        }
+
+        public init(hasBody: Bool, clientSpeaksHTTP11: Bool, expectsContinue: Bool, hasSession: Bool, replayBodyLimit: Int,
+                    rejectSet: StatusCodeSet, methodReplayable: Bool, methodIdempotent: Bool, upgrade: Bool = false, grpc: Bool = false) {
             self.upgrade = upgrade
             self.grpc = grpc
             self.hasBody = hasBody
@@ -460,7 +467,7 @@ extension ProxyExchange {
             self.expectsContinue = expectsContinue
             self.hasSession = hasSession
             self.replayBodyLimit = replayBodyLimit
-            self.rejectSet = StatusCodeSet(rejectStatuses)
+            self.rejectSet = rejectSet
             self.methodReplayable = methodReplayable
             self.methodIdempotent = methodIdempotent
         }

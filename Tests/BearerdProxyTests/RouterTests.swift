@@ -33,6 +33,18 @@ struct RouterTests {
         #expect(target == expected)
     }
 
+    /// What lets routing pass an origin-form target through unchanged when the route neither
+    /// strips nor prefixes: the rebuilt target is byte-for-byte the one received.
+    @Test(arguments: ["/", "/a", "/a/b/", "/a?b=c", "/a?", "/a?b?c", "/%2Fx?y=%20", "/a//b?"])
+    func anUnchangedOriginFormTargetRebuildsToItself(target: String) {
+        guard let parts = RequestTarget.split(target) else {
+            Issue.record("\(target) did not split")
+            return
+        }
+        #expect(parts.authority == nil)
+        #expect(RequestTarget.upstreamTarget(path: parts.path, query: parts.query, route: r("/").rule) == target)
+    }
+
     @Test func splitsOriginAndAbsoluteForm() {
         #expect(RequestTarget.split("/a?b=c") == .init(path: "/a", query: "b=c", authority: nil))
         #expect(RequestTarget.split("http://Host:81/p") == .init(path: "/p", query: nil, authority: "Host:81"))
