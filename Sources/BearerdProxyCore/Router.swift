@@ -1,7 +1,4 @@
 import BearerdHTTP
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// What routing and header rewriting need of one configured route (`RouteConfig.rule` builds
 /// it once per configuration). Immutable, pure data.
@@ -58,7 +55,9 @@ public struct Router: Sendable {
     static func hasPrefix(_ path: Substring, _ prefix: String) -> Bool {
         let r = path.utf8.withContiguousStorageIfAvailable { p in
             prefix.utf8.withContiguousStorageIfAvailable { q in
-                p.count >= q.count && (q.isEmpty || memcmp(p.baseAddress!, q.baseAddress!, q.count) == 0)
+                guard p.count >= q.count else { return false }
+                for i in 0..<q.count where p[i] != q[i] { return false }
+                return true
             }
         }
         if let r, let r { return r }
