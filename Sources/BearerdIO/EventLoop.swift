@@ -1,5 +1,4 @@
 import Dispatch
-import Synchronization
 import CBearerdShim
 #if canImport(Glibc)
 import Glibc
@@ -327,25 +326,23 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
 /// a loop whose `deinit` waits is allowed; the count is back where it was when the handler ends).
 /// When the handler's own release is the last one, `deinit` runs on the loop's queue at the end
 /// of the handler, after it is marked done, and does not wait. Uncontended except at that moment.
-final class SourceTarget: Sendable {
-    private struct State {
-        var loop: Unmanaged<EventLoop>?
-        var running = false
-    }
-    private let state: Mutex<State>
+final class SourceTarget: @unchecked Sendable {  // @unchecked: `loop` and `running` only under `lock`
+    private let lock = Lock()
+    private var loop: Unmanaged<EventLoop>?
+    private var running = false
 
-    init(_ loop: EventLoop) { state = Mutex(State(loop: .passUnretained(loop))) }
+    init(_ loop: EventLoop) { self.loop = .passUnretained(loop) }
 
     func withLoop(_ body: (EventLoop) -> Void) {
-        let taken: EventLoop? = state.withLock { s in
-            guard let l = s.loop else { return nil }
-            s.running = true
+        let taken: EventLoop? = lock.withLock {
+            guard let l = loop else { return nil }
+            running = true
             return l.takeUnretainedValue()  // a strong reference, taken under the lock
         }
         guard let loop = taken else { return }
         withExtendedLifetime(loop) {
             body(loop)
-            state.withLock { $0.running = false }
+            lock.withLock { running = false }
         }
         // `loop` may have been the last reference: then `deinit` ran just now, on the loop's
         // queue, with no handler marked running.
@@ -353,14 +350,14 @@ final class SourceTarget: Sendable {
 
     /// From the loop's `deinit`: no handler reaches the loop after this returns.
     func detach(onLoopQueue: Bool) {
-        var running = state.withLock { s in
-            s.loop = nil
-            return s.running
+        var busy = lock.withLock {
+            loop = nil
+            return running
         }
         // On the loop's queue a running handler is our caller (serial queue): nothing to wait for.
-        while running && !onLoopQueue {
+        while busy && !onLoopQueue {
             sched_yield()
-            running = state.withLock { $0.running }
+            busy = lock.withLock { running }
         }
     }
 }

@@ -56,7 +56,7 @@ struct ListenerShellTests {
         let port = l.localAddress.port
         #expect(port != 0)
         s.kernel.script(accepts: [.error(EMFILE)])
-        let client = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let client = socket(AF_INET, linuxSockStream, 0)
         defer { close(client) }
         let rc = SocketAddress.numeric("127.0.0.1", port: port)!.withSockAddr { connect(client, $0, $1) }
         #expect(rc == 0)
@@ -77,7 +77,7 @@ struct ListenerShellTests {
         let accepted = AcceptLog()
         let l = try Self.listener(s, accepted: accepted)
         s.kernel.script(accepts: [.error(EMFILE), .real, .again])
-        let client = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let client = socket(AF_INET, linuxSockStream, 0)
         defer { close(client) }
         _ = SocketAddress.numeric("127.0.0.1", port: l.localAddress.port)!.withSockAddr { connect(client, $0, $1) }
         #expect(s.eventually { accepted.fds.count == 1 }, "after the pause the resumed source fired again and the connection was accepted")

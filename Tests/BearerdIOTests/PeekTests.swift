@@ -10,7 +10,7 @@ import Glibc
 @Suite struct PeekTests {
     @Test func peekSeesBytesAndEOFWithoutConsumingThem() throws {
         var fds: [Int32] = [0, 0]
-        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
+        #expect(socketpair(AF_UNIX, linuxSockStream, 0, &fds) == 0)
         defer { close(fds[0]) }
         #expect(Syscalls.System.peek(fds[0]) == -Int(EAGAIN), "nothing waiting")
         var stray: [UInt8] = Array("HTTP/1.1 200 OK\r\n".utf8)

@@ -7,11 +7,17 @@ import Testing
 import Glibc
 #endif
 
+/// Linux's `SOCK_STREAM` and `SOCK_NONBLOCK` (<bits/socket_type.h>), spelled as numbers: a
+/// clean parallel build of this test module sometimes failed to find the imported Glibc enum
+/// ("cannot find 'SOCK_STREAM' in scope" in the module-emitting job), a second build passed.
+let linuxSockStream: Int32 = 1
+let linuxSockNonblock: Int32 = 0o4000
+
 /// A connected unix socketpair: the channel's end is real so Dispatch sources can watch it,
 /// while its reads and writes are answered by the script.
 func realSocketPair() -> (Int32, Int32) {
     var fds: [Int32] = [-1, -1]
-    let rc = socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0, &fds)
+    let rc = socketpair(AF_UNIX, linuxSockStream | linuxSockNonblock, 0, &fds)
     precondition(rc == 0, "socketpair")  // the test cannot run without one
     return (fds[0], fds[1])
 }
