@@ -44,7 +44,7 @@ public enum HTTP1Serializer {
         }
     }
 
-    /// `writeStatusLine` through a cursor.
+    /// `HTTP/x.y SP 3DIGIT SP reason CRLF`.
     @inlinable
     public static func putStatusLine(status: Int, reason: String, version: HTTPVersion, into c: inout ByteCursor) {
         putVersion(version, into: &c)
@@ -66,7 +66,7 @@ public enum HTTP1Serializer {
         c.put(UInt8(0x30 + min(max(version.minor, 0), 9)))
     }
 
-    /// `writeField` through a cursor.
+    /// `name: value CRLF`.
     @inlinable @inline(__always)
     public static func putField(_ field: HTTPField, into c: inout ByteCursor) {
         c.put(field.name)
@@ -74,20 +74,6 @@ public enum HTTP1Serializer {
         c.put(asciiSP)
         c.put(field.value)
         c.putCRLF()
-    }
-
-    /// `HTTP/x.y SP 3DIGIT SP reason CRLF`.
-    public static func writeStatusLine(status: Int, reason: String, version: HTTPVersion, into buffer: inout [UInt8]) {
-        writeVersion(version, into: &buffer)
-        buffer.append(asciiSP)
-        let status = min(max(status, 0), 999)
-        buffer.append(UInt8(0x30 + status / 100))
-        buffer.append(UInt8(0x30 + (status / 10) % 10))
-        buffer.append(UInt8(0x30 + status % 10))
-        buffer.append(asciiSP)
-        buffer.append(contentsOf: reason.utf8)
-        buffer.append(asciiCR)
-        buffer.append(asciiLF)
     }
 
     /// One chunk: `<hex size> CRLF <data> CRLF`; nothing for empty input (an empty chunk would be
@@ -108,43 +94,20 @@ public enum HTTP1Serializer {
         buffer.append(UInt8(ascii: "0"))
         buffer.append(asciiCR)
         buffer.append(asciiLF)
-        if let trailers { writeFields(trailers, into: &buffer) }
+        if let trailers {
+            buffer.appendingHead(estimate: fieldsSize(trailers)) { c in
+                for field in trailers.fields { putField(field, into: &c) }
+            }
+        }
         buffer.append(asciiCR)
         buffer.append(asciiLF)
     }
 
-    /// Bytes `writeFields` appends for `headers`.
+    /// Bytes `putField` writes for all of `headers`.
     public static func fieldsSize(_ headers: HTTPHeaders) -> Int {
         var n = 0
         for field in headers.fields { n += field.name.utf8.count + field.value.utf8.count + 4 }
         return n
-    }
-
-    @inline(__always)
-    static func writeVersion(_ version: HTTPVersion, into buffer: inout [UInt8]) {
-        buffer.append(UInt8(ascii: "H"))
-        buffer.append(UInt8(ascii: "T"))
-        buffer.append(UInt8(ascii: "T"))
-        buffer.append(UInt8(ascii: "P"))
-        buffer.append(UInt8(ascii: "/"))
-        buffer.append(UInt8(0x30 + min(max(version.major, 0), 9)))
-        buffer.append(UInt8(ascii: "."))
-        buffer.append(UInt8(0x30 + min(max(version.minor, 0), 9)))
-    }
-
-    @inline(__always)
-    static func writeFields(_ headers: HTTPHeaders, into buffer: inout [UInt8]) {
-        for field in headers.fields { writeField(field, into: &buffer) }
-    }
-
-    @inline(__always)
-    public static func writeField(_ field: HTTPField, into buffer: inout [UInt8]) {
-        buffer.append(contentsOf: field.name.utf8)
-        buffer.append(UInt8(ascii: ":"))
-        buffer.append(asciiSP)
-        buffer.append(contentsOf: field.value.utf8)
-        buffer.append(asciiCR)
-        buffer.append(asciiLF)
     }
 
     static func writeHex(_ value: UInt64, into buffer: inout [UInt8]) {

@@ -48,7 +48,8 @@ public enum RequestTarget {
     /// refused (400) rather than normalised: a prefix route must not be escaped with "/a/../b".
     public static func hasDotSegment(_ path: Substring) -> Bool {
         if let r = path.utf8.withContiguousStorageIfAvailable(hasDotSegment) { return r }
-        return hasDotSegmentSlow(path)
+        var copy = String(path)  // native, so contiguous
+        return copy.withUTF8(hasDotSegment)
     }
 
     /// `hasDotSegment` over contiguous bytes (the common case: one pass with a pointer).
@@ -76,39 +77,6 @@ public enum RequestTarget {
             segmentStart = i + 1
         }
         return isDot(segmentStart, b.count)
-    }
-
-    static func hasDotSegmentSlow(_ path: Substring) -> Bool {
-        let u = path.utf8
-        /// "." or "..", each dot raw or as %2e (either case), without allocating.
-        func isDot(_ seg: Substring.UTF8View.SubSequence) -> Bool {
-            var s = seg
-            var dots = 0
-            while let c = s.first {
-                if c == UInt8(ascii: ".") {
-                    s = s.dropFirst()
-                } else if c == UInt8(ascii: "%"), s.count >= 3,
-                          s[s.index(s.startIndex, offsetBy: 1)] == UInt8(ascii: "2"),
-                          s[s.index(s.startIndex, offsetBy: 2)] | 0x20 == UInt8(ascii: "e") {
-                    s = s.dropFirst(3)
-                } else {
-                    return false
-                }
-                dots += 1
-                if dots > 2 { return false }
-            }
-            return dots == 1 || dots == 2
-        }
-        var segmentStart = u.startIndex
-        var i = u.startIndex
-        while i < u.endIndex {
-            if u[i] == UInt8(ascii: "/") {
-                if isDot(u[segmentStart..<i]) { return true }
-                segmentStart = u.index(after: i)
-            }
-            i = u.index(after: i)
-        }
-        return isDot(u[segmentStart...])
     }
 
 
