@@ -131,6 +131,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// scalars below: see `SocketChannel` on `@exclusivity(unchecked)`.
     @exclusivity(unchecked) private var machine: ProxyExchange.StateMachine
     private var backend: UpstreamStream?
+    /// The pool's ticket while waiting for a connection; cancelled when the exchange goes away.
+    private var pendingAcquire: AcquireTicket?
     /// The token the current attempt carries.
     private var token: PublishedToken?
 
@@ -373,6 +375,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 if case .success(let c) = result { c.close() }
                 return
             }
+            pendingAcquire = nil
             switch result {
             case .success(let conn):
                 backendAcquired(conn)
@@ -381,9 +384,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             }
         }
         if fresh {
-            ctx.pool.connectNew(target, http1Only: machine.setup.upgrade, completion: completion)
+            pendingAcquire = ctx.pool.connectNew(target, http1Only: machine.setup.upgrade, completion: completion)
         } else {
-            ctx.pool.acquire(target, http1Only: machine.setup.upgrade, completion: completion)
+            pendingAcquire = ctx.pool.acquire(target, http1Only: machine.setup.upgrade, completion: completion)
         }
     }
 
@@ -746,6 +749,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
 
     func abort() {
+        // A request that never got its connection opens none (RFC 9113 §10.5).
+        pendingAcquire?.cancel()
+        pendingAcquire = nil
         switch machine.clientClosed() {
         case .abortExchange:
             closeBackend()
