@@ -149,6 +149,9 @@ public final class HTTP2Session {
         var readIndex = 0
         var ended = false
         var trailers: [HTTPField]?
+        /// RST_STREAM to send once the body ended (RFC 9113 §8.1: NO_ERROR asks a client to stop
+        /// sending after a complete response).
+        var resetAfter: HTTP2ErrorCode?
         /// nghttp2 was told `DEFERRED`: `resume_data` when more arrives.
         var deferred = false
         /// Went over `highWater`; a drain below `lowWater` reports `streamWritable`.
@@ -353,9 +356,12 @@ public final class HTTP2Session {
 
     /// Ends the stream's body: END_STREAM on the last DATA frame, or a trailing HEADERS frame
     /// with END_STREAM when `trailers` is non-empty.
-    public func endStream(stream: Int32, trailers: [HTTPField]?) {
+    /// `resetAfter`: an RST_STREAM with that code follows the last frame (the client's side of a
+    /// stream answered before its request ended, e.g. a refused extended CONNECT).
+    public func endStream(stream: Int32, trailers: [HTTPField]?, resetAfter: HTTP2ErrorCode? = nil) {
         guard var o = outbound[stream], !o.ended else { return }
         o.ended = true
+        o.resetAfter = resetAfter
         if let trailers, !trailers.isEmpty { o.trailers = trailers }
         let resume = o.deferred
         o.deferred = false
@@ -648,6 +654,10 @@ public final class HTTP2Session {
                     flags.pointee |= NGHTTP2_DATA_FLAG_NO_END_STREAM.rawValue
                     let rc: Int32 = withHeaderArray(trailers) { nva, count in nghttp2_submit_trailer(session, stream, nva, count) }
                     if rc != 0 { fatal = HTTP2Error(Int(rc), "nghttp2_submit_trailer") }
+                }
+                if let code = o.resetAfter, let session {
+                    // Queued behind the frame being written now (and the trailers).
+                    _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream, code.rawValue)
                 }
                 outbound[stream] = nil
                 return n

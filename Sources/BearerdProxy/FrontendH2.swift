@@ -598,7 +598,9 @@ final class FrontendH2Stream: ExchangeClient {
         }
         if !noBody {
             body.withUnsafeBytes { session.sendData(stream: id, $0) }
-            session.endStream(stream: id, trailers: nil)
+            // An extended CONNECT answered here opened no tunnel: the client's side, still open
+            // for tunnel bytes, is closed after the answer (RFC 9113 §8.1, NO_ERROR).
+            session.endStream(stream: id, trailers: nil, resetAfter: websocket ? .noError : nil)
         }
         connection.scheduleFlush()
     }

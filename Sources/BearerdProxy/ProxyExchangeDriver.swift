@@ -548,8 +548,16 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             // Trailers-only (gRPC over HTTP/2: the head carries the status and ends the stream).
             grpcUnauthenticated = endStream && g == "16"
         }
-        perform(machine.upstreamFinalHead(status: upstream.status, grpcUnauthenticated: grpcUnauthenticated,
-                                          wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") }))
+        let action = machine.upstreamFinalHead(status: upstream.status, grpcUnauthenticated: grpcUnauthenticated,
+                                               wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") })
+        if case .respondUpstreamError = action {
+            // An upgrade the upstream answered without switching: not relayed, its connection
+            // (body unread) closed.
+            lastFailure = .protocolError("the upstream answered the WebSocket upgrade with \(upstream.status), not 101 Switching Protocols")
+            responseHead = nil
+            closeBackend()
+        }
+        perform(action)
     }
 
     func backendBody(_ bytes: ArraySlice<UInt8>) {

@@ -403,3 +403,53 @@ func eventually(seconds: Double = 10, _ condition: () -> Bool) -> Bool {
     }
     return true
 }
+
+@Suite("Upgrades the origin does not switch (RFC 8441 §5)", .serialized)
+struct UnswitchedUpgradeTests {
+    /// An origin that answers every WebSocket handshake with 200 and a body.
+    func origin() throws -> TestOrigin {
+        try TestOrigin { _ in .response(status: 200, headers: [("Content-Type", "text/plain")], body: Array("not a websocket".utf8)) }
+    }
+
+    /// To an HTTP/2 client a 200 to extended CONNECT means the tunnel is open: it gets 502 with
+    /// the JSON error instead, and the stream ends.
+    @Test func extendedConnectAnswered200Is502() throws {
+        let origin = try origin()
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route("/ws/", origin: origin.port)])
+        defer { proxy.stop() }
+        let client = try H2TestClient(port: proxy.port)
+        try client.pump { $0.contains { if case .remoteSettings(_, true) = $0 { return true }; return false } }
+        let id = try client.session.submitRequest([
+            HTTPField(name: ":method", value: "CONNECT"), HTTPField(name: ":protocol", value: "websocket"),
+            HTTPField(name: ":scheme", value: "http"), HTTPField(name: ":authority", value: "localhost"),
+            HTTPField(name: ":path", value: "/ws/chat"), HTTPField(name: "sec-websocket-version", value: "13"),
+        ], endStream: false)
+        try client.pump { $0.contains { if case .streamClosed(id, _) = $0 { return true }; return false } }
+        let head = client.events.compactMap { e -> [HTTPField]? in if case .headers(id, let f, .response, _) = e { return f }; return nil }.first
+        #expect(head?.first == HTTPField(name: ":status", value: "502"))
+        #expect(head?.contains(HTTPField(name: "content-type", value: "application/json")) == true)
+        var body: [UInt8] = []
+        for case .data(id, let b, _) in client.events { body += b }
+        let text = String(decoding: body, as: UTF8.self)
+        #expect(text.contains(#""error":"upstream_"#), "\(text)")
+        #expect(!text.contains("not a websocket"))
+        #expect(origin.requests.count == 1)
+    }
+
+    /// The HTTP/1.1 path is consistent: a 200 to an `Upgrade: websocket` handshake is not a
+    /// silent downgrade either.
+    @Test func http1UpgradeAnswered200Is502() throws {
+        let origin = try origin()
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route("/ws/", origin: origin.port)])
+        defer { proxy.stop() }
+        let c = try TestClient(port: proxy.port)
+        try c.send("GET /ws/chat HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        let r = try c.readResponse()
+        #expect(r.status == 502)
+        #expect(r["Content-Type"] == "application/json")
+        #expect(r.bodyText.contains("not 101"))
+        #expect(!r.bodyText.contains("not a websocket"))
+    }
+}
