@@ -36,7 +36,30 @@ public struct HTTP2Settings: Sendable, Equatable {
     public var maxHeaderListSize: UInt32 = 64 * 1024
     /// RFC 8441 SETTINGS_ENABLE_CONNECT_PROTOCOL (server role).
     public var enableConnectProtocol: Bool = false
+    /// Server role: most header fields in a request head (pseudo-header fields not counted, the
+    /// `cookie` crumbs of RFC 9113 §8.2.3 counted once, as the one line HTTP/1.1 carries). A
+    /// request over this or over `maxHeaderListSize` is reported as `.requestHeadRefused` (the
+    /// owner answers 431, as for HTTP/1.1) instead of being forwarded. Not advertised.
+    public var maxHeaderCount: Int = .max
+    /// Server role: when a client that resets streams is closed (nil: never).
+    public var streamResetBudget: StreamResetBudget?
     public init() {}
+}
+
+/// How many streams a client may end without an answer, by RST_STREAM or by opening one over
+/// SETTINGS_MAX_CONCURRENT_STREAMS, before its connection is closed with GOAWAY
+/// ENHANCE_YOUR_CALM (RFC 9113 §10.5: the "rapid reset" attack, CVE-2023-44487, where every reset
+/// stream costs the server work and frees the client's concurrency slot at once). The client is
+/// closed once, within one window of `windowNanos`, it reset more than `limit` streams and more
+/// streams than it completed; a busy client that cancels some requests is never closed.
+public struct StreamResetBudget: Sendable, Equatable {
+    public var limit: Int = 200
+    public var windowNanos: UInt64 = 10_000_000_000
+    public init() {}
+    public init(limit: Int, windowNanos: UInt64) {
+        self.limit = limit
+        self.windowNanos = windowNanos
+    }
 }
 
 /// What a received frame meant, in order. Pseudo-header fields are included in `fields`.
@@ -52,8 +75,12 @@ public enum HTTP2Event: Sendable, Equatable {
     case pingAck
     /// The stream's outbound buffer drained below `lowWater` after reaching `highWater`.
     case streamWritable(stream: Int32)
+    /// Server role: a request head over `maxHeaderCount` or `maxHeaderListSize`; its fields were
+    /// decoded (the HPACK state stays in step) and dropped. The stream is open: answer it (431).
+    case requestHeadRefused(stream: Int32, limit: RequestHeadLimit, endStream: Bool)
 
     public enum HeadersKind: Sendable, Equatable { case request, response, informational, trailers }
+    public enum RequestHeadLimit: Sendable, Equatable { case fieldCount, size }
 }
 
 /// One HTTP/2 connection's protocol state (RFC 9113), driven only through memory: bytes in with
@@ -65,6 +92,22 @@ public enum HTTP2Event: Sendable, Equatable {
 /// buffered bytes; the owner acts after `receive` returns. Flow control is manual
 /// (`no_auto_window_update`): received DATA opens the windows again only when the owner calls
 /// `consumed`, so a slow reader stalls its own stream, never the connection.
+///
+/// Server role, rules of our own on top of nghttp2's (each a connection or stream outcome that
+/// nghttp2 1.52 gets wrong or leaves to us):
+/// - Input first goes through an `HTTP2FrameScanner`: a HEADERS frame on a lower stream id the
+///   client never opened ends the connection with PROTOCOL_ERROR (RFC 9113 §5.1.1); nghttp2
+///   would ignore it.
+/// - SETTINGS_MAX_CONCURRENT_STREAMS is enforced here, a stream over it refused alone with
+///   RST_STREAM REFUSED_STREAM (RFC 9113 §5.1.2). nghttp2 makes that a connection error
+///   (PROTOCOL_ERROR, aborting every stream in flight) once our SETTINGS are acknowledged and
+///   has no option to refuse instead, so its own limit is kept unlimited and the value we
+///   advertise is written into our first SETTINGS frame as it leaves (`produce`).
+/// - Request heads over `maxHeaderCount`/`maxHeaderListSize` are decoded (HPACK stays in step)
+///   and reported as `.requestHeadRefused`, for the owner to answer 431.
+/// - Streams the client ends unanswered are counted against `streamResetBudget`; over it the
+///   connection ends with GOAWAY ENHANCE_YOUR_CALM (RFC 9113 §10.5), decided inside the read
+///   that went over, so nothing after it is processed.
 /// Not thread-safe: one owner, the connection's event loop.
 public final class HTTP2Session {
     public enum Role: Sendable { case client, server }
@@ -84,12 +127,31 @@ public final class HTTP2Session {
     private var fatal: HTTP2Error?
     /// Client role: streams we opened that have not closed.
     private var opened: Set<Int32> = []
+    /// Server role: checks frame headers before nghttp2 sees them.
+    private var scanner: HTTP2FrameScanner?
+    /// Server role: client streams open (a request head began, not closed yet). Never more than
+    /// `settings.maxConcurrentStreams`: a stream beyond goes to `refusedStreams` instead.
+    private var peerOpen: Set<Int32> = []
+    /// Server role: streams refused with REFUSED_STREAM; their close is not reported.
+    private var refusedStreams: Set<Int32> = []
+    /// Server role: the limit still to be written into our first SETTINGS frame.
+    private var advertisedLimitPatch: UInt32?
+    /// Why this engine ended the connection itself (nil: it did not).
+    public private(set) var terminatedWith: HTTP2ErrorCode?
+    /// The owner's clock at the last `receive(_:now:)` (monotonic nanoseconds), for the budget.
+    private var now: UInt64 = 0
+    private var budgetWindowStart: UInt64 = 0
+    private var unansweredInWindow = 0
+    private var completedInWindow = 0
 
     struct Outbound {
         var bytes: [UInt8] = []
         var readIndex = 0
         var ended = false
         var trailers: [HTTPField]?
+        /// RST_STREAM to send once the body ended (RFC 9113 §8.1: NO_ERROR asks a client to stop
+        /// sending after a complete response).
+        var resetAfter: HTTP2ErrorCode?
         /// nghttp2 was told `DEFERRED`: `resume_data` when more arrives.
         var deferred = false
         /// Went over `highWater`; a drain below `lowWater` reports `streamWritable`.
@@ -100,6 +162,15 @@ public final class HTTP2Session {
     struct HeaderBlock {
         var fields: [HTTPField] = []
         var size = 0
+        /// Server role, a request head: counted against `maxHeaderCount`, refused rather than
+        /// reset when over a limit.
+        var isRequest = false
+        var count = 0
+        var sawCookie = false
+        /// Over a limit: the remaining fields are decoded and dropped.
+        var overLimit: HTTP2Event.RequestHeadLimit?
+        /// Refused for concurrency: fields dropped.
+        var ignored = false
     }
 
     public init(role: Role, settings: HTTP2Settings = HTTP2Settings()) throws(HTTP2Error) {
@@ -133,8 +204,16 @@ public final class HTTP2Session {
         guard rc == 0, let s else { throw HTTP2Error(Int(rc), "nghttp2_session_new") }
         session = s
 
+        // Server role: nghttp2's own limit stays unlimited (see the type's comment); the advertised
+        // value replaces it on the wire.
+        let engineLimit = role == .server ? UInt32.max : settings.maxConcurrentStreams
+        if role == .server {
+            scanner = HTTP2FrameScanner(expectPreface: true)
+            if settings.maxConcurrentStreams != .max { advertisedLimitPatch = settings.maxConcurrentStreams }
+        }
         var iv: [nghttp2_settings_entry] = [
-            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: settings.maxConcurrentStreams),
+            // First: `patchAdvertisedLimit` expects it there.
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: engineLimit),
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: min(settings.initialWindowSize, 0x7FFF_FFFF)),
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue), value: settings.maxHeaderListSize),
         ]
@@ -162,10 +241,23 @@ public final class HTTP2Session {
     /// client magic, flooding). Other connection errors (RFC 9113 §5.4.1) queue a GOAWAY and end
     /// `wantsRead`: the owner sends what `produce` yields and closes when `isFinished`.
     public func receive(_ bytes: UnsafeRawBufferPointer) throws(HTTP2Error) {
-        guard let session, let base = bytes.baseAddress, bytes.count > 0 else { return }
-        let rc = nghttp2_session_mem_recv(session, base.assumingMemoryBound(to: UInt8.self), bytes.count)
-        if let fatal { throw fatal }
-        if rc < 0 { throw HTTP2Error(rc, "invalid HTTP/2 input") }
+        guard let session, let base = bytes.baseAddress, bytes.count > 0, terminatedWith == nil else { return }
+        // Only the bytes before a frame the scanner rejects reach nghttp2.
+        let violation = scanner?.scan(bytes)
+        let count = violation.map { min($0.validPrefix, bytes.count) } ?? bytes.count
+        if count > 0 {
+            let rc = nghttp2_session_mem_recv(session, base.assumingMemoryBound(to: UInt8.self), count)
+            if let fatal { throw fatal }
+            if rc < 0 { throw HTTP2Error(rc, "invalid HTTP/2 input") }
+        }
+        if violation != nil { terminate(.protocolError) }
+    }
+
+    /// `receive` with the owner's clock (monotonic nanoseconds), which the stream reset budget
+    /// counts its window on.
+    public func receive(_ bytes: UnsafeRawBufferPointer, now: UInt64) throws(HTTP2Error) {
+        self.now = now
+        try receive(bytes)
     }
 
     public func receive(_ bytes: [UInt8]) throws(HTTP2Error) {
@@ -188,6 +280,13 @@ public final class HTTP2Session {
     /// Appends everything nghttp2 wants to send now to `out`.
     public func produce(into out: inout [UInt8]) throws(HTTP2Error) {
         guard let session else { return }
+        let start = out.count
+        defer {
+            if let limit = advertisedLimitPatch, out.count > start {
+                advertisedLimitPatch = nil
+                Self.patchAdvertisedLimit(&out, from: start, limit: limit)
+            }
+        }
         while true {
             var data: UnsafePointer<UInt8>?
             let n = nghttp2_session_mem_send(session, &data)
@@ -257,9 +356,12 @@ public final class HTTP2Session {
 
     /// Ends the stream's body: END_STREAM on the last DATA frame, or a trailing HEADERS frame
     /// with END_STREAM when `trailers` is non-empty.
-    public func endStream(stream: Int32, trailers: [HTTPField]?) {
+    /// `resetAfter`: an RST_STREAM with that code follows the last frame (the client's side of a
+    /// stream answered before its request ended, e.g. a refused extended CONNECT).
+    public func endStream(stream: Int32, trailers: [HTTPField]?, resetAfter: HTTP2ErrorCode? = nil) {
         guard var o = outbound[stream], !o.ended else { return }
         o.ended = true
+        o.resetAfter = resetAfter
         if let trailers, !trailers.isEmpty { o.trailers = trailers }
         let resume = o.deferred
         o.deferred = false
@@ -317,6 +419,62 @@ public final class HTTP2Session {
 
     // MARK: helpers
 
+    /// Writes `limit` as the value of the SETTINGS_MAX_CONCURRENT_STREAMS entry of the SETTINGS
+    /// frame at `start` (our first frame, RFC 9113 §6.5.1), where nghttp2 wrote `UInt32.max`. Checks
+    /// every byte it relies on and leaves the output alone when the frame is not as expected (the
+    /// limit is then still enforced, only not advertised).
+    static func patchAdvertisedLimit(_ out: inout [UInt8], from start: Int, limit: UInt32) {
+        guard start >= 0, out.count - start >= 15 else { return }
+        let length = Int(out[start]) << 16 | Int(out[start + 1]) << 8 | Int(out[start + 2])
+        guard out[start + 3] == 0x4, out[start + 4] == 0, out[start + 5 ..< start + 9].allSatisfy({ $0 == 0 }),
+              length >= 6, length % 6 == 0, out.count - start - 9 >= length else { return }
+        var entry = start + 9
+        while entry + 6 <= start + 9 + length {
+            if out[entry] == 0, out[entry + 1] == 0x3, out[entry + 2 ..< entry + 6].allSatisfy({ $0 == 0xFF }) {
+                out[entry + 2] = UInt8(truncatingIfNeeded: limit >> 24)
+                out[entry + 3] = UInt8(truncatingIfNeeded: limit >> 16)
+                out[entry + 4] = UInt8(truncatingIfNeeded: limit >> 8)
+                out[entry + 5] = UInt8(truncatingIfNeeded: limit)
+                return
+            }
+            entry += 6
+        }
+    }
+
+    /// Ends the connection from our side: GOAWAY with `code`, nothing more is read (nghttp2
+    /// ignores further input, `wantsRead` turns false and `isFinished` once the GOAWAY is out).
+    private func terminate(_ code: HTTP2ErrorCode) {
+        guard terminatedWith == nil, let session else { return }
+        terminatedWith = code
+        _ = nghttp2_session_terminate_session(session, code.rawValue)
+    }
+
+    /// A client stream ended without an answer (reset by the client, or refused): counts
+    /// against the budget, and ends the connection when over it.
+    private func countUnanswered() {
+        guard let budget = settings.streamResetBudget, terminatedWith == nil else { return }
+        rollBudgetWindow(budget)
+        unansweredInWindow = unansweredInWindow.addingReportingOverflow(1).overflow ? .max : unansweredInWindow + 1
+        if unansweredInWindow > budget.limit && unansweredInWindow > completedInWindow {
+            terminate(.enhanceYourCalm)
+        }
+    }
+
+    private func countCompleted() {
+        guard let budget = settings.streamResetBudget else { return }
+        rollBudgetWindow(budget)
+        completedInWindow = completedInWindow.addingReportingOverflow(1).overflow ? .max : completedInWindow + 1
+    }
+
+    private func rollBudgetWindow(_ budget: StreamResetBudget) {
+        // A clock that went backwards (or the first call) starts a new window too.
+        if now < budgetWindowStart || now - budgetWindowStart >= budget.windowNanos {
+            budgetWindowStart = now
+            unansweredInWindow = 0
+            completedInWindow = 0
+        }
+    }
+
     private static func provider() -> nghttp2_data_provider {
         nghttp2_data_provider(source: nghttp2_data_source(fd: 0), read_callback: h2ReadData)
     }
@@ -357,17 +515,47 @@ public final class HTTP2Session {
 
     // MARK: callbacks (record only)
 
-    fileprivate func beginHeaders(_ stream: Int32) {
-        inbound[stream] = HeaderBlock()
+    fileprivate func beginHeaders(_ stream: Int32, category: nghttp2_headers_category) {
+        var block = HeaderBlock()
+        if role == .server && category == NGHTTP2_HCAT_REQUEST {
+            block.isRequest = true
+            if peerOpen.count >= Int(settings.maxConcurrentStreams) {
+                // RFC 9113 §5.1.2: over the advertised limit, this stream alone is refused (the
+                // RST_STREAM goes out once its header block is decoded, in `frameReceived`).
+                block.ignored = true
+                refusedStreams.insert(stream)
+            } else {
+                peerOpen.insert(stream)
+            }
+        }
+        inbound[stream] = block
     }
 
     /// Returns false when the block is over `maxHeaderListSize` (the stream is then reset).
     fileprivate func header(_ stream: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) -> Bool {
         var block = inbound[stream] ?? HeaderBlock()
+        if block.ignored || block.overLimit != nil { return true }
         block.size = block.size.addingReportingOverflow(name.count &+ value.count &+ 32).partialValue
         if block.size > Int(settings.maxHeaderListSize) || block.size < 0 {
-            inbound[stream] = nil
-            return false
+            guard block.isRequest else {
+                inbound[stream] = nil
+                return false
+            }
+            block.overLimit = .size
+            block.fields = []
+            inbound[stream] = block
+            return true
+        }
+        if block.isRequest, name.first != 0x3A {  // not a pseudo-header field
+            let isCookie = name.count == 6 && name.elementsEqual("cookie".utf8)
+            if !isCookie || !block.sawCookie { block.count += 1 }
+            if isCookie { block.sawCookie = true }
+            if block.count > settings.maxHeaderCount {
+                block.overLimit = .fieldCount
+                block.fields = []
+                inbound[stream] = block
+                return true
+            }
         }
         block.fields.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
         inbound[stream] = block
@@ -379,7 +567,18 @@ public final class HTTP2Session {
         let endStream = hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0
         switch UInt32(hd.type) {
         case NGHTTP2_HEADERS.rawValue:
-            let fields = inbound.removeValue(forKey: hd.stream_id)?.fields ?? []
+            let block = inbound.removeValue(forKey: hd.stream_id)
+            if block?.ignored == true, let session {
+                _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), hd.stream_id,
+                                              HTTP2ErrorCode.refusedStream.rawValue)
+                countUnanswered()
+                return
+            }
+            if let limit = block?.overLimit {
+                events.append(.requestHeadRefused(stream: hd.stream_id, limit: limit, endStream: endStream))
+                return
+            }
+            let fields = block?.fields ?? []
             let kind: HTTP2Event.HeadersKind
             if let status = fields.first(where: { $0.name == ":status" }) {
                 kind = status.value.hasPrefix("1") ? .informational : .response
@@ -399,6 +598,10 @@ public final class HTTP2Session {
             }
         case NGHTTP2_PING.rawValue:
             if hd.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0 { events.append(.pingAck) }
+        case NGHTTP2_RST_STREAM.rawValue:
+            // A client stream reset before it completed (it leaves `peerOpen` here, so its close
+            // does not count as completed).
+            if peerOpen.remove(hd.stream_id) != nil { countUnanswered() }
         default:
             break
         }
@@ -412,6 +615,8 @@ public final class HTTP2Session {
         outbound[stream] = nil
         inbound[stream] = nil
         opened.remove(stream)
+        if refusedStreams.remove(stream) != nil { return }  // the owner never saw it
+        if peerOpen.remove(stream) != nil && code == HTTP2ErrorCode.noError.rawValue { countCompleted() }
         events.append(.streamClosed(stream: stream, errorCode: code))
     }
 
@@ -450,6 +655,10 @@ public final class HTTP2Session {
                     let rc: Int32 = withHeaderArray(trailers) { nva, count in nghttp2_submit_trailer(session, stream, nva, count) }
                     if rc != 0 { fatal = HTTP2Error(Int(rc), "nghttp2_submit_trailer") }
                 }
+                if let code = o.resetAfter, let session {
+                    // Queued behind the frame being written now (and the trailers).
+                    _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream, code.rawValue)
+                }
                 outbound[stream] = nil
                 return n
             }
@@ -474,7 +683,7 @@ private func owner(_ user: UnsafeMutableRawPointer?) -> HTTP2Session? {
 
 private let h2OnBeginHeaders: nghttp2_on_begin_headers_callback = { _, frame, user in
     guard let frame, let s = owner(user) else { return 0 }
-    s.beginHeaders(frame.pointee.hd.stream_id)
+    s.beginHeaders(frame.pointee.hd.stream_id, category: frame.pointee.headers.cat)
     return 0
 }
 

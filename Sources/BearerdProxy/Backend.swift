@@ -492,6 +492,46 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     }
 }
 
+/// One request waiting for an upstream connection (`BackendPool.acquire`). Lives on the pool's
+/// loop. Invariant: `completion` runs at most once, and never once `cancel()` was called (the
+/// exchange went away: its client reset the stream or closed), so the pool opens nothing and
+/// opens no stream for it.
+final class AcquireTicket {
+    let http1Only: Bool
+    private var completion: BackendPool.Completion?
+    private(set) var isCancelled = false
+
+    init(http1Only: Bool, completion: @escaping BackendPool.Completion) {
+        self.http1Only = http1Only
+        self.completion = completion
+    }
+
+    func cancel() {
+        isCancelled = true
+        completion = nil
+    }
+
+    fileprivate func resume(_ result: Result<UpstreamStream, ChannelError>) {
+        guard let c = completion else {
+            if case .success(let s) = result { s.close() }
+            return
+        }
+        completion = nil
+        c(result)
+    }
+}
+
+/// An HTTP/1.1 connection being opened and the request it is for (nil or cancelled: taken over
+/// by the next request that needs one). Lives on the pool's loop.
+final class PendingConnect {
+    var ticket: AcquireTicket?
+    let http1Only: Bool
+    init(ticket: AcquireTicket, http1Only: Bool) {
+        self.ticket = ticket
+        self.http1Only = http1Only
+    }
+}
+
 /// Keep-alive pools of upstream connections, one per loop, keyed by (scheme, host, port, TLS
 /// settings, http2 mode). Lives on `loop`; no locking.
 ///
@@ -501,7 +541,9 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
 /// While a connection that may turn out to speak HTTP/2 is being opened, other requests for the
 /// same key wait for it (`connecting`) instead of opening their own, so a burst of requests to
 /// an h2 upstream shares one connection. Once a key is known to answer HTTP/1.1 (`knownHTTP1`),
-/// requests no longer wait.
+/// requests no longer wait. A waiting request that goes away cancels its `AcquireTicket`: no
+/// stream is opened for it, a connection still being resolved is not opened, and an HTTP/1.1
+/// connection already on its way serves the next request (or idles in the pool).
 final class BackendPool {
     let loop: EventLoop
     typealias Completion = (Result<UpstreamStream, ChannelError>) -> Void
@@ -516,7 +558,10 @@ final class BackendPool {
         var http2: [BackendH2Connection] = []
         /// Requests waiting for a connection being opened that may speak HTTP/2; nil when none
         /// is being opened.
-        var connecting: [Completion]?
+        var connecting: [AcquireTicket]?
+        /// HTTP/1.1 connections being opened, one per waiting request (or none, once that
+        /// request went away: a new request then takes the attempt over).
+        var pendingHTTP1: [PendingConnect] = []
         /// The key answered HTTP/1.1 on an `auto` route: requests no longer wait for it.
         var knownHTTP1 = false
     }
@@ -544,18 +589,17 @@ final class BackendPool {
 
     /// A stream for `target`: on an open HTTP/2 connection with room, an idle HTTP/1.1 connection,
     /// or a new connection (resolve off-loop, connect, TLS handshake). `http1Only`: a WebSocket
-    /// upgrade, which needs HTTP/1.1.
-    func acquire(_ target: UpstreamTarget, http1Only: Bool = false, completion: @escaping Completion) {
+    /// upgrade, which needs HTTP/1.1. Returns nil when served at once, else the ticket of the
+    /// waiting request: cancel it when the request goes away.
+    @discardableResult
+    func acquire(_ target: UpstreamTarget, http1Only: Bool = false, completion: @escaping Completion) -> AcquireTicket? {
         if let stream = takeReady(target, http1Only: http1Only) {
             completion(.success(stream))
-            return
+            return nil
         }
-        let slot = slot(target)
-        if !http1Only && slot.connecting != nil {
-            slot.connecting?.append(completion)
-            return
-        }
-        connectNew(target, http1Only: http1Only, completion: completion)
+        let ticket = AcquireTicket(http1Only: http1Only, completion: completion)
+        wait(ticket, for: target)
+        return ticket
     }
 
     /// The synchronous part of `acquire`: a stream on an open HTTP/2 connection with room, or an
@@ -582,33 +626,66 @@ final class BackendPool {
         return nil
     }
 
-    /// A new connection for `target`, never a pooled one.
-    func connectNew(_ target: UpstreamTarget, http1Only: Bool = false, completion: @escaping Completion) {
+    /// A new connection for `target`, never a pooled one (an HTTP/1.1 connection opened for a
+    /// request that went away meanwhile counts as new: it never carried a request).
+    @discardableResult
+    func connectNew(_ target: UpstreamTarget, http1Only: Bool = false, completion: @escaping Completion) -> AcquireTicket {
+        let ticket = AcquireTicket(http1Only: http1Only, completion: completion)
+        wait(ticket, for: target)
+        return ticket
+    }
+
+    /// Queues `ticket` for a connection being opened, opening one only when none in flight can
+    /// serve it.
+    private func wait(_ ticket: AcquireTicket, for target: UpstreamTarget) {
+        let http1Only = ticket.http1Only
         if http1Only && target.http2 == .priorKnowledge && !target.url.isTLS {
-            completion(.failure(.protocolError("a WebSocket upgrade needs HTTP/1.1 towards the upstream; this route has http2: prior_knowledge")))
+            ticket.resume(.failure(.protocolError("a WebSocket upgrade needs HTTP/1.1 towards the upstream; this route has http2: prior_knowledge")))
             return
         }
         let slot = slot(target)
-        let mayBeHTTP2 = !http1Only && target.mayUseHTTP2 && !slot.knownHTTP1
-        if mayBeHTTP2 {
+        if !http1Only && target.mayUseHTTP2 && !slot.knownHTTP1 {
+            // One connection that may speak HTTP/2 for every request that arrives meanwhile: this
+            // request takes a stream on it, or opens its own if it turns out full or HTTP/1.1.
             if slot.connecting != nil {
-                // Another connection is on its way: this request takes a stream on it, or opens its
-                // own if it turns out full or HTTP/1.1.
-                slot.connecting?.append(completion)
+                slot.connecting?.append(ticket)
                 return
             }
-            slot.connecting = [completion]
+            slot.connecting = [ticket]
+            open(target, http1Only: false, stillWanted: { [weak slot] in
+                slot?.connecting?.contains { !$0.isCancelled } ?? false
+            }, abandoned: { [weak slot] in
+                // Nobody waits any more: forget the attempt (a later request opens its own).
+                slot?.connecting = nil
+            }, done: { [self] result in finishShared(target, result) })
+            return
         }
-        let connected: (Result<BackendConnection.ConnectOutcome, ChannelError>) -> Void = { [self] r in
-            switch r {
-            case .success(.http1(let c)):
-                c.reused = false
-                finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .success(.http1(c)))
-            case .success(.http2(let h2)):
-                finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .success(.http2(h2)))
-            case .failure(let e):
-                finish(target, mayBeHTTP2: mayBeHTTP2, origin: completion, .failure(e))
-            }
+        // HTTP/1.1: one connection per request, but an attempt in flight whose request went away
+        // is taken over instead of opening another (RFC 9113 §10.5: resets must not multiply
+        // upstream connections).
+        let equivalent: (PendingConnect) -> Bool = { $0.http1Only == http1Only || !target.mayUseHTTP2 }
+        if let orphan = slot.pendingHTTP1.first(where: { equivalent($0) && ($0.ticket?.isCancelled ?? true) }) {
+            orphan.ticket = ticket
+            return
+        }
+        let attempt = PendingConnect(ticket: ticket, http1Only: http1Only)
+        slot.pendingHTTP1.append(attempt)
+        open(target, http1Only: http1Only, stillWanted: { [weak attempt] in
+            attempt?.ticket.map { !$0.isCancelled } ?? false
+        }, abandoned: { [weak slot, weak attempt] in
+            guard let slot, let attempt else { return }
+            slot.pendingHTTP1.removeAll { $0 === attempt }
+        }, done: { [self] result in finishHTTP1(target, attempt, result) })
+    }
+
+    /// Resolves and connects. `stillWanted` is asked once the address is known: when no request
+    /// waits any more, nothing is opened (`abandoned`), so a request cancelled while its name
+    /// resolved costs the upstream nothing.
+    private func open(_ target: UpstreamTarget, http1Only: Bool, stillWanted: @escaping () -> Bool, abandoned: @escaping () -> Void,
+                      done: @escaping (Result<BackendConnection.ConnectOutcome, ChannelError>) -> Void) {
+        let connected: (Result<BackendConnection.ConnectOutcome, ChannelError>) -> Void = { r in
+            if case .success(.http1(let c)) = r { c.reused = false }
+            done(r)
         }
         if let proxy = target.proxy, target.url.isTLS || target.http2 == .priorKnowledge {
             // `outbound_proxy:` for https: a CONNECT tunnel, TLS to the upstream inside it.
@@ -631,43 +708,92 @@ final class BackendPool {
             case .failure(let e):
                 connected(.failure(.connect(e)))
             case .success(let addrs):
+                guard stillWanted() else {
+                    abandoned()
+                    return
+                }
                 BackendConnection(target: target, pool: self).connect(addresses: addrs, http1Only: http1Only, completion: connected)
             }
         }
     }
 
-    /// A connection attempt ended: hand it (or streams on it) to the request that opened it and
-    /// to those that waited for it.
-    private func finish(_ target: UpstreamTarget, mayBeHTTP2: Bool, origin: @escaping Completion,
-                        _ result: Result<BackendConnection.ConnectOutcome, ChannelError>) {
+    /// The shared attempt (that may speak HTTP/2) ended: streams on it, or the connection, for
+    /// the requests that still wait.
+    private func finishShared(_ target: UpstreamTarget, _ result: Result<BackendConnection.ConnectOutcome, ChannelError>) {
         let slot = slot(target)
-        var waiters = [origin]
-        if mayBeHTTP2 {
-            waiters = slot.connecting ?? waiters
-            slot.connecting = nil
-        }
+        let waiters = (slot.connecting ?? []).filter { !$0.isCancelled }
+        slot.connecting = nil
         switch result {
         case .failure(let e):
-            for w in waiters { w(.failure(e)) }
+            for w in waiters { w.resume(.failure(e)) }
         case .success(.http1(let c)):
-            if mayBeHTTP2 && target.http2 == .auto { slot.knownHTTP1 = true }
+            if target.http2 == .auto { slot.knownHTTP1 = true }
             guard let first = waiters.first else {
-                c.close()
+                parkFresh(c)
                 return
             }
-            first(.success(c))
+            first.resume(.success(c))
             // The others open (or reuse) HTTP/1.1 connections of their own.
-            for w in waiters.dropFirst() { acquire(target, completion: w) }
+            for w in waiters.dropFirst() { retry(w, target) }
         case .success(.http2(let h2)):
             slot.http2.append(h2)
             var rest = waiters[...]
             while let w = rest.first, h2.canOpenStream {
                 rest = rest.dropFirst()
-                w(.success(h2.newStream(reused: false)))
+                w.resume(.success(h2.newStream(reused: false)))
             }
             // Over the server's limit: another connection for the rest.
-            for w in rest { acquire(target, completion: w) }
+            for w in rest { retry(w, target) }
         }
+    }
+
+    /// An HTTP/1.1 attempt ended: the connection goes to the request that waits for it, or to the
+    /// idle pool when that request went away (it is new and carried nothing).
+    private func finishHTTP1(_ target: UpstreamTarget, _ attempt: PendingConnect, _ result: Result<BackendConnection.ConnectOutcome, ChannelError>) {
+        let slot = slot(target)
+        slot.pendingHTTP1.removeAll { $0 === attempt }
+        let waiter = attempt.ticket.flatMap { $0.isCancelled ? nil : $0 }
+        attempt.ticket = nil
+        switch result {
+        case .failure(let e):
+            waiter?.resume(.failure(e))
+        case .success(.http1(let c)):
+            guard let waiter else {
+                parkFresh(c)
+                return
+            }
+            waiter.resume(.success(c))
+        case .success(.http2(let h2)):
+            // A key known to answer HTTP/1.1 negotiated h2 after all.
+            slot.http2.append(h2)
+            guard let waiter else { return }
+            if !waiter.http1Only && h2.canOpenStream {
+                waiter.resume(.success(h2.newStream(reused: false)))
+            } else {
+                retry(waiter, target)
+            }
+        }
+    }
+
+    /// A waiting request whose attempt could not serve it tries again.
+    private func retry(_ ticket: AcquireTicket, _ target: UpstreamTarget) {
+        if let stream = takeReady(target, http1Only: ticket.http1Only) {
+            ticket.resume(.success(stream))
+            return
+        }
+        wait(ticket, for: target)
+    }
+
+    /// A new HTTP/1.1 connection whose request went away: idle in the pool (it carried nothing),
+    /// or closed when the pool is full.
+    private func parkFresh(_ conn: BackendConnection) {
+        let slot = slot(conn.target)
+        guard conn.state == .idle, let ch = conn.channel, !ch.isClosed, slot.idle.count < conn.target.maxIdle else {
+            conn.close()
+            return
+        }
+        conn.parkIdle()
+        slot.idle.append(conn)
     }
 
     /// Returns a connection after a complete exchange; closes it when not reusable or the pool is full.

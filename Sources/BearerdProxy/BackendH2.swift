@@ -147,6 +147,8 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
                     goingAway(lastStreamID: last, code: code)
                 case .remoteSettings:
                     break
+                case .requestHeadRefused:
+                    break  // server role only
                 case .pingAck:
                     pingSentAt = 0
                     idleSince = monotonicNanos()

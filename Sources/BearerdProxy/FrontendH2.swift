@@ -39,6 +39,11 @@ enum HTTP2Preface {
 /// (backpressure per stream, never the whole connection). Received DATA opens the client's
 /// window again only when the stream's exchange took it (`consumed`).
 ///
+/// A stream's exchange is created with its HEADERS but started (token, upstream connection)
+/// only after every event of the same read was dispatched (`pendingStarts`): a stream the client
+/// resets in that read never reaches for an upstream (RFC 9113 §10.5, rapid reset). The engine
+/// counts such resets against `StreamResetBudget` and ends an abusive connection itself.
+///
 /// Phases: `open` → (`drain`, a GOAWAY from the client, idle timeout) `draining`: no new streams,
 /// close when the last one ends → `closed`.
 final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnection {
@@ -51,6 +56,8 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
     /// The SO_PEERCRED refusal decided at accept (unix listeners), answered on every stream.
     private let peerRefusal: String?
     private var streams: [Int32: FrontendH2Stream] = [:]
+    /// Streams whose exchange waits for the end of the current dispatch to start.
+    private var pendingStarts: [FrontendH2Stream] = []
 
     enum Phase { case open, draining, closed }
     private var phase: Phase = .open
@@ -72,6 +79,9 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
         var settings = HTTP2Settings()
         let limits = ctx.runtime.config.limits
         settings.maxHeaderListSize = UInt32(clamping: limits.maxHeaderBytes)
+        // The HTTP/1.1 listener's limits, answered the same way (431).
+        settings.maxHeaderCount = limits.maxHeaderCount
+        settings.streamResetBudget = StreamResetBudget()
         // Per stream: what an exchange may buffer before it is consumed (the client's upload
         // window); per connection: the sum over its streams.
         settings.initialWindowSize = 256 * 1024
@@ -101,7 +111,7 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
         lastRead = monotonicNanos()
         defer { armIdle() }
         do {
-            try session.receive(bytes)
+            try session.receive(bytes, now: ctx.loop.now)
         } catch {
             ctx.runtime.logger.info("bad HTTP/2 client", metadata: ["client": "\(clientAddress)", "reason": "\(error)"])
             dispatchEvents()
@@ -110,6 +120,12 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
             return
         }
         dispatchEvents()
+        if let code = session.terminatedWith, phase == .open {
+            phase = .draining
+            ctx.runtime.logger.warning("HTTP/2 client connection ended", metadata: [
+                "client": "\(clientAddress)", "reason": "\(code == .enhanceYourCalm ? "h2.too_many_resets" : "h2.unexpected_stream_id")",
+                "http2.error": "\(code)"])
+        }
     }
 
     private func dispatchEvents() {
@@ -118,6 +134,8 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
                 switch event {
                 case .headers(let id, let fields, .request, let endStream):
                     startStream(id, fields: fields, endStream: endStream)
+                case .requestHeadRefused(let id, let limit, _):
+                    refuseHead(id, limit: limit)
                 case .headers(let id, let fields, .trailers, _):
                     streams[id]?.requestTrailers(fields)
                 case .headers:
@@ -140,19 +158,56 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
                 }
             }
         }
+        startPending()
         scheduleFlush()
+    }
+
+    /// Starts the exchanges of the streams opened by the events just dispatched, unless the
+    /// stream closed meanwhile (its exchange was aborted and dropped) or the engine ended the
+    /// connection.
+    private func startPending() {
+        guard !pendingStarts.isEmpty else { return }
+        let starting = pendingStarts
+        pendingStarts.removeAll()
+        for stream in starting {
+            guard let ex = stream.exchange else { continue }
+            guard session.terminatedWith == nil, phase != .closed else {
+                stream.closed(errorCode: HTTP2ErrorCode.cancel.rawValue)
+                continue
+            }
+            ex.start()
+        }
     }
 
     // MARK: streams
 
-    private func startStream(_ id: Int32, fields: [HTTPField], endStream: Bool) {
+    /// A request head over the listener's limits (`limits:`): 431 with the JSON error, as the
+    /// HTTP/1.1 listener answers the same head.
+    private func refuseHead(_ id: Int32, limit: HTTP2Event.RequestHeadLimit) {
+        guard let stream = openStream(id) else { return }
+        let limits = ctx.runtime.config.limits
+        switch limit {
+        case .fieldCount:
+            stream.refuse(Refusal(status: 431, error: "h2.too_many_headers", detail: "more than \(limits.maxHeaderCount) fields", closes: true))
+        case .size:
+            stream.refuse(Refusal(status: 431, error: "h2.header_too_large", detail: "header fields larger than \(limits.maxHeaderBytes) bytes", closes: true))
+        }
+    }
+
+    /// The stream for a new request, or nil (and the stream refused) while draining.
+    private func openStream(_ id: Int32) -> FrontendH2Stream? {
         guard phase == .open else {
             session.resetStream(id, error: .refusedStream)
-            return
+            return nil
         }
         let stream = FrontendH2Stream(id: id, connection: self)
         streams[id] = stream
         deadline = 0
+        return stream
+    }
+
+    private func startStream(_ id: Int32, fields: [HTTPField], endStream: Bool) {
+        guard let stream = openStream(id) else { return }
         if let refusal = peerRefusal {
             stream.refuse(Refusal(status: 403, error: "peer_not_allowed", detail: refusal, closes: true))
             return
@@ -206,7 +261,7 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
             let ex = ProxyExchangeDriver(client: stream, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
                                          upstreamHead: upstreamHead, logPath: logPath, keepAlive: true, upgrade: stream.websocket)
             stream.exchange = ex
-            ex.start()
+            pendingStarts.append(stream)
         }
     }
 
@@ -543,7 +598,9 @@ final class FrontendH2Stream: ExchangeClient {
         }
         if !noBody {
             body.withUnsafeBytes { session.sendData(stream: id, $0) }
-            session.endStream(stream: id, trailers: nil)
+            // An extended CONNECT answered here opened no tunnel: the client's side, still open
+            // for tunnel bytes, is closed after the answer (RFC 9113 §8.1, NO_ERROR).
+            session.endStream(stream: id, trailers: nil, resetAfter: websocket ? .noError : nil)
         }
         connection.scheduleFlush()
     }

@@ -131,6 +131,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// scalars below: see `SocketChannel` on `@exclusivity(unchecked)`.
     @exclusivity(unchecked) private var machine: ProxyExchange.StateMachine
     private var backend: UpstreamStream?
+    /// The pool's ticket while waiting for a connection; cancelled when the exchange goes away.
+    private var pendingAcquire: AcquireTicket?
     /// The token the current attempt carries.
     private var token: PublishedToken?
 
@@ -373,6 +375,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 if case .success(let c) = result { c.close() }
                 return
             }
+            pendingAcquire = nil
             switch result {
             case .success(let conn):
                 backendAcquired(conn)
@@ -381,9 +384,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             }
         }
         if fresh {
-            ctx.pool.connectNew(target, http1Only: machine.setup.upgrade, completion: completion)
+            pendingAcquire = ctx.pool.connectNew(target, http1Only: machine.setup.upgrade, completion: completion)
         } else {
-            ctx.pool.acquire(target, http1Only: machine.setup.upgrade, completion: completion)
+            pendingAcquire = ctx.pool.acquire(target, http1Only: machine.setup.upgrade, completion: completion)
         }
     }
 
@@ -545,8 +548,16 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             // Trailers-only (gRPC over HTTP/2: the head carries the status and ends the stream).
             grpcUnauthenticated = endStream && g == "16"
         }
-        perform(machine.upstreamFinalHead(status: upstream.status, grpcUnauthenticated: grpcUnauthenticated,
-                                          wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") }))
+        let action = machine.upstreamFinalHead(status: upstream.status, grpcUnauthenticated: grpcUnauthenticated,
+                                               wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") })
+        if case .respondUpstreamError = action {
+            // An upgrade the upstream answered without switching: not relayed, its connection
+            // (body unread) closed.
+            lastFailure = .protocolError("the upstream answered the WebSocket upgrade with \(upstream.status), not 101 Switching Protocols")
+            responseHead = nil
+            closeBackend()
+        }
+        perform(action)
     }
 
     func backendBody(_ bytes: ArraySlice<UInt8>) {
@@ -746,6 +757,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
 
     func abort() {
+        // A request that never got its connection opens none (RFC 9113 §10.5).
+        pendingAcquire?.cancel()
+        pendingAcquire = nil
         switch machine.clientClosed() {
         case .abortExchange:
             closeBackend()

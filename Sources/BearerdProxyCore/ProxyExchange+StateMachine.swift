@@ -30,6 +30,7 @@ extension ProxyExchange {
     ///   `.passThrough` → `.finished` (the held rejection goes to the client).
     /// - `.forwarding(_, .sent, .awaitingHead)` of an upgrade request → `upstreamSwitchedProtocols`
     ///   (a 101) → `.tunnelling` → `tunnelEnded` / `clientClosed` / `upstreamFailed` → `.finished`.
+    ///   A 2xx final head instead → `.finished` (502: the upstream did not switch).
     /// - any state → `clientClosed` → `.finished`.
     ///
     /// Invariants: the client gets at most one final response head; an error answer (JSON 5xx) is
@@ -220,6 +221,16 @@ extension ProxyExchange {
         public mutating func upstreamFinalHead(status: Int, grpcUnauthenticated: Bool = false,
                                                wwwAuthenticate: () -> [String]) -> Action {
             guard case .forwarding(let attempt, let upstreamBody, .awaitingHead) = state else { return .none }
+            if setup.upgrade && status >= 200 && status < 300 {
+                // An upgrade answered 2xx instead of 101: the upstream did not switch. To an
+                // HTTP/2 client a 2xx to its extended CONNECT would mean the tunnel is open
+                // (RFC 8441 §5, RFC 9113 §8.5), to an HTTP/1.1 one it is a silent downgrade
+                // (DESIGN §5): neither is relayed. The client gets a 502, the connection with
+                // its unread body is closed (`respondUpstreamError` from this input: the driver
+                // closes the backend). Other statuses (a refusal, a rejection) are answers.
+                state = .finished
+                return .respondUpstreamError(closeClient: true)
+            }
             guard setup.hasSession, setup.rejectSet.contains(status) || grpcUnauthenticated else {
                 state = .forwarding(attempt, upstreamBody, .headPending)
                 return .none

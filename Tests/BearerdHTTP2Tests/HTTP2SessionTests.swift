@@ -275,15 +275,22 @@ struct HTTP2SessionTests {
         #expect(valid.isFinished)
     }
 
-    @Test func oversizedHeaderBlockResetsTheStream() throws {
+    /// An oversized request head is reported (for a 431), not reset; an oversized response head
+    /// (client role) still resets the stream.
+    @Test func oversizedHeaderBlocks() throws {
         var s = HTTP2Settings()
         s.maxHeaderListSize = 1024
-        let p = try Pair(server: s)
+        let p = try Pair(client: s, server: s)
         var big = getRequest
         big.append(HTTPField(name: "x-big", value: String(repeating: "a", count: 4000)))
         let id = try p.client.submitRequest(big, endStream: true)
         try p.pump()
         #expect(!p.serverEvents.contains { if case .headers(id, _, _, _) = $0 { return true }; return false })
+        #expect(p.serverEvents.contains(.requestHeadRefused(stream: id, limit: .size, endStream: true)))
+        try p.server.submitResponse(stream: id, [HTTPField(name: ":status", value: "200"),
+                                                 HTTPField(name: "x-big", value: String(repeating: "b", count: 4000))], endStream: true)
+        try p.pump()
+        #expect(!p.clientEvents.contains { if case .headers(id, _, _, _) = $0 { return true }; return false })
         #expect(p.clientEvents.contains { if case .streamClosed(id, let code) = $0 { return code != 0 }; return false })
     }
 }

@@ -380,6 +380,23 @@ struct ExchangeTunnelAndGRPCTests {
         #expect(m.isFinished)
     }
 
+    /// An upgrade answered 2xx (not 101) is not relayed: to an HTTP/2 client a 2xx to extended
+    /// CONNECT means the tunnel is open. Other answers (a refusal) are relayed.
+    @Test func anUpgradeAnswered2xxIsAnUpstreamError() {
+        var s = setup()
+        s.upgrade = true
+        for status in [200, 204, 299] {
+            var m = forwarding(s)
+            #expect(m.upstreamFinalHead(status: status, wwwAuthenticate: { [] }) == .respondUpstreamError(closeClient: true))
+            #expect(m.isFinished)
+        }
+        var refused = forwarding(s)
+        #expect(refused.upstreamFinalHead(status: 403, wwwAuthenticate: { [] }) == .none)
+        #expect(!refused.isFinished)
+        var plain = forwarding(setup())
+        #expect(plain.upstreamFinalHead(status: 200, wwwAuthenticate: { [] }) == .none)
+    }
+
     /// A rejected handshake is replayed like any GET.
     @Test func aRejectedHandshakeIsReplayed() {
         var s = setup()

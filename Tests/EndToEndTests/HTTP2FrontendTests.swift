@@ -199,3 +199,257 @@ struct HTTP2ReplayTests {
         #expect(proxy.logs.text.contains("replaying rejected request"))
     }
 }
+
+/// Raw HTTP/2 frames over a blocking socket (RFC 9113 §4.1), for what no client library sends:
+/// resets in bulk, streams over the limit, lower stream ids. HPACK blocks use the static table
+/// and never-indexed literals only, so any number of them can be sent.
+final class RawH2Client {
+    let socket: TestClient
+    private(set) var received: [UInt8] = []
+    private(set) var sawEOF = false
+
+    struct Frame {
+        var type: UInt8
+        var flags: UInt8
+        var stream: UInt32
+        var payload: [UInt8]
+        /// GOAWAY and RST_STREAM: the error code.
+        var errorCode: UInt32? {
+            let at = type == 0x7 ? 4 : type == 0x3 ? 0 : -1
+            guard at >= 0, payload.count >= at + 4 else { return nil }
+            return payload[at..<at + 4].reduce(0) { $0 << 8 | UInt32($1) }
+        }
+        func setting(_ id: UInt16) -> UInt32? {
+            guard type == 0x4 else { return nil }
+            var i = 0
+            while i + 6 <= payload.count {
+                if UInt16(payload[i]) << 8 | UInt16(payload[i + 1]) == id { return payload[i + 2..<i + 6].reduce(0) { $0 << 8 | UInt32($1) } }
+                i += 6
+            }
+            return nil
+        }
+    }
+
+    init(port: UInt16) throws {
+        socket = try TestClient(port: port, timeout: 5)
+    }
+
+    static let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
+
+    static func frame(type: UInt8, flags: UInt8, stream: UInt32, _ payload: [UInt8]) -> [UInt8] {
+        let n = payload.count
+        return [UInt8(truncatingIfNeeded: n >> 16), UInt8(truncatingIfNeeded: n >> 8), UInt8(truncatingIfNeeded: n), type, flags,
+                UInt8(truncatingIfNeeded: stream >> 24), UInt8(truncatingIfNeeded: stream >> 16),
+                UInt8(truncatingIfNeeded: stream >> 8), UInt8(truncatingIfNeeded: stream)] + payload
+    }
+
+    static func settings(_ entries: [(UInt16, UInt32)] = []) -> [UInt8] {
+        var p: [UInt8] = []
+        for (id, v) in entries { p += [UInt8(id >> 8), UInt8(id & 0xFF), UInt8(v >> 24), UInt8((v >> 16) & 0xFF), UInt8((v >> 8) & 0xFF), UInt8(v & 0xFF)] }
+        return frame(type: 0x4, flags: 0, stream: 0, p)
+    }
+
+    static let settingsAck = frame(type: 0x4, flags: 0x1, stream: 0, [])
+
+    static func headers(stream: UInt32, path: String = "/", endStream: Bool = true) -> [UInt8] {
+        func literal(_ v: String) -> [UInt8] { [UInt8(v.utf8.count)] + Array(v.utf8) }
+        let block: [UInt8] = [0x82, 0x86, 0x04] + literal(path) + [0x01] + literal("localhost")
+        return frame(type: 0x1, flags: 0x4 | (endStream ? 0x1 : 0), stream: stream, block)
+    }
+
+    static func rst(stream: UInt32, code: UInt32 = 8) -> [UInt8] {
+        frame(type: 0x3, flags: 0, stream: stream, [UInt8(code >> 24), UInt8((code >> 16) & 0xFF), UInt8((code >> 8) & 0xFF), UInt8(code & 0xFF)])
+    }
+
+    /// Sends what it can; a peer that closed meanwhile ends the sending, not the test.
+    func send(_ bytes: [UInt8]) {
+        try? socket.send(bytes)
+    }
+
+    var frames: [Frame] {
+        var out: [Frame] = []
+        var i = 0
+        let b = received
+        while i + 9 <= b.count {
+            let len = Int(b[i]) << 16 | Int(b[i + 1]) << 8 | Int(b[i + 2])
+            guard i + 9 + len <= b.count else { break }
+            let stream = UInt32(b[i + 5] & 0x7F) << 24 | UInt32(b[i + 6]) << 16 | UInt32(b[i + 7]) << 8 | UInt32(b[i + 8])
+            out.append(Frame(type: b[i + 3], flags: b[i + 4], stream: stream, payload: Array(b[i + 9..<i + 9 + len])))
+            i += 9 + len
+        }
+        return out
+    }
+
+    var goAway: Frame? { frames.first { $0.type == 0x7 } }
+
+    /// Reads until `done` holds for the frames so far, EOF, or `seconds`; returns `done`'s verdict.
+    @discardableResult
+    func read(seconds: Double = 10, until done: ([Frame]) -> Bool) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        var buf = [UInt8](repeating: 0, count: 65536)
+        socket.setTimeout(0.1)
+        while !done(frames) {
+            if sawEOF || Date() > deadline { return false }
+            let n = buf.withUnsafeMutableBytes { recv(socket.fd, $0.baseAddress, $0.count, 0) }
+            if n > 0 { received += buf[0..<n] } else if n == 0 { sawEOF = true } else if errno != EAGAIN && errno != EINTR { sawEOF = true }
+        }
+        return true
+    }
+}
+
+@Suite("HTTP/2 clients: hostile frames (RFC 9113 §5.1, §10.5)", .serialized)
+struct HTTP2HostileFrameTests {
+    /// Rapid reset: 10,000 HEADERS + RST_STREAM pairs. No stream reset before its request was
+    /// written reaches for the upstream; the client is closed with ENHANCE_YOUR_CALM.
+    @Test func rapidResetOpensNoUpstreamConnectionAndEndsWithEnhanceYourCalm() throws {
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route(origin: origin.port)])
+        defer { proxy.stop() }
+        let c = try RawH2Client(port: proxy.port)
+        var bytes = RawH2Client.preface + RawH2Client.settings()
+        for i in 0..<UInt32(10_000) {
+            bytes += RawH2Client.headers(stream: 1 + 2 * i) + RawH2Client.rst(stream: 1 + 2 * i)
+        }
+        c.send(bytes)
+        #expect(c.read { $0.contains { $0.type == 0x7 } }, "no GOAWAY; frames: \(c.frames.map(\.type))")
+        #expect(c.goAway?.errorCode == HTTP2ErrorCode.enhanceYourCalm.rawValue)
+        #expect(c.read { _ in false } == false && c.sawEOF, "the connection is closed")
+        // One ordinary request afterwards: the only upstream connection is its own (attempts
+        // started for reset streams would have been accepted by now).
+        let r = try TestClient.get(port: proxy.port, path: "/after")
+        #expect(r.status == 200)
+        #expect(origin.requests.count == 1)
+        #expect(origin.connectionCount == 1)
+    }
+
+    /// h2spec http2/5.1.1/2: HEADERS on stream 3 after stream 5 → GOAWAY PROTOCOL_ERROR, with
+    /// the offending frame header split over two writes.
+    @Test func headersOnALowerUnusedStreamIsAProtocolError() throws {
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route(origin: origin.port)])
+        defer { proxy.stop() }
+        let c = try RawH2Client(port: proxy.port)
+        c.send(RawH2Client.preface + RawH2Client.settings() + RawH2Client.headers(stream: 5))
+        #expect(c.read { $0.contains { $0.type == 0x1 && $0.stream == 5 } }, "stream 5 answered")
+        let lower = RawH2Client.headers(stream: 3)
+        c.send(Array(lower[..<4]))
+        Thread.sleep(forTimeInterval: 0.05)  // two reads on the proxy's side (not a timing assertion)
+        c.send(Array(lower[4...]))
+        #expect(c.read { $0.contains { $0.type == 0x7 } }, "no GOAWAY; frames: \(c.frames.map(\.type))")
+        #expect(c.goAway?.errorCode == HTTP2ErrorCode.protocolError.rawValue)
+        #expect(origin.requests.count == 1)
+    }
+
+    /// RFC 9113 §5.1.2: stream 129 with 128 allowed (and acknowledged) is refused alone with
+    /// REFUSED_STREAM; the 128 in flight complete.
+    @Test func oneStreamTooManyIsRefusedAlone() throws {
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route(origin: origin.port)])
+        defer { proxy.stop() }
+        let c = try RawH2Client(port: proxy.port)
+        // Window 0: the responses cannot end, so the 128 streams stay open (as h2spec does).
+        c.send(RawH2Client.preface + RawH2Client.settings([(0x4, 0)]))
+        #expect(c.read { $0.contains { $0.type == 0x4 && $0.flags == 0 } })
+        let limit = try #require(c.frames.first { $0.type == 0x4 && $0.flags == 0 }?.setting(0x3))
+        #expect(limit == 128)
+        var bytes = RawH2Client.settingsAck
+        for i in 0..<UInt32(limit) { bytes += RawH2Client.headers(stream: 1 + 2 * i, path: "/s\(i)") }
+        c.send(bytes)
+        #expect(eventually { origin.requests.count >= Int(limit) }, "the 128 requests reached the origin: \(origin.requests.count)")
+        let extra = 1 + 2 * limit
+        c.send(RawH2Client.headers(stream: extra))
+        #expect(c.read { $0.contains { $0.type == 0x3 && $0.stream == extra } || $0.contains { $0.type == 0x7 } })
+        #expect(c.goAway == nil, "GOAWAY \(String(describing: c.goAway?.errorCode))")
+        #expect(c.frames.first { $0.type == 0x3 && $0.stream == extra }?.errorCode == HTTP2ErrorCode.refusedStream.rawValue)
+        // Open the windows: all 128 complete.
+        c.send(RawH2Client.settings([(0x4, 65535)]))
+        let ended = c.read { frames in
+            Set(frames.filter { $0.type == 0x0 && $0.flags & 0x1 != 0 }.map(\.stream)).count == Int(limit)
+        }
+        #expect(ended, "streams ended: \(Set(c.frames.filter { $0.type == 0x0 && $0.flags & 0x1 != 0 }.map(\.stream)).count)")
+        #expect(c.goAway == nil)
+    }
+
+    /// The listener's header count limit applies to HTTP/2 as to HTTP/1.1: 431 and the JSON error.
+    @Test(.enabled(if: Curl.available)) func tooManyHeaderFieldsAre431OnBothProtocols() throws {
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route(origin: origin.port)])
+        defer { proxy.stop() }
+        let fields = (0..<156).flatMap { ["-H", "x-f\($0): v"] }
+        let h2 = try Curl.run(["--http2-prior-knowledge", "-i"] + fields + ["http://127.0.0.1:\(proxy.port)/many"])
+        #expect(h2.stdout.hasPrefix("HTTP/2 431"), "\(h2.stdout.prefix(300)) \(h2.stderr)")
+        #expect(h2.stdout.contains("application/json"))
+        #expect(h2.stdout.contains(#""error":"h2.too_many_headers""#))
+        let h1 = try Curl.run(["--http1.1", "-i"] + fields + ["http://127.0.0.1:\(proxy.port)/many"])
+        #expect(h1.stdout.hasPrefix("HTTP/1.1 431"), "\(h1.stdout.prefix(300))")
+        #expect(origin.requests.count == 0)
+        // Under the limit, both go through.
+        let few = (0..<90).flatMap { ["-H", "x-f\($0): v"] }
+        let ok = try Curl.run(["--http2-prior-knowledge"] + few + ["http://127.0.0.1:\(proxy.port)/few"])
+        #expect(ok.body.contains("x-f89: v"))
+    }
+}
+
+/// Polls `condition` every 10 ms for up to `seconds`.
+func eventually(seconds: Double = 10, _ condition: () -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while !condition() {
+        if Date() > deadline { return false }
+        Thread.sleep(forTimeInterval: 0.01)
+    }
+    return true
+}
+
+@Suite("Upgrades the origin does not switch (RFC 8441 §5)", .serialized)
+struct UnswitchedUpgradeTests {
+    /// An origin that answers every WebSocket handshake with 200 and a body.
+    func origin() throws -> TestOrigin {
+        try TestOrigin { _ in .response(status: 200, headers: [("Content-Type", "text/plain")], body: Array("not a websocket".utf8)) }
+    }
+
+    /// To an HTTP/2 client a 200 to extended CONNECT means the tunnel is open: it gets 502 with
+    /// the JSON error instead, and the stream ends.
+    @Test func extendedConnectAnswered200Is502() throws {
+        let origin = try origin()
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route("/ws/", origin: origin.port)])
+        defer { proxy.stop() }
+        let client = try H2TestClient(port: proxy.port)
+        try client.pump { $0.contains { if case .remoteSettings(_, true) = $0 { return true }; return false } }
+        let id = try client.session.submitRequest([
+            HTTPField(name: ":method", value: "CONNECT"), HTTPField(name: ":protocol", value: "websocket"),
+            HTTPField(name: ":scheme", value: "http"), HTTPField(name: ":authority", value: "localhost"),
+            HTTPField(name: ":path", value: "/ws/chat"), HTTPField(name: "sec-websocket-version", value: "13"),
+        ], endStream: false)
+        try client.pump { $0.contains { if case .streamClosed(id, _) = $0 { return true }; return false } }
+        let head = client.events.compactMap { e -> [HTTPField]? in if case .headers(id, let f, .response, _) = e { return f }; return nil }.first
+        #expect(head?.first == HTTPField(name: ":status", value: "502"))
+        #expect(head?.contains(HTTPField(name: "content-type", value: "application/json")) == true)
+        var body: [UInt8] = []
+        for case .data(id, let b, _) in client.events { body += b }
+        let text = String(decoding: body, as: UTF8.self)
+        #expect(text.contains(#""error":"upstream_"#), "\(text)")
+        #expect(!text.contains("not a websocket"))
+        #expect(origin.requests.count == 1)
+    }
+
+    /// The HTTP/1.1 path is consistent: a 200 to an `Upgrade: websocket` handshake is not a
+    /// silent downgrade either.
+    @Test func http1UpgradeAnswered200Is502() throws {
+        let origin = try origin()
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route("/ws/", origin: origin.port)])
+        defer { proxy.stop() }
+        let c = try TestClient(port: proxy.port)
+        try c.send("GET /ws/chat HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        let r = try c.readResponse()
+        #expect(r.status == 502)
+        #expect(r["Content-Type"] == "application/json")
+        #expect(r.bodyText.contains("not 101"))
+        #expect(!r.bodyText.contains("not a websocket"))
+    }
+}
