@@ -55,11 +55,15 @@ public struct TokenGrant: Sendable, Equatable {
 /// token or secret.
 public struct TokenEndpointFailure: Error, Sendable, Equatable, CustomStringConvertible {
     public enum Classification: String, Sendable, Equatable {
-        /// Transport error, 408, 429, 5xx, `temporarily_unavailable`, `server_error`:
-        /// retried (3 attempts per round, backoff between rounds).
+        /// Everything that is not about the client's own credentials or grant: transport
+        /// errors, 408, 429, 5xx, `temporarily_unavailable`, `server_error`, other error codes
+        /// and statuses, and any malformed, non-JSON or unusable response whatever its status
+        /// (a maintenance page, a misconfigured gateway): retried (3 attempts per round,
+        /// backoff between rounds), never negative-cached.
         case retryable
-        /// `invalid_client`, `unauthorized_client`, `invalid_scope`, `unsupported_grant_type`,
-        /// any other 4xx, a malformed or unusable response: no retry, negative-cached.
+        /// `invalid_client`, `unauthorized_client`, `invalid_scope`, `unsupported_grant_type`
+        /// (RFC 6749 §5.2: the server refuses the client's own credentials): no retry,
+        /// negative-cached. Also local configuration errors (a request that cannot be encoded).
         case permanent
         /// `invalid_grant`: the refresh token (or password) is dead.
         case invalidGrant = "invalid_grant"
@@ -137,6 +141,12 @@ public struct TokenResponseParser: Sendable {
     public static let retryableErrors: Set<String> = ["temporarily_unavailable", "server_error"]
 
     /// Classifies one response. `wallClockNow` is Unix seconds.
+    ///
+    /// DESIGN §6: only the RFC 6749 §5.2 errors that name the client's own credentials or grant
+    /// end retries (`permanentErrors` → `.permanent`, `invalid_grant` → `.invalidGrant`). Any other
+    /// failure, an unparseable or non-JSON body (any status) included, is `.retryable`: a token
+    /// endpoint answering `200` with an HTML page is down, not refusing us, and must not lock the
+    /// session out after it recovers.
     public func parse(status: Int, headers: [(name: String, value: String)], body: [UInt8],
                       wallClockNow: Int64) -> Result<TokenGrant, TokenEndpointFailure> {
         let retryAfter = headers.first { $0.name.lowercased() == "retry-after" }
@@ -158,35 +168,35 @@ public struct TokenResponseParser: Sendable {
         }
 
         guard body.count <= maxBodyBytes else {
-            return failure(statusRetryable ? .retryable : .permanent, "token.response_too_large")
+            return failure(.retryable, "token.response_too_large")
         }
         let json = try? JSONParser(maxBytes: maxBodyBytes).parse(body)
         let object = json?.objectValue
 
         // An `error` member decides, whatever the status (a 200 with `error` is a failure).
         if let object, let code = object["error"] {
-            guard let code = code.stringValue else { return failure(.permanent, "token.malformed_error", oauth: object) }
+            guard let code = code.stringValue else { return failure(.retryable, "token.malformed_error", oauth: object) }
             let safe = sanitise(code, limit: 64)
             if code == "invalid_grant" { return failure(.invalidGrant, "token.invalid_grant", oauth: object) }
             if Self.permanentErrors.contains(code) { return failure(.permanent, "token.\(safe)", oauth: object) }
             if Self.retryableErrors.contains(code) { return failure(.retryable, "token.\(safe)", oauth: object) }
             if statusRetryable { return failure(.retryable, "token.http_\(status)", oauth: object) }
-            return failure(.permanent, "token.\(safe)", oauth: object)
+            return failure(.retryable, "token.\(safe)", oauth: object)
         }
         guard (200...299).contains(status) else {
-            return failure(statusRetryable ? .retryable : .permanent, "token.http_\(status)")
+            return failure(.retryable, "token.http_\(status)")
         }
         guard let object else {
-            return failure(.permanent, json == nil ? "token.malformed_json" : "token.not_an_object")
+            return failure(.retryable, json == nil ? "token.malformed_json" : "token.not_an_object")
         }
         guard let access = object["access_token"]?.stringValue, !access.isEmpty else {
-            return failure(.permanent, "token.missing_access_token")
+            return failure(.retryable, "token.missing_access_token")
         }
         guard access.utf8.allSatisfy({ $0 >= 0x21 && $0 <= 0x7E }) else {
-            return failure(.permanent, "token.invalid_access_token")
+            return failure(.retryable, "token.invalid_access_token")
         }
         guard let tokenType = object["token_type"]?.stringValue, tokenType.lowercased() == "bearer" else {
-            return failure(.permanent, "token.unsupported_token_type")
+            return failure(.retryable, "token.unsupported_token_type")
         }
 
         // DESIGN §6 "Lifetime": `expires_in` > 0, else the JWT `exp` if it lies ahead, else

@@ -14,8 +14,8 @@
 //   fetchSucceeded(_:sentAt:now:)                .scheduleRefresh(at:) / .scheduleRetry(at:)
 //   fetchFailed(_:requestSent:now:)              .cancelTimer
 //   refreshTimerFired(now:) / retryTimerFired    .publish(CurrentToken?)
-//   upstreamRejected(generation:waiter:now:)     .reportBreakerTripped(until:)   (5 forced
-//                                                  refreshes per 30 s pass; the 6th trips it)
+//   upstreamRejected(generation:waiter:now:)     .reportBreakerTripped(until:)   (5 counted
+//   upstreamAccepted(generation:now:)              refreshes per 30 s pass; the 6th trips it)
 //   credentialsChanged(now:)                     .reportNeedsReauthentication(failure)
 //                                                .reportNegativeCached(failure, until:)
 //
@@ -45,8 +45,18 @@
 //
 // Retries: attempts 1 s then 2 s apart (±10 %), `Retry-After` obeyed (≤ 1 h); after the
 // last attempt of a round, backoff 1, 2, 4 … s (≤ 30 s, ±20 %) before the next round.
-// Waiters without a usable token are kept across attempts of a round whose next attempt is
-// within the wait bound; they are failed (with the delay as `retryAfter`) at a round's end.
+// Waiters without a usable token wait for the next attempt when it starts within the wait
+// bound (within a round or between rounds alike); only when it does not, or when their own
+// bound runs out, are they failed (with the delay as `retryAfter`: the 503 of DESIGN §5).
+//
+// Rejections (DESIGN §6 "401 → refresh → replay once", "Breaker"): a token is *proven* once an
+// upstream answered a request carrying it with a status that is not a rejection
+// (`upstreamAccepted`, reported by the driver once per generation). A rejected token is never
+// served again, not even while the refresh fails: its callers wait for the refresh or get a
+// `TokenUnavailable` (a 503, never the upstream's 401). Forced refreshes are paced: at most one
+// per `forcedRefreshInterval` (1 s); a rejection inside it waits in `.pacingForcedRefresh` for
+// the next one. Only the rejection of a never-proven token is counted by the breaker; while it
+// is open such a rejection is resumed with `.passThrough` (relay the upstream's answer).
 
 extension TokenSession {
     /// The token session's decisions (DESIGN §6). Owns the current token, the generation
@@ -54,7 +64,7 @@ extension TokenSession {
     ///
     /// Lives on the session's serial queue (a value type; the driver owns the only copy).
     /// Invariants: at most one fetch in flight; waiters exist only in `.fetching` and
-    /// `.backingOff`; every waiter is resumed exactly once; generations strictly increase.
+    /// `.backingOff` and `.pacingForcedRefresh`; every waiter is resumed exactly once; generations strictly increase.
     public struct StateMachine: Sendable {
         /// Valid transitions are listed on each case.
         enum Phase: Sendable {
@@ -68,10 +78,16 @@ extension TokenSession {
             /// A retryable failure; the next attempt is due at `at`.
             /// Exits: `retryTimerFired` (at or after `at`), `credentialsChanged` → `.fetching`.
             case backingOff(BackingOff)
+            /// The current token was rejected within `forcedRefreshInterval` of the last forced
+            /// refresh: the next one starts at `at`; `waiters` (requests and rejections) wait for it.
+            /// Exits: `retryTimerFired` (at or after `at`) → `.fetching(.rejected)`;
+            /// `credentialsChanged` → `.fetching(.start)`.
+            case pacingForcedRefresh(Pacing)
             /// A token is held; the background refresh is due at `refreshAt`.
             /// Exits: `refreshTimerFired` → `.fetching(.soft / .hard)`; `tokenRequested`
             /// in the hard window or after expiry → `.fetching(.hard)`; `upstreamRejected`
-            /// of the current generation → `.fetching(.rejected)`.
+            /// of the current generation → `.fetching(.rejected)`, or `.pacingForcedRefresh`
+            /// within a second of the last forced refresh (a breaker refusal stays `.ready`).
             case ready(Ready)
             /// A permanent failure: no requests to the server until `until`.
             /// Exits: `tokenRequested` at or after `until` → `.fetching`;
@@ -99,9 +115,13 @@ extension TokenSession {
             var round: Int
             var at: MonotonicInstant
             var lastFailure: TokenEndpointFailure
-            /// True while the next attempt is part of the same round and within the wait
-            /// bound: callers without a usable token join `waiters` instead of failing.
-            var holdsWaiters: Bool
+            /// Callers without a usable token that wait for the attempt at `at` (each joined
+            /// while `at` was within its wait bound; its own timeout ends its wait).
+            var waiters: [WaiterID]
+        }
+
+        struct Pacing: Sendable {
+            var at: MonotonicInstant
             var waiters: [WaiterID]
         }
 
@@ -122,9 +142,10 @@ extension TokenSession {
             var generation: UInt64
             var expiresAt: MonotonicInstant
             var hardAt: MonotonicInstant
-            /// Set when an upstream rejected this generation: it is no longer served without
-            /// trying to refresh first.
+            /// Set when an upstream rejected this generation: it is never served again.
             var rejectedAt: MonotonicInstant?
+            /// An upstream answered a request carrying it with a status that is not a rejection.
+            var proven: Bool
 
             var published: CurrentToken {
                 let until = rejectedAt.map { Swift.min($0, hardAt) } ?? hardAt
@@ -133,6 +154,8 @@ extension TokenSession {
             }
             func usableWithoutWaiting(_ now: MonotonicInstant) -> Bool { published.isUsableWithoutWaiting(at: now) }
             func notExpired(_ now: MonotonicInstant) -> Bool { now < expiresAt }
+            /// May be handed out when no newer token can be had: not expired, not rejected.
+            func servableAfterFailure(_ now: MonotonicInstant) -> Bool { rejectedAt == nil && now < expiresAt }
         }
 
         public enum Action: Sendable, Equatable {
@@ -157,6 +180,8 @@ extension TokenSession {
         private var token: Token?
         private var lastGeneration: UInt64 = 0
         private var breaker: RejectionBreaker
+        /// When the last forced (rejection-triggered) refresh started: paces the next one.
+        private var lastForcedRefreshAt: MonotonicInstant?
         private var random: any RandomNumberGenerator & Sendable
 
         /// - Parameter random: the only source of jitter (seed it in tests; the driver passes
@@ -179,7 +204,7 @@ extension TokenSession {
         public var status: Status {
             switch phase {
             case .idle: .idle
-            case .fetching: .fetching
+            case .fetching, .pacingForcedRefresh: .fetching
             case .ready: .ready
             case .backingOff(let b): .backingOff(until: b.at)
             case .negativeCached(let n): .negativeCached(until: n.until)
@@ -192,9 +217,16 @@ extension TokenSession {
             switch phase {
             case .fetching(let f): f.waiters.count
             case .backingOff(let b): b.waiters.count
+            case .pacingForcedRefresh(let p): p.waiters.count
             default: 0
             }
         }
+
+        /// Whether the current token was proven (for tests).
+        public var currentTokenProven: Bool { token?.proven ?? false }
+
+        /// The breaker, for tests.
+        public var rejectionBreaker: RejectionBreaker { breaker }
 
         // MARK: Inputs
 
@@ -226,9 +258,14 @@ extension TokenSession {
                 phase = .fetching(f)
                 return [.scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)]
 
+            case .pacingForcedRefresh(var p):
+                p.waiters.append(waiter)
+                phase = .pacingForcedRefresh(p)
+                return [.scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)]
+
             case .ready(let r):
                 if let notBefore = r.notBefore, now < notBefore {
-                    if let t = token, t.notExpired(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
+                    if let t = token, t.servableAfterFailure(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
                     return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(
                         reason: "token.no_progress", retryAfter: notBefore - now)))]
                 }
@@ -236,8 +273,9 @@ extension TokenSession {
                         .scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)]
 
             case .backingOff(var b):
-                if let t = token, t.notExpired(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
-                if b.holdsWaiters {
+                if let t = token, t.servableAfterFailure(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
+                // DESIGN §6: wait for the next attempt when it starts within the wait bound.
+                if b.at - now <= policy.waitTimeout {
                     b.waiters.append(waiter)
                     phase = .backingOff(b)
                     return [.scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)]
@@ -250,12 +288,12 @@ extension TokenSession {
                     return [beginFetch(token == nil ? .start : .hard, attempt: 1, round: 1, waiters: [waiter]),
                             .scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)]
                 }
-                if let t = token, t.notExpired(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
+                if let t = token, t.servableAfterFailure(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
                 return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(
                     reason: "token.negative_cached", retryAfter: n.until - now, lastFailure: n.failure)))]
 
             case .needsReauthentication(let failure):
-                if let t = token, t.notExpired(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
+                if let t = token, t.servableAfterFailure(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
                 return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(
                     reason: "token.needs_reauthentication", retryAfter: policy.reauthenticationRetryAfter,
                     lastFailure: failure)))]
@@ -279,10 +317,16 @@ extension TokenSession {
                 phase = .backingOff(b)
                 retryAfter = b.at - now
                 lastFailure = b.lastFailure
+            case .pacingForcedRefresh(var p):
+                guard let i = p.waiters.firstIndex(of: waiter) else { return [] }
+                p.waiters.remove(at: i)
+                phase = .pacingForcedRefresh(p)
+                retryAfter = p.at - now
+                lastFailure = nil
             default:
                 return []
             }
-            if policy.serveValidTokenOnWaitTimeout, let t = token, t.notExpired(now) {
+            if policy.serveValidTokenOnWaitTimeout, let t = token, t.servableAfterFailure(now) {
                 return [.resumeWaiters([waiter], with: .token(t.published))]
             }
             return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(
@@ -304,6 +348,7 @@ extension TokenSession {
             var notBefore: MonotonicInstant? = nil
 
             let generation: UInt64
+            var proven = false
             if let old = token {
                 // DESIGN §6 (corrected, issue 8 item 14): only the *same* access token is no
                 // progress. A different token is progress even when it expires sooner: servers
@@ -315,12 +360,13 @@ extension TokenSession {
                     refreshAt = max(refreshAt, guardUntil)
                 }
                 generation = sameToken ? old.generation : lastGeneration + 1
+                proven = sameToken && old.proven
             } else {
                 generation = lastGeneration + 1
             }
             lastGeneration = max(lastGeneration, generation)
             token = Token(accessToken: grant.accessToken, generation: generation, expiresAt: expiresAt,
-                          hardAt: hardAt, rejectedAt: nil)
+                          hardAt: hardAt, rejectedAt: nil, proven: proven)
             phase = .ready(Ready(refreshAt: refreshAt, notBefore: notBefore))
             let published = token!.published  // Just assigned above.
             var actions: [Action] = [.publish(published)]
@@ -377,14 +423,15 @@ extension TokenSession {
                 }
                 if let requested = failure.retryAfter { delay = max(delay, min(requested, policy.retryAfterCap)) }
                 let at = now + delay
-                let hold = inRound && delay <= policy.waitTimeout
                 var b = BackingOff(reason: f.reason, nextAttempt: next.attempt, round: next.round, at: at,
-                                   lastFailure: failure, holdsWaiters: hold, waiters: [])
+                                   lastFailure: failure, waiters: [])
                 var actions: [Action] = []
-                if let t = token, t.notExpired(now) {
+                if let t = token, t.servableAfterFailure(now) {
                     // The old token is still good: serve it rather than keep anyone waiting.
                     if !f.waiters.isEmpty { actions.append(.resumeWaiters(f.waiters, with: .token(t.published))) }
-                } else if hold {
+                } else if delay <= policy.waitTimeout {
+                    // DESIGN §6: the next attempt starts within the wait bound (in this round or
+                    // the next): wait for it; each waiter's own timeout still bounds its wait.
                     b.waiters = f.waiters
                 } else if !f.waiters.isEmpty {
                     actions.append(.resumeWaiters(f.waiters, with: .failure(TokenUnavailable(
@@ -405,71 +452,142 @@ extension TokenSession {
 
         /// The retry timer fired.
         public mutating func retryTimerFired(now: MonotonicInstant) -> [Action] {
-            guard case .backingOff(let b) = phase, now >= b.at else { return [] }
-            return [beginFetch(b.reason, attempt: b.nextAttempt, round: b.round, waiters: b.waiters)]
+            switch phase {
+            case .backingOff(let b) where now >= b.at:
+                return [beginFetch(b.reason, attempt: b.nextAttempt, round: b.round, waiters: b.waiters)]
+            case .pacingForcedRefresh(let p) where now >= p.at:
+                lastForcedRefreshAt = now
+                return [beginFetch(.rejected, attempt: 1, round: 1, waiters: p.waiters)]
+            default:
+                return []
+            }
+        }
+
+        /// An upstream answered a request that carried `generation` with a status that is not a
+        /// rejection (DESIGN §6 "Breaker"): that token is proven, and a rejection of it counted
+        /// by the breaker before this report arrived is forgiven. The driver reports only the
+        /// first such answer per generation.
+        public mutating func upstreamAccepted(generation: UInt64, now: MonotonicInstant) -> [Action] {
+            breaker.forgive(generation: generation)
+            guard var t = token, t.generation == generation, !t.proven else { return [] }
+            t.proven = true
+            token = t
+            return []
         }
 
         /// An upstream rejected a request that carried `generation` (the replay decision was
         /// `.refreshThenReplay` or `.refreshOnlyPassThrough`). With a `waiter`, it is resumed
-        /// with the token to replay with, or a failure meaning "pass the rejection through".
+        /// with the token to replay with, `.passThrough` (relay the rejection: the breaker is
+        /// open), or a failure (no newer token within the wait bound: the client gets the 503 of
+        /// DESIGN §5, never the upstream's rejection).
         ///
         /// Compare-and-swap: only the current generation is marked rejected; an older one gets
-        /// the current token at once. A forced refresh is subject to the breaker and the
-        /// no-progress guard; joining an in-flight fetch is always allowed.
+        /// the current token at once (or, if that one was rejected too, waits for its refresh).
+        /// A proven token's rejection always gets its forced refresh (paced: one per
+        /// `forcedRefreshInterval`); a never-proven one's is subject to the breaker. Joining
+        /// a fetch in flight is always allowed. The no-progress guard applies to both.
         public mutating func upstreamRejected(generation: UInt64, waiter: WaiterID?, now: MonotonicInstant) -> [Action] {
-            func passThrough(_ reason: String, _ retryAfter: Duration) -> [Action] {
+            func fail(_ reason: String, _ retryAfter: Duration, _ last: TokenEndpointFailure? = nil) -> [Action] {
                 guard let waiter else { return [] }
-                return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(reason: reason, retryAfter: retryAfter)))]
+                return [.resumeWaiters([waiter], with: .failure(TokenUnavailable(reason: reason, retryAfter: retryAfter, lastFailure: last)))]
             }
-            guard var t = token, generation == t.generation else {
-                if let t = token, generation < t.generation, let waiter {
-                    return [.resumeWaiters([waiter], with: .token(t.published))]
-                }
-                return passThrough("token.refresh_not_possible", policy.waitTimeoutRetryAfter)
+            guard var t = token, generation <= t.generation else {
+                return fail("token.refresh_not_possible", policy.waitTimeoutRetryAfter)
+            }
+            if generation < t.generation, t.rejectedAt == nil {
+                // An older token: the current one replays at once, no refresh.
+                guard let waiter else { return [] }
+                return [.resumeWaiters([waiter], with: .token(t.published))]
+            }
+            // The current token was rejected (by this request, or earlier by another one).
+            var actions: [Action] = []
+            let timeout: [Action] = waiter.map { [.scheduleWaiterTimeout($0, at: now + policy.waitTimeout)] } ?? []
+            let joining = waiter.map { [$0] } ?? []
+            if t.rejectedAt == nil, !isReadyWithinNoProgressGuard(now), !markingWaitsForBreaker(t) {
+                t.rejectedAt = now
+                token = t
+                actions.append(.publish(t.published))
             }
             switch phase {
             case .fetching(var f):
-                // Join the one in-flight fetch.
-                var actions: [Action] = []
-                if t.rejectedAt == nil {
-                    t.rejectedAt = now
-                    token = t
-                    actions.append(.publish(t.published))
+                f.waiters += joining
+                phase = .fetching(f)
+                return actions + timeout
+
+            case .pacingForcedRefresh(var p):
+                p.waiters += joining
+                phase = .pacingForcedRefresh(p)
+                return actions + timeout
+
+            case .backingOff(var b):
+                // Wait for the next attempt when it starts within the wait bound (DESIGN §6).
+                guard b.at - now <= policy.waitTimeout else {
+                    return actions + fail("token.unavailable", b.at - now, b.lastFailure)
                 }
-                if let waiter {
-                    f.waiters.append(waiter)
-                    phase = .fetching(f)
-                    actions.append(.scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout))
-                }
-                return actions
+                b.waiters += joining
+                phase = .backingOff(b)
+                return actions + timeout
 
             case .ready(let r):
                 if let notBefore = r.notBefore, now < notBefore {
-                    return passThrough("token.no_progress", notBefore - now)
+                    return fail("token.no_progress", notBefore - now)
                 }
-                switch breaker.admitForcedRefresh(at: now) {
-                case .open(let until):
-                    return passThrough("token.breaker_open", until - now)
-                case .tripped(let until):
-                    return [.reportBreakerTripped(until: until)] + passThrough("token.breaker_open", until - now)
-                case .allowed:
-                    t.rejectedAt = now
-                    token = t
-                    var actions: [Action] = [.publish(t.published),
-                                             beginFetch(.rejected, attempt: 1, round: 1, waiters: waiter.map { [$0] } ?? [])]
-                    if let waiter { actions.append(.scheduleWaiterTimeout(waiter, at: now + policy.waitTimeout)) }
-                    return actions
+                if !t.proven {
+                    switch breaker.admitForcedRefresh(at: now, generation: t.generation) {
+                    case .open(let until):
+                        return passThrough(waiter, "token.breaker_open", until - now)
+                    case .tripped(let until):
+                        return [.reportBreakerTripped(until: until)] + passThrough(waiter, "token.breaker_open", until - now)
+                    case .allowed:
+                        break
+                    }
+                    // Marked only now: a rejection the breaker refuses leaves the token in service.
+                    if t.rejectedAt == nil {
+                        t.rejectedAt = now
+                        token = t
+                        actions.append(.publish(t.published))
+                    }
                 }
+                return actions + forceRefresh(waiters: joining, now: now) + timeout
 
-            case .backingOff(let b):
-                return passThrough("token.unavailable", b.at - now)
             case .negativeCached(let n):
-                return passThrough("token.negative_cached", n.until - now)
-            case .needsReauthentication:
-                return passThrough("token.needs_reauthentication", policy.reauthenticationRetryAfter)
+                if now >= n.until { return actions + forceRefresh(waiters: joining, now: now) + timeout }
+                return actions + fail("token.negative_cached", n.until - now, n.failure)
+            case .needsReauthentication(let failure):
+                return actions + fail("token.needs_reauthentication", policy.reauthenticationRetryAfter, failure)
             case .idle:
-                return passThrough("token.refresh_not_possible", policy.waitTimeoutRetryAfter)
+                return actions + fail("token.refresh_not_possible", policy.waitTimeoutRetryAfter)
             }
+        }
+
+        private func passThrough(_ waiter: WaiterID?, _ reason: String, _ retryAfter: Duration) -> [Action] {
+            guard let waiter else { return [] }
+            return [.resumeWaiters([waiter], with: .passThrough(TokenUnavailable(reason: reason, retryAfter: retryAfter)))]
+        }
+
+        /// `.ready` with the no-progress guard holding: a rejection changes nothing.
+        private func isReadyWithinNoProgressGuard(_ now: MonotonicInstant) -> Bool {
+            if case .ready(let r) = phase, let notBefore = r.notBefore, now < notBefore { return true }
+            return false
+        }
+
+        /// `.ready` with a never-proven token: the breaker decides (in `upstreamRejected`)
+        /// whether the rejection is about our token at all; the token is marked only then.
+        private func markingWaitsForBreaker(_ t: Token) -> Bool {
+            if case .ready = phase, !t.proven { return true }
+            return false
+        }
+
+        /// Starts the forced refresh now, or at `lastForcedRefreshAt + forcedRefreshInterval`
+        /// (DESIGN §6: at most one per second per session; later rejections wait for it).
+        private mutating func forceRefresh(waiters: [WaiterID], now: MonotonicInstant) -> [Action] {
+            if let last = lastForcedRefreshAt, now < last + policy.forcedRefreshInterval {
+                let at = last + policy.forcedRefreshInterval
+                phase = .pacingForcedRefresh(Pacing(at: at, waiters: waiters))
+                return [.scheduleRetry(at: at)]
+            }
+            lastForcedRefreshAt = now
+            return [beginFetch(.rejected, attempt: 1, round: 1, waiters: waiters)]
         }
 
         /// The configuration or the credentials (client secret, password, refresh token file)
@@ -491,6 +609,8 @@ extension TokenSession {
                 return [.cancelTimer, beginFetch(.start, attempt: 1, round: 1, waiters: [])]
             case .backingOff(let b):
                 return [.cancelTimer, beginFetch(.start, attempt: 1, round: 1, waiters: b.waiters)]
+            case .pacingForcedRefresh(let p):
+                return [.cancelTimer, beginFetch(.start, attempt: 1, round: 1, waiters: p.waiters)]
             }
         }
 
@@ -505,7 +625,7 @@ extension TokenSession {
 
         private func resumeWithOldTokenOrFail(_ waiters: [WaiterID], now: MonotonicInstant, failure: TokenUnavailable) -> [Action] {
             guard !waiters.isEmpty else { return [] }
-            if let t = token, t.notExpired(now) { return [.resumeWaiters(waiters, with: .token(t.published))] }
+            if let t = token, t.servableAfterFailure(now) { return [.resumeWaiters(waiters, with: .token(t.published))] }
             return [.resumeWaiters(waiters, with: .failure(failure))]
         }
 

@@ -109,9 +109,10 @@ extension TokenSession {
 
     /// Why no token can be handed out: what the 503 of DESIGN §5 is built from.
     public struct TokenUnavailable: Error, Sendable, Equatable, CustomStringConvertible {
-        /// Stable dotted reason: `token.unavailable` (fetch failed, retry pending),
-        /// `token.negative_cached`, `token.needs_reauthentication`, `token.wait_timeout`,
-        /// `token.no_progress`, `token.breaker_open`, `token.refresh_not_possible`.
+        /// Stable dotted reason: `token.unavailable` (fetch failed, the next attempt is not
+        /// within the wait bound), `token.negative_cached`, `token.needs_reauthentication`,
+        /// `token.wait_timeout`, `token.no_progress`, `token.breaker_open` (with `.passThrough`),
+        /// `token.refresh_not_possible`.
         public let reason: String
         /// Time until the next attempt to get a token: the 503's `Retry-After`.
         public let retryAfter: Duration
@@ -140,7 +141,12 @@ extension TokenSession {
     /// How a waiter is resumed.
     public enum WaiterResult: Sendable, Equatable {
         case token(CurrentToken)
+        /// No token within the wait bound: the client gets the 503 of DESIGN §5 (for a held
+        /// rejection too: never the upstream's rejection).
         case failure(TokenUnavailable)
+        /// Only for a rejection: relay the upstream's answer, the rejection is not about our
+        /// token (the breaker is open, DESIGN §6 "Breaker").
+        case passThrough(TokenUnavailable)
     }
 
     /// One token request the driver must send.
@@ -231,6 +237,9 @@ extension TokenSession {
         public var waitTimeoutRetryAfter: Duration = .seconds(1)
         /// Rejection breaker (DESIGN §6 "Breaker").
         public var breaker: RejectionBreaker.Configuration = .init()
+        /// At most one forced (rejection-triggered) refresh per this interval; later
+        /// rejections wait for the next one. 1 s.
+        public var forcedRefreshInterval: Duration = .seconds(1)
 
         public init(grant: GrantKind, refreshBefore: Duration? = nil) {
             self.grant = grant

@@ -328,14 +328,14 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// (compare-and-swap on the generation happens there).
     private func reportRejectedWithoutReplay() {
         guard let session, let token else { return }
-        session.reportRejected(generation: token.generation, on: ctx.loop) { _ in }
+        session.reportRejectedWithoutReplay(generation: token.generation)
     }
 
     /// The held rejection drained and the body is complete: the session decides which token the
     /// replay carries (its current newer one at once, or the coalesced refresh's).
     private func reportRejectedForReplay() {
         guard let session, let rejected = token else { return }
-        session.reportRejected(generation: rejected.generation, on: ctx.loop) { [weak self] outcome in
+        session.reportRejected(generation: rejected.generation, route: route.match, on: ctx.loop) { [weak self] outcome in
             guard let self, case .awaitingReplayToken = self.machine.state else { return }
             switch outcome {
             case .replay(let t, let refreshed):
@@ -349,10 +349,18 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 self.replayed = true
                 self.perform(self.machine.rejectionOutcome(.replay))
             case .passThrough(let reason):
+                // The session logs this once per route and breaker streak and counts the rest.
                 self.ctx.metrics.countReplay(slot: self.metricsSlot, ReplayOutcome.abandoned(reason: reason))
-                self.runtime.logger.warning("not replaying rejected request", metadata: [
+                self.runtime.logger.debug("not replaying rejected request", metadata: [
                     "session": "\(session.name)", "route": "\(self.route.match)", "reason": "\(reason)"])
                 self.perform(self.machine.rejectionOutcome(.passThrough))
+            case .unavailable(let unavailable):
+                // DESIGN §6: no newer token within the wait bound is a 503, never the upstream's 401.
+                self.ctx.metrics.countReplay(slot: self.metricsSlot, .refreshFailed)
+                self.runtime.logger.debug("not replaying rejected request", metadata: [
+                    "session": "\(session.name)", "route": "\(self.route.match)", "reason": "\(unavailable.detail)"])
+                guard case .respondTokenUnavailable(let closeClient) = self.machine.rejectionOutcome(.tokenUnavailable) else { return }
+                self.respondTokenUnavailable(unavailable, closeClient: closeClient)
             }
         }
     }
@@ -521,6 +529,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// `endStream`: an HTTP/2 HEADERS frame that ended the stream (a trailers-only gRPC answer).
     func backendResponseHead(_ upstream: HTTPResponseHead, framing respFraming: HTTP1BodyFraming, endStream: Bool) {
         if upstream.status == 101 {
+            if let session, let token { session.noteAccepted(generation: token.generation) }
             responseHead = (upstream, .none)
             perform(machine.upstreamSwitchedProtocols())
             return
@@ -547,6 +556,10 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             grpcStatus = g
             // Trailers-only (gRPC over HTTP/2: the head carries the status and ends the stream).
             grpcUnauthenticated = endStream && g == "16"
+        }
+        // DESIGN §6 "Breaker": a status that is not a rejection proves the token it carried.
+        if let session, let token, !grpcUnauthenticated, !routeRef.rejectSet.contains(upstream.status) {
+            session.noteAccepted(generation: token.generation)
         }
         let action = machine.upstreamFinalHead(status: upstream.status, grpcUnauthenticated: grpcUnauthenticated,
                                                wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") })

@@ -27,7 +27,8 @@ extension ProxyExchange {
     /// - `.collectingReplayBody` → `clientBodyEnded` → `.awaitingReplayToken`; the kept copy
     ///   overflowing → `.finished` (the held rejection goes to the client).
     /// - `.awaitingReplayToken` → `rejectionOutcome(.replay)` → `.connecting(replay)`;
-    ///   `.passThrough` → `.finished` (the held rejection goes to the client).
+    ///   `.passThrough` → `.finished` (the held rejection goes to the client);
+    ///   `.tokenUnavailable` → `.finished` (503, DESIGN §6: never the upstream's rejection).
     /// - `.forwarding(_, .sent, .awaitingHead)` of an upgrade request → `upstreamSwitchedProtocols`
     ///   (a 101) → `.tunnelling` → `tunnelEnded` / `clientClosed` / `upstreamFailed` → `.finished`.
     ///   A 2xx final head instead → `.finished` (502: the upstream did not switch).
@@ -370,6 +371,9 @@ extension ProxyExchange {
                 // A rejection whose body was cut cannot be relayed as it was: answer the failure.
                 guard heldWhole else { return .respondUpstreamError(closeClient: false) }
                 return .sendHeldRejection(reason: nil, refreshOnly: false, closeClient: false)
+            case .tokenUnavailable:
+                state = .finished
+                return .respondTokenUnavailable(closeClient: !clientBody.isComplete)
             }
         }
 
@@ -578,7 +582,9 @@ extension ProxyExchange {
     }
 
     /// The session's answer to a held rejection.
-    public enum RejectionVerdict: Sendable, Equatable { case replay, passThrough }
+    /// The session's answer to a held rejection: replay with a newer token, relay the
+    /// rejection (breaker open), or answer 503 (no newer token within the wait bound).
+    public enum RejectionVerdict: Sendable, Equatable { case replay, passThrough, tokenUnavailable }
 
     public struct SendRequest: Sendable, Equatable {
         public enum Body: Sendable, Equatable {

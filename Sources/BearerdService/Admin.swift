@@ -210,6 +210,14 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         }
         perSession("bearerd_forced_refreshes_total", .counter, "Refreshes started because an upstream rejected the current token.") { $0.counters.forcedRefreshes }
         perSession("bearerd_breaker_trips_total", .counter, "Times the rejection breaker opened.") { $0.counters.breakerTrips }
+        w.family("bearerd_rejections_not_replayed_total", .counter,
+                 help: "Upstream rejections the session had no token to replay with, by reason (breaker_open: relayed; others: answered 503).")
+        for s in sessions {
+            for reason in s.counters.rejectionsNotReplayed.keys.sorted() {
+                w.sample("bearerd_rejections_not_replayed_total", [("session", s.name), ("reason", reason)],
+                         s.counters.rejectionsNotReplayed[reason] ?? 0)
+            }
+        }
         perSession("bearerd_token_state_persist_failures_total", .counter,
                    "Failed writes of a session's state file (rotated refresh token kept in memory and retried).") { $0.counters.statePersistFailures }
         perSession("bearerd_token_waits_total", .counter, "Callers that waited for a shared token fetch.") { $0.counters.waits }

@@ -58,8 +58,15 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     private enum Waiter {
         case token(EventLoop, (Result<PublishedToken, TokenUnavailable>) -> Void)
-        case rejection(EventLoop, generation: UInt64, (RejectionOutcome) -> Void)
+        case rejection(EventLoop, generation: UInt64, route: String, (RejectionOutcome) -> Void)
     }
+
+    /// The highest generation an upstream is known to have accepted (any thread, lock-free):
+    /// only the first acceptance per generation crosses to the session queue.
+    private let provenGeneration = Atomic<UInt64>(0)
+    /// Session queue: the routes whose rejections were already logged while the breaker is
+    /// open (one error line per breaker streak and route; the rest only counted).
+    private var breakerLoggedRoutes: Set<String> = []
 
     init(settings: SessionSettings, policy: TokenSession.Policy, store: StateStore?, logger: Logger, queueIndex: Int) {
         name = settings.config.name
@@ -119,13 +126,14 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         run(machine.credentialsChanged(now: now(), reissue: true))
     }
 
-    /// The upstream rejected a request sent with `generation` (DESIGN §6 "401 → refresh →
-    /// replay once"). An older generation gets `.replay(current)` at once; the current one is
-    /// marked rejected (compare-and-swap in the state machine) and the one forced refresh is
-    /// joined or started; `.passThrough` when the breaker is open or no newer token could be had.
-    public func reportRejected(generation: UInt64, on loop: EventLoop, completion: @escaping (RejectionOutcome) -> Void) {
-        let current = publication.token
-        if let current, generation < current.generation {
+    /// The upstream rejected a request sent with `generation` on `route` (DESIGN §6 "401 →
+    /// refresh → replay once"). An older generation gets `.replay(current)` at once while the
+    /// current token is in service; the current one is marked rejected (compare-and-swap in the
+    /// state machine) and the one forced refresh is joined or started; `.passThrough` when the
+    /// breaker is open, `.unavailable` when no newer token could be had within the wait bound.
+    public func reportRejected(generation: UInt64, route: String = "", on loop: EventLoop,
+                               completion: @escaping (RejectionOutcome) -> Void) {
+        if let current = publication.token, generation < current.generation, monotonicNanos() < current.usableUntil {
             loop.execute { completion(.replay(current, refreshed: false)) }
             return
         }
@@ -134,8 +142,41 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 loop.execute { completion(.passThrough(reason: "token.session_stopped")) }
                 return
             }
-            let id = allocateWaiter(.rejection(loop, generation: generation, completion))
+            let id = allocateWaiter(.rejection(loop, generation: generation, route: route, completion))
             run(machine.upstreamRejected(generation: generation, waiter: id, now: now()))
+        }
+    }
+
+    /// A rejection that is relayed anyway (its body was not kept, or its method is not
+    /// replayed): the session refreshes for later requests; nobody waits for the outcome.
+    public func reportRejectedWithoutReplay(generation: UInt64) {
+        queue.execute { [self] in
+            guard !stopped else { return }
+            run(machine.upstreamRejected(generation: generation, waiter: nil, now: now()))
+        }
+    }
+
+    /// An upstream answered a request carrying `generation` with a status that is not a
+    /// rejection: the token is proven (DESIGN §6 "Breaker"). Hot path: one relaxed atomic load
+    /// per response; only the first acceptance of each generation hops to the session queue.
+    @inline(__always)
+    public func noteAccepted(generation: UInt64) {
+        if provenGeneration.load(ordering: .relaxed) >= generation { return }
+        noteFirstAcceptance(generation)
+    }
+
+    private func noteFirstAcceptance(_ generation: UInt64) {
+        var seen = provenGeneration.load(ordering: .relaxed)
+        while seen < generation {
+            let (exchanged, original) = provenGeneration.compareExchange(expected: seen, desired: generation, ordering: .relaxed)
+            if exchanged {
+                queue.execute { [self] in
+                    guard !stopped else { return }
+                    run(machine.upstreamAccepted(generation: generation, now: now()))
+                }
+                return
+            }
+            seen = original
         }
     }
 
@@ -213,7 +254,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 case .token(let loop, let completion):
                     let failure = TokenUnavailable(session: name, retryAfterSeconds: 1, detail: "token.session_stopped")
                     loop.execute { completion(.failure(failure)) }
-                case .rejection(let loop, _, let completion):
+                case .rejection(let loop, _, _, let completion):
                     loop.execute { completion(.passThrough(reason: "token.session_stopped")) }
                 }
             }
@@ -271,6 +312,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 publish(token)
             case .reportBreakerTripped(let until):
                 count { $0.breakerTrips += 1 }
+                breakerLoggedRoutes = []  // A new streak: each route's first rejection is logged again.
                 logger.error("upstream rejections are not about our token: forced refreshes stop for a while and the rejections go to the clients", metadata: [
                     "breaker.open_for_s": "\(Int((until - now()).secondsDouble.rounded(.up)))",
                 ])
@@ -347,23 +389,46 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 }
                 let p = convert(t)
                 loop.execute { completion(.success(p)) }
-            case .failure(let u):
+            case .failure(let u), .passThrough(let u):  // `.passThrough` is only for rejections.
                 let failure = TokenUnavailable(session: name, retryAfterSeconds: u.retryAfterSeconds, detail: u.detail)
                 loop.execute { completion(.failure(failure)) }
             }
-        case .rejection(let loop, let generation, let completion):
+        case .rejection(let loop, let generation, let route, let completion):
             switch result {
             case .token(let t) where t.generation > generation:
                 let p = convert(t)
                 loop.execute { completion(.replay(p, refreshed: true)) }
             case .token:
-                // The forced refresh failed and the rejected token is all there is.
-                loop.execute { completion(.passThrough(reason: "token.refresh_failed")) }
+                // No newer token (the machine hands out no rejected one; this is a safety net):
+                // never relay the upstream's rejection for a token we could not renew.
+                countNotReplayed("refresh_failed")
+                let failure = TokenUnavailable(session: name, retryAfterSeconds: 1, detail: "token.refresh_failed")
+                loop.execute { completion(.unavailable(failure)) }
             case .failure(let u):
-                let reason = u.detail
+                countNotReplayed(Self.label(u.reason))
+                let failure = TokenUnavailable(session: name, retryAfterSeconds: u.retryAfterSeconds, detail: u.detail)
+                loop.execute { completion(.unavailable(failure)) }
+            case .passThrough(let u):
+                countNotReplayed(Self.label(u.reason))
+                if breakerLoggedRoutes.insert(route).inserted {
+                    logger.error("upstream rejections go to the clients while the breaker is open (logged once per route and breaker streak; see bearerd_rejections_not_replayed_total)", metadata: [
+                        "route": "\(route)", "reason": "\(u.reason)", "breaker.open_for_s": "\(u.retryAfterSeconds)",
+                    ])
+                }
+                let reason = u.reason
                 loop.execute { completion(.passThrough(reason: reason)) }
             }
         }
+    }
+
+    /// `token.breaker_open` → `breaker_open`: the `reason` label (a bounded vocabulary: the
+    /// state machine's reasons).
+    static func label(_ reason: String) -> String {
+        reason.hasPrefix("token.") ? String(reason.dropFirst(6)) : reason
+    }
+
+    private func countNotReplayed(_ reason: String) {
+        count { $0.rejectionsNotReplayed[reason, default: 0] &+= 1 }
     }
 
     // MARK: Fetching (session queue)
@@ -457,8 +522,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             case .response(let status, let headers, let body):
                 done(sentAt, parser.parse(status: status, headers: headers, body: body, wallClockNow: wallClockSeconds()), true)
             case .tooLarge(let status):
-                let retryable = status == 408 || status == 429 || (500...599).contains(status)
-                done(sentAt, .failure(TokenEndpointFailure(classification: retryable ? .retryable : .permanent,
+                // A malformed answer (DESIGN §6): transient, never negative-cached.
+                done(sentAt, .failure(TokenEndpointFailure(classification: .retryable,
                                                            reason: "token.response_too_large", status: status)), true)
             case .transportFailure(let detail, let requestSent):
                 done(sentAt, .failure(.transport(detail)), requestSent)

@@ -23,6 +23,11 @@ public struct SessionMetrics: Sendable, Equatable {
     public var forcedRefreshes: UInt64 = 0
     /// Times the rejection breaker opened.
     public var breakerTrips: UInt64 = 0
+    /// Upstream rejections the session answered without a token to replay with, by reason
+    /// (`breaker_open`: relayed; `unavailable`, `wait_timeout`, `negative_cached`,
+    /// `needs_reauthentication`, `no_progress`, …: the client got a 503). Labels come from the
+    /// state machine's fixed reasons.
+    public var rejectionsNotReplayed: [String: UInt64] = [:]
     /// Failed writes of the state file (issue 8 item 16).
     public var statePersistFailures: UInt64 = 0
     /// Every finished token fetch attempt, by what triggered it, how it ended and why.

@@ -43,6 +43,10 @@ public enum RejectionOutcome: Sendable, Equatable {
     /// Replay once with this (newer) token. `refreshed`: it came from the refresh this rejection
     /// joined or started; false when the session already held it (the request carried an older one).
     case replay(PublishedToken, refreshed: Bool)
-    /// Do not replay: the breaker is open, or no newer token could be had. The rejection goes to the client.
+    /// Do not replay: the rejection goes to the client as it is (the breaker is open: the
+    /// rejections are not about our token; or the session stopped).
     case passThrough(reason: String)
+    /// Do not replay: no newer token could be had within the wait bound. The client gets the
+    /// 503 `token_unavailable` of DESIGN §5, never the upstream's rejection (DESIGN §6).
+    case unavailable(TokenUnavailable)
 }

@@ -32,6 +32,10 @@ extension Array where Element == Action {
     var resumedFailures: [TokenSession.TokenUnavailable] {
         resumed.compactMap { if case .failure(let f) = $0.1 { return f }; return nil }
     }
+    /// Rejections to relay (`.passThrough`), in order.
+    var resumedPassThroughs: [TokenSession.TokenUnavailable] {
+        resumed.compactMap { if case .passThrough(let f) = $0.1 { return f }; return nil }
+    }
     var refreshAt: MonotonicInstant? {
         compactMap { if case .scheduleRefresh(let at) = $0 { return at }; return nil }.last
     }

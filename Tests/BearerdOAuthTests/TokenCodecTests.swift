@@ -141,26 +141,42 @@ import Testing
         #expect(rotated.keepingRefreshToken(OAuthSecret("old")).refreshToken == OAuthSecret("new"))
     }
 
+    /// DESIGN §6: only the RFC 6749 §5.2 errors naming the client's own credentials are permanent.
     @Test(arguments: [
-        (200, #"{"access_token":"a","token_type":"mac","expires_in":60}"#, "token.unsupported_token_type"),
-        (200, #"{"access_token":"a","expires_in":60}"#, "token.unsupported_token_type"),
-        (200, #"{"token_type":"Bearer","expires_in":60}"#, "token.missing_access_token"),
-        (200, #"{"access_token":"","token_type":"Bearer"}"#, "token.missing_access_token"),
-        (200, #"{"access_token":"a\r\nX-Evil: 1","token_type":"Bearer"}"#, "token.invalid_access_token"),
         (200, #"{"access_token":"a","token_type":"Bearer","error":"invalid_client"}"#, "token.invalid_client"),
-        (200, "<html>", "token.malformed_json"),
-        (200, "[1]", "token.not_an_object"),
+        (401, #"{"error":"invalid_client"}"#, "token.invalid_client"),
         (400, #"{"error":"invalid_scope"}"#, "token.invalid_scope"),
         (401, #"{"error":"unauthorized_client"}"#, "token.unauthorized_client"),
         (400, #"{"error":"unsupported_grant_type"}"#, "token.unsupported_grant_type"),
-        (400, #"{"error":"invalid_request"}"#, "token.invalid_request"),
-        (404, "not found", "token.http_404"),
     ])
     func permanentFailures(status: Int, body: String, reason: String) throws {
         let f = try #require(failure(parse(status, body)))
         #expect(f.classification == .permanent)
         #expect(f.reason == reason)
         #expect(f.retryAfter == nil)
+    }
+
+    /// DESIGN §6: a malformed, non-JSON or unusable response (any status) is transient, never
+    /// negative-cached: a maintenance page or a misconfigured gateway answering `200` must not
+    /// lock the session out after the endpoint recovers.
+    @Test(arguments: [
+        (200, "", "token.malformed_json"),
+        (200, "<html><body>Down for maintenance</body></html>", "token.malformed_json"),
+        (200, "[1]", "token.not_an_object"),
+        (200, #"{"token_type":"Bearer","expires_in":60}"#, "token.missing_access_token"),
+        (200, #"{"access_token":"","token_type":"Bearer"}"#, "token.missing_access_token"),
+        (200, #"{"access_token":"a\r\nX-Evil: 1","token_type":"Bearer"}"#, "token.invalid_access_token"),
+        (200, #"{"access_token":"a","token_type":"mac","expires_in":60}"#, "token.unsupported_token_type"),
+        (200, #"{"access_token":"a","expires_in":60}"#, "token.unsupported_token_type"),
+        (200, #"{"error":7}"#, "token.malformed_error"),
+        (400, #"{"error":"invalid_request"}"#, "token.invalid_request"),
+        (404, "not found", "token.http_404"),
+        (403, "<html>Forbidden by the gateway</html>", "token.http_403"),
+    ])
+    func malformedOrUnusableResponsesAreTransient(status: Int, body: String, reason: String) throws {
+        let f = try #require(failure(parse(status, body)))
+        #expect(f.classification == .retryable)
+        #expect(f.reason == reason)
     }
 
     @Test func errorResponseCarriesRFC6749Fields() throws {
@@ -214,7 +230,7 @@ import Testing
         let big = "{\"access_token\":\"" + String(repeating: "a", count: 1 << 20) + "\",\"token_type\":\"Bearer\"}"
         let f = try #require(failure(parse(200, big)))
         #expect(f.reason == "token.response_too_large")
-        #expect(f.classification == .permanent)
+        #expect(f.classification == .retryable)
         #expect(failure(parse(503, big))?.classification == .retryable)
     }
 

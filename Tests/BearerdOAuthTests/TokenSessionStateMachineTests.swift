@@ -138,26 +138,44 @@ import Testing
         #expect(d.fetches.isEmpty)
     }
 
-    @Test func afterExpiryWithoutTokenFailsWithRetryAfterAtRoundEnd() throws {
+    /// DESIGN §6: a caller without a token waits for the next attempt when it starts within
+    /// `wait_timeout`, between rounds too (it used to be failed at a round's end although the
+    /// next round began a second later); its own timeout still bounds the wait.
+    @Test func withoutTokenCallersWaitAcrossRoundsForAnAttemptWithinTheBound() throws {
         var m = makeMachine()
         _ = m.tokenRequested(waiter: WaiterID(1), now: t(0))
         var now = 0.0
         var a = m.fetchFailed(failure(500), requestSent: true, now: t(now))
-        // Within the round the waiter keeps waiting (next attempt ≤ 10 s away).
         #expect(a.resumed.isEmpty)
         for _ in 0..<2 {
             now = (try #require(a.retryAt)).nanoseconds.secondsSinceOrigin
             #expect(m.retryTimerFired(now: t(now)).fetches.count == 1)
             a = m.fetchFailed(failure(500), requestSent: true, now: t(now))
         }
-        // Third attempt failed: round over, the waiter gets the failure with the backoff as retryAfter.
-        let fail = try #require(a.resumedFailures.first)
+        // Third attempt failed: round over, the next round starts in 1 s ± 20 %: keep waiting.
+        #expect(a.resumed.isEmpty)
         let retryAt = try #require(a.retryAt)
-        #expect(fail.retryAfter == retryAt - t(now))
-        #expect(fail.retryAfter >= .milliseconds(800) && fail.retryAfter <= .milliseconds(1200))
+        #expect(retryAt - t(now) >= .milliseconds(800) && retryAt - t(now) <= .milliseconds(1200))
         let late = m.tokenRequested(waiter: WaiterID(2), now: t(now))
-        #expect(late.resumedFailures.first?.reason == "token.unavailable")
-        #expect(late.fetches.isEmpty)
+        #expect(late.resumed.isEmpty && late.fetches.isEmpty && late.waiterTimeouts.count == 1)
+        #expect(m.retryTimerFired(now: retryAt).fetches.map(\.round) == [2])
+        let done = m.fetchSucceeded(tokenGrant("A", lifetime: 3600), sentAt: retryAt, now: retryAt + .milliseconds(10))
+        #expect(done.resumed.map(\.0) == [WaiterID(1), WaiterID(2)])
+    }
+
+    /// Only when no attempt starts within `wait_timeout` does the caller get the failure, with the
+    /// delay as `retryAfter`; a waiter whose own bound runs out first gets `token.wait_timeout`.
+    @Test func withoutTokenCallersFailWhenTheNextAttemptIsBeyondTheBound() throws {
+        var m = makeMachine()
+        _ = m.tokenRequested(waiter: WaiterID(1), now: t(0))
+        let a = m.fetchFailed(failure(503, headers: [("Retry-After", "30")]), requestSent: true, now: t(0))
+        let fail = try #require(a.resumedFailures.first)
+        #expect(fail.reason == "token.unavailable")
+        #expect(fail.retryAfterSeconds == 30)
+        let late = m.tokenRequested(waiter: WaiterID(2), now: t(25))
+        #expect(late.resumed.isEmpty, "the attempt at t+30 s is within the 10 s bound")
+        let timedOut = m.waiterTimedOut(waiter: WaiterID(2), now: t(29.5))
+        #expect(timedOut.resumedFailures.map(\.reason) == ["token.wait_timeout"])
     }
 }
 
@@ -234,6 +252,23 @@ extension UInt64 {
         let after = m.tokenRequested(waiter: WaiterID(9999), now: t(61))
         #expect(after.fetches.map(\.reason) == [.start])
         #expect(after.resumed.isEmpty)
+    }
+
+    /// DESIGN §6: a `200` maintenance page (or an empty body) is a transient failure: the
+    /// session backs off and retries, the waiting caller gets the token of the next attempt.
+    @Test(arguments: ["", "<html><body>Down for maintenance</body></html>"])
+    func malformedTokenResponseIsRetriedNotNegativeCached(body: String) throws {
+        var m = makeMachine()
+        _ = m.tokenRequested(waiter: WaiterID(1), now: t(0))
+        let a = m.fetchFailed(failure(200, body), requestSent: true, now: t(0.1))
+        #expect(!a.contains { if case .reportNegativeCached = $0 { return true }; return false })
+        #expect(a.resumed.isEmpty, "the caller waits for the next attempt (≤ 1.1 s away)")
+        let retryAt = try #require(a.retryAt)
+        #expect(retryAt <= t(1.2))
+        if case .backingOff = m.status {} else { Issue.record("expected backingOff, got \(m.status)") }
+        #expect(m.retryTimerFired(now: retryAt).fetches.map(\.attempt) == [2])
+        let done = m.fetchSucceeded(tokenGrant("A", lifetime: 3600), sentAt: retryAt, now: retryAt + .milliseconds(50))
+        #expect(done.resumedTokens.map(\.generation) == [1])
     }
 
     @Test func negativeCacheKeepsServingValidToken() {
@@ -427,10 +462,11 @@ extension UInt64 {
         let tripped = m.upstreamRejected(generation: m.currentGeneration, waiter: WaiterID(100), now: t(now))
         #expect(tripped.fetches.isEmpty)
         #expect(tripped.contains(.reportBreakerTripped(until: t(now + 30))))
-        #expect(tripped.resumedFailures.map(\.reason) == ["token.breaker_open"])
-        // Open: rejections pass through and the token is not marked.
+        #expect(tripped.resumedPassThroughs.map(\.reason) == ["token.breaker_open"])
+        // Open: rejections pass through (relayed, not a 503) and the token is not marked.
         let open = m.upstreamRejected(generation: m.currentGeneration, waiter: WaiterID(101), now: t(now + 29))
-        #expect(open.fetches.isEmpty && open.resumedFailures.map(\.reason) == ["token.breaker_open"])
+        #expect(open.fetches.isEmpty && open.resumedPassThroughs.map(\.reason) == ["token.breaker_open"])
+        #expect(open.resumedFailures.isEmpty)
         #expect(m.tokenRequested(waiter: WaiterID(102), now: t(now + 29)).resumedTokens.count == 1)
         // Recovered after 30 s.
         let again = m.upstreamRejected(generation: m.currentGeneration, waiter: WaiterID(103), now: t(now + 30))
@@ -456,12 +492,149 @@ extension UInt64 {
         #expect(a.resumed.isEmpty && a.waiterTimeouts.isEmpty)
     }
 
-    @Test func rejectionDuringBackoffPassesThrough() {
+    /// DESIGN §6: a rejection while the session backs off waits for the next attempt (within
+    /// the bound); the rejected token is served to nobody meanwhile (it used to be relayed:
+    /// `reason=token.unavailable`, the upstream's 401 to the client).
+    @Test func rejectionDuringBackoffWaitsForTheNextAttempt() throws {
         var (m, _) = readyMachine(lifetime: 3600)
         _ = m.refreshTimerFired(now: t(3400))
-        _ = m.fetchFailed(failure(500), requestSent: true, now: t(3401))
+        let failed = m.fetchFailed(failure(500), requestSent: true, now: t(3401))
+        let retryAt = try #require(failed.retryAt)
         let a = m.upstreamRejected(generation: 1, waiter: WaiterID(1), now: t(3401.5))
-        #expect(a.fetches.isEmpty)
-        #expect(a.resumedFailures.map(\.reason) == ["token.unavailable"])
+        #expect(a.fetches.isEmpty && a.resumed.isEmpty)
+        #expect(a.published.first??.usableWithoutWaitingUntil == t(3401.5))
+        // Another request does not get the rejected token: it waits too.
+        let other = m.tokenRequested(waiter: WaiterID(2), now: t(3401.6))
+        #expect(other.resumed.isEmpty && other.waiterTimeouts.count == 1)
+        #expect(m.retryTimerFired(now: retryAt).fetches.count == 1)
+        let done = m.fetchSucceeded(tokenGrant("B", lifetime: 3600), sentAt: retryAt, now: retryAt + .milliseconds(10))
+        #expect(done.resumedTokens.map(\.generation) == [2, 2])
+    }
+
+    /// DESIGN §6 (corrected), the identity-provider blip: a proven token is revoked while the
+    /// token endpoint answers 500 for 3 s. The held rejection and every later request wait for
+    /// the attempt that succeeds; nobody gets the rejected token or a failure.
+    @Test func revocationDuringATokenEndpointOutageFailsNobody() throws {
+        var (m, _) = readyMachine(lifetime: 8)
+        _ = m.upstreamAccepted(generation: 1, now: t(0.3))
+        var all = m.upstreamRejected(generation: 1, waiter: WaiterID(1), now: t(1))
+        #expect(all.fetches.map(\.reason) == [.rejected])
+        var now = 1.0
+        var waiter: UInt64 = 2
+        // The endpoint fails until t(4); requests keep arriving every 100 ms.
+        while true {
+            let f = m.fetchFailed(failure(500), requestSent: true, now: t(now + 0.05))
+            all += f
+            let at = try #require(f.retryAt)
+            while t(now) < at {
+                all += m.tokenRequested(waiter: WaiterID(waiter), now: t(now))
+                all += m.upstreamRejected(generation: 1, waiter: WaiterID(waiter + 1000), now: t(now))
+                waiter += 1
+                now += 0.1
+            }
+            all += m.retryTimerFired(now: at)
+            if now >= 4 { break }
+        }
+        all += m.fetchSucceeded(tokenGrant("B", lifetime: 8), sentAt: t(now), now: t(now + 0.05))
+        #expect(all.resumedFailures.isEmpty && all.resumedPassThroughs.isEmpty)
+        #expect(all.resumedTokens.allSatisfy { $0.generation == 2 })
+        #expect(all.resumed.count == 1 + 2 * Int(waiter - 2))
+        #expect(all.waiterTimeouts.allSatisfy { $0.1 >= t(now) })
+    }
+
+    /// DESIGN §6 "Breaker": a proven token's rejection always gets its refresh and replay, however
+    /// often: 20 revocations in 10 s give 20 replays with new tokens and never trip the breaker
+    /// (the sixth used to pass the upstream's 401 through, `token.breaker_open`).
+    @Test func twentyRevocationsOfProvenTokensInTenSecondsAreAllReplayed() throws {
+        var (m, _) = readyMachine(lifetime: 3600)
+        var replays = 0
+        var clock = 0.5
+        for i in 0..<20 {
+            // A revocation every 0.5 s, each after the previous POST was answered.
+            let now = max(0.5 + Double(i) * 0.5, clock)
+            let gen = m.currentGeneration
+            _ = m.upstreamAccepted(generation: gen, now: t(now))  // the GET the token served
+            var a = m.upstreamRejected(generation: gen, waiter: WaiterID(UInt64(i)), now: t(now + 0.1))
+            #expect(!a.contains { if case .reportBreakerTripped = $0 { return true }; return false })
+            #expect(a.resumedPassThroughs.isEmpty && a.resumedFailures.isEmpty)
+            var fetchAt = t(now + 0.1)
+            if a.fetches.isEmpty {
+                // Paced: the previous forced refresh was less than a second ago.
+                let at = try #require(a.retryAt)
+                #expect(at - t(now + 0.1) <= .seconds(1))
+                a = m.retryTimerFired(now: at)
+                fetchAt = at
+            }
+            #expect(a.fetches.map(\.reason) == [.rejected], "revocation \(i + 1)")
+            let done = m.fetchSucceeded(tokenGrant("T\(i)", lifetime: 3600), sentAt: fetchAt, now: fetchAt + .milliseconds(100))
+            if done.resumed.map(\.0) == [WaiterID(UInt64(i))], done.resumedTokens.first?.generation == gen + 1 { replays += 1 }
+            clock = (fetchAt + .milliseconds(150)).nanoseconds.secondsSinceOrigin
+        }
+        #expect(replays == 20)
+        #expect(m.rejectionBreaker.countedRefreshes == 0)
+    }
+
+    /// At most one forced refresh per second per session: a rejection inside the second waits
+    /// (with the others) for the next one instead of starting its own.
+    @Test func forcedRefreshesArePacedToOnePerSecond() throws {
+        var (m, _) = readyMachine(lifetime: 3600)
+        _ = m.upstreamAccepted(generation: 1, now: t(1))
+        #expect(m.upstreamRejected(generation: 1, waiter: WaiterID(1), now: t(2)).fetches.count == 1)
+        _ = m.fetchSucceeded(tokenGrant("B", lifetime: 3600), sentAt: t(2), now: t(2.1))
+        _ = m.upstreamAccepted(generation: 2, now: t(2.2))
+        let paced = m.upstreamRejected(generation: 2, waiter: WaiterID(2), now: t(2.3))
+        #expect(paced.fetches.isEmpty && paced.resumed.isEmpty)
+        #expect(paced.retryAt == t(3))
+        let joined = m.upstreamRejected(generation: 2, waiter: WaiterID(3), now: t(2.5))
+        let asked = m.tokenRequested(waiter: WaiterID(4), now: t(2.6))
+        #expect(joined.fetches.isEmpty && asked.fetches.isEmpty && asked.resumed.isEmpty)
+        #expect(m.retryTimerFired(now: t(2.9)).isEmpty)
+        #expect(m.retryTimerFired(now: t(3)).fetches.map(\.reason) == [.rejected])
+        let done = m.fetchSucceeded(tokenGrant("C", lifetime: 3600), sentAt: t(3), now: t(3.1))
+        #expect(done.resumed.map(\.0) == [WaiterID(2), WaiterID(3), WaiterID(4)])
+    }
+
+    /// An upstream that rejects every token: none is ever proven, the breaker opens after 5
+    /// forced refreshes and the token endpoint sees at most 6 requests in 30 s, however many
+    /// rejections arrive (one every 10 ms here).
+    @Test func anUpstreamRejectingEveryTokenTripsTheBreakerAfterFiveRefreshes() throws {
+        var m = makeMachine()
+        var fetches = m.start(now: t(0)).fetches.count
+        var inFlight = true
+        var pendingRetry: MonotonicInstant?
+        var trips = 0
+        var relayed = 0
+        for step in 0..<3000 {
+            let now = t(0.1 + Double(step) * 0.01)
+            var a: [Action] = []
+            if inFlight {  // the fetch started in the previous step returns a new (never proven) token
+                a += m.fetchSucceeded(tokenGrant("T\(step)", lifetime: 3600), sentAt: now, now: now)
+                inFlight = false
+            }
+            if let at = pendingRetry, at <= now {
+                a += m.retryTimerFired(now: now)
+                pendingRetry = nil
+            }
+            a += m.upstreamRejected(generation: m.currentGeneration, waiter: WaiterID(UInt64(step)), now: now)
+            if let at = a.retryAt { pendingRetry = at }
+            fetches += a.fetches.count
+            if !a.fetches.isEmpty { inFlight = true }
+            trips += a.filter { if case .reportBreakerTripped = $0 { return true }; return false }.count
+            relayed += a.resumedPassThroughs.count
+            #expect(a.resumedFailures.isEmpty)
+        }
+        #expect(fetches <= 6, "\(fetches) token requests in 30 s")
+        #expect(trips == 1)
+        #expect(relayed > 2000)
+    }
+
+    /// A success reported after the rejection it preceded (the two raced to the session queue)
+    /// still proves the token: the breaker forgets that refresh.
+    @Test func lateProofForgivesACountedRefresh() {
+        var (m, _) = readyMachine(lifetime: 3600)
+        #expect(m.upstreamRejected(generation: 1, waiter: nil, now: t(1)).fetches.count == 1)
+        #expect(m.rejectionBreaker.countedRefreshes == 1)
+        _ = m.upstreamAccepted(generation: 1, now: t(1.1))
+        #expect(m.rejectionBreaker.countedRefreshes == 0)
     }
 }

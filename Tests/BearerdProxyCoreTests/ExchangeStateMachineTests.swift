@@ -135,6 +135,16 @@ struct ExchangeScriptTests {
         #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: true, backend: .release, closeClient: false))
     }
 
+    /// DESIGN §6: no newer token within the wait bound answers the held rejection with the 503,
+    /// never the upstream's 401.
+    @Test func tokenUnavailableAnswersTheHeldRejectionWith503() {
+        var m = forwarding(setup())
+        _ = m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] })
+        _ = m.upstreamEnded()
+        #expect(m.rejectionOutcome(.tokenUnavailable) == .respondTokenUnavailable(closeClient: false))
+        #expect(m.rejectionOutcome(.replay) == .none)
+    }
+
     @Test func passThroughSendsTheHeldRejection() {
         var m = forwarding(setup())
         _ = m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] })

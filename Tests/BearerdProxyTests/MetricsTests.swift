@@ -411,7 +411,9 @@ struct MetricsTests {
         #expect(s.counters.staleServes.allSatisfy { $0 == 0 })
     }
 
-    @Test func aFailedRefreshServesTheRejectedTokenAsStale() async throws {
+    /// DESIGN §6: a rejected token is never served again, not even while the session is
+    /// negative-cached: the rejection and later callers get the failure (a 503), counted.
+    @Test func aFailedRefreshAfterARejectionServesNobodyTheRejectedToken() async throws {
         let endpoint = try ScriptedTokenEndpoint { _, n in
             n == 1 ? ScriptedTokenEndpoint.token("access-M-1") : ScriptedTokenEndpoint.error(401, "invalid_client", "client metrics-secret unknown")
         }
@@ -420,15 +422,18 @@ struct MetricsTests {
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "partner"))
         let first = try await requestToken(driver).get()
-        guard case .passThrough = await reportRejected(driver, generation: first.generation) else {
-            Issue.record("expected passThrough")
+        guard case .unavailable(let u) = await reportRejected(driver, generation: first.generation) else {
+            Issue.record("expected unavailable")
             return
         }
-        // Rejected, not expired: a caller gets it while the session is negative-cached.
-        #expect(try await requestToken(driver).get().generation == 1)
+        #expect(!u.detail.contains("metrics-secret"))
+        guard case .failure = await requestToken(driver) else {
+            Issue.record("the rejected token was served")
+            return
+        }
         let s = driver.snapshot
-        #expect(s.counters.staleServes[StaleTokenReason.refreshFailed.rawValue] == 1)
-        #expect(s.counters.staleServes[StaleTokenReason.waitTimeout.rawValue] == 0)
+        #expect(s.counters.staleServes.allSatisfy { $0 == 0 })
+        #expect(s.counters.rejectionsNotReplayed == ["negative_cached": 1])
         #expect(s.counters.refreshes[TokenRefreshKey(reason: "start", outcome: "success", error: "")] == 1)
         #expect(s.counters.refreshes[TokenRefreshKey(reason: "rejected", outcome: "failure", error: "invalid_client")] == 1)
         #expect(s.counters.forcedRefreshes == 1)
@@ -440,10 +445,10 @@ struct MetricsTests {
     }
 
     @Test func aWaitTimeoutServesTheValidTokenAsStale() async throws {
-        // The forced refresh is slow (8 s) so it is still running when the third caller comes,
-        // however long a loaded run keeps this task waiting between the steps.
+        // L = 4 s: hard margin 1 s, the soft refresh after about 2 s. That refresh is slow (8 s),
+        // so a caller inside the hard window waits, times out (300 ms) and gets the valid token.
         let endpoint = try ScriptedTokenEndpoint { _, n in
-            n == 1 ? ScriptedTokenEndpoint.token("access-M-1") : .delayed(8, ScriptedTokenEndpoint.token("access-M-\(n)"))
+            n == 1 ? ScriptedTokenEndpoint.token("access-M-1", expiresIn: 4) : .delayed(8, ScriptedTokenEndpoint.token("access-M-\(n)"))
         }
         defer { endpoint.stop() }
         let manager = try SessionManager(config: sessionConfig(session(endpoint.url, waitTimeout: .milliseconds(300))),
@@ -451,16 +456,16 @@ struct MetricsTests {
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "partner"))
         let first = try await requestToken(driver).get()
-        // The rejection starts the slow forced refresh; its own wait times out (no newer token).
-        guard case .passThrough = await reportRejected(driver, generation: first.generation) else {
-            Issue.record("expected passThrough")
-            return
+        // Wait (bounded) for the hard window: the fast path no longer serves the token.
+        var inHardWindow = false
+        for _ in 0..<100 {
+            if driver.usableToken(now: monotonicNanos()) == nil { inHardWindow = true; break }
+            try await Task.sleep(for: .milliseconds(50))
         }
-        // The token is rejected, so this caller joins the slow refresh, times out, and gets it.
-        #expect(try await requestToken(driver).get().generation == 1)
+        #expect(inHardWindow)
+        #expect(try await requestToken(driver).get().generation == first.generation)
         let s = driver.snapshot
         #expect(s.counters.staleServes[StaleTokenReason.waitTimeout.rawValue] == 1)
-        #expect(s.counters.waits == 3)  // start fetch, the rejection, the caller that timed out
         #expect(s.waiters == 0)
     }
 }

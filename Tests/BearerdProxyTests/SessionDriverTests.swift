@@ -348,7 +348,9 @@ struct SessionDriverTests {
         #expect(driver.metrics.forcedRefreshes == 1)
     }
 
-    @Test func rejectionPassesThroughWhenTheRefreshFails() async throws {
+    /// DESIGN §6: a held rejection whose refresh fails gets the 503 (`.unavailable`), never the
+    /// upstream's rejection: the client's own credentials are not the problem.
+    @Test func rejectionGetsTokenUnavailableWhenTheRefreshFails() async throws {
         let endpoint = try ScriptedTokenEndpoint { _, n in
             n == 1 ? ScriptedTokenEndpoint.token("access-AAA-1") : ScriptedTokenEndpoint.error(400, "invalid_scope", "no")
         }
@@ -357,11 +359,14 @@ struct SessionDriverTests {
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "partner"))
         let first = try await requestToken(driver).get()
-        guard case .passThrough(let reason) = await reportRejected(driver, generation: first.generation) else {
-            Issue.record("expected passThrough")
+        guard case .unavailable(let u) = await reportRejected(driver, generation: first.generation) else {
+            Issue.record("expected unavailable")
             return
         }
-        #expect(reason.hasPrefix("token."))
+        #expect(u.detail.hasPrefix("token.negative_cached"))
+        #expect(u.detail.contains("invalid_scope"))
+        #expect(u.retryAfterSeconds >= 50)
         #expect(endpoint.count == 2)
+        #expect(driver.metrics.rejectionsNotReplayed == ["negative_cached": 1])
     }
 }

@@ -131,8 +131,9 @@ struct MetricsEndToEndTests {
         #expect(replayed.bodyText == "ok Bearer tok-2")
         tokens.refusing = true
         upstream.revoke("tok-2")
-        #expect(try TestClient.get(port: proxy.port, path: "/api/c").status == 401)  // refresh refused: passed through
-        #expect(try TestClient.get(port: proxy.port, path: "/api/d").status == 401)  // stale tok-2 served, rejected again
+        // DESIGN §6: a rejected token we cannot renew is a 503, never the upstream's 401.
+        #expect(try TestClient.get(port: proxy.port, path: "/api/c").status == 503)  // refresh refused
+        #expect(try TestClient.get(port: proxy.port, path: "/api/d").status == 503)  // rejected tok-2 is not served again
         let unavailable = try TestClient.get(port: proxy.port, path: "/broken/x")
         #expect(unavailable.status == 503)
         #expect(try TestClient.get(port: proxy.port, path: "/open/x", headers: [("Host", "open.test")]).status == 200)
@@ -163,7 +164,9 @@ struct MetricsEndToEndTests {
             m.value("bearerd_requests_total", ["route": route, "status": status])
         }
         #expect(requests("/api/", "200") == 2)
-        #expect(requests("/api/", "401") == 2)
+        #expect(requests("/api/", "401") == nil)
+        #expect(requests("/api/", "503") == 2)
+        #expect(m.value("bearerd_upstream_errors_total", ["route": "/api/", "error": "token_unavailable"]) == 2)
         #expect(requests("/broken/", "503") == 1)
         #expect(requests("open.test/open/", "200") == 2)
         #expect(requests("none", "404") == 1)
@@ -171,10 +174,10 @@ struct MetricsEndToEndTests {
         #expect(m.value("bearerd_upstream_errors_total", ["route": "/broken/", "error": "token_unavailable"]) == 1)
         #expect(m.value("bearerd_upstream_errors_total", ["route": "/broken/", "error": "upstream_unreachable"]) == 0)
 
-        // a, b (rejected), b (replayed), c, d: five upstream response heads on /api/.
+        // a, b (rejected), b (replayed), c (rejected): four upstream response heads on /api/.
         let api = ["route": "/api/"]
-        #expect(m.value("bearerd_upstream_response_seconds_count", api) == 5)
-        #expect(m.value("bearerd_upstream_response_seconds_bucket", api.merging(["le": "+Inf"]) { $1 }) == 5)
+        #expect(m.value("bearerd_upstream_response_seconds_count", api) == 4)
+        #expect(m.value("bearerd_upstream_response_seconds_bucket", api.merging(["le": "+Inf"]) { $1 }) == 4)
         #expect((m.value("bearerd_upstream_response_seconds_sum", api) ?? 0) > 0)
         let buckets = m.samples("bearerd_upstream_response_seconds_bucket", api).map(\.value)
         #expect(buckets.count == 13)
@@ -183,7 +186,7 @@ struct MetricsEndToEndTests {
 
         func replays(_ outcome: String) -> Double? { m.value("bearerd_replays_total", ["route": "/api/", "outcome": outcome]) }
         #expect(replays("replayed_after_refresh") == 1)
-        #expect(replays("refresh_failed") == 2)
+        #expect(replays("refresh_failed") == 1)
         #expect(replays("replayed_current_token") == 0)
         #expect(replays("rejected_again") == 0)
         #expect(replays("breaker_open") == 0)
@@ -199,7 +202,8 @@ struct MetricsEndToEndTests {
         #expect(m.value("bearerd_token_requests_total", ["session": "s"]) == 3)
         #expect(m.value("bearerd_forced_refreshes_total", ["session": "s"]) == 2)
         #expect(m.value("bearerd_breaker_trips_total", ["session": "s"]) == 0)
-        #expect(m.value("bearerd_stale_token_serves_total", ["session": "s", "reason": "refresh_failed"]) == 1)
+        #expect(m.value("bearerd_stale_token_serves_total", ["session": "s", "reason": "refresh_failed"]) == 0)
+        #expect(m.value("bearerd_rejections_not_replayed_total", ["session": "s", "reason": "negative_cached"]) == 1)
         #expect(m.value("bearerd_stale_token_serves_total", ["session": "s", "reason": "wait_timeout"]) == 0)
         #expect(m.value("bearerd_token_waits_total", ["session": "s"]) == 2)  // b and c waited for their forced refresh
         #expect(m.value("bearerd_token_waiters", ["session": "s"]) == 0)

@@ -171,7 +171,11 @@ struct SessionProxyTests {
         defer { origin.stop() }
         var r = route(origin: origin.port)
         r.session = "s"
-        let proxy = try TestProxy(routes: [r], sessions: [Self.session(auth: auth)])
+        // DESIGN §6: a request waits for the next attempt when it starts within wait_timeout;
+        // with 500 ms against Retry-After: 1 none does, so the client gets the 503 at once.
+        var session = Self.session(auth: auth)
+        session.waitTimeout = .milliseconds(500)
+        let proxy = try TestProxy(routes: [r], sessions: [session])
         defer { proxy.stop() }
         let first = try TestClient.get(port: proxy.port, path: "/x")
         #expect(first.status == 503)
@@ -250,5 +254,107 @@ struct SessionProxyTests {
         let m = try TestClient.get(port: admin, path: "/metrics").bodyText
         #expect(m.contains("bearerd_token_requests_total{session=\"s\"} 1"))
         #expect(m.contains("bearerd_session_ready{session=\"s\"} 1"))
+    }
+
+    /// DESIGN §6: a token endpoint answering `200` with an HTML page or an empty body is down,
+    /// not refusing us: the session retries with backoff and the waiting request gets the token
+    /// of the attempt after the endpoint recovers (it used to be negative-cached for 60 s).
+    @Test func malformedTokenResponsesAreRetriedAndTheRequestWaitsForRecovery() throws {
+        let tokens = try ScriptedTokenEndpoint { call in
+            switch call.index {
+            case 0: .steps([.respond(status: 200, headers: [("Content-Type", "text/html")],
+                                     body: "<html><body>Down for maintenance</body></html>")])
+            case 1: .steps([.respond(status: 200, headers: [("Content-Type", "application/json")], body: "")])
+            default: .token(lifetime: 3600)
+            }
+        }
+        defer { tokens.stop() }
+        let origin = try TestOrigin { r in
+            let token = r.head.headers["Authorization"].map { String($0.dropFirst("Bearer ".count)) }
+            return tokens.isValid(token) ? .response(status: 200, headers: [], body: Array("ok".utf8))
+                : .response(status: 401, headers: [("WWW-Authenticate", "Bearer error=\"invalid_token\"")], body: [])
+        }
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [withSession(route(origin: origin.port))], sessions: [scriptedSession(tokens)])
+        defer { proxy.stop() }
+        let c = try TestClient(port: proxy.port, timeout: 20)
+        try c.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        let r = try c.readResponse()
+        #expect(r.status == 200, "\(r.status) \(r.bodyText)")
+        #expect(tokens.calls.count == 3)
+        #expect(!proxy.logs.text.contains("not retried for a while"))
+    }
+
+    /// DESIGN §6 "Breaker": revocations of proven tokens are never the breaker's business. Each
+    /// POST follows a GET the token served, then the token is revoked: all 20 POSTs are
+    /// replayed after one forced refresh each (they used to get the upstream's 401 from the
+    /// sixth on, `reason=token.breaker_open`).
+    @Test func twentyRevocationsOfProvenTokensAreAllReplayed() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let proxy = try TestProxy(routes: [Self.apiRoute(auth)], sessions: [Self.session(auth: auth)])
+        defer { proxy.stop() }
+        let started = Date()
+        var replayed = 0
+        for i in 0..<20 {
+            // Twenty revocations in about 10 s: one every 0.5 s (forced refreshes are paced at 1/s).
+            let due = started.addingTimeInterval(Double(i) * 0.5)
+            if due > Date() { Thread.sleep(until: due) }
+            let get = try TestClient.get(port: proxy.port, path: "/get/\(i)")
+            #expect(get.status == 200, "GET \(i): \(get.status)")
+            try auth.revokeAll()
+            let c = try TestClient(port: proxy.port, timeout: 15)
+            let body = Array("payload \(i)".utf8)
+            try c.send(Array("POST /post/\(i) HTTP/1.1\r\nHost: x\r\nContent-Length: \(body.count)\r\n\r\n".utf8) + body)
+            let post = try c.readResponse(method: "POST")
+            #expect(post.status == 200, "POST \(i): \(post.status) \(post.bodyText)")
+            if post.status == 200, Self.json(post)["body_length"] as? Int == body.count { replayed += 1 }
+        }
+        #expect(replayed == 20)
+        #expect(Self.count(try auth.stats(), "by_grant", "client_credentials") == 21)
+        #expect(!proxy.logs.text.contains("breaker"))
+        #expect(!proxy.logs.text.contains("not replaying"))
+    }
+
+    /// DESIGN §6 "Breaker": an upstream that rejects every token opens the breaker after 5
+    /// forced refreshes; the token endpoint sees at most 6 requests (start + 5) however hard the
+    /// clients push, and while it is open the rejections are logged once per route (they used
+    /// to be logged once per request) and counted in `bearerd_rejections_not_replayed_total`.
+    @Test func anUpstreamThatRejectsEveryTokenOpensTheBreakerAndLogsOncePerRoute() throws {
+        let tokens = try ScriptedTokenEndpoint()
+        defer { tokens.stop() }
+        let origin = try TestOrigin { _ in
+            .response(status: 401, headers: [("WWW-Authenticate", "Bearer error=\"invalid_token\"")], body: Array("no".utf8))
+        }
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [withSession(route("/a/", origin: origin.port)), withSession(route("/b/", origin: origin.port))],
+                                  sessions: [scriptedSession(tokens)], admin: true)
+        defer { proxy.stop() }
+        let session = try #require(proxy.server.sessions.session(named: "s"))
+        let deadline = Date().addingTimeInterval(20)
+        var statuses: [Int: Int] = [:]
+        var openedAt: Date?
+        var n = 0
+        // Load until the breaker opened, then 2 s more (bounded: 20 s, 4000 requests).
+        while Date() < deadline, n < 4000 {
+            if openedAt == nil, session.metrics.breakerTrips > 0 { openedAt = Date() }
+            if let openedAt, Date().timeIntervalSince(openedAt) > 2 { break }
+            let path = n % 2 == 0 ? "/a/x" : "/b/x"
+            let r = try TestClient.get(port: proxy.port, path: path)
+            statuses[r.status, default: 0] += 1
+            n += 1
+        }
+        #expect(openedAt != nil, "the breaker never opened (\(statuses))")
+        #expect(session.metrics.breakerTrips == 1)
+        #expect(tokens.calls.count <= 6, "\(tokens.calls.count) token requests")
+        #expect(statuses[401, default: 0] > 0)
+        let lines = proxy.logs.lines.filter { $0.contains("breaker is open") }
+        #expect(lines.count == 2, "\(lines)")  // one per route
+        #expect(proxy.logs.lines.filter { $0.contains("not replaying rejected request") && $0.hasPrefix("[warning]") }.isEmpty)
+        let counted = session.metrics.rejectionsNotReplayed["breaker_open"] ?? 0
+        #expect(counted >= 10, "\(counted)")
+        let admin = try #require(proxy.server.adminAddress).port
+        let m = try TestClient.get(port: admin, path: "/metrics").bodyText
+        #expect(m.contains("bearerd_rejections_not_replayed_total{session=\"s\",reason=\"breaker_open\"} "))
     }
 }

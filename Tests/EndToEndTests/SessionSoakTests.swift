@@ -1,0 +1,148 @@
+import Foundation
+import Testing
+import Dispatch
+import BearerdProxy
+import BearerdTestSupport
+import BearerdConfig
+import BearerdSessions
+
+/// The token session under steady load, end to end (DESIGN §6): bearerd in front of the real
+/// Authlib server's Bearer-protected `/api/`, a refresh_token session with short-lived access
+/// tokens (8 s) and rotating refresh tokens, every access token revoked every 7 s, and the
+/// token endpoint answering 500 for 3 s every 21 s. Requests that need a new token while the
+/// endpoint is down wait for the next attempt; nobody gets the upstream's 401 or a 503. The
+/// memory of the process that hosts bearerd is bounded.
+///
+/// Bounded: about 45 s of load (`BEARERD_SOAK_SECONDS` overrides it), every client loop ends at
+/// the deadline, every request has a 15 s timeout.
+@Suite("Session soak: revocations and token endpoint outages under load", .serialized,
+       .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+struct SessionSoakTests {
+    /// Counts per status and the failures, from the client threads.
+    final class Tally: @unchecked Sendable {  // @unchecked: state guarded by `lock`
+        private let lock = NSLock()
+        private var statuses: [Int: Int] = [:]
+        private var errors: [String] = []
+        func count(_ status: Int) { lock.withLock { statuses[status, default: 0] += 1 } }
+        func error(_ e: String) { lock.withLock { errors.append(e) } }
+        var snapshot: (statuses: [Int: Int], errors: [String]) { lock.withLock { (statuses, errors) } }
+    }
+
+    /// Resident set size of this process (which runs bearerd), from /proc/self/status.
+    static func residentBytes() -> Int {
+        guard let text = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return 0 }
+        for line in text.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+            let kb = line.split(separator: " ").dropFirst().first.flatMap { Int($0) } ?? 0
+            return kb * 1024
+        }
+        return 0
+    }
+
+    @Test func steadyLoadWithRevocationsAndOutagesFailsNoRequest() throws {
+        let seconds = ProcessInfo.processInfo.environment["BEARERD_SOAK_SECONDS"].flatMap(Double.init) ?? 45
+        let auth = try AuthServerFixture.start(tokenLifetime: 8, rotateRefreshTokens: true, graceSeconds: 10)
+        defer { auth.stop() }
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("bearerd-soak-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: dir + "/state", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let seed = dir + "/me.refresh"
+        try (try auth.issueRefreshToken(clientID: "cli", user: "alice") + "\n").write(toFile: seed, atomically: true, encoding: .utf8)
+
+        let session = SessionConfig(name: "me", grant: .refreshToken,
+                                    tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: auth.port, basePath: "/oauth/token"),
+                                    clientID: "cli", clientAuth: .none, refreshTokenFile: seed)
+        var api = route("/", origin: auth.port, basePath: "/api")
+        api.session = "me"
+        var config = BearerdConfig(file: "<soak>", listen: [.tcp(host: "127.0.0.1", port: 0)], loops: 2,
+                                   sessions: [session], routes: [api])
+        config.stateDir = dir + "/state"
+        config.listeners = [ListenerConfig(address: .tcp(host: "127.0.0.1", port: 0), allowedHosts: ["*"], allowedOrigins: [])]
+        let logs = CapturedLogs()
+        let server = try BearerdServer(config: config, logger: logs.logger)
+        try server.start()
+        defer {
+            let done = DispatchSemaphore(value: 0)
+            server.shutdown(grace: .seconds(2)) { done.signal() }
+            _ = done.wait(timeout: .now() + 10)
+        }
+        let port = server.boundAddresses[0].port
+        let driver = try #require(server.sessions.session(named: "me"))
+
+        let tally = Tally()
+        let start = Date()
+        let deadline = start.addingTimeInterval(seconds)
+        let group = DispatchGroup()
+        // 16 clients, each on a keep-alive connection (a new one after any failure).
+        for client in 0..<16 {
+            group.enter()
+            Thread.detachNewThread {
+                defer { group.leave() }
+                var c: TestClient?
+                var n = 0
+                while Date() < deadline {
+                    n += 1
+                    do {
+                        if c == nil || c?.sawEOF == true { c = try TestClient(port: port, timeout: 15) }
+                        try c?.send("GET /soak/\(client)/\(n) HTTP/1.1\r\nHost: x\r\n\r\n")
+                        guard let r = try c?.readResponse() else { continue }
+                        tally.count(r.status)
+                        if r.status != 200 { tally.error("client \(client) request \(n): \(r.status) \(r.bodyText.prefix(200))") }
+                    } catch {
+                        tally.error("client \(client) request \(n): \(error)")
+                        c = nil
+                    }
+                }
+            }
+        }
+        // Revocations every 7 s; the token endpoint answers 500 for 3 s every 21 s (from 5 s on).
+        var rssAfterWarmUp = 0
+        var revocations = 0
+        var outages = 0
+        var nextRevocation = start.addingTimeInterval(7)
+        var nextOutage = start.addingTimeInterval(5)
+        var outageEnds: Date?
+        while Date() < deadline {
+            let now = Date()
+            if rssAfterWarmUp == 0, now.timeIntervalSince(start) >= 10 { rssAfterWarmUp = Self.residentBytes() }
+            if now >= nextRevocation {
+                try auth.revokeAll()
+                revocations += 1
+                nextRevocation = nextRevocation.addingTimeInterval(7)
+            }
+            if outageEnds == nil, now >= nextOutage {
+                try auth.failNextTokenRequests(count: 100_000, status: 500, error: "server_error")
+                outageEnds = now.addingTimeInterval(3)
+                outages += 1
+                nextOutage = nextOutage.addingTimeInterval(21)
+            }
+            if let ends = outageEnds, now >= ends {
+                try auth.clearFaults()
+                outageEnds = nil
+            }
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        if outageEnds != nil { try auth.clearFaults() }
+        #expect(group.wait(timeout: .now() + 30) == .success, "client threads did not finish")
+        let rssAtEnd = Self.residentBytes()
+
+        let (statuses, errors) = tally.snapshot
+        let total = statuses.values.reduce(0, +)
+        let stats = try auth.stats()
+        let faults = stats["injected_faults"] as? Int ?? 0
+        let metrics = driver.metrics
+        #expect(errors.isEmpty, "\(errors.count) of \(total) requests failed; first: \(errors.prefix(5))")
+        #expect(total > 1000, "only \(total) requests in \(seconds) s: \(statuses)")
+        #expect(revocations >= Int(seconds / 7) - 1 && outages >= 2)
+        #expect(faults > 0, "no token request hit an outage")
+        #expect(metrics.forcedRefreshes > 0)
+        #expect(metrics.breakerTrips == 0)
+        #expect(metrics.rejectionsNotReplayed.isEmpty, "\(metrics.rejectionsNotReplayed)")
+        #expect(!logs.text.contains("not replaying rejected request"))
+        // Memory: bearerd's process may not grow by more than 64 MiB after the warm-up.
+        #expect(rssAfterWarmUp > 0)
+        let growth = rssAtEnd - rssAfterWarmUp
+        #expect(growth < 64 << 20, "RSS grew by \(growth >> 20) MiB (\(rssAfterWarmUp >> 20) → \(rssAtEnd >> 20) MiB)")
+        print("soak: \(total) requests \(statuses), \(revocations) revocations, \(outages) outages (\(faults) injected 500s), "
+              + "\(metrics.forcedRefreshes) forced refreshes, \(metrics.tokenRequests) token requests, RSS \(rssAfterWarmUp >> 20) → \(rssAtEnd >> 20) MiB")
+    }
+}
