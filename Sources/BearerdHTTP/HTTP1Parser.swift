@@ -170,6 +170,9 @@ public struct HTTP1Parser: Sendable {
         sawEOF = true
     }
 
+    /// The peer's EOF was fed: the input ends with what is buffered (a client that half-closed).
+    public var receivedEOF: Bool { sawEOF }
+
     /// Client role: the next response (in order) answers a request with this method.
     /// Call once per request sent, in sending order (pipelining is FIFO).
     public mutating func expectResponse(to method: String, upgrade: Bool = false) {
