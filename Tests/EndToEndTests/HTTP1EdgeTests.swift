@@ -167,4 +167,127 @@ struct HTTP1EdgeTests {
         }
         #expect(c.isClosedByPeer())
     }
+
+    // MARK: Forbidden trailers (RFC 9110 §6.5.1)
+
+    struct EdgeFailure: Error, CustomStringConvertible {
+        var description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    /// A response read on `c` with its trailers; `onHead` runs when the head is parsed.
+    struct ResponseWithTrailers {
+        var status: Int
+        var body: [UInt8]
+        var trailers: HTTPHeaders?
+    }
+
+    static func readWithTrailers(_ c: TestClient, onHead: () -> Void = {}) throws -> ResponseWithTrailers {
+        var parser = HTTP1Parser(role: .client)
+        parser.expectResponse(to: "GET")
+        var status = 0
+        var body: [UInt8] = []
+        var buf = [UInt8](repeating: 0, count: 65536)
+        for _ in 0..<10_000 {
+            while let event = try parser.next() {
+                switch event {
+                case .responseHead(let h, _):
+                    status = h.status
+                    onHead()
+                case .body(let b): body += b
+                case .end(let t): return ResponseWithTrailers(status: status, body: body, trailers: t)
+                case .requestHead: throw EdgeFailure("a request from bearerd")
+                }
+            }
+            let n = buf.withUnsafeMutableBytes { recv(c.fd, $0.baseAddress, $0.count, 0) }
+            if n <= 0 {
+                throw EdgeFailure("closed (\(n)) after \(status == 0 ? "nothing" : "status \(status), \(body.count) body bytes")")
+            }
+            buf.withUnsafeBytes { parser.feed(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+        }
+        throw EdgeFailure("no complete response")
+    }
+
+    /// How the scripted origin writes its chunked response.
+    enum Delivery: String, CaseIterable, CustomTestStringConvertible {
+        /// Head, body and trailer section in one write.
+        case oneWrite
+        /// The head first; body and trailer section once the client has the head.
+        case headThenRest
+        var testDescription: String { rawValue }
+    }
+
+    /// An upstream whose chunked response ends with a field a trailer section must not carry:
+    /// the client gets the whole response (head, body, the allowed trailers) and the connection
+    /// goes on; the forbidden field is dropped, never relayed and never an empty close.
+    @Test(arguments: ["Host: x", "Content-Length: 5", "Transfer-Encoding: chunked", "Authorization: Bearer upstream", "Set-Cookie: a=b"],
+          Delivery.allCases)
+    func forbiddenUpstreamTrailerIsDroppedAndTheResponseRelayed(field: String, delivery: Delivery) throws {
+        let gate = ScriptedOrigin.Gate()
+        let head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/plain\r\n\r\n"
+        let rest = "5\r\nhello\r\n0\r\n\(field)\r\nX-Ok: 1\r\n\r\n"
+        let origin = try ScriptedOrigin { r in
+            if r.path == "/next" { return [.respond(status: 200, body: "next")] }
+            switch delivery {
+            case .oneWrite: return [.text(head + rest)]
+            case .headThenRest: return [.text(head), .await(gate, timeoutMs: 5000), .text(rest)]
+            }
+        }
+        defer { origin.stop() }
+        let proxy = try EdgeProxy(routes: [route(origin: origin.port)], io: .poller)
+        defer { proxy.stop() }
+        let c = try TestClient(port: proxy.port)
+        try c.send("GET /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\n\r\n")
+        let r = try Self.readWithTrailers(c, onHead: { gate.open() })
+        #expect(r.status == 200)
+        #expect(r.body == Array("hello".utf8))
+        #expect(r.trailers?["X-Ok"] == "1")
+        let name = String(field.split(separator: ":")[0])
+        #expect(r.trailers?[name] == nil, "\(name) must not be relayed in a trailer")
+        try c.send("GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(try c.readResponse().bodyText == "next")
+    }
+
+    /// The same for an HTTP/2 client: the trailers HEADERS frame carries the allowed fields only.
+    @Test func forbiddenUpstreamTrailerNeverReachesAnH2Client() throws {
+        let origin = try ScriptedOrigin { _ in
+            [.text("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nHost: x\r\nAuthorization: Bearer u\r\nX-Ok: 1\r\n\r\n")]
+        }
+        defer { origin.stop() }
+        let proxy = try EdgeProxy(routes: [route(origin: origin.port)], io: .poller)
+        defer { proxy.stop() }
+        let c = try H2TestClient(port: proxy.port)
+        let id = try c.session.submitRequest([
+            HTTPField(name: ":method", value: "GET"), HTTPField(name: ":scheme", value: "http"),
+            HTTPField(name: ":authority", value: "localhost"), HTTPField(name: ":path", value: "/t"),
+            HTTPField(name: "te", value: "trailers"),
+        ], endStream: true)
+        try c.pump { $0.contains { if case .streamClosed(id, _) = $0 { return true }; return false } }
+        #expect(c.events.contains { if case .headers(id, let f, .response, _) = $0 { return f.first?.value == "200" }; return false })
+        let data = c.events.flatMap { e -> [UInt8] in if case .data(id, let b, _) = e { return b }; return [] }
+        #expect(data == Array("hello".utf8))
+        let trailers = c.events.compactMap { e -> [HTTPField]? in if case .headers(id, let f, .trailers, _) = e { return f }; return nil }
+        #expect(trailers.count == 1)
+        #expect(trailers.first?.contains { $0.name == "x-ok" && $0.value == "1" } == true)
+        #expect(trailers.first?.contains { $0.name == "host" || $0.name == "authorization" } == false)
+        #expect(c.events.contains { if case .streamClosed(id, 0) = $0 { return true }; return false })
+    }
+
+    /// A client's trailer section never carries its own credentials (or other fields a trailer
+    /// must not carry) to the upstream; the allowed fields pass.
+    @Test func forbiddenClientTrailerFieldsNeverReachTheUpstream() throws {
+        let origin = try ScriptedOrigin(keepBodiesUpTo: 1024) { _ in [.readBody, .respond(status: 200, body: "ok")] }
+        defer { origin.stop() }
+        let proxy = try EdgeProxy(routes: [route(origin: origin.port)], io: .poller)
+        defer { proxy.stop() }
+        let c = try TestClient(port: proxy.port)
+        try c.send("POST /u HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n"
+                   + "Authorization: Bearer client-secret\r\nCookie: s=1\r\nX-Checksum: 42\r\n\r\n")
+        let r = try c.readResponse(method: "POST")
+        #expect(r.status == 200)
+        let raw = String(decoding: origin.allRaw, as: UTF8.self)
+        #expect(raw.contains("X-Checksum: 42\r\n"))
+        #expect(!raw.contains("client-secret"))
+        #expect(!raw.contains("Cookie"))
+    }
 }
