@@ -403,7 +403,17 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         guard case .exchanging(let current) = phase, current === ex else { return }
         if abort {
             phase = .closing
-            channel.close()
+            switch responseFraming {
+            case .chunked, .contentLength:
+                // What was relayed still goes out, and the close shows the client a cut-short
+                // response (no last chunk, a short body). Dropping it would leave an empty close
+                // on a keep-alive connection, which clients take for an idle close and retry.
+                responseFraming = .none
+                channel.closeAfterFlush()
+            case .untilClose, .none:
+                // A close-delimited body would look complete after a clean close.
+                channel.close()
+            }
             return
         }
         if !keepAlive || ctx.draining || parser.receivedEOF && parser.bufferedByteCount == 0 {

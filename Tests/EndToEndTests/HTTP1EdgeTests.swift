@@ -290,4 +290,26 @@ struct HTTP1EdgeTests {
         #expect(!raw.contains("client-secret"))
         #expect(!raw.contains("Cookie"))
     }
+
+    /// An upstream response that turns malformed after its head and some body, all in one read
+    /// (here a trailer line with whitespace before the colon): the client gets what was relayed
+    /// and then a close it can tell from a complete response (no last chunk), never an empty
+    /// close on its keep-alive connection, which clients mistake for an idle close and retry.
+    @Test(arguments: [IOModeSetting.poller, .sources])
+    func aResponseBrokenAfterItsHeadIsCutShortNotEmpty(io: IOModeSetting) throws {
+        let origin = try ScriptedOrigin { _ in
+            [.text("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nA : 1\r\n\r\n")]
+        }
+        defer { origin.stop() }
+        let proxy = try EdgeProxy(routes: [route(origin: origin.port)], io: io)
+        defer { proxy.stop() }
+        let c = try TestClient(port: proxy.port)
+        try c.send("GET /t HTTP/1.1\r\nHost: x\r\n\r\n")
+        do {
+            let r = try Self.readWithTrailers(c)
+            Issue.record("a broken response was relayed as complete: \(r.status)")
+        } catch {
+            #expect("\(error)".contains("after status 200, 5 body bytes"), "\(error)")
+        }
+    }
 }
