@@ -170,6 +170,9 @@ public struct HTTP1Parser: Sendable {
         sawEOF = true
     }
 
+    /// The peer's EOF was fed: the input ends with what is buffered (a client that half-closed).
+    public var receivedEOF: Bool { sawEOF }
+
     /// Client role: the next response (in order) answers a request with this method.
     /// Call once per request sent, in sending order (pipelining is FIFO).
     public mutating func expectResponse(to method: String, upgrade: Bool = false) {
@@ -752,8 +755,12 @@ public struct HTTP1Parser: Sendable {
             throw e
         }
         if trailer {
-            // RFC 9110 §6.5.1: framing and routing fields are not allowed in trailers.
+            // RFC 9110 §6.5.1: framing and routing fields are not allowed in trailers. A request
+            // carrying one is refused (400). A response's body is already delimited by then, so
+            // the field is discarded (RFC 9110 §6.5.2 lets a recipient discard trailer fields)
+            // and the response stays whole: failing it there could only cut off what was relayed.
             if parsed.kind != .other {
+                if role == .client { return }
                 throw error("http1.invalid_trailer", at: start, "\(parsed.field.name) is not allowed in a trailer section")
             }
         } else {

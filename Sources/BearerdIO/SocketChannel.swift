@@ -126,7 +126,8 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     /// - `connecting` → `handshaking` (TLS) | `open` | `closed` (connect failed)
     /// - `handshaking` → `open` | `closed`
     /// - `open` → `flushingBeforeClose` | `lingering` (nothing left to flush) | `closed`
-    /// - `flushingBeforeClose` → `lingering` | `closed`
+    /// - `flushingBeforeClose` → `lingering` | `flushingAfterPeerEOF` (the peer's EOF) | `closed`
+    /// - `flushingAfterPeerEOF` → `closed` (output written, or an error)
     /// - `lingering` → `closed` (the peer's EOF, an error, or 2 s)
     /// - `connecting`/`handshaking` → `flushingBeforeClose`/`lingering` when the owner gives up early
     enum Phase: Equatable {
@@ -138,6 +139,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         case open
         /// `closeAfterFlush`: the queued output is written, then `lingering`.
         case flushingBeforeClose
+        /// `closeAfterFlush`, and the peer's EOF arrived meanwhile: the queued output (the
+        /// peer's answer, a 400 included) is still written, then the socket closes at once (the
+        /// peer sends nothing more, so there is nothing to linger for). Reads are paused.
+        case flushingAfterPeerEOF
         /// SHUT_WR sent: input is discarded until the peer's EOF, then `closed`.
         case lingering
         /// Sources cancelled (or the poller left); no delegate call follows `channelClosed`.
@@ -342,6 +347,12 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             case .eof:
                 if phase == .lingering {
                     close()
+                } else if phase == .flushingBeforeClose {
+                    // The owner is closing already: its last output still goes out, the EOF
+                    // ends only the input (RFC 9112 §9.6; DESIGN §5). It stays readable, so stop reading.
+                    phase = .flushingAfterPeerEOF
+                    pauseReasons.insert(.owner)
+                    readGate?.suspend()
                 } else if let tls {
                     tls.feedEOF()
                     deliverTLSPlaintext(tls, eof: true)
@@ -510,8 +521,12 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         outOffset = 0
         disarmWrite()
         notifyIfBelowLowWater()
-        if phase == .flushingBeforeClose && pendingOutputBytes == 0 {
-            finishClose()
+        if pendingOutputBytes == 0 {
+            if phase == .flushingBeforeClose {
+                finishClose()
+            } else if phase == .flushingAfterPeerEOF {
+                close()
+            }
         }
     }
 
@@ -583,7 +598,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     /// The owner's `deadline` handling should call `close()` if the peer lingers too long.
     public func closeAfterFlush() {
         switch phase {
-        case .closed, .lingering, .flushingBeforeClose:
+        case .closed, .lingering, .flushingBeforeClose, .flushingAfterPeerEOF:
             return
         case .connecting, .handshaking, .open:
             break

@@ -17,6 +17,11 @@ import BearerdService
 /// → `awaitingHead(.idle)`; `exchanging` → a 101 relayed → `tunnelling` (bytes pass unparsed);
 /// any phase → `closing` (error answered, refusal, close, drain).
 ///
+/// A client's EOF (FIN) ends its input, not the answers it is owed (RFC 9112 §9.6, DESIGN §5): the
+/// parser records it (`parser.receivedEOF`), reading stops, and whatever was received is still
+/// parsed and answered in order (pipelined requests, a request still running, a 400 for a
+/// malformed or unfinished one); the connection closes once the input is used up.
+///
 /// As the `ExchangeClient` of its exchanges it writes HTTP/1.1: it owns the framing of the
 /// response in progress (`responseFraming`: Content-Length, chunked or until close).
 ///
@@ -46,9 +51,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     /// The connection's phase; exactly one at a time.
     enum Phase {
         case awaitingHead(HeadDeadline)
-        /// `clientHalfClosed`: the client sent EOF after a complete request; close once answered
-        /// (RFC 9112 §9.6).
-        case exchanging(FrontendExchange, clientHalfClosed: Bool)
+        case exchanging(FrontendExchange)
         /// After a 101: client bytes go to the exchange unparsed, until either side ends.
         case tunnelling(ProxyExchangeDriver)
         /// Nothing more is read or started; the channel is closing or closed.
@@ -61,7 +64,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
 
     /// The running exchange, if any.
     private var exchange: FrontendExchange? {
-        if case .exchanging(let ex, _) = phase { return ex }
+        if case .exchanging(let ex) = phase { return ex }
         return nil
     }
     private var isClosing: Bool {
@@ -226,24 +229,22 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
             return
         }
         parser.feedEOF()
-        if let ex = exchange, !ex.requestComplete {
-            processInput()
-        }
-        guard case .exchanging(let ex, _) = phase else {
-            channel.close()
-            return
-        }
-        if !ex.requestComplete {
-            // The client gave up in the middle of its body.
-            ex.abort()
-            phase = .closing
-            channel.close()
-            return
-        }
-        // A client half-closing after a complete request still gets its response (RFC 9112 §9.6).
-        // Stop the read source: EOF stays readable and would fire again and again.
+        // The input is over, the answers are not (RFC 9112 §9.6, DESIGN §5). Stop reading: EOF
+        // stays readable and would fire again and again.
         channel.pauseReading(.owner)
-        phase = .exchanging(ex, clientHalfClosed: true)
+        switch phase {
+        case .closing:
+            // An answer is being written; the channel closes after it.
+            channel.closeAfterFlush()
+        case .awaitingHead, .exchanging:
+            // What is buffered is still parsed: a request started, a body finished, or the
+            // error in it (a head or body cut short by the EOF is `http1.truncated`, 400). An
+            // exchange that takes no body now continues once it does (`exchangeWantsBody`);
+            // between requests with nothing left, the connection closes.
+            processInput()
+        case .tunnelling:
+            break  // handled above
+        }
     }
 
     func channelError(_ channel: SocketChannel, _ error: ChannelError) {
@@ -276,7 +277,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     func deadlineExpired(now: UInt64) {
         deadline = 0
         switch phase {
-        case .exchanging(let ex, _):
+        case .exchanging(let ex):
             // Only a client that stopped sending its body is timed out here.
             guard !ex.requestComplete else { return }
             ex.abort()
@@ -318,6 +319,12 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
                 return
             }
             guard let event else {
+                if case .awaitingHead = phase, parser.receivedEOF {
+                    // The client's input ended between requests: everything it sent was answered.
+                    phase = .closing
+                    channel.closeAfterFlush()
+                    return
+                }
                 if case .awaitingHead(.idle) = phase, parser.bufferedByteCount > 0 {
                     phase = .awaitingHead(.headerRead)
                     deadline = ctx.loop.now &+ ctx.runtime.headerReadTimeout
@@ -365,7 +372,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         let keepAlive = HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers) && !ctx.draining
         if let local {
             let ex = LocalExchange(frontend: self, responder: local, head: head, framing: framing, keepAlive: keepAlive)
-            phase = .exchanging(ex, clientHalfClosed: false)
+            phase = .exchanging(ex)
             ex.start()
             return
         }
@@ -386,20 +393,30 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         case .proxy(let routeIndex, let upstreamHead, let logPath, let websocket):
             let ex = ProxyExchangeDriver(client: self, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
                                          upstreamHead: upstreamHead, logPath: logPath, keepAlive: keepAlive, upgrade: websocket)
-            phase = .exchanging(ex, clientHalfClosed: false)
+            phase = .exchanging(ex)
             ex.start()
         }
     }
 
     /// The exchange wrote its whole response (or gave up). Continue with the next request.
     func exchangeFinished(_ ex: FrontendExchange, keepAlive: Bool, abort: Bool) {
-        guard case .exchanging(let current, let halfClosed) = phase, current === ex else { return }
+        guard case .exchanging(let current) = phase, current === ex else { return }
         if abort {
             phase = .closing
-            channel.close()
+            switch responseFraming {
+            case .chunked, .contentLength:
+                // What was relayed still goes out, and the close shows the client a cut-short
+                // response (no last chunk, a short body). Dropping it would leave an empty close
+                // on a keep-alive connection, which clients take for an idle close and retry.
+                responseFraming = .none
+                channel.closeAfterFlush()
+            case .untilClose, .none:
+                // A close-delimited body would look complete after a clean close.
+                channel.close()
+            }
             return
         }
-        if !keepAlive || ctx.draining || halfClosed {
+        if !keepAlive || ctx.draining || parser.receivedEOF && parser.bufferedByteCount == 0 {
             phase = .closing
             channel.closeAfterFlush()
             return
@@ -409,6 +426,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         channel.resumeReading(.pipelineFull)
         channel.resumeReading(.peerBackpressure)
         if parser.bufferedByteCount > 0 {
+            // Pipelined requests (also those sent before the client's EOF: each is answered).
             // Not re-entrantly: the upstream connection that finished may still be unwinding.
             ctx.loop.deferToEndOfEvent { [self] in processInput() }
         }
@@ -508,7 +526,7 @@ extension FrontendConnection: ExchangeClient {
     }
 
     func startTunnel(_ ex: ProxyExchangeDriver) -> [UInt8]? {
-        guard case .exchanging(let current, _) = phase, current === ex else { return nil }
+        guard case .exchanging(let current) = phase, current === ex else { return nil }
         phase = .tunnelling(ex)
         deadline = 0
         channel.resumeReading(.pipelineFull)

@@ -505,7 +505,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
 
     func requestEnd(trailers: HTTPHeaders?) {
-        requestTrailers = trailers
+        // Fields not allowed in trailers (RFC 9110 §6.5.1; a client's Authorization among them) never reach the upstream.
+        requestTrailers = HTTPHeaderRules.forwardableTrailers(trailers)
         perform(machine.clientBodyEnded())
     }
 
@@ -593,7 +594,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         perform(machine.upstreamReadComplete())
     }
 
-    func backendEnd(trailers: HTTPHeaders?) {
+    func backendEnd(trailers upstreamTrailers: HTTPHeaders?) {
+        // Fields not allowed in trailers (RFC 9110 §6.5.1) are dropped, whichever protocol brought them.
+        let trailers = HTTPHeaderRules.forwardableTrailers(upstreamTrailers)
         if let g = trailers?["grpc-status"] { grpcStatus = g }
         if case .forwarding(_, _, .holding) = machine.state { requestTrailersOfHeld = trailers }
         let action = machine.upstreamEnded()

@@ -236,6 +236,8 @@ public enum ProxyHeaders {
 
     /// What a request's `Upgrade` asks for (RFC 9110 §7.8; DESIGN §5).
     public enum UpgradeRequest: Equatable, Sendable {
+        /// No upgrade request: no `Upgrade` field, or one that does not make an upgrade request
+        /// (not named in `Connection`, or on HTTP/1.0). The field is dropped as hop-by-hop.
         case none
         /// `Upgrade: websocket` on an HTTP/1.1 GET (RFC 6455 §4.1): tunnelled after the upstream's 101.
         case websocket
@@ -248,11 +250,15 @@ public enum ProxyHeaders {
 
     public static func upgradeRequest(_ head: HTTPRequestHead) -> UpgradeRequest {
         guard head.headers.contains(.upgrade) else { return .none }
+        // RFC 9110 §7.8: a sender of Upgrade must also send the "upgrade" connection option, and
+        // a server must ignore Upgrade in an HTTP/1.0 request. Either way this is no upgrade
+        // request: `Upgrade` is removed like any hop-by-hop field and the request is forwarded
+        // (DESIGN §5), whatever protocol it names.
+        guard head.version == .http1_1, HTTPHeaderRules.connectionOptions(head.headers).upgrade else { return .none }
         let protocols = HTTPHeaderRules.listValues(head.headers, "Upgrade")
         if protocols.isEmpty { return .unsupported("an empty Upgrade field") }
-        let connectionNamesUpgrade = HTTPHeaderRules.connectionOptions(head.headers).upgrade
         if protocols.contains(where: { asciiCaseInsensitiveEquals($0, "websocket") }) {
-            guard head.method == "GET", head.version == .http1_1, connectionNamesUpgrade else {
+            guard head.method == "GET" else {
                 return .unsupported("a WebSocket handshake is an HTTP/1.1 GET with Connection: Upgrade (RFC 6455 §4.1)")
             }
             return .websocket
