@@ -11,6 +11,9 @@ public enum ClientAuthentication: String, Sendable, Equatable, CaseIterable {
     case privateKeyJWT = "private_key_jwt"
     /// Mutual TLS (RFC 8705 §2): the TLS client certificate authenticates; `client_id` in the body.
     case tlsClientAuth = "tls_client_auth"
+    /// An externally issued JWT (a federated credential, e.g. a projected Kubernetes token an IdP
+    /// trusts) as `client_assertion` (RFC 7523 §2.2); `client_id` in the body only when configured.
+    case clientAssertion = "client_assertion"
 }
 
 /// One token request, before encoding: the grant and the client's credentials.
@@ -29,6 +32,10 @@ public struct TokenRequest: Sendable, Equatable {
         case authorizationCode(code: OAuthSecret, redirectURI: String, codeVerifier: OAuthSecret)
         /// RFC 8628 §3.4.
         case deviceCode(OAuthSecret)
+        /// RFC 7523 §2.1: a JWT is the authorization grant (`assertion`).
+        case jwtBearer(assertion: OAuthSecret)
+        /// RFC 8693 §2.1: a subject token (and optionally an actor token) is exchanged.
+        case tokenExchange(TokenExchange)
 
         /// The `grant_type` value.
         public var grantType: String {
@@ -38,7 +45,33 @@ public struct TokenRequest: Sendable, Equatable {
             case .password: "password"
             case .authorizationCode: "authorization_code"
             case .deviceCode: "urn:ietf:params:oauth:grant-type:device_code"
+            case .jwtBearer: "urn:ietf:params:oauth:grant-type:jwt-bearer"
+            case .tokenExchange: "urn:ietf:params:oauth:grant-type:token-exchange"
             }
+        }
+    }
+
+    /// The parameters of an RFC 8693 §2.1 token exchange request.
+    public struct TokenExchange: Sendable, Equatable {
+        /// RFC 8693 §3 token type URIs.
+        public static let jwtType = "urn:ietf:params:oauth:token-type:jwt"
+        public static let accessTokenType = "urn:ietf:params:oauth:token-type:access_token"
+        public static let idTokenType = "urn:ietf:params:oauth:token-type:id_token"
+        public static let refreshTokenType = "urn:ietf:params:oauth:token-type:refresh_token"
+
+        public var subjectToken: OAuthSecret
+        public var subjectTokenType: String
+        public var actorToken: OAuthSecret?
+        public var actorTokenType: String?
+        public var requestedTokenType: String?
+
+        public init(subjectToken: OAuthSecret, subjectTokenType: String, actorToken: OAuthSecret? = nil,
+                    actorTokenType: String? = nil, requestedTokenType: String? = nil) {
+            self.subjectToken = subjectToken
+            self.subjectTokenType = subjectTokenType
+            self.actorToken = actorToken
+            self.actorTokenType = actorTokenType
+            self.requestedTokenType = requestedTokenType
         }
     }
 
@@ -50,8 +83,13 @@ public struct TokenRequest: Sendable, Equatable {
     public var scope: String?
     /// Extra form parameters (`params:` in the config), sent in this order after the standard ones.
     public var extraParameters: [(String, String)]
-    /// `private_key_jwt`: the signed assertion for this request (`ClientAssertion`).
+    /// `private_key_jwt`: the signed assertion for this request (`ClientAssertion`);
+    /// `client_assertion`: the external JWT read for this request.
     public var clientAssertion: OAuthSecret?
+    /// `audience:` values (RFC 8693 §2.1 and vendors' `audience`), one parameter per value.
+    public var audiences: [String] = []
+    /// `resource:` values (RFC 8707 §2), one parameter per value.
+    public var resources: [String] = []
 
     public init(grant: Grant, clientID: String, clientSecret: OAuthSecret? = nil,
                 clientAuthentication: ClientAuthentication = .clientSecretBasic,
@@ -68,12 +106,14 @@ public struct TokenRequest: Sendable, Equatable {
         a.grant == b.grant && a.clientID == b.clientID && a.clientSecret == b.clientSecret
             && a.clientAuthentication == b.clientAuthentication && a.scope == b.scope
             && a.extraParameters.elementsEqual(b.extraParameters, by: { $0 == $1 })
+            && a.clientAssertion == b.clientAssertion && a.audiences == b.audiences && a.resources == b.resources
     }
 
     /// Parameter names the codec writes itself; `extraParameters` may not repeat them.
     public static let reservedParameterNames: Set<String> = [
         "grant_type", "client_id", "client_secret", "refresh_token", "username", "password", "scope",
         "code", "redirect_uri", "code_verifier", "device_code", "client_assertion", "client_assertion_type",
+        "assertion", "subject_token", "subject_token_type", "actor_token", "actor_token_type", "requested_token_type",
     ]
 
     /// Why a request could not be encoded (a configuration problem, never retried).
@@ -85,8 +125,9 @@ public struct TokenRequest: Sendable, Equatable {
     }
 
     /// Encodes the request as `POST` body and headers (RFC 6749 §4.3.2, §4.4.2, §6 and
-    /// Appendix B). Body parameter order: `grant_type`, grant parameters, `scope`, client
-    /// parameters (post / none), extra parameters.
+    /// Appendix B; RFC 7523 §2.1; RFC 8693 §2.1; RFC 8707 §2). Body parameter order:
+    /// `grant_type`, grant parameters, `scope`, `audience`s, `resource`s, client parameters
+    /// (post / none / assertions), extra parameters.
     public func encode() throws(EncodingError) -> EncodedTokenRequest {
         var pairs: [(String, String)] = [("grant_type", grant.grantType)]
         switch grant {
@@ -103,8 +144,21 @@ public struct TokenRequest: Sendable, Equatable {
             pairs.append(("code_verifier", verifier.exposedValue))
         case .deviceCode(let code):
             pairs.append(("device_code", code.exposedValue))
+        case .jwtBearer(let assertion):
+            pairs.append(("assertion", assertion.exposedValue))
+        case .tokenExchange(let exchange):
+            if let requested = exchange.requestedTokenType { pairs.append(("requested_token_type", requested)) }
+            pairs.append(("subject_token", exchange.subjectToken.exposedValue))
+            pairs.append(("subject_token_type", exchange.subjectTokenType))
+            if let actor = exchange.actorToken {
+                pairs.append(("actor_token", actor.exposedValue))
+                // RFC 8693 §2.1: actor_token_type is REQUIRED when actor_token is present.
+                pairs.append(("actor_token_type", exchange.actorTokenType ?? TokenExchange.jwtType))
+            }
         }
         if let scope, !scope.isEmpty { pairs.append(("scope", scope)) }
+        for audience in audiences { pairs.append(("audience", audience)) }
+        for resource in resources { pairs.append(("resource", resource)) }
         var headers: [(name: String, value: String)] = [
             ("Content-Type", "application/x-www-form-urlencoded"),
             ("Accept", "application/json"),
@@ -123,7 +177,15 @@ public struct TokenRequest: Sendable, Equatable {
             pairs.append(("client_id", clientID))
             pairs.append(("client_secret", secret.exposedValue))
         case .none, .tlsClientAuth:
-            pairs.append(("client_id", clientID))
+            // A grant that is itself a credential (jwt_bearer, token_exchange) may have no client.
+            if !clientID.isEmpty { pairs.append(("client_id", clientID)) }
+        case .clientAssertion:
+            guard let assertion = clientAssertion else {
+                throw EncodingError(reason: "token.missing_client_assertion", detail: "client_assertion needs the JWT of client_assertion_file")
+            }
+            if !clientID.isEmpty { pairs.append(("client_id", clientID)) }
+            pairs.append(("client_assertion_type", ClientAssertion.type))
+            pairs.append(("client_assertion", assertion.exposedValue))
         case .privateKeyJWT:
             guard let assertion = clientAssertion else {
                 throw EncodingError(reason: "token.missing_client_assertion", detail: "private_key_jwt needs a signed client assertion")
