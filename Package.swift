@@ -93,7 +93,9 @@ let package = Package(
         .executableTarget(
             name: "bearerd",
             dependencies: [
-                "BearerdProxy",
+                // Every module the command line imports, declared (an undeclared one left the
+                // executable's objects stale after a change to BearerdOAuth's types).
+                "BearerdProxy", "BearerdIO", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdSessions", "BearerdService",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
