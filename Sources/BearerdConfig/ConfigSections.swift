@@ -180,12 +180,12 @@ extension ConfigBuilder {
         for k in ["command", "timeout"] {
             if let e = f[k] { fail(e.keyLine, f.key(k), "only used with grant exec (this session has grant \(grant?.rawValue ?? "?"))") }
         }
-        let givenTokenURL = parsed(f, "token_url", expected: "an http:// or https:// URL") { (raw: String) throws(ConfigValues.Problem) -> UpstreamURL in
-            try ConfigValues.url(raw, allowQuery: true)
+        let givenTokenURL = parsed(f, "token_url", expected: "an http:// or https:// URL") { (raw: String) throws(ConfigValues.Problem) -> EndpointURL in
+            try ConfigValues.endpointURL(raw, allowQuery: true)
         }
         // RFC 8414 §2: an issuer is an https URL without query or fragment (http allowed for local tests).
-        let issuer = parsed(f, "issuer", expected: "the authorization server's issuer URL") { (raw: String) throws(ConfigValues.Problem) -> UpstreamURL in
-            try ConfigValues.url(raw, allowQuery: false)
+        let issuer = parsed(f, "issuer", expected: "the authorization server's issuer URL") { (raw: String) throws(ConfigValues.Problem) -> EndpointURL in
+            try ConfigValues.endpointURL(raw, allowQuery: false)
         }
         switch (f["token_url"], f["issuer"]) {
         case (nil, nil):
@@ -198,7 +198,7 @@ extension ConfigBuilder {
         if grant?.isPersonal == true, f["issuer"] == nil, f["token_url"] != nil {
             fail(f["token_url"]!.keyLine, f.key("issuer"), "missing: grant \(grant!.rawValue) needs issuer: (its metadata names the authorization or device endpoint)")
         }
-        let tokenURL: UpstreamURL? = givenTokenURL ?? (issuer != nil ? .discoveryPlaceholder : nil)
+        let tokenURL: EndpointURL? = givenTokenURL ?? (issuer != nil ? .discoveryPlaceholder : nil)
         let clientID = text(f, "client_id", expected: "a client identifier")
         if f["client_id"] == nil { missing(f, "client_id") }
         let clientAuthGiven = f["client_auth"] != nil

@@ -52,7 +52,13 @@ public final class SignIn {
         if let scope = session.scope, !scope.isEmpty { pairs.append(("scope", scope)) }
         pairs += [("state", state), ("code_challenge", pkce.challenge), ("code_challenge_method", PKCE.method)]
         let query = pairs.map { FormURLEncoding.encode($0.0) + "=" + FormURLEncoding.encode($0.1) }.joined(separator: "&")
-        return endpoint.description + (endpoint.query == nil ? "?" : "&") + query
+        // DESIGN §5: the endpoint as published, a query of its own kept (ours follows with `&`).
+        let separator = switch endpoint.query {
+        case nil: "?"
+        case ""?: ""
+        default: "&"
+        }
+        return endpoint.text + separator + query
     }
 
     /// Exchanges a code (or a device code) at the token endpoint.

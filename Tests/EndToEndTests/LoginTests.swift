@@ -27,7 +27,7 @@ struct LoginTests {
         sessions:
           me:
             grant: authorization_code
-            issuer: http://127.0.0.1:\(auth.port)
+            issuer: \(auth.issuer)
             client_id: native
             client_auth: none
             scope: read
@@ -81,6 +81,56 @@ struct LoginTests {
         #expect(through.status == 200, "\(running.logs)")
         #expect(through.bodyText.contains("alice"), "\(through.bodyText)")
         #expect(running.waitLog("new sign-in found in the state file"))
+    }
+
+    /// DESIGN §5: endpoint URLs are used exactly as published or configured. The fixture serves
+    /// `/oauth/authorize/`, `/oauth/token/` and `/oauth/revoke/` and answers 404 without the slash
+    /// (as Django does); discovery (an issuer ending in `/`), the browser sign-in, a configured
+    /// `token_url`, and a refresh after the access token was revoked at the published revocation
+    /// endpoint all go to the slashed paths.
+    @Test func endpointsThatEndInASlashAreUsedAsPublished() throws {
+        let auth = try AuthServerFixture.start(trailingSlash: true)
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("login")
+        let text = Self.config(auth: auth, dir: dir, extra: """
+              svc:
+                grant: client_credentials
+                token_url: \(auth.tokenURL)
+                client_id: svc
+                client_secret: svc-secret
+                scope: read
+            """)
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", text)
+        #expect(try CommandLineTests.run(["check", "-c", cfg]).status == 0)
+        let login = try CommandLineTests.run(["login", "-c", cfg, "me", "--timeout", "30"], env: ["BROWSER": try Self.browser(dir: dir)])
+        #expect(login.status == 0, "\(login.stderr)")
+        #expect(login.stderr.contains("Open this URL to sign in: http://127.0.0.1:\(auth.port)/oauth/authorize/?response_type=code&client_id=native"),
+                "\(login.stderr)")
+        // A configured token_url ending in `/`.
+        let svc = try CommandLineTests.run(["token", "-c", cfg, "svc"])
+        #expect(svc.status == 0, "\(svc.stderr)")
+
+        let port = try RunningBearerd.freePort()
+        let running = try RunningBearerd(config: "listen: 127.0.0.1:\(port)\n" + text, dir: dir)
+        defer { _ = running.stop() }
+        #expect(running.waitServing(port: port, path: "/hello")?.status == 200, "\(running.logs)")
+        // Revoke the stored access token at the published revocation endpoint (RFC 7009): the
+        // next request's 401 makes bearerd refresh at `/oauth/token/` and replay.
+        let meta = try JSONSerialization.jsonObject(with: Data(try auth.request("GET", "/.well-known/oauth-authorization-server").body)) as? [String: Any]
+        let revocation = try #require(meta?["revocation_endpoint"] as? String)
+        #expect(revocation == auth.revokeURL && revocation.hasSuffix("/oauth/revoke/"))
+        let access = try CommandLineTests.run(["token", "-c", cfg, "me"]).stdout.trimmingCharacters(in: .newlines)
+        let revoked = try auth.request("POST", String(revocation.dropFirst("http://127.0.0.1:\(auth.port)".count)),
+                                       headers: [("Content-Type", "application/x-www-form-urlencoded")],
+                                       body: Array("token=\(access)&token_type_hint=access_token&client_id=native".utf8))
+        #expect(revoked.status == 200, "\(revoked.bodyText)")
+        #expect(try auth.request("GET", "/api/direct", headers: [("Authorization", "Bearer \(access)")]).status == 401)
+        let after = try TestClient.get(port: port, path: "/hello")
+        #expect(after.status == 200, "\(running.logs)")
+        let stats = try auth.stats()
+        #expect(stats["not_found_without_slash"] as? Int == 0, "\(stats)")
+        #expect(stats["revocations"] as? Int == 1, "\(stats)")
+        #expect(((stats["by_grant"] as? [String: Any])?["refresh_token"] as? Int ?? 0) >= 1, "\(stats)")
     }
 
     @Test func aRefusedOrForgedSignInStopsWithAClearMessage() throws {
@@ -137,7 +187,7 @@ struct DeviceLoginTests {
         sessions:
           tv:
             grant: device_code
-            issuer: http://127.0.0.1:\(auth.port)
+            issuer: \(auth.issuer)
             client_id: tv
             client_auth: none
             scope: read
@@ -173,8 +223,10 @@ struct DeviceLoginTests {
         return (p.terminationStatus, text)
     }
 
-    @Test func approvedAtTheVerificationPage() throws {
-        let auth = try AuthServerFixture.start()
+    /// Also against endpoints that end in `/` and 404 without it (django-oauth-toolkit's shape):
+    /// the device authorization and token endpoints are used exactly as published (DESIGN §5).
+    @Test(arguments: [false, true]) func approvedAtTheVerificationPage(trailingSlash: Bool) throws {
+        let auth = try AuthServerFixture.start(trailingSlash: trailingSlash)
         defer { auth.stop() }
         let dir = try RunningBearerd.tempDir("device")
         let cfg = try CommandLineTests.tempFile("bearerd.yaml", Self.config(auth: auth, dir: dir))
@@ -194,6 +246,7 @@ struct DeviceLoginTests {
         // Polling kept to the interval: no slow_down earned.
         let stats = try auth.stats()
         #expect(((stats["by_grant"] as? [String: Any])?["device_poll_fast"]) == nil, "\(stats)")
+        #expect(stats["not_found_without_slash"] as? Int == 0, "\(stats)")
     }
 
     @Test func deniedStopsWithAClearMessage() throws {

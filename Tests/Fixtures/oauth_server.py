@@ -4,7 +4,7 @@ end-to-end tests, built on Authlib's Flask integration. TEST FIXTURE ONLY.
 
 Run:
     python3 oauth_server.py --port 0 --port-file /tmp/as.port [--token-lifetime 3600]
-        [--rotate-refresh-tokens] [--grace-seconds 10] [--verbose]
+        [--rotate-refresh-tokens] [--grace-seconds 10] [--trailing-slash] [--verbose]
 
 Binds 127.0.0.1 only. All state is in memory and lost on exit.
 
@@ -66,6 +66,11 @@ Flags:
                                of invalid_grant. An imitation of the grace windows of real servers
                                (Okta, Auth0, Keycloak...) that protect clients whose response was
                                lost in transit.
+    --trailing-slash           the OAuth endpoints end in `/` (/oauth/token/, /oauth/authorize/,
+                               /oauth/device/, /oauth/revoke/; the metadata says so, and the issuer
+                               is `http://127.0.0.1:PORT/`) and the same paths without the slash
+                               answer 404, as Django-based servers (django-oauth-toolkit) do.
+                               Counted in stats as `not_found_without_slash`.
     --verbose                  werkzeug request log and Authlib debug log on stderr.
     --parent-pid PID           exit as soon as PID is no longer the parent process.
 """
@@ -105,6 +110,15 @@ class Config:
     token_lifetime = 3600
     rotate_refresh_tokens = False
     grace_seconds = 10
+    trailing_slash = False
+
+
+def ep(path):
+    """An OAuth endpoint's path: with a trailing slash under --trailing-slash."""
+    return path + "/" if Config.trailing_slash else path
+
+
+OAUTH_PATHS = ["/oauth/token", "/oauth/authorize", "/oauth/device", "/oauth/revoke"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -265,6 +279,7 @@ class Stats:
             self.api_requests = 0
             self.api_rejected = 0
             self.injected_faults = 0
+            self.not_found_without_slash = 0
 
     def snapshot(self):
         with self.lock:
@@ -279,6 +294,7 @@ class Stats:
                 "api_requests": self.api_requests,
                 "api_rejected": self.api_rejected,
                 "injected_faults": self.injected_faults,
+                "not_found_without_slash": self.not_found_without_slash,
             }
 
 
@@ -520,7 +536,7 @@ class PrivateKeyJWTAuth(JWTBearerClientAssertion):
 
     def get_audiences(self):
         base = "http://127.0.0.1:%s" % request.environ.get("SERVER_PORT", "")
-        return [base + "/oauth/token", base]
+        return [base + ep("/oauth/token"), base]
 
     def validate_jti(self, claims, jti):
         with STATS.lock:
@@ -650,7 +666,17 @@ def create_app():
         cid, _ = _split_basic(request.headers)
         return cid or request.form.get("client_id") or "-"
 
-    @app.post("/oauth/token")
+    @app.before_request
+    def no_slash_no_endpoint():
+        # --trailing-slash: Django answers 404 to /authorize when the route is /authorize/
+        # (werkzeug would redirect; a client following the redirect would hide the bug).
+        if Config.trailing_slash and request.path in OAUTH_PATHS:
+            with STATS.lock:
+                STATS.not_found_without_slash += 1
+            return jsonify(error="not_found", detail="this server's endpoints end in /"), 404
+        return None
+
+    @app.post(ep("/oauth/token"))
     def issue_token():
         grant = request.form.get("grant_type") or "-"
         cid = claimed_client_id()
@@ -672,7 +698,7 @@ def create_app():
                 _bump(STATS.token_errors, err)
         return resp
 
-    @app.get("/oauth/authorize")
+    @app.get(ep("/oauth/authorize"))
     def authorize():
         # No login page: the test user signs in at once (?test_user=bob picks another one,
         # ?test_deny=1 refuses, as a person pressing "Deny" would).
@@ -687,11 +713,11 @@ def create_app():
         # a client that configured another name must notice the mismatch (RFC 8414 §3.3).
         base = "http://127.0.0.1:%s" % request.environ.get("SERVER_PORT", "")
         return {
-            "issuer": base,
-            "authorization_endpoint": base + "/oauth/authorize",
-            "token_endpoint": base + "/oauth/token",
-            "device_authorization_endpoint": base + "/oauth/device",
-            "revocation_endpoint": base + "/oauth/revoke",
+            "issuer": base + "/" if Config.trailing_slash else base,
+            "authorization_endpoint": base + ep("/oauth/authorize"),
+            "token_endpoint": base + ep("/oauth/token"),
+            "device_authorization_endpoint": base + ep("/oauth/device"),
+            "revocation_endpoint": base + ep("/oauth/revoke"),
             "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none", "private_key_jwt"],
             "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials", "password"],
             "response_types_supported": ["code"],
@@ -699,7 +725,7 @@ def create_app():
             "scopes_supported": sorted(SCOPES_SUPPORTED),
         }
 
-    @app.post("/oauth/device")
+    @app.post(ep("/oauth/device"))
     def device_authorization():
         with STORE.lock:
             return server.create_endpoint_response(DeviceEndpoint.ENDPOINT_NAME)
@@ -727,7 +753,7 @@ def create_app():
     def oidc_metadata():
         return jsonify(metadata())
 
-    @app.post("/oauth/revoke")
+    @app.post(ep("/oauth/revoke"))
     def revoke_token():
         with STORE.lock:
             return server.create_endpoint_response(Revocation.ENDPOINT_NAME)
@@ -850,6 +876,7 @@ def main(argv=None):
     p.add_argument("--token-lifetime", type=int, default=3600)
     p.add_argument("--rotate-refresh-tokens", action="store_true")
     p.add_argument("--grace-seconds", type=int, default=10)
+    p.add_argument("--trailing-slash", action="store_true")
     p.add_argument("--verbose", action="store_true")
     p.add_argument(
         "--parent-pid",
@@ -876,6 +903,7 @@ def main(argv=None):
     Config.token_lifetime = args.token_lifetime
     Config.rotate_refresh_tokens = args.rotate_refresh_tokens
     Config.grace_seconds = args.grace_seconds
+    Config.trailing_slash = args.trailing_slash
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr)
     if not args.verbose:
