@@ -109,7 +109,7 @@ public final class SignIn {
     /// RFC 8628 §3.1: asks the device authorization endpoint for a user code.
     public func startDeviceAuthorization() -> Result<DeviceAuthorization, Failure> {
         guard let endpoint = session.deviceAuthorizationEndpoint else {
-            return .failure(Failure(message: "the issuer publishes no device_authorization_endpoint"))
+            return .failure(Failure(message: "no device authorization endpoint: set device_authorization_url (with token_url) or issuer"))
         }
         // The client authenticates as at the token endpoint; the grant parameters are ours.
         var request = settings.tokenRequest(refreshToken: nil)

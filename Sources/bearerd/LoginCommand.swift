@@ -72,7 +72,7 @@ struct Login: ParsableCommand {
         let pkce = PKCE(random: (0..<32).map { _ in UInt8.random(in: 0...255, using: &g) })
         let state = Base64.encodeURL((0..<16).map { _ in UInt8.random(in: 0...255, using: &g) })
         guard let url = signIn.authorizationURL(redirectURI: redirect.redirectURI, state: state, pkce: pkce) else {
-            return .failure(SignIn.Failure(message: "the issuer publishes no authorization_endpoint"))
+            return .failure(SignIn.Failure(message: "no authorization endpoint: set authorization_url (with token_url) or issuer"))
         }
         print("Open this URL to sign in: \(url)", to: &stderr)
         if !noBrowser, let problem = BrowserLauncher.open(url, environment: ProcessInfo.processInfo.environment) {

@@ -133,6 +133,40 @@ struct LoginTests {
         #expect(((stats["by_grant"] as? [String: Any])?["refresh_token"] as? Int ?? 0) >= 1, "\(stats)")
     }
 
+    /// Providers without metadata (GitHub OAuth apps): `authorization_url:` with `token_url:`
+    /// instead of `issuer:`; `check` says which key is missing.
+    @Test func endpointsNamedWithoutDiscovery() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("login")
+        let named = Self.config(auth: auth, dir: dir).replacingOccurrences(of: "issuer: \(auth.issuer)", with: """
+            authorization_url: http://127.0.0.1:\(auth.port)/oauth/authorize
+                token_url: \(auth.tokenURL)
+            """)
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", named)
+        let check = try CommandLineTests.run(["check", "-c", cfg])
+        #expect(check.status == 0, "\(check.stdout)\(check.stderr)")
+        let login = try CommandLineTests.run(["login", "-c", cfg, "me", "--timeout", "30"], env: ["BROWSER": try Self.browser(dir: dir)])
+        #expect(login.status == 0, "\(login.stderr)")
+        #expect(login.stderr.contains("Open this URL to sign in: http://127.0.0.1:\(auth.port)/oauth/authorize?response_type=code"), "\(login.stderr)")
+        let token = try CommandLineTests.run(["token", "-c", cfg, "me"])
+        #expect(token.status == 0, "\(token.stderr)")
+        #expect(try auth.request("GET", "/api/direct", headers: [("Authorization", "Bearer \(token.stdout.trimmingCharacters(in: .newlines))")]).status == 200)
+
+        // token_url alone: the missing key is named, with the line of the session's token_url.
+        let missing = try CommandLineTests.tempFile("bearerd.yaml", named.replacingOccurrences(
+            of: "authorization_url: http://127.0.0.1:\(auth.port)/oauth/authorize\n    ", with: ""))
+        let bad = try CommandLineTests.run(["check", "-c", missing])
+        #expect(bad.status != 0)
+        #expect((bad.stdout + bad.stderr).contains(":5: sessions.me.authorization_url: missing: grant authorization_code needs authorization_url: (with token_url:), or issuer:"),
+                "\(bad.stdout)\(bad.stderr)")
+        // The device endpoint key on an authorization_code session is refused.
+        let wrong = try CommandLineTests.tempFile("bearerd.yaml", named.replacingOccurrences(of: "authorization_url:", with: "device_authorization_url:"))
+        let bad2 = try CommandLineTests.run(["check", "-c", wrong])
+        #expect(bad2.status != 0)
+        #expect((bad2.stdout + bad2.stderr).contains("sessions.me.device_authorization_url: only used with grant device_code"), "\(bad2.stdout)\(bad2.stderr)")
+    }
+
     @Test func aRefusedOrForgedSignInStopsWithAClearMessage() throws {
         let auth = try AuthServerFixture.start()
         defer { auth.stop() }
@@ -181,13 +215,13 @@ struct LoginTests {
 @Suite("bearerd login (device flow)", .serialized,
        .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
 struct DeviceLoginTests {
-    static func config(auth: AuthServerFixture, dir: String) -> String {
+    static func config(auth: AuthServerFixture, dir: String, endpoints: String? = nil) -> String {
         """
         state_dir: \(dir)/state
         sessions:
           tv:
             grant: device_code
-            issuer: \(auth.issuer)
+            \(endpoints ?? "issuer: \(auth.issuer)")
             client_id: tv
             client_auth: none
             scope: read
@@ -247,6 +281,25 @@ struct DeviceLoginTests {
         let stats = try auth.stats()
         #expect(((stats["by_grant"] as? [String: Any])?["device_poll_fast"]) == nil, "\(stats)")
         #expect(stats["not_found_without_slash"] as? Int == 0, "\(stats)")
+    }
+
+    /// Without discovery: `device_authorization_url:` with `token_url:`.
+    @Test func approvedWithoutDiscovery() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("device")
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", Self.config(auth: auth, dir: dir, endpoints: """
+            device_authorization_url: http://127.0.0.1:\(auth.port)/oauth/device
+                token_url: \(auth.tokenURL)
+            """))
+        let (status, text) = try Self.login(cfg) { code in
+            _ = try auth.request("POST", "/_test/device/approve", headers: [("Content-Type", "application/json")],
+                                 body: Array(#"{"user_code":"\#(code)","user":"bob"}"#.utf8))
+        }
+        #expect(status == 0, "\(text)")
+        let token = try CommandLineTests.run(["token", "-c", cfg, "tv"])
+        #expect(token.status == 0, "\(token.stderr)")
+        #expect(try auth.request("GET", "/api/whoami", headers: [("Authorization", "Bearer \(token.stdout.trimmingCharacters(in: .newlines))")]).bodyText.contains("bob"))
     }
 
     @Test func deniedStopsWithAClearMessage() throws {
