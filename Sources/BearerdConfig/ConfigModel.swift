@@ -266,6 +266,10 @@ public struct SessionConfig: Sendable, Equatable {
     public var issuer: EndpointURL?
     public var authorizationEndpoint: EndpointURL?
     public var deviceAuthorizationEndpoint: EndpointURL?
+    /// `redirect_uri:` of an authorization_code session: a fixed loopback redirect (127.0.0.1,
+    /// [::1] or localhost; http) for servers that compare redirect URIs exactly; nil: a port
+    /// chosen at run time (RFC 8252 §7.3).
+    public var redirectURI: EndpointURL?
     /// `grant: exec`: the helper's argv (no shell) and how long it may run (`timeout`, default 10 s).
     public var command: [String]?
     public var commandTimeout: Duration = .seconds(10)
@@ -310,6 +314,7 @@ public struct SessionConfig: Sendable, Equatable {
             && a.requestTimeout == b.requestTimeout && a.waitTimeout == b.waitTimeout
             && a.command == b.command && a.commandTimeout == b.commandTimeout && a.issuer == b.issuer && a.clientKeyFile == b.clientKeyFile && a.clientKeyID == b.clientKeyID
             && a.authorizationEndpoint == b.authorizationEndpoint && a.deviceAuthorizationEndpoint == b.deviceAuthorizationEndpoint
+            && a.redirectURI == b.redirectURI
     }
 }
 

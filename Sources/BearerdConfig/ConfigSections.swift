@@ -289,6 +289,20 @@ extension ConfigBuilder {
             fail(e.keyLine, f.key("tls"), "tls settings need an https:// token_url")
         }
 
+        // RFC 8252 §7.3 / §8.3: a fixed loopback redirect, for servers that match it exactly.
+        let redirectURI = parsed(f, "redirect_uri", expected: "a loopback URL, e.g. http://127.0.0.1:8765/callback") {
+            (raw: String) throws(ConfigValues.Problem) -> EndpointURL in
+            let u = try ConfigValues.endpointURL(raw, allowQuery: false)
+            guard u.scheme == "http", ["127.0.0.1", "::1", "localhost"].contains(u.host) else {
+                throw ConfigValues.Problem("must be an http:// loopback URL on 127.0.0.1, [::1] or localhost (RFC 8252 §7.3), "
+                                           + "e.g. http://127.0.0.1:8765/callback: bearerd listens there for the browser, got \(u.scheme)://\(u.authority)")
+            }
+            return u
+        }
+        if let e = f["redirect_uri"], let grant, grant != .authorizationCode {
+            fail(e.keyLine, f.key("redirect_uri"), "only used with grant authorization_code (this session has grant \(grant.rawValue))")
+        }
+
         guard let grant, let tokenURL, let clientID, clientAuth != nil || !clientAuthGiven else { return nil }
         var session = SessionConfig(
             name: item.name, grant: grant, tokenURL: tokenURL, clientID: clientID,
@@ -301,6 +315,7 @@ extension ConfigBuilder {
             clientKeyID: authMethod == .privateKeyJWT ? clientKeyID : nil)
         session.authorizationEndpoint = endpoints["authorization_url"]
         session.deviceAuthorizationEndpoint = endpoints["device_authorization_url"]
+        session.redirectURI = grant == .authorizationCode ? redirectURI : nil
         return session
     }
 
@@ -309,7 +324,7 @@ extension ConfigBuilder {
     private func execSession(_ item: Entry, _ f: Fields) -> SessionConfig? {
         for k in ["token_url", "client_id", "client_secret_file", "client_secret_env", "client_secret", "client_auth", "scope", "params",
                   "refresh_token_file", "username", "password", "password_file", "password_env", "tls", "request_timeout",
-                  "authorization_url", "device_authorization_url"] {
+                  "authorization_url", "device_authorization_url", "redirect_uri"] {
             if let e = f[k] { fail(e.keyLine, f.key(k), "not used with grant exec: the command obtains the token itself") }
         }
         var argv: [String]?

@@ -9,7 +9,8 @@ import BearerdSessions
 /// keep the session alive with the refresh token stored in `state_dir`.
 ///
 /// `grant: authorization_code`: PKCE S256 and `state` (RFC 7636, RFC 6749 §10.12), a loopback
-/// redirect on 127.0.0.1 with a port chosen at run time (RFC 8252 §7.3), the URL opened with
+/// redirect on 127.0.0.1 with a port chosen at run time (RFC 8252 §7.3) or the session's fixed
+/// loopback `redirect_uri:`, the URL opened with
 /// `$BROWSER` or `xdg-open` and always printed on stderr. `grant: device_code` (RFC 8628): the
 /// user code printed, the token endpoint polled at the server's interval (`slow_down` adds 5 s).
 struct Login: ParsableCommand {
@@ -64,7 +65,7 @@ struct Login: ParsableCommand {
         var stderr = FileHandle.standardError
         let redirect: LoopbackRedirect
         do throws(SignIn.Failure) {
-            redirect = try LoopbackRedirect()
+            redirect = try LoopbackRedirect(fixed: signIn.session.redirectURI)
         } catch {
             return .failure(error)
         }
@@ -101,7 +102,12 @@ struct Login: ParsableCommand {
             }
         }
         if callback == nil, case .failure = outcome {
-            return .failure(SignIn.Failure(message: "no sign-in within \(wait) (nothing came back to \(redirect.redirectURI))"))
+            // Servers that compare redirect URIs exactly refuse a port chosen at run time and never redirect.
+            let hint = signIn.session.redirectURI == nil
+                ? "if it compares redirect URIs exactly, register one and set it as redirect_uri: (e.g. http://127.0.0.1:8765/callback)"
+                : "check that the client is registered with exactly this redirect URI"
+            return .failure(SignIn.Failure(message: "no sign-in within \(wait) (nothing came back to \(redirect.redirectURI)); "
+                                           + "the server may have refused the redirect URI: \(hint)"))
         }
         return outcome
     }

@@ -167,6 +167,43 @@ struct LoginTests {
         #expect((bad2.stdout + bad2.stderr).contains("sessions.me.device_authorization_url: only used with grant device_code"), "\(bad2.stdout)\(bad2.stderr)")
     }
 
+    /// Servers that compare redirect URIs exactly (Glewlwyd, many enterprise servers) refuse the
+    /// port chosen at run time: the timeout says the server may have refused the redirect URI;
+    /// `redirect_uri:` fixes the loopback URL (port and path as given) and the sign-in works.
+    @Test func aFixedRedirectURIForServersThatCompareItExactly() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("login")
+        let fixedPort = try RunningBearerd.freePort()
+        let registered = "http://127.0.0.1:\(fixedPort)/bearerd/cb/"
+        let body = try JSONSerialization.data(withJSONObject: ["client_id": "exact", "redirect_uri": registered])
+        #expect(try auth.request("POST", "/_test/register-exact-redirect-client", headers: [("Content-Type", "application/json")],
+                                 body: Array(body)).status == 200)
+        let base = Self.config(auth: auth, dir: dir).replacingOccurrences(of: "client_id: native", with: "client_id: exact")
+        let chosen = try CommandLineTests.tempFile("bearerd.yaml", base)
+        let refused = try CommandLineTests.run(["login", "-c", chosen, "me", "--timeout", "2"], env: ["BROWSER": try Self.browser(dir: dir)])
+        #expect(refused.status == 1)
+        #expect(refused.stderr.contains("the server may have refused the redirect URI"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("redirect_uri:"), "\(refused.stderr)")
+
+        let fixed = try CommandLineTests.tempFile("bearerd.yaml", base.replacingOccurrences(
+            of: "scope: read", with: "scope: read\n    redirect_uri: \(registered)"))
+        let login = try CommandLineTests.run(["login", "-c", fixed, "me", "--timeout", "30"], env: ["BROWSER": try Self.browser(dir: dir)])
+        #expect(login.status == 0, "\(login.stderr)")
+        #expect(login.stderr.contains("redirect_uri=http%3A%2F%2F127.0.0.1%3A\(fixedPort)%2Fbearerd%2Fcb%2F&"), "\(login.stderr)")
+        let token = try CommandLineTests.run(["token", "-c", fixed, "me"])
+        #expect(token.status == 0, "\(token.stderr)")
+
+        // Only a loopback http URL: anything else is a config error with its line.
+        for bad in ["https://127.0.0.1:8765/callback", "http://app.example.com:8765/callback", "http://10.0.0.1:8765/callback"] {
+            let cfg = try CommandLineTests.tempFile("bearerd.yaml", base.replacingOccurrences(of: "scope: read", with: "scope: read\n    redirect_uri: \(bad)"))
+            let check = try CommandLineTests.run(["check", "-c", cfg])
+            #expect(check.status != 0)
+            #expect((check.stdout + check.stderr).contains("bearerd.yaml:9: sessions.me.redirect_uri: must be an http:// loopback URL"),
+                    "\(check.stdout)\(check.stderr)")
+        }
+    }
+
     @Test func aRefusedOrForgedSignInStopsWithAClearMessage() throws {
         let auth = try AuthServerFixture.start()
         defer { auth.stop() }

@@ -41,6 +41,9 @@ Endpoints:
                            Same for a missing or non-Bearer Authorization header (see `Protector`).
 
 Test hooks (NOT OAuth; only answered to 127.0.0.1 peers):
+    POST /_test/register-exact-redirect-client   JSON {"client_id", "redirect_uri"}: a public
+                                                 authorization_code client whose redirect_uri must
+                                                 equal the registered one byte for byte
     POST /_test/revoke-all                       revoke every access token issued so far
     GET  /_test/stats                            JSON counters (see `Stats.snapshot`)
     POST /_test/reset-stats                      zero the counters
@@ -153,6 +156,10 @@ class Client(ClientMixin):
         return " ".join(asked)
 
     def check_redirect_uri(self, redirect_uri):
+        exact = getattr(self, "exact_redirect_uri", None)
+        if exact is not None:
+            # Like Glewlwyd and many enterprise servers: the registered URI, byte for byte.
+            return self.is_person_client() and redirect_uri == exact
         # RFC 8252 §7.3: a native app's loopback redirect, any port.
         return self.is_person_client() and (
             redirect_uri.startswith("http://127.0.0.1:") or redirect_uri.startswith("http://[::1]:")
@@ -735,6 +742,15 @@ def create_app():
         body = request.get_json(force=True, silent=True) or {}
         c = Client(body["client_id"], None, "private_key_jwt", ["client_credentials"])
         c.public_key_pem = body["public_key_pem"]
+        CLIENTS[c.client_id] = c
+        return jsonify(ok=True)
+
+    @app.post("/_test/register-exact-redirect-client")
+    def hook_register_exact_redirect_client():
+        # A public native client whose redirect URI is compared exactly (no loopback port freedom).
+        body = request.get_json(force=True, silent=True) or {}
+        c = Client(body["client_id"], None, "none", ["authorization_code", "refresh_token"])
+        c.exact_redirect_uri = body["redirect_uri"]
         CLIENTS[c.client_id] = c
         return jsonify(ok=True)
 
