@@ -44,13 +44,14 @@ public final class SignIn {
 
     // MARK: authorization code (RFC 6749 §4.1, RFC 7636, RFC 8252)
 
-    /// The URL a browser opens: `response_type=code`, the loopback `redirect_uri`, `state` and
-    /// the S256 challenge.
-    public func authorizationURL(redirectURI: String, state: String, pkce: PKCE) -> String? {
+    /// The URL a browser opens: `response_type=code`, the loopback `redirect_uri`, `state`, the
+    /// S256 challenge, and `nonce` when the scope asks for `openid` (OIDC Core §3.1.2.1).
+    public func authorizationURL(redirectURI: String, state: String, pkce: PKCE, nonce: OpenIDNonce? = nil) -> String? {
         guard let endpoint = session.authorizationEndpoint else { return nil }
         var pairs: [(String, String)] = [("response_type", "code"), ("client_id", session.clientID), ("redirect_uri", redirectURI)]
         if let scope = session.scope, !scope.isEmpty { pairs.append(("scope", scope)) }
         pairs += [("state", state), ("code_challenge", pkce.challenge), ("code_challenge_method", PKCE.method)]
+        if let nonce { pairs.append(("nonce", nonce.value)) }
         let query = pairs.map { FormURLEncoding.encode($0.0) + "=" + FormURLEncoding.encode($0.1) }.joined(separator: "&")
         // DESIGN §5: the endpoint as published, a query of its own kept (ours follows with `&`).
         let separator = switch endpoint.query {
@@ -61,8 +62,9 @@ public final class SignIn {
         return endpoint.text + separator + query
     }
 
-    /// Exchanges a code (or a device code) at the token endpoint.
-    public func exchange(_ grant: TokenRequest.Grant) -> Result<TokenGrant, Failure> {
+    /// Exchanges a code (or a device code) at the token endpoint. `nonce`: the one the
+    /// authorization request sent; an `id_token` in the answer must carry it (OIDC Core §3.1.3.7).
+    public func exchange(_ grant: TokenRequest.Grant, nonce: OpenIDNonce? = nil) -> Result<TokenGrant, Failure> {
         var request = settings.tokenRequest(refreshToken: nil)
         request.grant = grant
         request.scope = nil  // RFC 6749 §4.1.3: the code carries the scope
@@ -75,14 +77,21 @@ public final class SignIn {
         let outcome = TokenEndpointClient.blocking(timeout: session.requestTimeout) { loop, done in
             TokenEndpointClient.post(encoded, to: session.tokenURL, tls: settings.tlsContext, proxy: settings.proxy, on: loop, completion: done)
         }
-        return classify(outcome)
+        return classify(outcome, nonce: nonce)
     }
 
-    private func classify(_ outcome: TokenEndpointOutcome) -> Result<TokenGrant, Failure> {
+    private func classify(_ outcome: TokenEndpointOutcome, nonce: OpenIDNonce?) -> Result<TokenGrant, Failure> {
         switch outcome {
         case .response(let status, let headers, let body):
             switch settings.responseParser.parse(status: status, headers: headers, body: body, wallClockNow: wallClockSeconds()) {
             case .success(let grant):
+                if let nonce, let idToken = (try? JSONParser(maxBytes: TokenEndpointClient.maxBodyBytes).parse(body))?.objectValue?["id_token"]?.stringValue {
+                    do throws(OpenIDNonce.Mismatch) {
+                        try nonce.check(idToken: idToken)
+                    } catch {
+                        return .failure(Failure(message: "\(error.description); nothing was stored, run bearerd login again"))
+                    }
+                }
                 return .success(grant)
             case .failure(let f):
                 return .failure(Failure(message: f.detail, oauthError: f.oauthError))

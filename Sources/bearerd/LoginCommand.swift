@@ -72,7 +72,10 @@ struct Login: ParsableCommand {
         var g = SystemRandomNumberGenerator()
         let pkce = PKCE(random: (0..<32).map { _ in UInt8.random(in: 0...255, using: &g) })
         let state = Base64.encodeURL((0..<16).map { _ in UInt8.random(in: 0...255, using: &g) })
-        guard let url = signIn.authorizationURL(redirectURI: redirect.redirectURI, state: state, pkce: pkce) else {
+        // OIDC Core §3.1.2.1: a fresh nonce whenever the scope asks for openid, checked in the id_token.
+        let nonce = OpenIDNonce.isRequested(scope: signIn.session.scope)
+            ? OpenIDNonce(random: (0..<16).map { _ in UInt8.random(in: 0...255, using: &g) }) : nil
+        guard let url = signIn.authorizationURL(redirectURI: redirect.redirectURI, state: state, pkce: pkce, nonce: nonce) else {
             return .failure(SignIn.Failure(message: "no authorization endpoint: set authorization_url (with token_url) or issuer"))
         }
         print("Open this URL to sign in: \(url)", to: &stderr)
@@ -95,7 +98,7 @@ struct Login: ParsableCommand {
                 outcome = .failure(SignIn.Failure(message: "the callback carries no code"))
                 return (400, "<h1>Sign-in failed</h1><p>No authorization code.</p>")
             }
-            outcome = signIn.exchange(.authorizationCode(code: OAuthSecret(code), redirectURI: redirect.redirectURI, codeVerifier: pkce.verifier))
+            outcome = signIn.exchange(.authorizationCode(code: OAuthSecret(code), redirectURI: redirect.redirectURI, codeVerifier: pkce.verifier), nonce: nonce)
             switch outcome {
             case .success: return (200, "<h1>Signed in</h1><p>bearerd has your session. You can close this tab.</p>")
             case .failure(let f): return (400, "<h1>Sign-in failed</h1><p>\(Self.escape(f.message))</p>")

@@ -84,3 +84,31 @@ struct ClientAuthEncodingTests {
         #expect(ClientAssertion.assemble(signingInput: input, signature: [0xfb, 0xff]) == input + ".-_8")
     }
 }
+
+/// OIDC Core §3.1.2.1, §3.1.3.7: the nonce of a sign-in with `openid`, checked in the id_token.
+@Suite("OpenID Connect nonce")
+struct OpenIDNonceTests {
+    static func idToken(_ payload: String) -> String {
+        Base64.encodeURL(Array(#"{"alg":"ES256"}"#.utf8)) + "." + Base64.encodeURL(Array(payload.utf8)) + ".c2ln"
+    }
+
+    @Test func requestedOnlyForTheOpenIDScopeValue() {
+        #expect(OpenIDNonce.isRequested(scope: "openid offline_access"))
+        #expect(OpenIDNonce.isRequested(scope: "read openid"))
+        #expect(!OpenIDNonce.isRequested(scope: "openidx read"))
+        #expect(!OpenIDNonce.isRequested(scope: nil))
+    }
+
+    @Test func theIDTokenMustCarryTheSameNonce() throws {
+        let nonce = OpenIDNonce(random: Array(repeating: 1, count: 16))
+        #expect(nonce.value.count == 22)
+        try nonce.check(idToken: Self.idToken(#"{"sub":"alice","nonce":"\#(nonce.value)"}"#))
+        #expect(throws: OpenIDNonce.Mismatch.self) { try nonce.check(idToken: Self.idToken(#"{"sub":"alice","nonce":"other"}"#)) }
+        #expect(throws: OpenIDNonce.Mismatch.self) { try nonce.check(idToken: Self.idToken(#"{"sub":"alice","nonce":"\#(nonce.value)x"}"#)) }
+        #expect(throws: OpenIDNonce.Mismatch.self) { try nonce.check(idToken: Self.idToken(#"{"sub":"alice"}"#)) }
+        #expect(throws: OpenIDNonce.Mismatch.self) { try nonce.check(idToken: Self.idToken(#"{"nonce":7}"#)) }
+        for malformed in ["", "a.b", "a.!!!.c", "a.b.c.d", Self.idToken("[1]"), Self.idToken("not json")] {
+            #expect(throws: OpenIDNonce.Mismatch.self) { try nonce.check(idToken: malformed) }
+        }
+    }
+}

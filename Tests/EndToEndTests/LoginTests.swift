@@ -204,6 +204,32 @@ struct LoginTests {
         }
     }
 
+    /// OIDC Core §3.1.2.1: with `openid` in the scope a fresh `nonce` is sent (Authlib's
+    /// OpenIDCode, required here, refuses the request without one) and the id_token must carry
+    /// it back: a substituted one stops the sign-in and nothing is stored.
+    @Test func openIDSignInSendsAndChecksANonce() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("login")
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", Self.config(auth: auth, dir: dir).replacingOccurrences(of: "scope: read", with: "scope: openid read"))
+        let bad = try CommandLineTests.run(["login", "-c", cfg, "me", "--timeout", "30"], env: ["BROWSER": try Self.browser(dir: dir, extra: "&test_bad_nonce=1")])
+        #expect(bad.status == 1)
+        #expect(bad.stderr.contains("the id_token's nonce does not match this sign-in"), "\(bad.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: dir + "/state/me.json"))
+
+        let login = try CommandLineTests.run(["login", "-c", cfg, "me", "--timeout", "30"], env: ["BROWSER": try Self.browser(dir: dir)])
+        #expect(login.status == 0, "\(login.stderr)")
+        let url = login.stderr.split(separator: "\n").first { $0.hasPrefix("Open this URL to sign in: ") } ?? ""
+        let nonces = url.split(separator: "&").filter { $0.hasPrefix("nonce=") }
+        #expect(nonces.count == 1 && nonces[0].count >= 6 + 22, "\(url)")
+        let again = try CommandLineTests.run(["login", "-c", cfg, "me", "--timeout", "30"], env: ["BROWSER": try Self.browser(dir: dir)])
+        #expect(again.status == 0, "\(again.stderr)")
+        #expect(!again.stderr.contains(String(nonces.first ?? "nonce=")), "a nonce is never reused")
+        // Without openid, no nonce.
+        #expect(!(try CommandLineTests.run(["login", "-c", try CommandLineTests.tempFile("bearerd.yaml", Self.config(auth: auth, dir: dir)), "me", "--timeout", "30"],
+                                           env: ["BROWSER": try Self.browser(dir: dir)]).stderr.contains("nonce=")))
+    }
+
     @Test func aRefusedOrForgedSignInStopsWithAClearMessage() throws {
         let auth = try AuthServerFixture.start()
         defer { auth.stop() }

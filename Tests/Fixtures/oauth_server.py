@@ -27,8 +27,10 @@ Fixed clients (RFC 6749 §2.3.1 client authentication):
 
 Users (password grant): alice / wonderland, bob / builder.
 
-Scopes: every client may ask for any subset of "read write admin"; no scope asked means
-"read write". Asking for anything else is `invalid_scope`.
+Scopes: every client may ask for any subset of "read write admin openid"; no scope asked means
+"read write". Asking for anything else is `invalid_scope`. With `openid` (authorization code),
+Authlib's OpenIDCode extension requires a `nonce` (`invalid_request` without one) and returns an
+ES256 `id_token` carrying it (?test_bad_nonce=1 on the authorization request: another nonce).
 
 Endpoints:
     POST /oauth/token      grant_type client_credentials | password | refresh_token
@@ -100,10 +102,12 @@ from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7523 import JWTBearerClientAssertion
 from authlib.oauth2.rfc7636 import CodeChallenge
 from authlib.oauth2.rfc8628 import DeviceAuthorizationEndpoint, DeviceCodeGrant, DeviceCredentialDict
+from authlib.oidc.core.grants import OpenIDCode
+from joserfc.jwk import ECKey
 from werkzeug.serving import make_server
 
 ALL_AUTH_METHODS = ["client_secret_basic", "client_secret_post", "none", "private_key_jwt"]
-SCOPES_SUPPORTED = {"read", "write", "admin"}
+SCOPES_SUPPORTED = {"read", "write", "admin", "openid"}
 DEFAULT_SCOPE = "read write"
 
 
@@ -478,8 +482,9 @@ class RefreshTokenGrant(grants.RefreshTokenGrant):
 class AuthCode:
     """One authorization code (single use, 60 s), with its PKCE challenge (RFC 7636)."""
 
-    def __init__(self, code, client_id, redirect_uri, scope, user, challenge, method):
+    def __init__(self, code, client_id, redirect_uri, scope, user, challenge, method, nonce=None):
         self.code = code
+        self.nonce = nonce
         self.client_id = client_id
         self.redirect_uri = redirect_uri
         self.scope = scope
@@ -497,8 +502,46 @@ class AuthCode:
     def is_expired(self):
         return time.time() - self.created > 60
 
+    # OpenID Connect (authlib.oidc.core.AuthorizationCodeMixin)
+    def get_nonce(self):
+        return self.nonce
+
+    def get_auth_time(self):
+        return int(self.created)
+
+    def get_acr(self):
+        return None
+
+    def get_amr(self):
+        return None
+
 
 CODES = {}
+ID_TOKEN_KEY = ECKey.generate_key("P-256")
+
+
+class OpenIDCodeRequiringNonce(OpenIDCode):
+    """OIDC Core §3.1: a `nonce` is required when the scope holds `openid` (as some servers
+    require); the id_token (ES256, a key made at start) carries it back."""
+
+    def __init__(self):
+        super().__init__(require_nonce=True)
+
+    def exists_nonce(self, nonce, request):
+        return False
+
+    def resolve_client_private_key(self, client):
+        return ID_TOKEN_KEY
+
+    def get_client_algorithm(self, client):
+        return "ES256"
+
+    def get_client_claims(self, client):
+        base = "http://127.0.0.1:%s" % request.environ.get("SERVER_PORT", "")
+        return {"iss": base + "/" if Config.trailing_slash else base, "aud": [client.get_client_id()]}
+
+    def generate_user_info(self, user, scope):
+        return {"sub": user}
 
 
 class AuthorizationCodeGrant(grants.AuthorizationCodeGrant):
@@ -509,6 +552,9 @@ class AuthorizationCodeGrant(grants.AuthorizationCodeGrant):
     def save_authorization_code(self, code, request):
         payload = getattr(request, "payload", request)
         data = getattr(payload, "data", None) or request.args
+        nonce = data.get("nonce")
+        if nonce and request.args.get("test_bad_nonce"):
+            nonce = "not-" + nonce  # a substituted id_token, for the client's check
         CODES[code] = AuthCode(
             code,
             request.client.get_client_id(),
@@ -517,6 +563,7 @@ class AuthorizationCodeGrant(grants.AuthorizationCodeGrant):
             request.user,
             data.get("code_challenge"),
             data.get("code_challenge_method"),
+            nonce,
         )
 
     def query_authorization_code(self, code, client):
@@ -661,7 +708,7 @@ def create_app():
     server.register_grant(ClientCredentialsGrant)
     server.register_grant(PasswordGrant)
     server.register_grant(RefreshTokenGrant)
-    server.register_grant(AuthorizationCodeGrant, [CodeChallenge(required=True)])
+    server.register_grant(AuthorizationCodeGrant, [CodeChallenge(required=True), OpenIDCodeRequiringNonce()])
     server.register_grant(DeviceGrant)
     server.register_endpoint(DeviceEndpoint)
     server.register_endpoint(Revocation)
