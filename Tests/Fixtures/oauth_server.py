@@ -43,6 +43,10 @@ Endpoints:
                            Same for a missing or non-Bearer Authorization header (see `Protector`).
 
 Test hooks (NOT OAuth; only answered to 127.0.0.1 peers):
+    POST /_test/register-jwt-client              JSON {"client_id", "public_key_pem"} or {"client_id",
+                                                 "jwks": {"keys": [...]}}: a private_key_jwt client
+                                                 (client_credentials); with a JWKS the assertion's
+                                                 `kid` must name one of its keys
     POST /_test/register-exact-redirect-client   JSON {"client_id", "redirect_uri"}: a public
                                                  authorization_code client whose redirect_uri must
                                                  equal the registered one byte for byte
@@ -92,18 +96,18 @@ import threading
 import time
 from urllib.parse import unquote_plus
 
-from flask import Flask, jsonify, request
+from flask import Flask, g, jsonify, request
 
 from authlib.integrations.flask_oauth2 import AuthorizationServer, ResourceProtector
 from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
-from authlib.oauth2.rfc6749.errors import InvalidGrantError, MissingAuthorizationError, UnsupportedTokenTypeError
+from authlib.oauth2.rfc6749.errors import InvalidClientError, InvalidGrantError, MissingAuthorizationError, UnsupportedTokenTypeError
 from authlib.oauth2.rfc6750 import BearerTokenGenerator, BearerTokenValidator, InvalidTokenError
 from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7523 import JWTBearerClientAssertion
 from authlib.oauth2.rfc7636 import CodeChallenge
 from authlib.oauth2.rfc8628 import DeviceAuthorizationEndpoint, DeviceCodeGrant, DeviceCredentialDict
 from authlib.oidc.core.grants import OpenIDCode
-from joserfc.jwk import ECKey
+from joserfc.jwk import ECKey, import_key
 from werkzeug.serving import make_server
 
 ALL_AUTH_METHODS = ["client_secret_basic", "client_secret_post", "none", "private_key_jwt"]
@@ -600,8 +604,24 @@ class PrivateKeyJWTAuth(JWTBearerClientAssertion):
             JTIS.add(jti)
         return True
 
+    def extract_assertion(self, assertion):
+        headers, claims = super().extract_assertion(assertion)
+        g.assertion_kid = headers.get("kid")
+        return headers, claims
+
     def resolve_client_public_key(self, client):
-        return client.public_key_pem
+        jwks = getattr(client, "public_jwks", None)
+        if jwks is None:
+            return client.public_key_pem
+        # A client registered with a JWKS (as Glewlwyd and most servers keep them): the
+        # assertion's `kid` picks the key; none, or an unknown one, is refused.
+        kid = g.get("assertion_kid")
+        for k in jwks["keys"]:
+            if kid is not None and k.get("kid") == kid:
+                return import_key(k)
+        with STATS.lock:
+            _bump(STATS.token_errors, "unknown_kid")
+        raise InvalidClientError(description="no key of this client has kid %r" % (kid,))
 
 
 DEVICES = {}  # device_code -> DeviceCredentialDict
@@ -788,7 +808,9 @@ def create_app():
     def hook_register_jwt_client():
         body = request.get_json(force=True, silent=True) or {}
         c = Client(body["client_id"], None, "private_key_jwt", ["client_credentials"])
-        c.public_key_pem = body["public_key_pem"]
+        c.public_key_pem = body.get("public_key_pem")
+        if "jwks" in body:
+            c.public_jwks = body["jwks"]  # {"keys": [JWK with kid, ...]}: the assertion's kid must name one
         CLIENTS[c.client_id] = c
         return jsonify(ok=True)
 
