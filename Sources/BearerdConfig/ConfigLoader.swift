@@ -135,6 +135,7 @@ enum ConfigKeys {
         "client_auth", "scope", "params", "refresh_before", "default_lifetime", "refresh_token_file",
         "username", "password", "password_file", "password_env", "tls", "request_timeout", "wait_timeout",
         "command", "timeout", "issuer", "client_key_file", "client_key_id",
+        "authorization_url", "device_authorization_url", "redirect_uri",
     ]
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [

@@ -166,6 +166,65 @@ public struct UpstreamURL: Sendable, Equatable, CustomStringConvertible {
     public var description: String { "\(scheme)://\(authority)\(basePath)" }
 }
 
+/// An authorization server's endpoint: token, authorization, device authorization, revocation,
+/// introspection, discovery or `issuer` (DESIGN §5). Unlike `UpstreamURL`, whose base path is
+/// joined with request paths, an endpoint is used exactly as configured or published: `text`
+/// is the URL as written, and requests go to `path` and `query` byte for byte, a trailing slash
+/// included (Django-based servers serve `/authorize/` and answer 404 to `/authorize`).
+///
+/// Immutable value. Invariants: `scheme` is `http` or `https` (lowercase); `host` is a checked
+/// host name or address (IPv6 without brackets); `path` is empty or starts with `/`, and neither
+/// it nor `query` holds spaces, controls or non-ASCII characters.
+public struct EndpointURL: Sendable, Equatable, Hashable, CustomStringConvertible {
+    /// The URL as configured or published (the client assertion's `aud`, the base of the
+    /// authorization URL).
+    public let text: String
+    public let scheme: String
+    public let host: String
+    public let port: UInt16
+    /// The path exactly as written; "" when the URL has none (requests then go to `/`).
+    public let path: String
+    /// The query exactly as written (without `?`), if any.
+    public let query: String?
+
+    /// From checked parts: `text` is made from them (the default port left out).
+    public init(scheme: String, host: String, port: UInt16, path: String, query: String? = nil) {
+        let h = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]" : host
+        let defaultPort: UInt16 = scheme == "https" ? 443 : 80
+        let authority = port == defaultPort ? h : "\(h):\(port)"
+        self.init(text: "\(scheme)://\(authority)\(path)" + (query.map { "?" + $0 } ?? ""),
+                  scheme: scheme, host: host, port: port, path: path, query: query)
+    }
+
+    init(text: String, scheme: String, host: String, port: UInt16, path: String, query: String?) {
+        self.text = text
+        self.scheme = scheme
+        self.host = host
+        self.port = port
+        self.path = path
+        self.query = query
+    }
+
+    public var isTLS: Bool { scheme == "https" }
+    public var defaultPort: UInt16 { isTLS ? 443 : 80 }
+    /// Host header value: host, plus port when not the default.
+    public var authority: String {
+        let h = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]" : host
+        return port == defaultPort ? h : "\(h):\(port)"
+    }
+    /// The origin-form request target (RFC 9112 §3.2.1): the path as written (`/` when empty)
+    /// and the query, unchanged.
+    public var requestTarget: String {
+        (path.isEmpty ? "/" : path) + (query.map { "?" + $0 } ?? "")
+    }
+    public var description: String { text }
+
+    /// What `tokenURL` holds for `grant: exec` sessions, which have no token endpoint.
+    public static let execPlaceholder = EndpointURL(scheme: "exec", host: "localhost", port: 0, path: "")
+    /// What `tokenURL` holds until an `issuer:`'s metadata has been read.
+    public static let discoveryPlaceholder = EndpointURL(scheme: "discovery", host: "localhost", port: 0, path: "")
+}
+
 /// Upstream (or token endpoint) TLS settings.
 public struct TLSSettings: Sendable, Equatable, Hashable {
     public var caFile: String?
@@ -179,17 +238,10 @@ public struct TLSSettings: Sendable, Equatable, Hashable {
 }
 
 /// One entry of `sessions:`.
-extension UpstreamURL {
-    /// What `tokenURL` holds for `grant: exec` sessions, which have no token endpoint.
-    public static let execPlaceholder = UpstreamURL(scheme: "exec", host: "localhost", port: 0, basePath: "")
-    /// What `tokenURL` holds until an `issuer:`'s metadata has been read.
-    public static let discoveryPlaceholder = UpstreamURL(scheme: "discovery", host: "localhost", port: 0, basePath: "")
-}
-
 public struct SessionConfig: Sendable, Equatable {
     public var name: String
     public var grant: GrantType
-    public var tokenURL: UpstreamURL
+    public var tokenURL: EndpointURL
     public var clientID: String
     public var clientSecret: SecretSource?
     public var clientAuth: ClientAuthMethod
@@ -211,22 +263,26 @@ public struct SessionConfig: Sendable, Equatable {
     public var clientKeyID: String?
     /// `issuer:` (RFC 8414 / OIDC discovery) instead of `token_url`; the endpoints below are
     /// filled from its metadata before the session runs (`tokenURL` too).
-    public var issuer: UpstreamURL?
-    public var authorizationEndpoint: UpstreamURL?
-    public var deviceAuthorizationEndpoint: UpstreamURL?
+    public var issuer: EndpointURL?
+    public var authorizationEndpoint: EndpointURL?
+    public var deviceAuthorizationEndpoint: EndpointURL?
+    /// `redirect_uri:` of an authorization_code session: a fixed loopback redirect (127.0.0.1,
+    /// [::1] or localhost; http) for servers that compare redirect URIs exactly; nil: a port
+    /// chosen at run time (RFC 8252 §7.3).
+    public var redirectURI: EndpointURL?
     /// `grant: exec`: the helper's argv (no shell) and how long it may run (`timeout`, default 10 s).
     public var command: [String]?
     public var commandTimeout: Duration = .seconds(10)
     /// Source line of the session's key, for messages.
     public var line: Int
 
-    public init(name: String, grant: GrantType, tokenURL: UpstreamURL, clientID: String,
+    public init(name: String, grant: GrantType, tokenURL: EndpointURL, clientID: String,
                 clientSecret: SecretSource? = nil, clientAuth: ClientAuthMethod = .clientSecretBasic,
                 scope: String? = nil, params: [(String, String)] = [], refreshBefore: Duration? = nil,
                 defaultLifetime: Duration = .seconds(300), refreshTokenFile: String? = nil,
                 username: String? = nil, password: SecretSource? = nil, tls: TLSSettings? = nil,
                 requestTimeout: Duration = .seconds(15), waitTimeout: Duration = .seconds(10), line: Int = 0,
-                issuer: UpstreamURL? = nil, clientKeyFile: String? = nil, clientKeyID: String? = nil) {
+                issuer: EndpointURL? = nil, clientKeyFile: String? = nil, clientKeyID: String? = nil) {
         self.issuer = issuer
         self.clientKeyFile = clientKeyFile
         self.clientKeyID = clientKeyID
@@ -258,6 +314,7 @@ public struct SessionConfig: Sendable, Equatable {
             && a.requestTimeout == b.requestTimeout && a.waitTimeout == b.waitTimeout
             && a.command == b.command && a.commandTimeout == b.commandTimeout && a.issuer == b.issuer && a.clientKeyFile == b.clientKeyFile && a.clientKeyID == b.clientKeyID
             && a.authorizationEndpoint == b.authorizationEndpoint && a.deviceAuthorizationEndpoint == b.deviceAuthorizationEndpoint
+            && a.redirectURI == b.redirectURI
     }
 }
 

@@ -180,12 +180,12 @@ extension ConfigBuilder {
         for k in ["command", "timeout"] {
             if let e = f[k] { fail(e.keyLine, f.key(k), "only used with grant exec (this session has grant \(grant?.rawValue ?? "?"))") }
         }
-        let givenTokenURL = parsed(f, "token_url", expected: "an http:// or https:// URL") { (raw: String) throws(ConfigValues.Problem) -> UpstreamURL in
-            try ConfigValues.url(raw, allowQuery: true)
+        let givenTokenURL = parsed(f, "token_url", expected: "an http:// or https:// URL") { (raw: String) throws(ConfigValues.Problem) -> EndpointURL in
+            try ConfigValues.endpointURL(raw, allowQuery: true)
         }
         // RFC 8414 §2: an issuer is an https URL without query or fragment (http allowed for local tests).
-        let issuer = parsed(f, "issuer", expected: "the authorization server's issuer URL") { (raw: String) throws(ConfigValues.Problem) -> UpstreamURL in
-            try ConfigValues.url(raw, allowQuery: false)
+        let issuer = parsed(f, "issuer", expected: "the authorization server's issuer URL") { (raw: String) throws(ConfigValues.Problem) -> EndpointURL in
+            try ConfigValues.endpointURL(raw, allowQuery: false)
         }
         switch (f["token_url"], f["issuer"]) {
         case (nil, nil):
@@ -195,10 +195,29 @@ extension ConfigBuilder {
         default:
             break
         }
-        if grant?.isPersonal == true, f["issuer"] == nil, f["token_url"] != nil {
-            fail(f["token_url"]!.keyLine, f.key("issuer"), "missing: grant \(grant!.rawValue) needs issuer: (its metadata names the authorization or device endpoint)")
+        // A person's grant names its authorization (or device authorization) endpoint directly,
+        // with token_url, when the provider publishes no metadata (GitHub OAuth apps); else issuer:.
+        let endpointKeys: [(key: String, grant: GrantType)] = [("authorization_url", .authorizationCode), ("device_authorization_url", .deviceCode)]
+        var endpoints: [String: EndpointURL] = [:]
+        for (key, needs) in endpointKeys {
+            let url = parsed(f, key, expected: "an http:// or https:// URL") { (raw: String) throws(ConfigValues.Problem) -> EndpointURL in
+                try ConfigValues.endpointURL(raw, allowQuery: true)
+            }
+            guard let e = f[key] else {
+                if let grant, grant == needs, f["issuer"] == nil, let t = f["token_url"] {
+                    fail(t.keyLine, f.key(key), "missing: grant \(grant.rawValue) needs \(key): (with token_url:), or issuer: instead of both "
+                         + "(its metadata names the \(needs == .deviceCode ? "device authorization" : "authorization") endpoint)")
+                }
+                continue
+            }
+            if let grant, grant != needs {
+                fail(e.keyLine, f.key(key), "only used with grant \(needs.rawValue) (this session has grant \(grant.rawValue))")
+            } else if let i = f["issuer"] {
+                fail(i.keyLine, f.key("issuer"), "give either issuer or \(key) and token_url, not both")
+            }
+            endpoints[key] = url
         }
-        let tokenURL: UpstreamURL? = givenTokenURL ?? (issuer != nil ? .discoveryPlaceholder : nil)
+        let tokenURL: EndpointURL? = givenTokenURL ?? (issuer != nil ? .discoveryPlaceholder : nil)
         let clientID = text(f, "client_id", expected: "a client identifier")
         if f["client_id"] == nil { missing(f, "client_id") }
         let clientAuthGiven = f["client_auth"] != nil
@@ -270,8 +289,22 @@ extension ConfigBuilder {
             fail(e.keyLine, f.key("tls"), "tls settings need an https:// token_url")
         }
 
+        // RFC 8252 §7.3 / §8.3: a fixed loopback redirect, for servers that match it exactly.
+        let redirectURI = parsed(f, "redirect_uri", expected: "a loopback URL, e.g. http://127.0.0.1:8765/callback") {
+            (raw: String) throws(ConfigValues.Problem) -> EndpointURL in
+            let u = try ConfigValues.endpointURL(raw, allowQuery: false)
+            guard u.scheme == "http", ["127.0.0.1", "::1", "localhost"].contains(u.host) else {
+                throw ConfigValues.Problem("must be an http:// loopback URL on 127.0.0.1, [::1] or localhost (RFC 8252 §7.3), "
+                                           + "e.g. http://127.0.0.1:8765/callback: bearerd listens there for the browser, got \(u.scheme)://\(u.authority)")
+            }
+            return u
+        }
+        if let e = f["redirect_uri"], let grant, grant != .authorizationCode {
+            fail(e.keyLine, f.key("redirect_uri"), "only used with grant authorization_code (this session has grant \(grant.rawValue))")
+        }
+
         guard let grant, let tokenURL, let clientID, clientAuth != nil || !clientAuthGiven else { return nil }
-        return SessionConfig(
+        var session = SessionConfig(
             name: item.name, grant: grant, tokenURL: tokenURL, clientID: clientID,
             clientSecret: authMethod == .none ? nil : secret?.source, clientAuth: authMethod, scope: scope,
             params: params, refreshBefore: refreshBefore, defaultLifetime: defaultLifetime ?? .seconds(300),
@@ -280,13 +313,18 @@ extension ConfigBuilder {
             tls: tls, requestTimeout: requestTimeout ?? .seconds(15), waitTimeout: waitTimeout ?? .seconds(10),
             line: item.keyLine, issuer: issuer, clientKeyFile: authMethod == .privateKeyJWT ? clientKeyFile : nil,
             clientKeyID: authMethod == .privateKeyJWT ? clientKeyID : nil)
+        session.authorizationEndpoint = endpoints["authorization_url"]
+        session.deviceAuthorizationEndpoint = endpoints["device_authorization_url"]
+        session.redirectURI = grant == .authorizationCode ? redirectURI : nil
+        return session
     }
 
     /// `grant: exec`: `command` (argv, no shell; argv[0] an absolute path or a name looked up in
     /// PATH), `timeout` (default 10 s, at most 10 min); the token endpoint keys do not apply.
     private func execSession(_ item: Entry, _ f: Fields) -> SessionConfig? {
         for k in ["token_url", "client_id", "client_secret_file", "client_secret_env", "client_secret", "client_auth", "scope", "params",
-                  "refresh_token_file", "username", "password", "password_file", "password_env", "tls", "request_timeout"] {
+                  "refresh_token_file", "username", "password", "password_file", "password_env", "tls", "request_timeout",
+                  "authorization_url", "device_authorization_url", "redirect_uri"] {
             if let e = f[k] { fail(e.keyLine, f.key(k), "not used with grant exec: the command obtains the token itself") }
         }
         var argv: [String]?

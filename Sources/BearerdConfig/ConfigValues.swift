@@ -214,6 +214,22 @@ enum ConfigValues {
     /// An absolute `http://` or `https://` URL: host (IPv6 in brackets), optional port, optional
     /// base path. `allowQuery` admits a query (token endpoints); user info and fragments are never allowed.
     static func url(_ text: String, allowQuery: Bool) throws(Problem) -> UpstreamURL {
+        var parts = try urlParts(text, allowQuery: allowQuery)
+        while parts.path.hasSuffix("/") { parts.path.removeLast() }
+        return UpstreamURL(scheme: parts.scheme, host: parts.host, port: parts.port, basePath: parts.path, query: parts.query)
+    }
+
+    /// An authorization server endpoint (token, authorization, device authorization, revocation,
+    /// introspection, discovery, issuer): kept exactly as written, path (trailing slash included)
+    /// and query byte for byte (DESIGN §5).
+    static func endpointURL(_ text: String, allowQuery: Bool) throws(Problem) -> EndpointURL {
+        let parts = try urlParts(text, allowQuery: allowQuery)
+        return EndpointURL(text: text, scheme: parts.scheme, host: parts.host, port: parts.port, path: parts.path, query: parts.query)
+    }
+
+    /// The checked pieces of an http(s) URL; the path exactly as written ("" when there is none).
+    private static func urlParts(_ text: String, allowQuery: Bool) throws(Problem)
+        -> (scheme: String, host: String, port: UInt16, path: String, query: String?) {
         guard let sep = text.range(of: "://") else {
             throw Problem("expected an http:// or https:// URL, got \(quoted(redactedURL(text)))")
         }
@@ -235,7 +251,7 @@ enum ConfigValues {
         }
         let authorityEnd = rest.firstIndex(of: "/") ?? rest.endIndex
         let authority = rest[..<authorityEnd]
-        var path = String(rest[authorityEnd...])
+        let path = String(rest[authorityEnd...])
         if authority.contains("@") {
             throw Problem("a URL here must not contain user info (user:password@); credentials belong in a session")
         }
@@ -269,8 +285,10 @@ enum ConfigValues {
         if let bad = path.unicodeScalars.first(where: { $0.value <= 0x20 || $0.value == 0x7F || !$0.isASCII }) {
             throw Problem("the path contains \(bad.value == 0x20 ? "a space" : "a character that must be percent-encoded (U+\(String(bad.value, radix: 16, uppercase: true)))")")
         }
-        while path.hasSuffix("/") { path.removeLast() }
-        return UpstreamURL(scheme: scheme, host: host, port: port, basePath: path, query: query)
+        if let query, let bad = query.unicodeScalars.first(where: { $0.value <= 0x20 || $0.value == 0x7F || !$0.isASCII }) {
+            throw Problem("the query contains \(bad.value == 0x20 ? "a space" : "a character that must be percent-encoded (U+\(String(bad.value, radix: 16, uppercase: true)))")")
+        }
+        return (scheme, host, port, path, query)
     }
 
     /// The URL with user info and query replaced by `…`, safe to repeat in a message.
@@ -369,6 +387,18 @@ extension UpstreamURL {
     public static func parse(_ text: String, allowQuery: Bool) -> Result<UpstreamURL, ConfigURLError> {
         do throws(ConfigValues.Problem) {
             return .success(try ConfigValues.url(text, allowQuery: allowQuery))
+        } catch {
+            return .failure(ConfigURLError(message: error.message))
+        }
+    }
+}
+
+extension EndpointURL {
+    /// Parses an endpoint URL as the configuration does (for endpoints learned at run time from
+    /// an issuer's metadata); kept byte for byte. The error says what is wrong.
+    public static func parse(_ text: String, allowQuery: Bool = true) -> Result<EndpointURL, ConfigURLError> {
+        do throws(ConfigValues.Problem) {
+            return .success(try ConfigValues.endpointURL(text, allowQuery: allowQuery))
         } catch {
             return .failure(ConfigURLError(message: error.message))
         }

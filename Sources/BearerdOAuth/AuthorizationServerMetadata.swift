@@ -82,3 +82,48 @@ public struct PKCE: Sendable, Equatable {
         challenge = Base64.encodeURL(SHA256.hash(Array(v.utf8)))
     }
 }
+
+/// OpenID Connect Core §3.1.2.1 / §3.1.3.7: the `nonce` of a sign-in whose scope contains
+/// `openid`, sent in the authorization request and expected back in the `id_token`. Pure:
+/// randomness is an argument.
+public struct OpenIDNonce: Sendable, Equatable {
+    public let value: String
+
+    /// `random`: at least 16 random bytes.
+    public init(random: [UInt8]) {
+        value = Base64.encodeURL(random)
+    }
+
+    /// True when the space-separated `scope` asks for OpenID Connect (the `openid` value).
+    public static func isRequested(scope: String?) -> Bool {
+        scope?.split(separator: " ").contains("openid") ?? false
+    }
+
+    public struct Mismatch: Error, Sendable, Equatable, CustomStringConvertible {
+        public var description: String
+    }
+
+    /// Checks the `nonce` claim of an `id_token` (a compact JWS) against this one.
+    ///
+    /// Only the payload is read: the id_token's signature is NOT verified here. bearerd received
+    /// it directly from the token endpoint over the connection it opened (OIDC Core §3.1.3.7
+    /// item 6 allows TLS server validation instead of a signature check for this case) and uses
+    /// it for nothing but this replay check: the access and refresh tokens are what it keeps.
+    public func check(idToken: String) throws(Mismatch) {
+        let parts = idToken.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let payload = Base64.decodeURL(String(parts[1])),
+              let claims = (try? JSONParser(maxDepth: 16, maxBytes: 64 * 1024).parse(payload))?.objectValue else {
+            throw Mismatch(description: "the id_token is not a readable JWT")
+        }
+        guard let nonce = claims["nonce"]?.stringValue else {
+            throw Mismatch(description: "the id_token carries no nonce, though this sign-in sent one (OpenID Connect Core §3.1.3.7)")
+        }
+        // Not secret, but compare without an early exit anyway.
+        let a = Array(nonce.utf8), b = Array(value.utf8)
+        var diff = UInt8(a.count == b.count ? 0 : 1)
+        for i in 0..<min(a.count, b.count) { diff |= a[i] ^ b[i] }
+        guard diff == 0 else {
+            throw Mismatch(description: "the id_token's nonce does not match this sign-in (a replayed or substituted token)")
+        }
+    }
+}

@@ -27,9 +27,10 @@ public enum Discovery {
                 errors.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).issuer", message: failure.message))
             case .success(let meta):
                 do throws(ConfigURLError) {
-                    out.sessions[i].tokenURL = try UpstreamURL.parse(meta.tokenEndpoint, allowQuery: true).get()
-                    out.sessions[i].authorizationEndpoint = try meta.authorizationEndpoint.map { u throws(ConfigURLError) in try UpstreamURL.parse(u, allowQuery: true).get() }
-                    out.sessions[i].deviceAuthorizationEndpoint = try meta.deviceAuthorizationEndpoint.map { u throws(ConfigURLError) in try UpstreamURL.parse(u, allowQuery: true).get() }
+                    // DESIGN §5: each endpoint exactly as published (path, trailing slash, query).
+                    out.sessions[i].tokenURL = try EndpointURL.parse(meta.tokenEndpoint).get()
+                    out.sessions[i].authorizationEndpoint = try meta.authorizationEndpoint.map { u throws(ConfigURLError) in try EndpointURL.parse(u).get() }
+                    out.sessions[i].deviceAuthorizationEndpoint = try meta.deviceAuthorizationEndpoint.map { u throws(ConfigURLError) in try EndpointURL.parse(u).get() }
                 } catch {
                     errors.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).issuer",
                                               message: "\(issuer): the metadata lists an endpoint bearerd cannot use: \(error.message)"))
@@ -72,7 +73,7 @@ public enum Discovery {
             return .failure(Failure(message: "cannot set up TLS for \(issuer): \(error.message)"))
         }
         for candidate in AuthorizationServerMetadata.wellKnownURLs(issuer: issuer) {
-            guard case .success(let url) = UpstreamURL.parse(candidate, allowQuery: false) else { continue }
+            guard case .success(let url) = EndpointURL.parse(candidate, allowQuery: false) else { continue }
             let outcome = TokenEndpointClient.blocking(timeout: fetchTimeout) { loop, done in
                 TokenEndpointClient.get(url, tls: tls, proxy: proxy.endpoint(scheme: url.scheme, host: url.host, port: url.port),
                                         on: loop, completion: done)

@@ -80,7 +80,8 @@ struct SessionSettings {
     private func clientAssertion(_ signer: JWTSigner) -> OAuthSecret? {
         var g = SystemRandomNumberGenerator()
         let jti = Base64.encodeURL((0..<16).map { _ in UInt8.random(in: 0...255, using: &g) })
-        let input = ClientAssertion.signingInput(algorithm: signer.algorithm, keyID: config.clientKeyID, clientID: config.clientID,
+        let input = ClientAssertion.signingInput(algorithm: signer.algorithm, keyID: config.clientKeyID ?? signer.jwk.thumbprint,
+                                                 clientID: config.clientID,
                                                  audience: config.tokenURL.description, jti: jti, now: wallClockSeconds())
         guard let signature = try? signer.sign(Array(input.utf8)) else { return nil }
         return OAuthSecret(ClientAssertion.assemble(signingInput: input, signature: signature))
@@ -151,6 +152,37 @@ struct SessionSettings {
                                operatorRefreshToken: operatorToken, operatorFileProblem: problem, signer: signer,
                                proxy: config.outboundProxy.endpoint(scheme: session.tokenURL.scheme, host: session.tokenURL.host,
                                                                     port: session.tokenURL.port))
+    }
+}
+
+extension JWTSigner {
+    /// The signer's public key as a JWK (RFC 7517); its thumbprint is the default `kid`.
+    var jwk: PublicJWK {
+        switch publicNumbers {
+        case .rsa(let n, let e): .rsa(n: n, e: e)
+        case .p256(let x, let y): .ec(crv: "P-256", x: x, y: y)
+        }
+    }
+}
+
+/// What `bearerd check` tells about a `private_key_jwt` session's key: the `kid` its assertions
+/// carry (`client_key_id`, else the key's RFC 7638 thumbprint) and the public JWK to register.
+public struct ClientKeyDescription: Sendable {
+    public var kid: String
+    public var thumbprint: String
+    public var publicJWK: String
+
+    /// Nil for sessions without `private_key_jwt`; a failure says why the key cannot be read.
+    public static func of(_ session: SessionConfig) -> Result<ClientKeyDescription, TLSError>? {
+        guard session.clientAuth == .privateKeyJWT, let file = session.clientKeyFile else { return nil }
+        do throws(TLSError) {
+            let signer = try JWTSigner(pemFile: file)
+            let jwk = signer.jwk
+            let kid = session.clientKeyID ?? jwk.thumbprint
+            return .success(ClientKeyDescription(kid: kid, thumbprint: jwk.thumbprint, publicJWK: jwk.registration(kid: kid, alg: signer.algorithm)))
+        } catch {
+            return .failure(error)
+        }
     }
 }
 

@@ -44,19 +44,27 @@ public final class SignIn {
 
     // MARK: authorization code (RFC 6749 §4.1, RFC 7636, RFC 8252)
 
-    /// The URL a browser opens: `response_type=code`, the loopback `redirect_uri`, `state` and
-    /// the S256 challenge.
-    public func authorizationURL(redirectURI: String, state: String, pkce: PKCE) -> String? {
+    /// The URL a browser opens: `response_type=code`, the loopback `redirect_uri`, `state`, the
+    /// S256 challenge, and `nonce` when the scope asks for `openid` (OIDC Core §3.1.2.1).
+    public func authorizationURL(redirectURI: String, state: String, pkce: PKCE, nonce: OpenIDNonce? = nil) -> String? {
         guard let endpoint = session.authorizationEndpoint else { return nil }
         var pairs: [(String, String)] = [("response_type", "code"), ("client_id", session.clientID), ("redirect_uri", redirectURI)]
         if let scope = session.scope, !scope.isEmpty { pairs.append(("scope", scope)) }
         pairs += [("state", state), ("code_challenge", pkce.challenge), ("code_challenge_method", PKCE.method)]
+        if let nonce { pairs.append(("nonce", nonce.value)) }
         let query = pairs.map { FormURLEncoding.encode($0.0) + "=" + FormURLEncoding.encode($0.1) }.joined(separator: "&")
-        return endpoint.description + (endpoint.query == nil ? "?" : "&") + query
+        // DESIGN §5: the endpoint as published, a query of its own kept (ours follows with `&`).
+        let separator = switch endpoint.query {
+        case nil: "?"
+        case ""?: ""
+        default: "&"
+        }
+        return endpoint.text + separator + query
     }
 
-    /// Exchanges a code (or a device code) at the token endpoint.
-    public func exchange(_ grant: TokenRequest.Grant) -> Result<TokenGrant, Failure> {
+    /// Exchanges a code (or a device code) at the token endpoint. `nonce`: the one the
+    /// authorization request sent; an `id_token` in the answer must carry it (OIDC Core §3.1.3.7).
+    public func exchange(_ grant: TokenRequest.Grant, nonce: OpenIDNonce? = nil) -> Result<TokenGrant, Failure> {
         var request = settings.tokenRequest(refreshToken: nil)
         request.grant = grant
         request.scope = nil  // RFC 6749 §4.1.3: the code carries the scope
@@ -69,14 +77,21 @@ public final class SignIn {
         let outcome = TokenEndpointClient.blocking(timeout: session.requestTimeout) { loop, done in
             TokenEndpointClient.post(encoded, to: session.tokenURL, tls: settings.tlsContext, proxy: settings.proxy, on: loop, completion: done)
         }
-        return classify(outcome)
+        return classify(outcome, nonce: nonce)
     }
 
-    private func classify(_ outcome: TokenEndpointOutcome) -> Result<TokenGrant, Failure> {
+    private func classify(_ outcome: TokenEndpointOutcome, nonce: OpenIDNonce?) -> Result<TokenGrant, Failure> {
         switch outcome {
         case .response(let status, let headers, let body):
             switch settings.responseParser.parse(status: status, headers: headers, body: body, wallClockNow: wallClockSeconds()) {
             case .success(let grant):
+                if let nonce, let idToken = (try? JSONParser(maxBytes: TokenEndpointClient.maxBodyBytes).parse(body))?.objectValue?["id_token"]?.stringValue {
+                    do throws(OpenIDNonce.Mismatch) {
+                        try nonce.check(idToken: idToken)
+                    } catch {
+                        return .failure(Failure(message: "\(error.description); nothing was stored, run bearerd login again"))
+                    }
+                }
                 return .success(grant)
             case .failure(let f):
                 return .failure(Failure(message: f.detail, oauthError: f.oauthError))
@@ -103,7 +118,7 @@ public final class SignIn {
     /// RFC 8628 §3.1: asks the device authorization endpoint for a user code.
     public func startDeviceAuthorization() -> Result<DeviceAuthorization, Failure> {
         guard let endpoint = session.deviceAuthorizationEndpoint else {
-            return .failure(Failure(message: "the issuer publishes no device_authorization_endpoint"))
+            return .failure(Failure(message: "no device authorization endpoint: set device_authorization_url (with token_url) or issuer"))
         }
         // The client authenticates as at the token endpoint; the grant parameters are ours.
         var request = settings.tokenRequest(refreshToken: nil)
@@ -173,46 +188,110 @@ public final class SignIn {
     public var statePath: String { stateDir + "/" + session.name + ".json" }
 }
 
-/// The loopback redirect listener of RFC 8252 §7.3: 127.0.0.1 with a port chosen by the kernel,
-/// one blocking socket, answering the browser's callback with a small page. Owns the socket.
+/// The loopback redirect listener of RFC 8252 §7.3: by default 127.0.0.1 with a port chosen by
+/// the kernel and the path `/callback`; with `redirect_uri:` the configured loopback address
+/// (127.0.0.1, [::1], or localhost: both), port and path, for servers that compare the redirect
+/// URI exactly. Blocking sockets, answering the browser's callback with a small page.
+///
+/// Owns its listening sockets (closed in `deinit`). Invariants: `fds` is non-empty; every one
+/// listens on `port`.
 public final class LoopbackRedirect {
     public let port: UInt16
-    private let fd: Int32
+    /// The `redirect_uri` sent in the authorization and token requests, byte for byte.
+    public let redirectURI: String
+    /// The path the browser's callback arrives on.
+    private let callbackPath: String
+    private let fds: [Int32]
 
     public struct Callback: Sendable {
         public var query: [String: String]
     }
 
-    public init() throws(SignIn.Failure) {
-        let s = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard s >= 0 else { throw SignIn.Failure(message: "socket: \(String(cString: strerror(errno)))") }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(s, $0, len) } }
-        guard bound == 0, listen(s, 8) == 0 else {
-            close(s)
-            throw SignIn.Failure(message: "cannot listen on 127.0.0.1: \(String(cString: strerror(errno)))")
+    /// `fixed`: the configured `redirect_uri` (checked by the loader: http, a loopback host);
+    /// nil for 127.0.0.1 and a port chosen at run time.
+    public init(fixed: EndpointURL? = nil) throws(SignIn.Failure) {
+        guard let fixed else {
+            let (fd, port) = try Self.listen(family: AF_INET, port: 0)
+            fds = [fd]
+            self.port = port
+            callbackPath = "/callback"
+            redirectURI = "http://127.0.0.1:\(port)/callback"
+            return
         }
-        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(s, $0, &len) } }
-        fd = s
-        port = UInt16(bigEndian: addr.sin_port)
+        var opened: [Int32] = []
+        switch fixed.host {
+        case "::1":
+            opened.append(try Self.listen(family: AF_INET6, port: fixed.port).fd)
+        case "localhost":
+            // The browser resolves localhost to 127.0.0.1 or ::1: listen on both (::1 when the host has IPv6).
+            opened.append(try Self.listen(family: AF_INET, port: fixed.port).fd)
+            if let v6 = try? Self.listen(family: AF_INET6, port: fixed.port) { opened.append(v6.fd) }
+        default:
+            opened.append(try Self.listen(family: AF_INET, port: fixed.port).fd)
+        }
+        fds = opened
+        port = fixed.port
+        callbackPath = fixed.path.isEmpty ? "/" : fixed.path
+        redirectURI = fixed.text
     }
 
-    deinit { close(fd) }
+    /// A listening socket on the loopback address of `family` (IPv6 only for AF_INET6) and its port.
+    private static func listen(family: Int32, port: UInt16) throws(SignIn.Failure) -> (fd: Int32, port: UInt16) {
+        let name = family == AF_INET6 ? "[::1]" : "127.0.0.1"
+        let s = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard s >= 0 else { throw SignIn.Failure(message: "socket: \(String(cString: strerror(errno)))") }
+        var one: Int32 = 1
+        // A fixed port used again soon after an earlier sign-in (TIME_WAIT) must still bind.
+        setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        var storage = sockaddr_storage()
+        var len: socklen_t
+        if family == AF_INET6 {
+            setsockopt(s, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, socklen_t(MemoryLayout<Int32>.size))
+            len = socklen_t(MemoryLayout<sockaddr_in6>.size)
+            withUnsafeMutablePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { a in
+                    a.pointee.sin6_family = sa_family_t(AF_INET6)
+                    a.pointee.sin6_port = port.bigEndian
+                    a.pointee.sin6_addr = in6addr_loopback
+                }
+            }
+        } else {
+            len = socklen_t(MemoryLayout<sockaddr_in>.size)
+            withUnsafeMutablePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { a in
+                    a.pointee.sin_family = sa_family_t(AF_INET)
+                    a.pointee.sin_port = port.bigEndian
+                    a.pointee.sin_addr.s_addr = inet_addr("127.0.0.1")
+                }
+            }
+        }
+        let bound = withUnsafePointer(to: &storage) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(s, $0, len) } }
+        guard bound == 0, Glibc.listen(s, 8) == 0 else {
+            let reason = String(cString: strerror(errno))
+            close(s)
+            throw SignIn.Failure(message: "cannot listen on \(name):\(port) for the sign-in's redirect: \(reason)")
+        }
+        _ = withUnsafeMutablePointer(to: &storage) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(s, $0, &len) } }
+        let actual = withUnsafePointer(to: &storage) { p -> UInt16 in
+            family == AF_INET6
+                ? p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin6_port) }
+                : p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin_port) }
+        }
+        return (s, actual)
+    }
 
-    public var redirectURI: String { "http://127.0.0.1:\(port)/callback" }
+    deinit { for fd in fds { close(fd) } }
 
-    /// Waits (up to `timeout`) for a GET of `/callback`; other paths (a favicon) get 404. `page`
-    /// builds the HTML answer from the callback's query (success or error page).
+    /// Waits (up to `timeout`) for a GET of the callback path; other paths (a favicon) get 404.
+    /// `page` builds the HTML answer from the callback's query (success or error page).
     public func waitForCallback(timeout: Duration, page: ([String: String]) -> (status: Int, html: String)) -> Callback? {
         let deadline = monotonicNanos() &+ UInt64(max(0, timeout.components.seconds)) &* 1_000_000_000
         while monotonicNanos() < deadline {
-            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            var polled = fds.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
             let left = Int32(clamping: (deadline &- monotonicNanos()) / 1_000_000)
-            guard poll(&p, 1, max(1, min(left, 1000))) > 0 else { continue }
-            let c = accept(fd, nil, nil)
+            guard poll(&polled, nfds_t(polled.count), max(1, min(left, 1000))) > 0,
+                  let ready = polled.first(where: { $0.revents & Int16(POLLIN) != 0 }) else { continue }
+            let c = accept(ready.fd, nil, nil)
             guard c >= 0 else { continue }
             defer { close(c) }
             var tv = timeval(tv_sec: 10, tv_usec: 0)
@@ -228,7 +307,7 @@ public final class LoopbackRedirect {
             }
             guard let head else { continue }
             let path = head.target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
-            guard head.method == "GET", path.first == "/callback" else {
+            guard head.method == "GET", path.first.map(String.init) == callbackPath else {
                 respond(c, status: 404, html: "<p>Not found.</p>")
                 continue
             }

@@ -36,7 +36,7 @@ final class TokenEndpointClient: ChannelDelegate {
     static let maxBodyBytes = 1 << 20
 
     private let loop: EventLoop
-    private let url: UpstreamURL
+    private let url: EndpointURL
     private let tlsContext: TLSContext?
     private let requestBytes: [UInt8]
     private var completion: ((TokenEndpointOutcome) -> Void)?
@@ -52,13 +52,13 @@ final class TokenEndpointClient: ChannelDelegate {
     /// `outbound_proxy:` for this URL, if any.
     private let proxy: OutboundProxy.Endpoint?
 
-    private init(loop: EventLoop, url: UpstreamURL, tlsContext: TLSContext?, request: EncodedTokenRequest?, proxy: OutboundProxy.Endpoint?) {
+    private init(loop: EventLoop, url: EndpointURL, tlsContext: TLSContext?, request: EncodedTokenRequest?, proxy: OutboundProxy.Endpoint?) {
         self.loop = loop
         self.url = url
         self.tlsContext = tlsContext
         self.proxy = proxy
-        var target = url.basePath.isEmpty ? "/" : url.basePath
-        if let query = url.query, !query.isEmpty { target += "?" + query }
+        // DESIGN §5: the endpoint's path and query byte for byte (a trailing slash kept).
+        var target = url.requestTarget
         var headers = HTTPHeaders()
         headers.add("Host", url.authority)
         if let proxy, !url.isTLS {
@@ -86,7 +86,7 @@ final class TokenEndpointClient: ChannelDelegate {
 
     /// A `GET` of a JSON document (authorization server metadata), same transport and limits.
     @discardableResult
-    static func get(_ url: UpstreamURL, tls: TLSContext?, proxy: OutboundProxy.Endpoint? = nil, on loop: EventLoop,
+    static func get(_ url: EndpointURL, tls: TLSContext?, proxy: OutboundProxy.Endpoint? = nil, on loop: EventLoop,
                     completion: @escaping (TokenEndpointOutcome) -> Void) -> TokenEndpointClient {
         let client = TokenEndpointClient(loop: loop, url: url, tlsContext: tls, request: nil, proxy: proxy)
         client.completion = completion
@@ -116,7 +116,7 @@ final class TokenEndpointClient: ChannelDelegate {
     /// Starts the request; `completion` runs once on `loop`. The returned handle cancels it
     /// (as a transport failure with `detail`), e.g. when the fetch's own timeout fires.
     @discardableResult
-    static func post(_ request: EncodedTokenRequest, to url: UpstreamURL, tls: TLSContext?, proxy: OutboundProxy.Endpoint? = nil,
+    static func post(_ request: EncodedTokenRequest, to url: EndpointURL, tls: TLSContext?, proxy: OutboundProxy.Endpoint? = nil,
                      on loop: EventLoop, completion: @escaping (TokenEndpointOutcome) -> Void) -> TokenEndpointClient {
         let client = TokenEndpointClient(loop: loop, url: url, tlsContext: tls, request: request, proxy: proxy)
         client.completion = completion

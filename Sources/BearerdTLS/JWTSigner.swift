@@ -10,6 +10,15 @@ public final class JWTSigner: @unchecked Sendable {  // @unchecked: the key is o
     /// `RS256` or `ES256`.
     public let algorithm: String
 
+    /// The public key's numbers, big-endian (for its JWK and RFC 7638 thumbprint).
+    public enum PublicNumbers: Sendable, Equatable {
+        /// Modulus and public exponent, without leading zero bytes.
+        case rsa(n: [UInt8], e: [UInt8])
+        /// The P-256 point; each coordinate left-padded to 32 bytes.
+        case p256(x: [UInt8], y: [UInt8])
+    }
+    public let publicNumbers: PublicNumbers
+
     /// Reads a PEM private key (PKCS#8 or traditional). Errors name the file and what is wrong.
     public init(pemFile path: String) throws(TLSError) {
         ERR_clear_error()
@@ -26,13 +35,23 @@ public final class JWTSigner: @unchecked Sendable {  // @unchecked: the key is o
                 EVP_PKEY_free(pkey)
                 throw .config("\(path): an RSA key for RS256 needs at least 2048 bits")
             }
+            guard let n = Self.bignum(pkey, "n", pad: 0), let e = Self.bignum(pkey, "e", pad: 0) else {
+                EVP_PKEY_free(pkey)
+                throw .config(OpenSSLErrorQueue.message("\(path): cannot read the RSA public key"))
+            }
             algorithm = "RS256"
+            publicNumbers = .rsa(n: n, e: e)
         case EVP_PKEY_EC:
             guard EVP_PKEY_get_bits(pkey) == 256 else {
                 EVP_PKEY_free(pkey)
                 throw .config("\(path): an EC key must be P-256 for ES256")
             }
+            guard let x = Self.bignum(pkey, "qx", pad: 32), let y = Self.bignum(pkey, "qy", pad: 32) else {
+                EVP_PKEY_free(pkey)
+                throw .config(OpenSSLErrorQueue.message("\(path): cannot read the EC public key"))
+            }
             algorithm = "ES256"
+            publicNumbers = .p256(x: x, y: y)
         default:
             EVP_PKEY_free(pkey)
             throw .config("\(path): only RSA (RS256) and P-256 EC (ES256) keys are supported")
@@ -41,6 +60,24 @@ public final class JWTSigner: @unchecked Sendable {  // @unchecked: the key is o
     }
 
     deinit { EVP_PKEY_free(key) }
+
+    /// A big-number parameter of `pkey` (OpenSSL 3 names: "n", "e", "qx", "qy"), big-endian;
+    /// `pad` > 0: left-padded to that many bytes (nil if longer).
+    private static func bignum(_ pkey: OpaquePointer, _ name: String, pad: Int) -> [UInt8]? {
+        var bn: OpaquePointer?
+        guard EVP_PKEY_get_bn_param(pkey, name, &bn) == 1, let bn else { return nil }
+        defer { BN_free(bn) }
+        let size = (Int(BN_num_bits(bn)) + 7) / 8
+        if pad > 0 {
+            guard size <= pad else { return nil }
+            var out = [UInt8](repeating: 0, count: pad)
+            let written = out.withUnsafeMutableBufferPointer { BN_bn2binpad(bn, $0.baseAddress, Int32(pad)) }
+            return written == Int32(pad) ? out : nil
+        }
+        var out = [UInt8](repeating: 0, count: max(size, 1))
+        let written = out.withUnsafeMutableBufferPointer { BN_bn2bin(bn, $0.baseAddress) }
+        return written == Int32(size) ? Array(out.prefix(size)) : nil
+    }
 
     /// The JWS signature of `input` (SHA-256): PKCS#1 v1.5 for RS256; for ES256 the raw
     /// `r || s` (64 bytes) JWS requires (RFC 7518 §3.4), not OpenSSL's DER.

@@ -22,10 +22,15 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
     }
 
     public let port: UInt16
-    /// `http://127.0.0.1:<port>/oauth/token`
-    public var tokenURL: String { "http://127.0.0.1:\(port)/oauth/token" }
-    /// `http://127.0.0.1:<port>/oauth/revoke`
-    public var revokeURL: String { "http://127.0.0.1:\(port)/oauth/revoke" }
+    /// Started with `trailingSlash`: the OAuth endpoints end in `/`, and 404 without it.
+    public let trailingSlash: Bool
+    private var slash: String { trailingSlash ? "/" : "" }
+    /// `http://127.0.0.1:<port>/oauth/token` (`…/oauth/token/` with `trailingSlash`)
+    public var tokenURL: String { "http://127.0.0.1:\(port)/oauth/token" + slash }
+    /// `http://127.0.0.1:<port>/oauth/revoke` (`…/oauth/revoke/` with `trailingSlash`)
+    public var revokeURL: String { "http://127.0.0.1:\(port)/oauth/revoke" + slash }
+    /// The issuer its metadata names: `http://127.0.0.1:<port>` (with a final `/` under `trailingSlash`).
+    public var issuer: String { "http://127.0.0.1:\(port)" + slash }
     /// `http://127.0.0.1:<port>/api` — the protected test API (an upstream for routes).
     public var apiURL: String { "http://127.0.0.1:\(port)/api" }
 
@@ -34,8 +39,9 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
     private let lock = NSLock()
     private var stopped = false
 
-    private init(port: UInt16, process: Process, directory: URL) {
+    private init(port: UInt16, trailingSlash: Bool, process: Process, directory: URL) {
         self.port = port
+        self.trailingSlash = trailingSlash
         self.process = process
         self.directory = directory
     }
@@ -108,11 +114,14 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
     ///     the presented one.
     ///   - graceSeconds: with rotation, the same old refresh token presented again within this
     ///     many seconds gets the same new pair (0 disables the grace window).
+    ///   - trailingSlash: the OAuth endpoints (token, authorization, device, revocation) end in
+    ///     `/` and answer 404 without it (django-oauth-toolkit's shape); the issuer ends in `/`.
     ///   - verbose: the server's request log goes to its stderr log file (see `logText()`).
     public static func start(
         tokenLifetime: Int = 3600,
         rotateRefreshTokens: Bool = false,
         graceSeconds: Int = 10,
+        trailingSlash: Bool = false,
         verbose: Bool = false
     ) throws -> AuthServerFixture {
         if let reason = availability { throw Failure("OAuth fixture unavailable: \(reason)") }
@@ -133,6 +142,7 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
             "--parent-pid", String(getpid()),  // `env` execs python: we are its parent
         ]
         if rotateRefreshTokens { args.append("--rotate-refresh-tokens") }
+        if trailingSlash { args.append("--trailing-slash") }
         if verbose { args.append("--verbose") }
 
         let p = Process()
@@ -152,7 +162,7 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
         while true {
             if let text = try? String(contentsOfFile: portFile, encoding: .utf8),
                let port = UInt16(text.trimmingCharacters(in: .whitespacesAndNewlines)), port != 0 {
-                return AuthServerFixture(port: port, process: p, directory: dir)
+                return AuthServerFixture(port: port, trailingSlash: trailingSlash, process: p, directory: dir)
             }
             if !p.isRunning {
                 let err = (try? String(contentsOf: logFile, encoding: .utf8)) ?? ""

@@ -226,6 +226,12 @@ struct Check: ParsableCommand {
             throw ExitCode(1)
         }
         print("\(configOption.path): OK (\(config.listen.count) listener(s), \(config.sessions.count) session(s), \(config.routes.count) route(s))")
+        // private_key_jwt: the kid bearerd sends and the public key to register with the server.
+        for s in config.sessions {
+            guard case .success(let key)? = ClientKeyDescription.of(s) else { continue }
+            print("sessions.\(s.name): private_key_jwt kid \(key.kid)" + (s.clientKeyID == nil ? " (RFC 7638 thumbprint of client_key_file)" : " (client_key_id; RFC 7638 thumbprint \(key.thumbprint))"))
+            print("sessions.\(s.name): public JWK to register: \(key.publicJWK)")
+        }
     }
 
     /// `--example`: the file must be valid as written; what it names that this machine lacks

@@ -9,7 +9,8 @@ import BearerdSessions
 /// keep the session alive with the refresh token stored in `state_dir`.
 ///
 /// `grant: authorization_code`: PKCE S256 and `state` (RFC 7636, RFC 6749 §10.12), a loopback
-/// redirect on 127.0.0.1 with a port chosen at run time (RFC 8252 §7.3), the URL opened with
+/// redirect on 127.0.0.1 with a port chosen at run time (RFC 8252 §7.3) or the session's fixed
+/// loopback `redirect_uri:`, the URL opened with
 /// `$BROWSER` or `xdg-open` and always printed on stderr. `grant: device_code` (RFC 8628): the
 /// user code printed, the token endpoint polled at the server's interval (`slow_down` adds 5 s).
 struct Login: ParsableCommand {
@@ -64,15 +65,18 @@ struct Login: ParsableCommand {
         var stderr = FileHandle.standardError
         let redirect: LoopbackRedirect
         do throws(SignIn.Failure) {
-            redirect = try LoopbackRedirect()
+            redirect = try LoopbackRedirect(fixed: signIn.session.redirectURI)
         } catch {
             return .failure(error)
         }
         var g = SystemRandomNumberGenerator()
         let pkce = PKCE(random: (0..<32).map { _ in UInt8.random(in: 0...255, using: &g) })
         let state = Base64.encodeURL((0..<16).map { _ in UInt8.random(in: 0...255, using: &g) })
-        guard let url = signIn.authorizationURL(redirectURI: redirect.redirectURI, state: state, pkce: pkce) else {
-            return .failure(SignIn.Failure(message: "the issuer publishes no authorization_endpoint"))
+        // OIDC Core §3.1.2.1: a fresh nonce whenever the scope asks for openid, checked in the id_token.
+        let nonce = OpenIDNonce.isRequested(scope: signIn.session.scope)
+            ? OpenIDNonce(random: (0..<16).map { _ in UInt8.random(in: 0...255, using: &g) }) : nil
+        guard let url = signIn.authorizationURL(redirectURI: redirect.redirectURI, state: state, pkce: pkce, nonce: nonce) else {
+            return .failure(SignIn.Failure(message: "no authorization endpoint: set authorization_url (with token_url) or issuer"))
         }
         print("Open this URL to sign in: \(url)", to: &stderr)
         if !noBrowser, let problem = BrowserLauncher.open(url, environment: ProcessInfo.processInfo.environment) {
@@ -94,14 +98,19 @@ struct Login: ParsableCommand {
                 outcome = .failure(SignIn.Failure(message: "the callback carries no code"))
                 return (400, "<h1>Sign-in failed</h1><p>No authorization code.</p>")
             }
-            outcome = signIn.exchange(.authorizationCode(code: OAuthSecret(code), redirectURI: redirect.redirectURI, codeVerifier: pkce.verifier))
+            outcome = signIn.exchange(.authorizationCode(code: OAuthSecret(code), redirectURI: redirect.redirectURI, codeVerifier: pkce.verifier), nonce: nonce)
             switch outcome {
             case .success: return (200, "<h1>Signed in</h1><p>bearerd has your session. You can close this tab.</p>")
             case .failure(let f): return (400, "<h1>Sign-in failed</h1><p>\(Self.escape(f.message))</p>")
             }
         }
         if callback == nil, case .failure = outcome {
-            return .failure(SignIn.Failure(message: "no sign-in within \(wait) (nothing came back to \(redirect.redirectURI))"))
+            // Servers that compare redirect URIs exactly refuse a port chosen at run time and never redirect.
+            let hint = signIn.session.redirectURI == nil
+                ? "if it compares redirect URIs exactly, register one and set it as redirect_uri: (e.g. http://127.0.0.1:8765/callback)"
+                : "check that the client is registered with exactly this redirect URI"
+            return .failure(SignIn.Failure(message: "no sign-in within \(wait) (nothing came back to \(redirect.redirectURI)); "
+                                           + "the server may have refused the redirect URI: \(hint)"))
         }
         return outcome
     }

@@ -84,3 +84,54 @@ struct ClientAuthEncodingTests {
         #expect(ClientAssertion.assemble(signingInput: input, signature: [0xfb, 0xff]) == input + ".-_8")
     }
 }
+
+/// OIDC Core §3.1.2.1, §3.1.3.7: the nonce of a sign-in with `openid`, checked in the id_token.
+@Suite("OpenID Connect nonce")
+struct OpenIDNonceTests {
+    static func idToken(_ payload: String) -> String {
+        Base64.encodeURL(Array(#"{"alg":"ES256"}"#.utf8)) + "." + Base64.encodeURL(Array(payload.utf8)) + ".c2ln"
+    }
+
+    @Test func requestedOnlyForTheOpenIDScopeValue() {
+        #expect(OpenIDNonce.isRequested(scope: "openid offline_access"))
+        #expect(OpenIDNonce.isRequested(scope: "read openid"))
+        #expect(!OpenIDNonce.isRequested(scope: "openidx read"))
+        #expect(!OpenIDNonce.isRequested(scope: nil))
+    }
+
+    @Test func theIDTokenMustCarryTheSameNonce() throws {
+        let nonce = OpenIDNonce(random: Array(repeating: 1, count: 16))
+        #expect(nonce.value.count == 22)
+        try nonce.check(idToken: Self.idToken(#"{"sub":"alice","nonce":"\#(nonce.value)"}"#))
+        #expect(throws: OpenIDNonce.Mismatch.self) { try nonce.check(idToken: Self.idToken(#"{"sub":"alice","nonce":"other"}"#)) }
+        #expect(throws: OpenIDNonce.Mismatch.self) { try nonce.check(idToken: Self.idToken(#"{"sub":"alice","nonce":"\#(nonce.value)x"}"#)) }
+        #expect(throws: OpenIDNonce.Mismatch.self) { try nonce.check(idToken: Self.idToken(#"{"sub":"alice"}"#)) }
+        #expect(throws: OpenIDNonce.Mismatch.self) { try nonce.check(idToken: Self.idToken(#"{"nonce":7}"#)) }
+        for malformed in ["", "a.b", "a.!!!.c", "a.b.c.d", Self.idToken("[1]"), Self.idToken("not json")] {
+            #expect(throws: OpenIDNonce.Mismatch.self) { try nonce.check(idToken: malformed) }
+        }
+    }
+}
+
+/// RFC 7638: the JWK thumbprint that is `private_key_jwt`'s default `kid`.
+@Suite("JWK thumbprint (RFC 7638)")
+struct JWKThumbprintTests {
+    @Test func theRFC7638ExampleKey() throws {
+        // RFC 7638 §3.1.
+        let n = try #require(Base64.decodeURL("0vx7agoebGcQSuuPiLJXZptN9nndrQmbXEps2aiAFbWhM78LhWx4cbbfAAtVT86zwu1RK7aPFFxuhDR1L6tSoc_BJECPebWKRXjBZCiFV4n3oknjhMstn64tZ_2W-5JsGY4Hc5n9yBXArwl93lqt7_RN5w6Cf0h4QyQ5v-65YGjQR0_FDW2QvzqY368QQMicAtaSqzs8KJZgnYb9c7d0zgdAZHzu6qMQvRL5hajrn1n91CbOpbISD08qNLyrdkt-bFTWhAI4vMQFh6WeZu0fM4lFd2NcRwr3XPksINHaQ-G_xBniIqbw0Ls1jF44-csFCur-kEgU8awapJzKnqDKgw"))
+        let jwk = PublicJWK.rsa(n: n, e: [1, 0, 1])
+        #expect(jwk.canonicalJSON.hasPrefix(#"{"e":"AQAB","kty":"RSA","n":"0vx7"#))
+        #expect(jwk.thumbprint == "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs")
+    }
+
+    @Test func aP256Key() throws {
+        // RFC 7517 Appendix A.1's EC key; thumbprint computed independently with joserfc
+        // (`import_key({...}).thumbprint()`).
+        let x = try #require(Base64.decodeURL("MKBCTNIcKUSDii11ySs3526iDZ8AiTo7Tu6KPAqv7D4"))
+        let y = try #require(Base64.decodeURL("4Etl6SRW2YiLUrN5vfvVHuhp7x8PxltmWWlbbM4IFyM"))
+        let jwk = PublicJWK.ec(crv: "P-256", x: x, y: y)
+        #expect(jwk.canonicalJSON == #"{"crv":"P-256","kty":"EC","x":"MKBCTNIcKUSDii11ySs3526iDZ8AiTo7Tu6KPAqv7D4","y":"4Etl6SRW2YiLUrN5vfvVHuhp7x8PxltmWWlbbM4IFyM"}"#)
+        #expect(jwk.thumbprint == "cn-I_WNMClehiVp51i_0VpOENW1upEerA8sEam5hn-s")
+        #expect(jwk.registration(kid: "k1", alg: "ES256").hasSuffix(#","kid":"k1","use":"sig","alg":"ES256"}"#))
+    }
+}

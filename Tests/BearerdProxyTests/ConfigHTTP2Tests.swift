@@ -143,7 +143,7 @@ struct ConfigIssuerTests {
         let neither = configErrors("sessions:\n  s: { grant: client_credentials, client_id: c, client_secret: x }\n" + minimalRoute)
         #expect(neither.contains { $0.contains("sessions.s.token_url: missing") && $0.contains("issuer") })
         let personNoIssuer = configErrors("state_dir: /tmp/x\nsessions:\n  p: { grant: device_code, token_url: \"https://a/t\", client_id: c, client_auth: none }\n" + minimalRoute)
-        #expect(personNoIssuer.contains { $0.contains("sessions.p.issuer: missing: grant device_code needs issuer") })
+        #expect(personNoIssuer.contains { $0.contains("sessions.p.device_authorization_url: missing: grant device_code needs device_authorization_url: (with token_url:), or issuer:") })
         let noState = configErrors("sessions:\n  p: { grant: authorization_code, issuer: \"https://a\", client_id: c, client_auth: none }\n" + minimalRoute)
         #expect(noState.contains { $0.contains("state_dir: missing: session 'p'") })
         let query = configErrors("sessions:\n  s: { grant: client_credentials, issuer: \"https://a/?x=1\", client_id: c, client_secret: x }\n" + minimalRoute)

@@ -127,7 +127,7 @@ let minimalRoute = """
         let partner = try #require(config.session(named: "partner"))
         #expect(partner == SessionConfig(
             name: "partner", grant: .clientCredentials,
-            tokenURL: UpstreamURL(scheme: "https", host: "auth.example.com", port: 443, basePath: "/oauth2/token", query: "tenant=x"),
+            tokenURL: EndpointURL(scheme: "https", host: "auth.example.com", port: 443, path: "/oauth2/token", query: "tenant=x"),
             clientID: "my-service", clientSecret: .file("/etc/bearerd/secrets/partner"), clientAuth: .clientSecretPost,
             scope: "read write", params: [("audience", "https://api.example.com"), ("resource", "42")],
             refreshBefore: .seconds(60), defaultLifetime: .seconds(3600), tls: TLSSettings(caFile: "/etc/ssl/ca.pem"),
@@ -135,7 +135,7 @@ let minimalRoute = """
         #expect(partner.line == 17)
         let me = try #require(config.session(named: "me"))
         #expect(me.grant == .refreshToken)
-        #expect(me.tokenURL == UpstreamURL(scheme: "http", host: "::1", port: 8443, basePath: "/token"))
+        #expect(me.tokenURL == EndpointURL(scheme: "http", host: "::1", port: 8443, path: "/token"))
         #expect(me.clientAuth == .none)
         #expect(me.clientSecret == nil)
         #expect(me.refreshTokenFile == "/etc/bearerd/me.refresh")

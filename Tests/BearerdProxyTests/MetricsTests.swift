@@ -380,7 +380,7 @@ struct MetricsTests {
 
     // MARK: session driver counters (real token endpoint on 127.0.0.1)
 
-    func session(_ url: UpstreamURL, waitTimeout: Duration = .seconds(10)) -> SessionConfig {
+    func session(_ url: EndpointURL, waitTimeout: Duration = .seconds(10)) -> SessionConfig {
         SessionConfig(name: "partner", grant: .clientCredentials, tokenURL: url, clientID: "svc",
                       clientSecret: .literal(Secret("metrics-secret")), waitTimeout: waitTimeout)
     }

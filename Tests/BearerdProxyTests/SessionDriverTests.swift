@@ -15,7 +15,7 @@ import Testing
 struct SessionDriverTests {
     static let secret = "s3cr3t:&+client-secret-value"
 
-    func clientCredentials(_ url: UpstreamURL, auth: ClientAuthMethod = .clientSecretBasic,
+    func clientCredentials(_ url: EndpointURL, auth: ClientAuthMethod = .clientSecretBasic,
                            waitTimeout: Duration = .seconds(10)) -> SessionConfig {
         SessionConfig(name: "partner", grant: .clientCredentials, tokenURL: url, clientID: "my service",
                       clientSecret: .literal(Secret(Self.secret)), clientAuth: auth, scope: "read write",
@@ -90,7 +90,7 @@ struct SessionDriverTests {
     }
 
     @Test func missingSecretIsAConfigError() throws {
-        let session = SessionConfig(name: "legacy", grant: .password, tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: 1, basePath: "/t"),
+        let session = SessionConfig(name: "legacy", grant: .password, tokenURL: EndpointURL(scheme: "http", host: "127.0.0.1", port: 1, path: "/t"),
                                     clientID: "app", clientSecret: .env("NOPE_SECRET"), username: "u", password: .env("NOPE_PASSWORD"), line: 7)
         do {
             _ = try SessionManager(config: sessionConfig(session), logger: CapturedLogs().logger, environment: [:])
@@ -166,7 +166,7 @@ struct SessionDriverTests {
 
     @Test func connectionRefusedThenEndpointComesBack() async throws {
         let port = unusedPort()
-        let url = UpstreamURL(scheme: "http", host: "127.0.0.1", port: port, basePath: "/oauth/token")
+        let url = EndpointURL(scheme: "http", host: "127.0.0.1", port: port, path: "/oauth/token")
         let logs = CapturedLogs()
         let manager = try SessionManager(config: sessionConfig(clientCredentials(url, waitTimeout: .milliseconds(500))),
                                          logger: logs.logger, environment: [:])

@@ -89,8 +89,8 @@ final class ScriptedTokenEndpoint: @unchecked Sendable {  // @unchecked: state g
     var received: [Received] { state.lock.withLock { state.received } }
     var count: Int { state.lock.withLock { state.received.count } }
 
-    var url: UpstreamURL {
-        UpstreamURL(scheme: tls == nil ? "http" : "https", host: "127.0.0.1", port: port, basePath: "/oauth/token")
+    var url: EndpointURL {
+        EndpointURL(scheme: tls == nil ? "http" : "https", host: "127.0.0.1", port: port, path: "/oauth/token")
     }
 
     func stop() { origin.stop() }

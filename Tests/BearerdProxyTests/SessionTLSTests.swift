@@ -14,7 +14,7 @@ import BearerdTLS
 /// the chain, an unknown CA is a transport failure, never a silent success.
 @Suite(.serialized)
 struct SessionTLSTests {
-    func session(_ url: UpstreamURL, caFile: String?) -> SessionConfig {
+    func session(_ url: EndpointURL, caFile: String?) -> SessionConfig {
         SessionConfig(name: "secure", grant: .clientCredentials, tokenURL: url, clientID: "svc",
                       clientSecret: .literal(Secret("tls-client-secret-SSS")), tls: caFile.map { TLSSettings(caFile: $0) },
                       waitTimeout: .milliseconds(500))
@@ -51,7 +51,7 @@ struct SessionTLSTests {
     }
 
     @Test func unreadableCAFileIsAConfigError() throws {
-        let url = UpstreamURL(scheme: "https", host: "127.0.0.1", port: 1, basePath: "/t")
+        let url = EndpointURL(scheme: "https", host: "127.0.0.1", port: 1, path: "/t")
         do {
             _ = try SessionManager(config: sessionConfig(session(url, caFile: "/nonexistent/ca.pem")), logger: CapturedLogs().logger, environment: [:])
             Issue.record("expected ConfigErrors")

@@ -25,7 +25,7 @@ struct DemoTests {
         }
         let port = authority.boundAddresses[0].port
         let session = SessionConfig(name: "demo", grant: .clientCredentials,
-                                    tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: port, basePath: "/oauth/token"),
+                                    tokenURL: EndpointURL(scheme: "http", host: "127.0.0.1", port: port, path: "/oauth/token"),
                                     clientID: DemoAuthority.clientID, clientSecret: .literal(Secret(DemoAuthority.clientSecret)))
         var r = route(origin: port, basePath: "/api")
         r.session = "demo"

@@ -46,7 +46,7 @@ func route(_ match: String = "/", origin: UInt16, scheme: String = "http", host:
 /// A client_credentials session named `name` whose token endpoint is `tokens`.
 func scriptedSession(_ tokens: ScriptedTokenEndpoint, name: String = "s") -> SessionConfig {
     SessionConfig(name: name, grant: .clientCredentials,
-                  tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: tokens.port, basePath: "/token"),
+                  tokenURL: EndpointURL(scheme: "http", host: "127.0.0.1", port: tokens.port, path: "/token"),
                   clientID: "c", clientSecret: .literal(Secret("x")))
 }
 

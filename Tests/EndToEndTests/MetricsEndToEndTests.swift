@@ -52,7 +52,7 @@ struct MetricsEndToEndTests {
 
         func session(_ name: String) -> SessionConfig {
             SessionConfig(name: name, grant: .clientCredentials,
-                          tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: origin.port, basePath: "/token"),
+                          tokenURL: EndpointURL(scheme: "http", host: "127.0.0.1", port: origin.port, path: "/token"),
                           clientID: "svc", clientSecret: .literal(Secret("svc-secret")))
         }
 

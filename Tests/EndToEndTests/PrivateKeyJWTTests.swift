@@ -54,6 +54,65 @@ struct PrivateKeyJWTTests {
         }
     }
 
+    /// A server that keeps the client's JWKS picks the key by `kid` (Glewlwyd refuses an
+    /// assertion without one): without `client_key_id` the kid is the key's RFC 7638 thumbprint,
+    /// here computed independently by joserfc; `check` prints it and the JWK to register;
+    /// `client_key_id` overrides it.
+    @Test(arguments: ["ec", "rsa"]) func theDefaultKidIsTheKeysThumbprint(kind: String) throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("pkjwt")
+        let (key, pub) = try Self.keyPair(kind, dir: dir)
+        let script = """
+            import json, sys
+            from joserfc.jwk import import_key
+            k = import_key(open(sys.argv[1]).read())
+            t = k.thumbprint()
+            print(json.dumps({"thumbprint": t, "jwk": dict(k.as_dict(private=False), kid=t)}))
+            """
+        let py = try DeployTests.run("/usr/bin/env", [AuthServerFixture.python, "-c", script, dir + "/\(kind).pub"])
+        #expect(py.status == 0, "\(py.stderr)")
+        let out = try JSONSerialization.jsonObject(with: Data(py.stdout.utf8)) as? [String: Any]
+        let thumbprint = try #require(out?["thumbprint"] as? String)
+        let jwk = try #require(out?["jwk"] as? [String: Any])
+        _ = pub
+        let body = try JSONSerialization.data(withJSONObject: ["client_id": "jwks-\(kind)", "jwks": ["keys": [jwk]]])
+        #expect(try auth.request("POST", "/_test/register-jwt-client", headers: [("Content-Type", "application/json")], body: Array(body)).status == 200)
+        let text = """
+            sessions:
+              wl:
+                grant: client_credentials
+                issuer: http://127.0.0.1:\(auth.port)
+                client_id: jwks-\(kind)
+                client_auth: private_key_jwt
+                client_key_file: \(key)
+                scope: read
+            routes:
+              - match: /
+                upstream: \(auth.apiURL)
+                session: wl
+            """
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", text)
+        let check = try CommandLineTests.run(["check", "-c", cfg])
+        #expect(check.status == 0, "\(check.stderr)")
+        #expect(check.stdout.contains("sessions.wl: private_key_jwt kid \(thumbprint) (RFC 7638 thumbprint of client_key_file)"), "\(check.stdout)")
+        let printed = try #require(check.stdout.split(separator: "\n").first { $0.hasPrefix("sessions.wl: public JWK to register: ") })
+        let registered = try JSONSerialization.jsonObject(with: Data(printed.dropFirst("sessions.wl: public JWK to register: ".count).utf8)) as? [String: Any]
+        for member in kind == "ec" ? ["kty", "crv", "x", "y", "kid"] : ["kty", "n", "e", "kid"] {
+            #expect(registered?[member] as? String == jwk[member] as? String, "\(member): \(printed) vs \(jwk)")
+        }
+        #expect(registered?["d"] == nil)
+        let token = try CommandLineTests.run(["token", "-c", cfg, "wl"])
+        #expect(token.status == 0, "\(token.stderr)")
+        #expect(try auth.request("GET", "/api/x", headers: [("Authorization", "Bearer \(token.stdout.trimmingCharacters(in: .newlines))")]).status == 200)
+        // client_key_id overrides the default: a kid this server does not hold is refused.
+        let other = try CommandLineTests.tempFile("bearerd.yaml", text.replacingOccurrences(of: "scope: read", with: "scope: read\n    client_key_id: 2026-11"))
+        let refused = try CommandLineTests.run(["token", "-c", other, "wl"])
+        #expect(refused.status != 0)
+        #expect(refused.stderr.contains("invalid_client"), "\(refused.stderr)")
+        #expect(try CommandLineTests.run(["check", "-c", other]).stdout.contains("private_key_jwt kid 2026-11 (client_key_id; RFC 7638 thumbprint \(thumbprint))"))
+    }
+
     /// The assertion as bearerd builds it is accepted once; the same one again is refused.
     @Test func aReplayedAssertionIsRefused() throws {
         let auth = try AuthServerFixture.start()

@@ -18,7 +18,7 @@ struct SessionProxyTests {
                         clientID: String = "svc", secret: String? = "svc-secret", clientAuth: ClientAuthMethod = .clientSecretBasic,
                         username: String? = nil, password: String? = nil, scope: String? = nil) -> SessionConfig {
         SessionConfig(name: name, grant: grant,
-                      tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: auth.port, basePath: "/oauth/token"),
+                      tokenURL: EndpointURL(scheme: "http", host: "127.0.0.1", port: auth.port, path: "/oauth/token"),
                       clientID: clientID, clientSecret: secret.map { .literal(Secret($0)) }, clientAuth: clientAuth,
                       scope: scope, username: username, password: password.map { .literal(Secret($0)) })
     }

@@ -4,7 +4,7 @@ end-to-end tests, built on Authlib's Flask integration. TEST FIXTURE ONLY.
 
 Run:
     python3 oauth_server.py --port 0 --port-file /tmp/as.port [--token-lifetime 3600]
-        [--rotate-refresh-tokens] [--grace-seconds 10] [--verbose]
+        [--rotate-refresh-tokens] [--grace-seconds 10] [--trailing-slash] [--verbose]
 
 Binds 127.0.0.1 only. All state is in memory and lost on exit.
 
@@ -27,8 +27,10 @@ Fixed clients (RFC 6749 §2.3.1 client authentication):
 
 Users (password grant): alice / wonderland, bob / builder.
 
-Scopes: every client may ask for any subset of "read write admin"; no scope asked means
-"read write". Asking for anything else is `invalid_scope`.
+Scopes: every client may ask for any subset of "read write admin openid"; no scope asked means
+"read write". Asking for anything else is `invalid_scope`. With `openid` (authorization code),
+Authlib's OpenIDCode extension requires a `nonce` (`invalid_request` without one) and returns an
+ES256 `id_token` carrying it (?test_bad_nonce=1 on the authorization request: another nonce).
 
 Endpoints:
     POST /oauth/token      grant_type client_credentials | password | refresh_token
@@ -41,6 +43,13 @@ Endpoints:
                            Same for a missing or non-Bearer Authorization header (see `Protector`).
 
 Test hooks (NOT OAuth; only answered to 127.0.0.1 peers):
+    POST /_test/register-jwt-client              JSON {"client_id", "public_key_pem"} or {"client_id",
+                                                 "jwks": {"keys": [...]}}: a private_key_jwt client
+                                                 (client_credentials); with a JWKS the assertion's
+                                                 `kid` must name one of its keys
+    POST /_test/register-exact-redirect-client   JSON {"client_id", "redirect_uri"}: a public
+                                                 authorization_code client whose redirect_uri must
+                                                 equal the registered one byte for byte
     POST /_test/revoke-all                       revoke every access token issued so far
     GET  /_test/stats                            JSON counters (see `Stats.snapshot`)
     POST /_test/reset-stats                      zero the counters
@@ -66,6 +75,11 @@ Flags:
                                of invalid_grant. An imitation of the grace windows of real servers
                                (Okta, Auth0, Keycloak...) that protect clients whose response was
                                lost in transit.
+    --trailing-slash           the OAuth endpoints end in `/` (/oauth/token/, /oauth/authorize/,
+                               /oauth/device/, /oauth/revoke/; the metadata says so, and the issuer
+                               is `http://127.0.0.1:PORT/`) and the same paths without the slash
+                               answer 404, as Django-based servers (django-oauth-toolkit) do.
+                               Counted in stats as `not_found_without_slash`.
     --verbose                  werkzeug request log and Authlib debug log on stderr.
     --parent-pid PID           exit as soon as PID is no longer the parent process.
 """
@@ -82,20 +96,22 @@ import threading
 import time
 from urllib.parse import unquote_plus
 
-from flask import Flask, jsonify, request
+from flask import Flask, g, jsonify, request
 
 from authlib.integrations.flask_oauth2 import AuthorizationServer, ResourceProtector
 from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
-from authlib.oauth2.rfc6749.errors import InvalidGrantError, MissingAuthorizationError, UnsupportedTokenTypeError
+from authlib.oauth2.rfc6749.errors import InvalidClientError, InvalidGrantError, MissingAuthorizationError, UnsupportedTokenTypeError
 from authlib.oauth2.rfc6750 import BearerTokenGenerator, BearerTokenValidator, InvalidTokenError
 from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7523 import JWTBearerClientAssertion
 from authlib.oauth2.rfc7636 import CodeChallenge
 from authlib.oauth2.rfc8628 import DeviceAuthorizationEndpoint, DeviceCodeGrant, DeviceCredentialDict
+from authlib.oidc.core.grants import OpenIDCode
+from joserfc.jwk import ECKey, import_key
 from werkzeug.serving import make_server
 
 ALL_AUTH_METHODS = ["client_secret_basic", "client_secret_post", "none", "private_key_jwt"]
-SCOPES_SUPPORTED = {"read", "write", "admin"}
+SCOPES_SUPPORTED = {"read", "write", "admin", "openid"}
 DEFAULT_SCOPE = "read write"
 
 
@@ -105,6 +121,15 @@ class Config:
     token_lifetime = 3600
     rotate_refresh_tokens = False
     grace_seconds = 10
+    trailing_slash = False
+
+
+def ep(path):
+    """An OAuth endpoint's path: with a trailing slash under --trailing-slash."""
+    return path + "/" if Config.trailing_slash else path
+
+
+OAUTH_PATHS = ["/oauth/token", "/oauth/authorize", "/oauth/device", "/oauth/revoke"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -139,6 +164,10 @@ class Client(ClientMixin):
         return " ".join(asked)
 
     def check_redirect_uri(self, redirect_uri):
+        exact = getattr(self, "exact_redirect_uri", None)
+        if exact is not None:
+            # Like Glewlwyd and many enterprise servers: the registered URI, byte for byte.
+            return self.is_person_client() and redirect_uri == exact
         # RFC 8252 §7.3: a native app's loopback redirect, any port.
         return self.is_person_client() and (
             redirect_uri.startswith("http://127.0.0.1:") or redirect_uri.startswith("http://[::1]:")
@@ -265,6 +294,7 @@ class Stats:
             self.api_requests = 0
             self.api_rejected = 0
             self.injected_faults = 0
+            self.not_found_without_slash = 0
 
     def snapshot(self):
         with self.lock:
@@ -279,6 +309,7 @@ class Stats:
                 "api_requests": self.api_requests,
                 "api_rejected": self.api_rejected,
                 "injected_faults": self.injected_faults,
+                "not_found_without_slash": self.not_found_without_slash,
             }
 
 
@@ -455,8 +486,9 @@ class RefreshTokenGrant(grants.RefreshTokenGrant):
 class AuthCode:
     """One authorization code (single use, 60 s), with its PKCE challenge (RFC 7636)."""
 
-    def __init__(self, code, client_id, redirect_uri, scope, user, challenge, method):
+    def __init__(self, code, client_id, redirect_uri, scope, user, challenge, method, nonce=None):
         self.code = code
+        self.nonce = nonce
         self.client_id = client_id
         self.redirect_uri = redirect_uri
         self.scope = scope
@@ -474,8 +506,46 @@ class AuthCode:
     def is_expired(self):
         return time.time() - self.created > 60
 
+    # OpenID Connect (authlib.oidc.core.AuthorizationCodeMixin)
+    def get_nonce(self):
+        return self.nonce
+
+    def get_auth_time(self):
+        return int(self.created)
+
+    def get_acr(self):
+        return None
+
+    def get_amr(self):
+        return None
+
 
 CODES = {}
+ID_TOKEN_KEY = ECKey.generate_key("P-256")
+
+
+class OpenIDCodeRequiringNonce(OpenIDCode):
+    """OIDC Core §3.1: a `nonce` is required when the scope holds `openid` (as some servers
+    require); the id_token (ES256, a key made at start) carries it back."""
+
+    def __init__(self):
+        super().__init__(require_nonce=True)
+
+    def exists_nonce(self, nonce, request):
+        return False
+
+    def resolve_client_private_key(self, client):
+        return ID_TOKEN_KEY
+
+    def get_client_algorithm(self, client):
+        return "ES256"
+
+    def get_client_claims(self, client):
+        base = "http://127.0.0.1:%s" % request.environ.get("SERVER_PORT", "")
+        return {"iss": base + "/" if Config.trailing_slash else base, "aud": [client.get_client_id()]}
+
+    def generate_user_info(self, user, scope):
+        return {"sub": user}
 
 
 class AuthorizationCodeGrant(grants.AuthorizationCodeGrant):
@@ -486,6 +556,9 @@ class AuthorizationCodeGrant(grants.AuthorizationCodeGrant):
     def save_authorization_code(self, code, request):
         payload = getattr(request, "payload", request)
         data = getattr(payload, "data", None) or request.args
+        nonce = data.get("nonce")
+        if nonce and request.args.get("test_bad_nonce"):
+            nonce = "not-" + nonce  # a substituted id_token, for the client's check
         CODES[code] = AuthCode(
             code,
             request.client.get_client_id(),
@@ -494,6 +567,7 @@ class AuthorizationCodeGrant(grants.AuthorizationCodeGrant):
             request.user,
             data.get("code_challenge"),
             data.get("code_challenge_method"),
+            nonce,
         )
 
     def query_authorization_code(self, code, client):
@@ -520,7 +594,7 @@ class PrivateKeyJWTAuth(JWTBearerClientAssertion):
 
     def get_audiences(self):
         base = "http://127.0.0.1:%s" % request.environ.get("SERVER_PORT", "")
-        return [base + "/oauth/token", base]
+        return [base + ep("/oauth/token"), base]
 
     def validate_jti(self, claims, jti):
         with STATS.lock:
@@ -530,8 +604,24 @@ class PrivateKeyJWTAuth(JWTBearerClientAssertion):
             JTIS.add(jti)
         return True
 
+    def extract_assertion(self, assertion):
+        headers, claims = super().extract_assertion(assertion)
+        g.assertion_kid = headers.get("kid")
+        return headers, claims
+
     def resolve_client_public_key(self, client):
-        return client.public_key_pem
+        jwks = getattr(client, "public_jwks", None)
+        if jwks is None:
+            return client.public_key_pem
+        # A client registered with a JWKS (as Glewlwyd and most servers keep them): the
+        # assertion's `kid` picks the key; none, or an unknown one, is refused.
+        kid = g.get("assertion_kid")
+        for k in jwks["keys"]:
+            if kid is not None and k.get("kid") == kid:
+                return import_key(k)
+        with STATS.lock:
+            _bump(STATS.token_errors, "unknown_kid")
+        raise InvalidClientError(description="no key of this client has kid %r" % (kid,))
 
 
 DEVICES = {}  # device_code -> DeviceCredentialDict
@@ -638,7 +728,7 @@ def create_app():
     server.register_grant(ClientCredentialsGrant)
     server.register_grant(PasswordGrant)
     server.register_grant(RefreshTokenGrant)
-    server.register_grant(AuthorizationCodeGrant, [CodeChallenge(required=True)])
+    server.register_grant(AuthorizationCodeGrant, [CodeChallenge(required=True), OpenIDCodeRequiringNonce()])
     server.register_grant(DeviceGrant)
     server.register_endpoint(DeviceEndpoint)
     server.register_endpoint(Revocation)
@@ -650,7 +740,17 @@ def create_app():
         cid, _ = _split_basic(request.headers)
         return cid or request.form.get("client_id") or "-"
 
-    @app.post("/oauth/token")
+    @app.before_request
+    def no_slash_no_endpoint():
+        # --trailing-slash: Django answers 404 to /authorize when the route is /authorize/
+        # (werkzeug would redirect; a client following the redirect would hide the bug).
+        if Config.trailing_slash and request.path in OAUTH_PATHS:
+            with STATS.lock:
+                STATS.not_found_without_slash += 1
+            return jsonify(error="not_found", detail="this server's endpoints end in /"), 404
+        return None
+
+    @app.post(ep("/oauth/token"))
     def issue_token():
         grant = request.form.get("grant_type") or "-"
         cid = claimed_client_id()
@@ -672,7 +772,7 @@ def create_app():
                 _bump(STATS.token_errors, err)
         return resp
 
-    @app.get("/oauth/authorize")
+    @app.get(ep("/oauth/authorize"))
     def authorize():
         # No login page: the test user signs in at once (?test_user=bob picks another one,
         # ?test_deny=1 refuses, as a person pressing "Deny" would).
@@ -687,11 +787,11 @@ def create_app():
         # a client that configured another name must notice the mismatch (RFC 8414 §3.3).
         base = "http://127.0.0.1:%s" % request.environ.get("SERVER_PORT", "")
         return {
-            "issuer": base,
-            "authorization_endpoint": base + "/oauth/authorize",
-            "token_endpoint": base + "/oauth/token",
-            "device_authorization_endpoint": base + "/oauth/device",
-            "revocation_endpoint": base + "/oauth/revoke",
+            "issuer": base + "/" if Config.trailing_slash else base,
+            "authorization_endpoint": base + ep("/oauth/authorize"),
+            "token_endpoint": base + ep("/oauth/token"),
+            "device_authorization_endpoint": base + ep("/oauth/device"),
+            "revocation_endpoint": base + ep("/oauth/revoke"),
             "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post", "none", "private_key_jwt"],
             "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials", "password"],
             "response_types_supported": ["code"],
@@ -699,7 +799,7 @@ def create_app():
             "scopes_supported": sorted(SCOPES_SUPPORTED),
         }
 
-    @app.post("/oauth/device")
+    @app.post(ep("/oauth/device"))
     def device_authorization():
         with STORE.lock:
             return server.create_endpoint_response(DeviceEndpoint.ENDPOINT_NAME)
@@ -708,7 +808,18 @@ def create_app():
     def hook_register_jwt_client():
         body = request.get_json(force=True, silent=True) or {}
         c = Client(body["client_id"], None, "private_key_jwt", ["client_credentials"])
-        c.public_key_pem = body["public_key_pem"]
+        c.public_key_pem = body.get("public_key_pem")
+        if "jwks" in body:
+            c.public_jwks = body["jwks"]  # {"keys": [JWK with kid, ...]}: the assertion's kid must name one
+        CLIENTS[c.client_id] = c
+        return jsonify(ok=True)
+
+    @app.post("/_test/register-exact-redirect-client")
+    def hook_register_exact_redirect_client():
+        # A public native client whose redirect URI is compared exactly (no loopback port freedom).
+        body = request.get_json(force=True, silent=True) or {}
+        c = Client(body["client_id"], None, "none", ["authorization_code", "refresh_token"])
+        c.exact_redirect_uri = body["redirect_uri"]
         CLIENTS[c.client_id] = c
         return jsonify(ok=True)
 
@@ -727,7 +838,7 @@ def create_app():
     def oidc_metadata():
         return jsonify(metadata())
 
-    @app.post("/oauth/revoke")
+    @app.post(ep("/oauth/revoke"))
     def revoke_token():
         with STORE.lock:
             return server.create_endpoint_response(Revocation.ENDPOINT_NAME)
@@ -850,6 +961,7 @@ def main(argv=None):
     p.add_argument("--token-lifetime", type=int, default=3600)
     p.add_argument("--rotate-refresh-tokens", action="store_true")
     p.add_argument("--grace-seconds", type=int, default=10)
+    p.add_argument("--trailing-slash", action="store_true")
     p.add_argument("--verbose", action="store_true")
     p.add_argument(
         "--parent-pid",
@@ -876,6 +988,7 @@ def main(argv=None):
     Config.token_lifetime = args.token_lifetime
     Config.rotate_refresh_tokens = args.rotate_refresh_tokens
     Config.grace_seconds = args.grace_seconds
+    Config.trailing_slash = args.trailing_slash
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr)
     if not args.verbose:
