@@ -49,7 +49,7 @@ struct SessionSoakTests {
         try (try auth.issueRefreshToken(clientID: "cli", user: "alice") + "\n").write(toFile: seed, atomically: true, encoding: .utf8)
 
         let session = SessionConfig(name: "me", grant: .refreshToken,
-                                    tokenURL: UpstreamURL(scheme: "http", host: "127.0.0.1", port: auth.port, basePath: "/oauth/token"),
+                                    tokenURL: EndpointURL(scheme: "http", host: "127.0.0.1", port: auth.port, path: "/oauth/token"),
                                     clientID: "cli", clientAuth: .none, refreshTokenFile: seed)
         var api = route("/", origin: auth.port, basePath: "/api")
         api.session = "me"
