@@ -445,10 +445,12 @@ struct MetricsTests {
     }
 
     @Test func aWaitTimeoutServesTheValidTokenAsStale() async throws {
-        // L = 4 s: hard margin 1 s, the soft refresh after about 2 s. That refresh is slow (8 s),
-        // so a caller inside the hard window waits, times out (300 ms) and gets the valid token.
+        // L = 12 s: hard margin 3 s, the soft refresh after 5.4–6 s. That refresh is slow (12 s),
+        // so a caller inside the hard window (9–12 s) waits, times out (300 ms) and gets the valid
+        // token. The window is wide enough for a loaded machine (with L = 4 s its 1 s window was
+        // missed under parallel test load and the token had expired by the time the wait ended).
         let endpoint = try ScriptedTokenEndpoint { _, n in
-            n == 1 ? ScriptedTokenEndpoint.token("access-M-1", expiresIn: 4) : .delayed(8, ScriptedTokenEndpoint.token("access-M-\(n)"))
+            n == 1 ? ScriptedTokenEndpoint.token("access-M-1", expiresIn: 12) : .delayed(12, ScriptedTokenEndpoint.token("access-M-\(n)"))
         }
         defer { endpoint.stop() }
         let manager = try SessionManager(config: sessionConfig(session(endpoint.url, waitTimeout: .milliseconds(300))),
@@ -458,7 +460,7 @@ struct MetricsTests {
         let first = try await requestToken(driver).get()
         // Wait (bounded) for the hard window: the fast path no longer serves the token.
         var inHardWindow = false
-        for _ in 0..<100 {
+        for _ in 0..<300 {
             if driver.usableToken(now: monotonicNanos()) == nil { inHardWindow = true; break }
             try await Task.sleep(for: .milliseconds(50))
         }
