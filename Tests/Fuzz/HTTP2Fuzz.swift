@@ -17,11 +17,16 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     var settings = HTTP2Settings()
     settings.maxHeaderListSize = 4096
     settings.enableConnectProtocol = input[0] & 1 == 1
+    // The listener's own rules on top of nghttp2: small limits so the fuzzer reaches them
+    // (refused streams, 431 heads, the reset budget ending the connection).
+    settings.maxConcurrentStreams = input[0] & 2 == 2 ? 2 : 128
+    settings.maxHeaderCount = input[0] & 4 == 4 ? 3 : 100
+    settings.streamResetBudget = StreamResetBudget(limit: input[0] & 8 == 8 ? 1 : 200, windowNanos: 10_000_000_000)
     guard let session = try? HTTP2Session(role: .server, settings: settings) else { return 0 }
     var out: [UInt8] = []
     for piece in [preface + body.prefix(split), Array(body.dropFirst(split))] where !piece.isEmpty {
         do {
-            try session.receive(piece)
+            try piece.withUnsafeBytes { try session.receive($0, now: UInt64(input.count)) }
         } catch {
             _ = try? session.produce(into: &out)
             return 0
@@ -40,6 +45,10 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
                 _ = try? HTTP2HeaderMapping.responseHead(from: fields)
             case .data(let id, let bytes, _):
                 session.consumed(stream: id, count: bytes.count)
+            case .requestHeadRefused(let id, _, _):
+                // What the listener does: 431, then the stream ends.
+                try? session.submitResponse(stream: id, [HTTPField(name: ":status", value: "431")], endStream: false)
+                session.endStream(stream: id, trailers: nil, resetAfter: .noError)
             default:
                 break
             }
