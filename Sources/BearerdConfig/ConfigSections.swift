@@ -452,8 +452,8 @@ extension ConfigBuilder {
                                    expected: "a mapping of form parameter names to values") else { return [] }
         var result: [(String, String)] = []
         for item in section.entries {
-            if let own = Self.paramsWithOwnKey[item.name] {
-                fail(item.keyLine, section.key(item.name), "use the session's \(own): key (a string or a list; each value is sent once) instead of params.\(item.name)")
+            if let own = Self.paramsWithOwnKey[item.name], f[own] != nil {
+                fail(item.keyLine, section.key(item.name), "\(own): is set on the session too; use only the session's \(own): key (a string or a list; each value is sent once)")
                 continue
             }
             if ConfigKeys.reservedParams.contains(item.name) {

@@ -90,7 +90,7 @@ extension ConfigBuilder {
         return w
     }
 
-    /// `params:` may not carry what has its own key.
+    /// `params:` may not carry what the session's own key also sets (params alone still may).
     static let paramsWithOwnKey: [String: String] = ["audience": "audience", "resource": "resource"]
 
     /// A file whose content is a JWT credential: with `checkFiles` it must be readable and hold
