@@ -47,7 +47,11 @@ extension ConfigBuilder {
             }
         }
         if grant == .tokenExchange {
-            let file = credentialFile(f, "subject_token_file")
+            let subjectType = tokenTypeURI(f, "subject_token_type")
+            let actorType = tokenTypeURI(f, "actor_token_type")
+            // Only JWT token types must hold a JWT (an opaque access token in a file is fine).
+            func jwtType(_ t: String?) -> Bool { t == nil || t == TokenRequest.TokenExchange.jwtType || t == TokenRequest.TokenExchange.idTokenType }
+            let file = credentialFile(f, "subject_token_file", mustBeJWT: jwtType(subjectType))
             let session = text(f, "subject_session", expected: "the name of another session")
             var subject: TokenExchangeConfig.Subject?
             switch (f["subject_token_file"], f["subject_session"]) {
@@ -63,9 +67,7 @@ extension ConfigBuilder {
                     subjectSessionLines[f.path] = s.valueLine
                 }
             }
-            let subjectType = tokenTypeURI(f, "subject_token_type")
-            let actorFile = credentialFile(f, "actor_token_file")
-            let actorType = tokenTypeURI(f, "actor_token_type")
+            let actorFile = credentialFile(f, "actor_token_file", mustBeJWT: jwtType(actorType))
             if let e = f["actor_token_type"], f["actor_token_file"] == nil {
                 fail(e.keyLine, f.key("actor_token_type"), "only used with actor_token_file")
             }
@@ -95,7 +97,7 @@ extension ConfigBuilder {
 
     /// A file whose content is a JWT credential: with `checkFiles` it must be readable and hold
     /// a JWT (not checked for expiry: a projected token rotates before bearerd uses it).
-    private func credentialFile(_ f: Fields, _ name: String) -> String? {
+    private func credentialFile(_ f: Fields, _ name: String, mustBeJWT: Bool = true) -> String? {
         guard let path = path(f, name, mustRead: false), let e = f[name] else { return nil }
         if checkFiles {
             do throws(ConfigFiles.Failure) {
@@ -103,7 +105,7 @@ extension ConfigBuilder {
                 let text = CredentialJWT.trimmed(String(decoding: bytes, as: UTF8.self))
                 if text.isEmpty {
                     fail(e.valueLine, f.key(name), "\(path) is empty; it must hold a JWT")
-                } else if case .notAJWT(let why) = CredentialJWT.inspect(text) {
+                } else if mustBeJWT, case .notAJWT(let why) = CredentialJWT.inspect(text) {
                     fail(e.valueLine, f.key(name), "\(path) holds no JWT (\(why))")
                 }
             } catch {
