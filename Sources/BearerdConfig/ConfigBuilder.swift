@@ -24,6 +24,8 @@ final class ConfigBuilder {
     let environment: [String: String]
     let checkFiles: Bool
     var errors: [ConfigError] = []
+    /// `sessions.NAME` → line of its `subject_session:` value (chain errors are located there).
+    var subjectSessionLines: [String: Int] = [:]
     /// Renamed duplicates by index: the key as written and the line of its first occurrence.
     private var duplicates: [(name: String, firstLine: Int)] = []
 

@@ -136,6 +136,8 @@ enum ConfigKeys {
         "username", "password", "password_file", "password_env", "tls", "request_timeout", "wait_timeout",
         "command", "timeout", "issuer", "client_key_file", "client_key_id",
         "authorization_url", "device_authorization_url", "redirect_uri",
+        "assertion_file", "audience", "resource", "subject_token_file", "subject_session", "subject_token_type",
+        "actor_token_file", "actor_token_type", "requested_token_type", "client_assertion_file",
     ]
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [

@@ -118,6 +118,14 @@ public enum GrantType: String, Sendable, Equatable, CaseIterable {
     case authorizationCode = "authorization_code"
     /// A person's session started by `bearerd login` with the device flow (RFC 8628).
     case deviceCode = "device_code"
+    /// RFC 7523 §2.1: the JWT in `assertion_file` is the grant (re-read per request).
+    case jwtBearer = "jwt_bearer"
+    /// RFC 8693: a subject token (a file, or another session's access token) is exchanged.
+    case tokenExchange = "token_exchange"
+
+    /// Grants whose credential is a token (a JWT file or another session's token): `client_id`
+    /// is optional and `client_auth` defaults to `none` unless a client secret is configured.
+    public var isTokenGrant: Bool { self == .jwtBearer || self == .tokenExchange }
 
     /// Sessions kept alive by a refresh token (from a file, or from `bearerd login`).
     public var usesRefreshToken: Bool { self == .refreshToken || self == .authorizationCode || self == .deviceCode }
@@ -133,6 +141,8 @@ public enum ClientAuthMethod: String, Sendable, Equatable, CaseIterable {
     case privateKeyJWT = "private_key_jwt"
     /// RFC 8705 §2: the session's `tls:` client certificate authenticates.
     case tlsClientAuth = "tls_client_auth"
+    /// RFC 7523 §2.2: an externally issued JWT (`client_assertion_file`, re-read per request).
+    case clientAssertion = "client_assertion"
 
     /// The methods that send a client secret.
     public var usesSecret: Bool { self == .clientSecretBasic || self == .clientSecretPost }
@@ -273,6 +283,15 @@ public struct SessionConfig: Sendable, Equatable {
     /// `grant: exec`: the helper's argv (no shell) and how long it may run (`timeout`, default 10 s).
     public var command: [String]?
     public var commandTimeout: Duration = .seconds(10)
+    /// `grant: jwt_bearer`: the file holding the assertion (RFC 7523 §2.1), opened per request.
+    public var assertionFile: String?
+    /// `client_auth: client_assertion`: the file holding the external client assertion.
+    public var clientAssertionFile: String?
+    /// `audience:` / `resource:` (RFC 8693 §2.1, RFC 8707 §2), each value sent once, in order.
+    public var audiences: [String] = []
+    public var resources: [String] = []
+    /// `grant: token_exchange` (RFC 8693 §2.1).
+    public var exchange: TokenExchangeConfig?
     /// Source line of the session's key, for messages.
     public var line: Int
 
@@ -315,6 +334,52 @@ public struct SessionConfig: Sendable, Equatable {
             && a.command == b.command && a.commandTimeout == b.commandTimeout && a.issuer == b.issuer && a.clientKeyFile == b.clientKeyFile && a.clientKeyID == b.clientKeyID
             && a.authorizationEndpoint == b.authorizationEndpoint && a.deviceAuthorizationEndpoint == b.deviceAuthorizationEndpoint
             && a.redirectURI == b.redirectURI
+            && a.assertionFile == b.assertionFile && a.clientAssertionFile == b.clientAssertionFile
+            && a.audiences == b.audiences && a.resources == b.resources && a.exchange == b.exchange
+    }
+
+    /// The files whose content is a JWT sent as a credential (DESIGN §6 "Files that hold
+    /// credentials"), with the key naming each: opened by path for every token request.
+    public var credentialFiles: [(key: String, path: String)] {
+        var out: [(key: String, path: String)] = []
+        if let assertionFile { out.append(("assertion_file", assertionFile)) }
+        if case .file(let p)? = exchange?.subject { out.append(("subject_token_file", p)) }
+        if let p = exchange?.actorTokenFile { out.append(("actor_token_file", p)) }
+        if let clientAssertionFile { out.append(("client_assertion_file", clientAssertionFile)) }
+        return out
+    }
+}
+
+/// `grant: token_exchange` settings of a session (RFC 8693 §2.1).
+public struct TokenExchangeConfig: Sendable, Equatable {
+    /// Where the subject token comes from.
+    public enum Subject: Sendable, Equatable {
+        /// `subject_token_file:`, re-read for every request.
+        case file(String)
+        /// `subject_session:`: that session's current access token (sessions chain).
+        case session(String)
+    }
+    public var subject: Subject
+    /// `subject_token_type:`; default `…:jwt` for a file, `…:access_token` for a session.
+    public var subjectTokenType: String
+    public var actorTokenFile: String?
+    /// `actor_token_type:`; default `…:jwt` when `actor_token_file` is set.
+    public var actorTokenType: String?
+    public var requestedTokenType: String?
+
+    public init(subject: Subject, subjectTokenType: String, actorTokenFile: String? = nil,
+                actorTokenType: String? = nil, requestedTokenType: String? = nil) {
+        self.subject = subject
+        self.subjectTokenType = subjectTokenType
+        self.actorTokenFile = actorTokenFile
+        self.actorTokenType = actorTokenType
+        self.requestedTokenType = requestedTokenType
+    }
+
+    /// The session named by `subject_session:`, if any.
+    public var subjectSession: String? {
+        if case .session(let n) = subject { return n }
+        return nil
     }
 }
 
@@ -387,6 +452,8 @@ public struct RouteConfig: Sendable, Equatable {
     public var http2: HTTP2Mode
     /// `inject:` (default `Authorization: Bearer {token}`).
     public var inject: InjectConfig
+    /// Whether `inject:` was written (a token of type `N_A` is sent only where it says how).
+    public var injectConfigured = false
     /// Source line of the route entry, for messages.
     public var line: Int
 

@@ -101,6 +101,7 @@ extension ConfigBuilder {
             }
             fail(reference.line, "routes[\(reference.index)].session", message)
         }
+        checkChains(sessions, allNames: sessionNames)
         checkShadowedRoutes(Array(zip(routeIndices, routes)))
 
         var config = BearerdConfig(file: file, listen: [], admin: admin, stateDir: stateDir, loops: loops,
@@ -173,7 +174,7 @@ extension ConfigBuilder {
                              expected: "a session mapping (grant, token_url, client_id, …)") else { return nil }
 
         let grant = choice(f, "grant", GrantType.self)
-        if f["grant"] == nil { missing(f, "grant", "client_credentials, refresh_token, password, exec, authorization_code or device_code") }
+        if f["grant"] == nil { missing(f, "grant", "client_credentials, refresh_token, password, exec, authorization_code, device_code, jwt_bearer or token_exchange") }
         if grant == .exec {
             return execSession(item, f)
         }
@@ -218,8 +219,8 @@ extension ConfigBuilder {
             endpoints[key] = url
         }
         let tokenURL: EndpointURL? = givenTokenURL ?? (issuer != nil ? .discoveryPlaceholder : nil)
-        let clientID = text(f, "client_id", expected: "a client identifier")
-        if f["client_id"] == nil { missing(f, "client_id") }
+        let clientID = text(f, "client_id", expected: "a client identifier") ?? (grant?.isTokenGrant == true ? "" : nil)
+        if f["client_id"] == nil, grant?.isTokenGrant != true { missing(f, "client_id") }
         let clientAuthGiven = f["client_auth"] != nil
         let clientAuth = choice(f, "client_auth", ClientAuthMethod.self)
         let scope = scopes(f)
@@ -232,7 +233,10 @@ extension ConfigBuilder {
 
         // Client authentication (RFC 6749 §2.3.1): a secret for the secret methods, none for `none`.
         let secret = secretChoice(f, ["client_secret_file", "client_secret_env", "client_secret"])
-        let authMethod = clientAuth ?? .clientSecretBasic
+        // jwt_bearer and token_exchange: the grant is the credential; no client authentication
+        // unless a client secret is configured.
+        let authMethod = clientAuth ?? ((grant?.isTokenGrant == true && secret == nil) ? .none : .clientSecretBasic)
+        let workload = workloadKeys(f, grant: grant, clientAuth: authMethod)
         let clientKeyFile = path(f, "client_key_file", mustRead: true)
         let clientKeyID = text(f, "client_key_id", expected: "a key identifier (kid)")
         if clientAuth != nil || !clientAuthGiven {
@@ -240,6 +244,8 @@ extension ConfigBuilder {
                 fail(secret.line, f.key(secret.key), "client_auth is \(authMethod.rawValue), so no client secret is sent; remove \(secret.key) or set client_auth: client_secret_basic")
             } else if authMethod == .privateKeyJWT {
                 if f["client_key_file"] == nil { missing(f, "client_key_file", "private_key_jwt signs with a PEM private key (RSA or P-256)") }
+            } else if authMethod == .clientAssertion {
+                // client_assertion_file: checked with the workload keys.
             } else if authMethod == .tlsClientAuth {
                 if tls?.clientCert == nil || tls?.clientKey == nil {
                     fail(f["client_auth"]?.valueLine ?? f.line, f.key("tls"), "missing: tls_client_auth authenticates with tls: {client_cert, client_key}")
@@ -316,6 +322,12 @@ extension ConfigBuilder {
         session.authorizationEndpoint = endpoints["authorization_url"]
         session.deviceAuthorizationEndpoint = endpoints["device_authorization_url"]
         session.redirectURI = grant == .authorizationCode ? redirectURI : nil
+        session.assertionFile = workload.assertionFile
+        session.clientAssertionFile = workload.clientAssertionFile
+        session.audiences = workload.audiences
+        session.resources = workload.resources
+        session.exchange = workload.exchange
+        if grant == .tokenExchange, workload.exchange == nil { return nil }
         return session
     }
 
@@ -324,7 +336,9 @@ extension ConfigBuilder {
     private func execSession(_ item: Entry, _ f: Fields) -> SessionConfig? {
         for k in ["token_url", "client_id", "client_secret_file", "client_secret_env", "client_secret", "client_auth", "scope", "params",
                   "refresh_token_file", "username", "password", "password_file", "password_env", "tls", "request_timeout",
-                  "authorization_url", "device_authorization_url", "redirect_uri"] {
+                  "authorization_url", "device_authorization_url", "redirect_uri", "assertion_file", "audience", "resource",
+                  "subject_token_file", "subject_session", "subject_token_type", "actor_token_file", "actor_token_type",
+                  "requested_token_type", "client_assertion_file"] {
             if let e = f[k] { fail(e.keyLine, f.key(k), "not used with grant exec: the command obtains the token itself") }
         }
         var argv: [String]?
@@ -438,6 +452,10 @@ extension ConfigBuilder {
                                    expected: "a mapping of form parameter names to values") else { return [] }
         var result: [(String, String)] = []
         for item in section.entries {
+            if let own = Self.paramsWithOwnKey[item.name], f[own] != nil {
+                fail(item.keyLine, section.key(item.name), "\(own): is set on the session too; use only the session's \(own): key (a string or a list; each value is sent once)")
+                continue
+            }
             if ConfigKeys.reservedParams.contains(item.name) {
                 fail(item.keyLine, section.key(item.name), "bearerd sets \(item.name) itself; use the session's own keys")
                 continue
@@ -517,9 +535,10 @@ extension ConfigBuilder {
         }
 
         guard let match, let upstream else { return nil }
-        let route = RouteConfig(match: match, host: host, stripPrefix: stripPrefix, upstream: upstream, session: session,
+        var route = RouteConfig(match: match, host: host, stripPrefix: stripPrefix, upstream: upstream, session: session,
                                 tls: tls, timeouts: timeouts, replayBodyLimit: replayBodyLimit,
                                 rejectStatuses: rejectStatuses, replayMethods: replayMethods, http2: http2, inject: inject, line: line)
+        route.injectConfigured = f["inject"] != nil
         return (route, f["session"]?.valueLine ?? line)
     }
 

@@ -22,6 +22,8 @@ public struct TokenGrant: Sendable, Equatable {
     /// A new (rotated) refresh token, if the response carried one.
     public var refreshToken: OAuthSecret?
     public var scope: String?
+    /// RFC 8693 §2.2.1 `issued_token_type`, when the response carried one.
+    public var issuedTokenType: String?
 
     public init(accessToken: OAuthSecret, tokenType: String = "Bearer", lifetime: Duration,
                 lifetimeSource: LifetimeSource = .expiresIn, refreshIn: Duration? = nil,
@@ -126,6 +128,9 @@ public struct TokenResponseParser: Sendable {
     public var retryAfterCap: Duration
     /// Delay assumed on 429/503 without `Retry-After` (5 s).
     public var defaultRetryAfter: Duration
+    /// RFC 8693 §2.2.1: an exchanged token that is not an OAuth access token has `token_type`
+    /// `N_A`; accepted only for token exchange sessions (the driver decides whether it can be sent).
+    public var acceptsNotApplicableTokenType = false
 
     public init(defaultLifetime: Duration = .seconds(300), maxBodyBytes: Int = 1 << 20,
                 retryAfterCap: Duration = .seconds(3600), defaultRetryAfter: Duration = .seconds(5)) {
@@ -134,6 +139,9 @@ public struct TokenResponseParser: Sendable {
         self.retryAfterCap = retryAfterCap
         self.defaultRetryAfter = defaultRetryAfter
     }
+
+    /// RFC 8693 §2.2.1 `token_type` of an issued token that is not an access token.
+    public static let notApplicableTokenType = "N_A"
 
     /// `error` codes that end retries and are negative-cached (DESIGN §6).
     public static let permanentErrors: Set<String> = ["invalid_client", "unauthorized_client", "invalid_scope", "unsupported_grant_type"]
@@ -195,7 +203,8 @@ public struct TokenResponseParser: Sendable {
         guard access.utf8.allSatisfy({ $0 >= 0x21 && $0 <= 0x7E }) else {
             return failure(.retryable, "token.invalid_access_token")
         }
-        guard let tokenType = object["token_type"]?.stringValue, tokenType.lowercased() == "bearer" else {
+        guard let tokenType = object["token_type"]?.stringValue,
+              tokenType.lowercased() == "bearer" || (acceptsNotApplicableTokenType && tokenType == Self.notApplicableTokenType) else {
             return failure(.retryable, "token.unsupported_token_type")
         }
 
@@ -218,9 +227,11 @@ public struct TokenResponseParser: Sendable {
         if let seconds = Self.seconds(object["refresh_in"]), seconds > 0 { refreshIn = Self.clampedLifetime(seconds: seconds) }
         var refreshToken: OAuthSecret? = nil
         if let rt = object["refresh_token"]?.stringValue, !rt.isEmpty { refreshToken = OAuthSecret(rt) }
-        return .success(TokenGrant(accessToken: OAuthSecret(access), tokenType: tokenType, lifetime: lifetime,
-                                   lifetimeSource: source, refreshIn: refreshIn, refreshToken: refreshToken,
-                                   scope: object["scope"]?.stringValue))
+        var grant = TokenGrant(accessToken: OAuthSecret(access), tokenType: tokenType, lifetime: lifetime,
+                               lifetimeSource: source, refreshIn: refreshIn, refreshToken: refreshToken,
+                               scope: object["scope"]?.stringValue)
+        grant.issuedTokenType = object["issued_token_type"]?.stringValue.map { sanitise($0, limit: 256) }
+        return .success(grant)
     }
 
     /// An integer number of seconds from a JSON number or a numeric string (`"3600"`, or any

@@ -218,6 +218,13 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
                          s.counters.rejectionsNotReplayed[reason] ?? 0)
             }
         }
+        w.family("bearerd_token_exchanges_total", .counter,
+                 help: "Token exchanges (RFC 8693) by session and outcome (success, failure, subject_rejected: the subject session was refreshed and the exchange retried).")
+        for s in sessions {
+            for outcome in s.counters.tokenExchanges.keys.sorted() {
+                w.sample("bearerd_token_exchanges_total", [("session", s.name), ("outcome", outcome)], s.counters.tokenExchanges[outcome] ?? 0)
+            }
+        }
         perSession("bearerd_token_state_persist_failures_total", .counter,
                    "Failed writes of a session's state file (rotated refresh token kept in memory and retried).") { $0.counters.statePersistFailures }
         perSession("bearerd_token_waits_total", .counter, "Callers that waited for a shared token fetch.") { $0.counters.waits }

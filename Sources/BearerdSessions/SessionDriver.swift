@@ -64,6 +64,10 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// The highest generation an upstream is known to have accepted (any thread, lock-free):
     /// only the first acceptance per generation crosses to the session queue.
     private let provenGeneration = Atomic<UInt64>(0)
+    /// `subject_session:` lookup (token_exchange sessions that chain): set once by the
+    /// `SessionManager` before `start()`, read on the session queue.
+    var sessionLookup: (@Sendable (String) -> TokenSessionDriver?)?
+
     /// Session queue: the routes whose rejections were already logged while the breaker is
     /// open (one error line per breaker streak and route; the rest only counted).
     private var breakerLoggedRoutes: Set<String> = []
@@ -446,7 +450,78 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             runCommand(request, startedAt: startedAt)
             return
         }
-        send(settings.tokenRequest(refreshToken: nil), request) { [self] sentAt, result, requestSent in
+        if let subject = settings.config.exchange?.subjectSession {
+            performChainedExchange(request, subject: subject, startedAt: startedAt)
+            return
+        }
+        send(settings.preparedRequest(refreshToken: nil), request) { [self] sentAt, result, requestSent in
+            finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: requestSent, adopted: false)
+        }
+    }
+
+    /// `subject_session:` (RFC 8693 chains): the subject session's current access token,
+    /// asked for asynchronously (its answer comes back on this queue, nothing blocks), is
+    /// exchanged. When the server refuses that token (`invalid_grant`), the subject session is
+    /// told through its rejection path (the generation that was sent: a newer token is used at
+    /// once, else it refreshes once), and the exchange is retried once with the new token.
+    private func performChainedExchange(_ request: TokenSession.FetchRequest, subject: String, startedAt: UInt64) {
+        guard let driver = sessionLookup?(subject) else {
+            finishFetch(request, startedAt: startedAt, sentAt: now(), result: .failure(TokenEndpointFailure(
+                classification: .retryable, reason: "credential.subject_unavailable",
+                errorDescription: "subject_session \(subject) is not running")), requestSent: false, adopted: false)
+            return
+        }
+        let serial = fetchSerial
+        driver.requestToken(on: queue) { [self] result in
+            guard !stopped, fetchSerial == serial else { return }
+            switch result {
+            case .failure(let unavailable):
+                finishFetch(request, startedAt: startedAt, sentAt: now(), result: .failure(TokenEndpointFailure(
+                    classification: .retryable, reason: "credential.subject_unavailable",
+                    errorDescription: "subject_session \(subject): \(unavailable.detail)")), requestSent: false, adopted: false)
+            case .success(let token):
+                sendExchange(request, subject: driver, token: token, retried: false, startedAt: startedAt)
+            }
+        }
+    }
+
+    private func sendExchange(_ request: TokenSession.FetchRequest, subject driver: TokenSessionDriver, token: PublishedToken,
+                              retried: Bool, startedAt: UInt64) {
+        send(settings.preparedRequest(refreshToken: nil, subjectToken: OAuthSecret(token.value)), request) { [self] sentAt, result, requestSent in
+            switch result {
+            case .success:
+                driver.noteAccepted(generation: token.generation)  // the STS took it: proven
+            case .failure(let f) where f.classification == .invalidGrant && !retried:
+                count { $0.tokenExchanges["subject_rejected", default: 0] &+= 1 }
+                logger.warning("the token endpoint refused the subject session's token; refreshing that session and retrying once", metadata: [
+                    "subject_session": "\(driver.name)", "subject.generation": "\(token.generation)",
+                    "subject.fingerprint": "\(token.fingerprint)",
+                ])
+                let serial = fetchSerial
+                driver.reportRejected(generation: token.generation, route: "subject_session of \(name)", on: queue) { [self] outcome in
+                    guard !stopped, fetchSerial == serial else { return }
+                    switch outcome {
+                    case .replay(let newer, _):
+                        sendExchange(request, subject: driver, token: newer, retried: true, startedAt: startedAt)
+                    case .passThrough(let reason):
+                        var failure = f
+                        failure.classification = .retryable
+                        failure.errorDescription = (f.errorDescription.map { $0 + "; " } ?? "") + "subject_session \(driver.name) not refreshed (\(reason))"
+                        finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: .failure(failure), requestSent: requestSent, adopted: false)
+                    case .unavailable(let u):
+                        var failure = f
+                        failure.classification = .retryable
+                        failure.errorDescription = (f.errorDescription.map { $0 + "; " } ?? "") + "subject_session \(driver.name): \(u.detail)"
+                        finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: .failure(failure), requestSent: requestSent, adopted: false)
+                    }
+                }
+                return
+            case .failure(var f):
+                // Retried once already: the chain's failure is transient (the subject renews).
+                if f.classification == .invalidGrant { f.classification = .retryable }
+                finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: .failure(f), requestSent: requestSent, adopted: false)
+                return
+            }
             finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: requestSent, adopted: false)
         }
     }
@@ -499,8 +574,16 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     /// Sends one token request; `done` gets the instant it was handed to the transport, the
     /// classified result and whether it was (possibly) received.
-    private func send(_ tokenRequest: TokenRequest, _ request: TokenSession.FetchRequest,
+    private func send(_ prepared: Result<TokenRequest, TokenEndpointFailure>, _ request: TokenSession.FetchRequest,
                       done: @escaping (MonotonicInstant, Result<TokenGrant, TokenEndpointFailure>, Bool) -> Void) {
+        let tokenRequest: TokenRequest
+        switch prepared {
+        case .success(let r): tokenRequest = r
+        case .failure(let f):
+            // A credential file that cannot be sent (DESIGN §6): reported, not sent.
+            done(now(), .failure(f), false)
+            return
+        }
         let encoded: EncodedTokenRequest
         do throws(TokenRequest.EncodingError) {
             encoded = try tokenRequest.encode()
@@ -520,7 +603,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             guard !stopped else { return }
             switch outcome {
             case .response(let status, let headers, let body):
-                done(sentAt, parser.parse(status: status, headers: headers, body: body, wallClockNow: wallClockSeconds()), true)
+                done(sentAt, checkedGrant(parser.parse(status: status, headers: headers, body: body, wallClockNow: wallClockSeconds())), true)
             case .tooLarge(let status):
                 // A malformed answer (DESIGN §6): transient, never negative-cached.
                 done(sentAt, .failure(TokenEndpointFailure(classification: .retryable,
@@ -535,9 +618,31 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         }
     }
 
+    /// The grant-specific checks of a parsed answer: RFC 8693 §2.2.1 for exchanges; and for
+    /// token grants (jwt_bearer, token_exchange) an `invalid_grant` is about the presented
+    /// token, which rotates (a projected token, another session's token): transient, never a
+    /// negative cache.
+    private func checkedGrant(_ result: Result<TokenGrant, TokenEndpointFailure>) -> Result<TokenGrant, TokenEndpointFailure> {
+        switch result {
+        case .success(let grant):
+            if let problem = settings.exchangeProblem(grant) { return .failure(problem) }
+            return result
+        case .failure(var f):
+            if f.classification == .invalidGrant, grant.isTokenGrant, settings.config.exchange?.subjectSession == nil {
+                f.classification = .retryable
+            }
+            return .failure(f)
+        }
+    }
+
     private func finishFetch(_ request: TokenSession.FetchRequest, startedAt: UInt64, sentAt: MonotonicInstant,
                              result: Result<TokenGrant, TokenEndpointFailure>, requestSent: Bool, adopted: Bool) {
         guard !stopped else { return }
+        if grant == .tokenExchange {
+            let outcome: String
+            if case .success = result { outcome = "success" } else { outcome = "failure" }
+            count { $0.tokenExchanges[outcome, default: 0] &+= 1 }
+        }
         let durationMs = (monotonicNanos() &- startedAt) / 1_000_000
         switch result {
         case .success(let grant):
@@ -726,7 +831,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                              startedAt: UInt64, rereadOnInvalidGrant: Bool) {
         let usedRefreshToken = state.refreshToken
         let wallAtSend = wallClockSeconds()
-        send(settings.tokenRequest(refreshToken: usedRefreshToken), request) { [self] sentAt, result, requestSent in
+        send(settings.preparedRequest(refreshToken: usedRefreshToken), request) { [self] sentAt, result, requestSent in
             switch result {
             case .success(var grant):
                 grant = grant.keepingRefreshToken(usedRefreshToken)

@@ -64,8 +64,11 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         var policy = settings.policy
         tunePolicy?(&policy)
         nextQueueIndex += 1
-        return TokenSessionDriver(settings: settings, policy: policy, store: store, logger: logger,
-                                  queueIndex: 10_000 + nextQueueIndex)
+        let driver = TokenSessionDriver(settings: settings, policy: policy, store: store, logger: logger,
+                                        queueIndex: 10_000 + nextQueueIndex)
+        // `subject_session:` chains: the subject is looked up at each exchange (a reload may replace it).
+        driver.sessionLookup = { [weak self] name in self?.session(named: name) }
+        return driver
     }
 
     /// The session of that name, nil if the configuration has none.

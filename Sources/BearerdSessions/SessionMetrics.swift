@@ -28,6 +28,10 @@ public struct SessionMetrics: Sendable, Equatable {
     /// `needs_reauthentication`, `no_progress`, …: the client got a 503). Labels come from the
     /// state machine's fixed reasons.
     public var rejectionsNotReplayed: [String: UInt64] = [:]
+    /// Token exchanges (RFC 8693) by outcome: `success`, `failure`, `subject_rejected` (the
+    /// server refused the subject session's token: that session was refreshed and the
+    /// exchange retried once).
+    public var tokenExchanges: [String: UInt64] = [:]
     /// Failed writes of the state file (issue 8 item 16).
     public var statePersistFailures: UInt64 = 0
     /// Every finished token fetch attempt, by what triggered it, how it ended and why.

@@ -24,13 +24,16 @@ struct SessionSettings {
     var signer: JWTSigner?
     /// `outbound_proxy:` towards the token endpoint, if any.
     var proxy: OutboundProxy.Endpoint?
+    /// token_exchange: every route using this session sets `inject:`, so a token of type `N_A`
+    /// (RFC 8693 §2.2.1, not an OAuth access token) can be sent as those routes say.
+    var routesInject = true
 
     var operatorFingerprint: String? { operatorRefreshToken?.fingerprint }
 
     var grantKind: TokenSession.GrantKind {
         switch config.grant {
         // exec: no refresh token, a new token on every fetch, like client_credentials.
-        case .clientCredentials, .exec: .clientCredentials
+        case .clientCredentials, .exec, .jwtBearer, .tokenExchange: .clientCredentials
         // A person's session, once `bearerd login` stored its refresh token, is a refresh_token session.
         case .refreshToken, .authorizationCode, .deviceCode: .refreshToken
         case .password: .password
@@ -48,7 +51,9 @@ struct SessionSettings {
 
     /// `default_lifetime` for responses without `expires_in` and without a JWT `exp`.
     var responseParser: TokenResponseParser {
-        TokenResponseParser(defaultLifetime: config.defaultLifetime, maxBodyBytes: TokenEndpointClient.maxBodyBytes)
+        var parser = TokenResponseParser(defaultLifetime: config.defaultLifetime, maxBodyBytes: TokenEndpointClient.maxBodyBytes)
+        parser.acceptsNotApplicableTokenType = config.grant == .tokenExchange
+        return parser
     }
 
     /// The token request of this session's grant (RFC 6749 §4.3.2, §4.4.2, §6).
@@ -58,6 +63,9 @@ struct SessionSettings {
         case .clientCredentials, .exec: grant = .clientCredentials  // exec never sends it (CommandRunner)
         case .refreshToken, .authorizationCode, .deviceCode: grant = .refreshToken(refreshToken ?? OAuthSecret(""))
         case .password: grant = .password(username: config.username ?? "", password: password ?? OAuthSecret(""))
+        // The credentials are read per request (`preparedRequest`); these are placeholders.
+        case .jwtBearer: grant = .jwtBearer(assertion: OAuthSecret(""))
+        case .tokenExchange: grant = .tokenExchange(.init(subjectToken: OAuthSecret(""), subjectTokenType: TokenRequest.TokenExchange.jwtType))
         }
         let auth: ClientAuthentication
         switch config.clientAuth {
@@ -66,6 +74,7 @@ struct SessionSettings {
         case .none: auth = .none
         case .privateKeyJWT: auth = .privateKeyJWT
         case .tlsClientAuth: auth = .tlsClientAuth
+        case .clientAssertion: auth = .clientAssertion
         }
         var request = TokenRequest(grant: grant, clientID: config.clientID, clientSecret: clientSecret,
                                    clientAuthentication: auth, scope: config.scope, extraParameters: config.params)
@@ -100,6 +109,8 @@ struct SessionSettings {
         let a = config, b = other.config
         return a.tokenURL != b.tokenURL || a.clientID != b.clientID || a.clientAuth != b.clientAuth || a.scope != b.scope
             || !a.params.elementsEqual(b.params, by: { $0 == $1 }) || a.username != b.username || a.tls != b.tls
+            || a.grant != b.grant || a.audiences != b.audiences || a.resources != b.resources || a.exchange != b.exchange
+            || a.assertionFile != b.assertionFile || a.clientAssertionFile != b.clientAssertionFile
     }
 
     /// Reads the session's secrets now (client secret, password, refresh token file) and builds
@@ -148,10 +159,12 @@ struct SessionSettings {
             }
         }
         guard errors.isEmpty else { throw ConfigErrors(errors) }
-        return SessionSettings(config: session, clientSecret: clientSecret, password: password, tlsContext: tlsContext,
-                               operatorRefreshToken: operatorToken, operatorFileProblem: problem, signer: signer,
-                               proxy: config.outboundProxy.endpoint(scheme: session.tokenURL.scheme, host: session.tokenURL.host,
-                                                                    port: session.tokenURL.port))
+        var settings = SessionSettings(config: session, clientSecret: clientSecret, password: password, tlsContext: tlsContext,
+                                       operatorRefreshToken: operatorToken, operatorFileProblem: problem, signer: signer,
+                                       proxy: config.outboundProxy.endpoint(scheme: session.tokenURL.scheme, host: session.tokenURL.host,
+                                                                            port: session.tokenURL.port))
+        settings.routesInject = config.routes.allSatisfy { $0.session != session.name || $0.injectConfigured }
+        return settings
     }
 }
 

@@ -288,7 +288,9 @@ public final class TokenCache {
         store = try StateStore(directory: stateDir, session: session.name)
         // exec sessions have no token URL: the command is what the token was minted by.
         let source = session.grant == .exec ? "exec:" + (session.command ?? []).joined(separator: "\u{1F}") : session.tokenURL.description
-        binding = CachedAccessToken.binding(grant: session.grant.rawValue, tokenURL: source,
+        // Audience, resource and the credential source are part of what the token is for.
+        let workload = SessionSettings.workloadIdentity(session)
+        binding = CachedAccessToken.binding(grant: session.grant.rawValue, tokenURL: workload.isEmpty ? source : source + "\n" + workload,
                                             clientID: session.clientID, scope: session.scope)
     }
 

@@ -38,7 +38,14 @@ struct Token: ParsableCommand {
         }
         // Only this session is built: others may need secrets this shell does not have.
         var single = config
-        single.sessions = config.sessions.filter { $0.name == session }
+        // A token_exchange session that chains (`subject_session:`) needs its subjects too.
+        var needed: Set<String> = [session]
+        var next = sessionConfig.exchange?.subjectSession
+        while let n = next, !needed.contains(n) {
+            needed.insert(n)
+            next = config.session(named: n)?.exchange?.subjectSession
+        }
+        single.sessions = config.sessions.filter { needed.contains($0.name) }
         single.routes = []
         var settings = logOptions.settings(for: config)
         settings.level = logOptions.levelOverride ?? (verbose ? .info : .warning)

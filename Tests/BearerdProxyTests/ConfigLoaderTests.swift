@@ -474,7 +474,7 @@ let minimalRoute = """
               - session: partner
             """)
         #expect(errors == [
-            "bearerd.yaml:2: sessions.partner.grant: missing required key (client_credentials, refresh_token, password, exec, authorization_code or device_code)",
+            "bearerd.yaml:2: sessions.partner.grant: missing required key (client_credentials, refresh_token, password, exec, authorization_code, device_code, jwt_bearer or token_exchange)",
             "bearerd.yaml:2: sessions.partner.token_url: missing required key (the token endpoint, e.g. https://auth.example.com/oauth2/token, or issuer: for discovery)",
             "bearerd.yaml:2: sessions.partner.client_id: missing required key",
             "bearerd.yaml:5: routes[0].match: missing required key (a path prefix such as / or /api/)",
@@ -610,7 +610,7 @@ let minimalRoute = """
             "bearerd.yaml:2: sessions.s.client_secret_file: missing: client_auth client_secret_basic (the default) needs one of client_secret_file, client_secret_env or client_secret; a public client sets client_auth: none",
         ])
         #expect(configErrors(base + "    client_auth: client-secret-post\n" + minimalRoute) == [
-            "bearerd.yaml:6: sessions.s.client_auth: expected one of client_secret_basic, client_secret_post, none, private_key_jwt, tls_client_auth, got \"client-secret-post\" (did you mean 'client_secret_post'?)",
+            "bearerd.yaml:6: sessions.s.client_auth: expected one of client_secret_basic, client_secret_post, none, private_key_jwt, tls_client_auth, client_assertion, got \"client-secret-post\" (did you mean 'client_secret_post'?)",
         ])
     }
 
@@ -784,7 +784,7 @@ let minimalRoute = """
             "bearerd.yaml:7: sessions.bad name.token_url: missing required key (the token endpoint, e.g. https://auth.example.com/oauth2/token, or issuer: for discovery)",
             "bearerd.yaml:7: sessions.bad name.client_id: missing required key",
             "bearerd.yaml:7: sessions.bad name.client_secret_file: missing: client_auth client_secret_basic (the default) needs one of client_secret_file, client_secret_env or client_secret; a public client sets client_auth: none",
-            "bearerd.yaml:8: sessions.bad name.grant: expected one of client_credentials, refresh_token, password, exec, authorization_code, device_code, got \"implicit\"",
+            "bearerd.yaml:8: sessions.bad name.grant: expected one of client_credentials, refresh_token, password, exec, authorization_code, device_code, jwt_bearer, token_exchange, got \"implicit\"",
         ])
     }
 

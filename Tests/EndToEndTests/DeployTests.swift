@@ -129,6 +129,36 @@ struct DeployTests {
         #expect(manifest.contains("readinessProbe:") && manifest.contains("livenessProbe:"))
     }
 
+    /// The keyless sidecar (jwt_bearer → token_exchange, a projected service-account token):
+    /// its bearerd.yaml passes `check --example` (the token file is a note), the ConfigMap holds
+    /// the same text, and the projected volume delivers the file the config names.
+    @Test func kubernetesKeylessSidecarPassesCheckExample() throws {
+        let path = Self.root.appendingPathComponent("deploy/kubernetes/keyless/bearerd.yaml").path
+        let out = try CommandLineTests.run(["check", "--example", "-c", path])
+        #expect(out.status == 0, "\(out.stdout)\(out.stderr)")
+        #expect(out.stdout.contains("sessions.workload.assertion_file: cannot read /var/run/secrets/tokens/sts"), "\(out.stdout)")
+        let config = try ConfigLoader.parse(yaml: try Self.read("deploy/kubernetes/keyless/bearerd.yaml"), file: "bearerd.yaml", environment: [:], checkFiles: false)
+        #expect(config.sessions.allSatisfy { $0.clientSecret == nil })
+        #expect(config.sessions.first { $0.name == "api" }?.exchange?.subjectSession == "workload")
+        let manifest = try Self.read("deploy/kubernetes/keyless-sidecar.yaml")
+        let lines = manifest.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        let start = try #require(lines.firstIndex { $0.trimmingCharacters(in: .whitespaces) == "bearerd.yaml: |" })
+        var block: [String] = []
+        for line in lines[(start + 1)...] {
+            if !line.isEmpty && !line.hasPrefix("    ") { break }
+            block.append(String(line.dropFirst(min(4, line.count))))
+        }
+        let embedded = try ConfigLoader.parse(yaml: block.joined(separator: "\n"), file: "keyless-sidecar.yaml", environment: [:], checkFiles: false)
+        // Lines differ (the ConfigMap adds a header), the settings do not.
+        #expect(embedded.sessions.map { var s = $0; s.line = 0; return s } == config.sessions.map { var s = $0; s.line = 0; return s },
+                "the ConfigMap differs from keyless/bearerd.yaml")
+        #expect(embedded.routes.map { "\($0.match) \($0.upstream) \($0.session ?? "")" } == config.routes.map { "\($0.match) \($0.upstream) \($0.session ?? "")" })
+        #expect(manifest.contains("serviceAccountToken:") && manifest.contains("audience: https://sts.example.com")
+                && manifest.contains("expirationSeconds:") && manifest.contains("path: sts"))
+        #expect(manifest.contains("mountPath: /var/run/secrets/tokens"))
+        #expect(!manifest.contains("kind: Secret"))
+    }
+
     @Test func containerfileIsMultiStageAndRunsAsNonRoot() throws {
         let file = try Self.read("deploy/container/Containerfile")
         let froms = file.split(separator: "\n").filter { $0.hasPrefix("FROM ") }

@@ -101,9 +101,10 @@ from flask import Flask, g, jsonify, request
 from authlib.integrations.flask_oauth2 import AuthorizationServer, ResourceProtector
 from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
 from authlib.oauth2.rfc6749.errors import InvalidClientError, InvalidGrantError, MissingAuthorizationError, UnsupportedTokenTypeError
+from authlib.oauth2.rfc6749.errors import InvalidRequestError, UnauthorizedClientError
 from authlib.oauth2.rfc6750 import BearerTokenGenerator, BearerTokenValidator, InvalidTokenError
 from authlib.oauth2.rfc7009 import RevocationEndpoint
-from authlib.oauth2.rfc7523 import JWTBearerClientAssertion
+from authlib.oauth2.rfc7523 import JWTBearerClientAssertion, JWTBearerGrant
 from authlib.oauth2.rfc7636 import CodeChallenge
 from authlib.oauth2.rfc8628 import DeviceAuthorizationEndpoint, DeviceCodeGrant, DeviceCredentialDict
 from authlib.oidc.core.grants import OpenIDCode
@@ -705,6 +706,261 @@ class BearerValidator(BearerTokenValidator):
 
 
 # ---------------------------------------------------------------------------------------
+# Workload identity (W1): RFC 7523 §2.1 JWT bearer grant, RFC 8693 token exchange, and
+# client authentication with an externally signed JWT (a federated credential).
+#
+# A test "cluster" issuer (like the Kubernetes API server signing projected service-account
+# tokens) has an ES256 key made at start-up; the authorization server trusts JWTs of the
+# issuers in TRUSTED_ISSUERS (the cluster's, and any registered by a test with its JWKS),
+# verified with joserfc against that JWKS.
+#
+# Hooks (loopback only):
+#   POST /_test/workload/mint      JSON {"sub", "aud", "exp_in" (s, default 600, negative:
+#                                  expired), "jti"?, "iss"?}: a JWT signed by the cluster key
+#                                  -> {"jwt", "jti"}
+#   POST /_test/workload/trust     JSON {"issuer", "jwks": {"keys": [...]}}: trust another issuer
+#   POST /_test/workload/federated-client
+#                                  JSON {"client_id", "issuer"?, "subject", "audience"?}: a client
+#                                  authenticated by a JWT of that issuer with that `sub` and `aud`
+#                                  (default: the token endpoint URL); grants client_credentials,
+#                                  jwt-bearer and token-exchange
+#   GET  /_test/workload/log       every workload token request: grant, client_id, assertion or
+#                                  subject `sub`/`jti`, actor `sub`, audiences, resources, outcome
+#
+# JWT bearer grant: the assertion's `iss` must be a trusted issuer; its client is the issuer
+# itself (a public client registered on trust). `aud` must be the token endpoint URL or the
+# issuer URL of this server. Token exchange: `subject_token` is a JWT of a trusted issuer
+# (type ...:jwt or ...:id_token) or an access token this server issued, not revoked or expired
+# (...:access_token); anything else is `invalid_grant`. The issued token's `user` is the
+# subject's `sub` (or the subject token's user); `issued_token_type` is the requested type, or
+# ...:access_token.
+# ---------------------------------------------------------------------------------------
+
+from joserfc import jwt as _jose_jwt
+from joserfc.jwk import KeySet as _KeySet
+
+JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"
+TT_JWT = "urn:ietf:params:oauth:token-type:jwt"
+TT_ID = "urn:ietf:params:oauth:token-type:id_token"
+TT_ACCESS = "urn:ietf:params:oauth:token-type:access_token"
+CLIENT_ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+CLUSTER_ISSUER = "https://kubernetes.test"
+CLUSTER_KEY = ECKey.generate_key("P-256", parameters={"kid": "cluster-1", "alg": "ES256"}, private=True)
+TRUSTED_ISSUERS = {CLUSTER_ISSUER: _KeySet([CLUSTER_KEY])}
+WORKLOAD_LOG = []  # guarded by STATS.lock
+WORKLOAD_JTIS = set()
+
+
+def _workload_client(client_id, auth_method="none"):
+    return Client(client_id, None, auth_method, ["client_credentials", JWT_BEARER, TOKEN_EXCHANGE])
+
+
+# The issuer of a trusted JWT is a public client for the JWT bearer grant; `sts` is the public
+# client of exchanges that send no client credentials at all (bearerd's default client_auth: none).
+CLIENTS[CLUSTER_ISSUER] = _workload_client(CLUSTER_ISSUER)
+CLIENTS["sts"] = _workload_client("sts")
+
+
+def _token_endpoint_audiences():
+    base = "http://127.0.0.1:%s" % request.environ.get("SERVER_PORT", "")
+    return [base + ep("/oauth/token"), base]
+
+
+def verify_workload_jwt(token, what, audiences=None):
+    """Verifies a JWT of a trusted issuer (signature, exp, optionally aud); returns its claims
+    or raises InvalidGrantError naming `what`."""
+    from joserfc import jws as _jws
+    import json as _json
+
+    try:
+        unverified = _json.loads(_jws.extract_compact(token.encode()).payload)
+        issuer = unverified.get("iss")
+    except Exception:
+        raise InvalidGrantError(description="%s is not a JWT" % what) from None
+    keys = TRUSTED_ISSUERS.get(issuer)
+    if keys is None:
+        raise InvalidGrantError(description="%s: issuer %r is not trusted" % (what, issuer))
+    try:
+        obj = _jose_jwt.decode(token, keys, algorithms=["ES256", "RS256"])
+        options = {"exp": {"essential": True}, "iss": {"essential": True, "value": issuer}}
+        if audiences is not None:
+            options["aud"] = {"essential": True, "values": audiences}
+        _jose_jwt.JWTClaimsRegistry(leeway=5, **options).validate(obj.claims)
+    except InvalidGrantError:
+        raise
+    except Exception as e:
+        raise InvalidGrantError(description="%s: %s" % (what, getattr(e, "description", None) or e)) from None
+    return obj.claims
+
+
+def _log_workload(entry):
+    entry["audience"] = request.form.getlist("audience")
+    entry["resource"] = request.form.getlist("resource")
+    with STATS.lock:
+        WORKLOAD_LOG.append(entry)
+
+
+class WorkloadJWTBearerGrant(JWTBearerGrant):
+    """RFC 7523 §2.1 with Authlib's grant: the client is the assertion's trusted issuer."""
+
+    def get_audiences(self):
+        return _token_endpoint_audiences()
+
+    def resolve_issuer_client(self, issuer):
+        return CLIENTS.get(issuer) if issuer in TRUSTED_ISSUERS else None
+
+    def resolve_client_public_key(self, client):
+        return TRUSTED_ISSUERS[client.client_id]
+
+    def authenticate_user(self, subject):
+        return subject
+
+    def has_granted_permission(self, client, user):
+        return True
+
+    def validate_token_request(self):
+        entry = {"grant": "jwt_bearer"}
+        try:
+            assertion = self.request.form.get("assertion") or ""
+            try:
+                from joserfc import jws as _jws
+                import json as _json
+
+                c = _json.loads(_jws.extract_compact(assertion.encode()).payload)
+                entry["sub"], entry["jti"] = c.get("sub"), c.get("jti")
+            except Exception:
+                pass
+            super().validate_token_request()
+            entry["outcome"] = "ok"
+        except Exception as e:
+            entry["outcome"] = getattr(e, "error", "error")
+            raise
+        finally:
+            _log_workload(entry)
+
+
+class TokenExchangeGrant(grants.BaseGrant, grants.TokenEndpointMixin):
+    """RFC 8693 §2.1-2.2 (Authlib 1.x has no built-in grant for it)."""
+
+    GRANT_TYPE = TOKEN_EXCHANGE
+    TOKEN_ENDPOINT_AUTH_METHODS = ALL_AUTH_METHODS
+
+    def _has_client_credentials(self):
+        f = self.request.form
+        return bool(self.request.headers.get("Authorization") or f.get("client_id") or f.get("client_assertion"))
+
+    def _subject(self, token, token_type, what):
+        if token_type in (TT_JWT, TT_ID):
+            claims = verify_workload_jwt(token, what)
+            return claims.get("sub"), claims.get("jti")
+        if token_type == TT_ACCESS:
+            with STORE.lock:
+                t = STORE.by_access.get(token)
+            if t is None or t.access_revoked or t.is_expired():
+                raise InvalidGrantError(description="%s: unknown, revoked or expired access token" % what)
+            return t.user or t.client_id, None
+        raise InvalidRequestError(description="%s: unsupported token type %r" % (what, token_type))
+
+    def validate_token_request(self):
+        f = self.request.form
+        entry = {"grant": "token_exchange", "subject_token_type": f.get("subject_token_type"),
+                 "requested_token_type": f.get("requested_token_type")}
+        try:
+            client = self.authenticate_token_endpoint_client() if self._has_client_credentials() else CLIENTS["sts"]
+            entry["client_id"] = client.get_client_id()
+            if not client.check_grant_type(self.GRANT_TYPE):
+                raise UnauthorizedClientError("client may not exchange tokens")
+            self.request.client = client
+            subject, stype = f.get("subject_token"), f.get("subject_token_type")
+            if not subject or not stype:
+                raise InvalidRequestError(description="subject_token and subject_token_type are required")
+            entry["sub"], entry["jti"] = self._subject(subject, stype, "subject_token")
+            actor = f.get("actor_token")
+            if actor:
+                if not f.get("actor_token_type"):
+                    raise InvalidRequestError(description="actor_token_type is required with actor_token")
+                entry["actor_sub"], _ = self._subject(actor, f.get("actor_token_type"), "actor_token")
+            self.request.user = entry["sub"]
+            self.validate_requested_scope()
+            entry["outcome"] = "ok"
+        except Exception as e:
+            entry["outcome"] = getattr(e, "error", "error")
+            raise
+        finally:
+            _log_workload(entry)
+
+    def create_token_response(self):
+        token = self.generate_token(scope=self.request.payload.scope, user=self.request.user, include_refresh_token=False)
+        token["issued_token_type"] = self.request.form.get("requested_token_type") or TT_ACCESS
+        self.save_token(token)
+        return 200, token, self.TOKEN_RESPONSE_HEADER
+
+
+def authenticate_federated_client(query_client, req):
+    """A client authenticated by an externally signed JWT (RFC 7523 §2.2 with a federated
+    credential, as Azure/GCP workload identity federation do): `client_id` names the client,
+    the assertion is a JWT of the client's trusted issuer with the registered `sub` and `aud`."""
+    f = req.form
+    if f.get("client_assertion_type") != CLIENT_ASSERTION_TYPE or not f.get("client_assertion"):
+        return None
+    client = query_client(f.get("client_id") or "")
+    fed = getattr(client, "federation", None)
+    if fed is None:
+        return None
+    try:
+        claims = verify_workload_jwt(f["client_assertion"], "client_assertion", audiences=[fed["audience"]] if fed.get("audience") else _token_endpoint_audiences())
+    except InvalidGrantError as e:
+        raise InvalidClientError(description=e.description) from None
+    if claims.get("iss") != fed["issuer"] or claims.get("sub") != fed["subject"]:
+        raise InvalidClientError(description="the client assertion's iss/sub are not this client's federated credential")
+    with STATS.lock:
+        WORKLOAD_LOG.append({"grant": "client_assertion", "client_id": client.client_id, "sub": claims.get("sub"),
+                             "jti": claims.get("jti"), "outcome": "ok"})
+    return client
+
+
+# Tried before private_key_jwt (which would take the foreign `sub` for a client id and refuse).
+ALL_AUTH_METHODS.insert(ALL_AUTH_METHODS.index("private_key_jwt"), "federated_jwt")
+
+
+def register_workload_identity(app, server):
+    server.register_client_auth_method("federated_jwt", authenticate_federated_client)
+    server.register_grant(WorkloadJWTBearerGrant)
+    server.register_grant(TokenExchangeGrant)
+
+    @app.post("/_test/workload/mint")
+    def hook_workload_mint():
+        body = request.get_json(force=True, silent=True) or {}
+        now = int(time.time())
+        jti = body.get("jti") or secrets.token_hex(8)
+        claims = {"iss": body.get("iss", CLUSTER_ISSUER), "sub": body.get("sub", "system:serviceaccount:default:bearerd"),
+                  "aud": body.get("aud"), "iat": now, "nbf": now, "exp": now + int(body.get("exp_in", 600)), "jti": jti}
+        token = _jose_jwt.encode({"alg": "ES256", "kid": "cluster-1"}, claims, CLUSTER_KEY)
+        return jsonify(jwt=token, jti=jti)
+
+    @app.post("/_test/workload/trust")
+    def hook_workload_trust():
+        body = request.get_json(force=True, silent=True) or {}
+        TRUSTED_ISSUERS[body["issuer"]] = _KeySet.import_key_set(body["jwks"])
+        CLIENTS.setdefault(body["issuer"], _workload_client(body["issuer"]))
+        return jsonify(ok=True)
+
+    @app.post("/_test/workload/federated-client")
+    def hook_workload_federated_client():
+        body = request.get_json(force=True, silent=True) or {}
+        c = _workload_client(body["client_id"], "federated_jwt")
+        c.federation = {"issuer": body.get("issuer", CLUSTER_ISSUER), "subject": body["subject"], "audience": body.get("audience")}
+        CLIENTS[c.client_id] = c
+        return jsonify(ok=True)
+
+    @app.get("/_test/workload/log")
+    def hook_workload_log():
+        with STATS.lock:
+            return jsonify(list(WORKLOAD_LOG))
+
+
+# ---------------------------------------------------------------------------------------
 # Flask app
 # ---------------------------------------------------------------------------------------
 
@@ -732,6 +988,7 @@ def create_app():
     server.register_grant(DeviceGrant)
     server.register_endpoint(DeviceEndpoint)
     server.register_endpoint(Revocation)
+    register_workload_identity(app, server)  # RFC 7523 §2.1, RFC 8693, federated client assertions
 
     require_oauth = Protector()
     require_oauth.register_token_validator(BearerValidator())
