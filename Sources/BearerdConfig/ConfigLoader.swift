@@ -136,6 +136,7 @@ enum ConfigKeys {
         "username", "password", "password_file", "password_env", "tls", "request_timeout", "wait_timeout",
         "command", "timeout", "issuer", "client_key_file", "client_key_id",
         "authorization_url", "device_authorization_url", "redirect_uri",
+        "dpop", "dpop_key_file",
     ]
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [

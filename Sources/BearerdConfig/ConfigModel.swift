@@ -273,6 +273,11 @@ public struct SessionConfig: Sendable, Equatable {
     /// `grant: exec`: the helper's argv (no shell) and how long it may run (`timeout`, default 10 s).
     public var command: [String]?
     public var commandTimeout: Duration = .seconds(10)
+    /// `dpop: true` (RFC 9449): proofs on token requests and upstream requests, tokens sent as
+    /// `Authorization: DPoP`. `dpop_key_file`: the key (P-256 → ES256, RSA ≥ 2048 → RS256);
+    /// nil: a P-256 key generated once and kept in `state_dir` as `<session>.dpop.pem`.
+    public var dpop: Bool = false
+    public var dpopKeyFile: String?
     /// Source line of the session's key, for messages.
     public var line: Int
 
@@ -315,6 +320,7 @@ public struct SessionConfig: Sendable, Equatable {
             && a.command == b.command && a.commandTimeout == b.commandTimeout && a.issuer == b.issuer && a.clientKeyFile == b.clientKeyFile && a.clientKeyID == b.clientKeyID
             && a.authorizationEndpoint == b.authorizationEndpoint && a.deviceAuthorizationEndpoint == b.deviceAuthorizationEndpoint
             && a.redirectURI == b.redirectURI
+            && a.dpop == b.dpop && a.dpopKeyFile == b.dpopKeyFile
     }
 }
 

@@ -24,6 +24,11 @@ struct SessionSettings {
     var signer: JWTSigner?
     /// `outbound_proxy:` towards the token endpoint, if any.
     var proxy: OutboundProxy.Endpoint?
+    /// `dpop: true`: the session's key and nonces (RFC 9449). Kept across reloads by the driver
+    /// while the key stays the same.
+    var dpop: DPoPProofer?
+    /// The skew observed from the token endpoint's `Date` (kept across reloads by the driver).
+    var clockSkew = ClockSkew()
 
     var operatorFingerprint: String? { operatorRefreshToken?.fingerprint }
 
@@ -48,7 +53,9 @@ struct SessionSettings {
 
     /// `default_lifetime` for responses without `expires_in` and without a JWT `exp`.
     var responseParser: TokenResponseParser {
-        TokenResponseParser(defaultLifetime: config.defaultLifetime, maxBodyBytes: TokenEndpointClient.maxBodyBytes)
+        var parser = TokenResponseParser(defaultLifetime: config.defaultLifetime, maxBodyBytes: TokenEndpointClient.maxBodyBytes)
+        parser.requiresDPoP = config.dpop
+        return parser
     }
 
     /// The token request of this session's grant (RFC 6749 §4.3.2, §4.4.2, §6).
@@ -82,7 +89,8 @@ struct SessionSettings {
         let jti = Base64.encodeURL((0..<16).map { _ in UInt8.random(in: 0...255, using: &g) })
         let input = ClientAssertion.signingInput(algorithm: signer.algorithm, keyID: config.clientKeyID ?? signer.jwk.thumbprint,
                                                  clientID: config.clientID,
-                                                 audience: config.tokenURL.description, jti: jti, now: wallClockSeconds())
+                                                 audience: config.tokenURL.description, jti: jti,
+                                                 now: clockSkew.issuedAt(localNow: wallClockSeconds()))
         guard let signature = try? signer.sign(Array(input.utf8)) else { return nil }
         return OAuthSecret(ClientAssertion.assemble(signingInput: input, signature: signature))
     }
@@ -147,11 +155,28 @@ struct SessionSettings {
                                           message: error.message))
             }
         }
+        let clockSkew = ClockSkew()
+        var dpop: DPoPProofer?
+        if session.dpop {
+            do throws(DPoPProofer.KeyProblem) {
+                dpop = try DPoPProofer.load(session, stateDir: config.stateDir, clockSkew: clockSkew)
+            } catch {
+                let key: String
+                switch error {
+                case .unusable(let k, _): key = k == "state_dir" ? "state_dir" : "sessions.\(session.name).\(k)"
+                case .store: key = "state_dir"
+                }
+                errors.append(ConfigError(file: config.file, line: session.line, key: key, message: error.description))
+            }
+        }
         guard errors.isEmpty else { throw ConfigErrors(errors) }
-        return SessionSettings(config: session, clientSecret: clientSecret, password: password, tlsContext: tlsContext,
+        var settings = SessionSettings(config: session, clientSecret: clientSecret, password: password, tlsContext: tlsContext,
                                operatorRefreshToken: operatorToken, operatorFileProblem: problem, signer: signer,
                                proxy: config.outboundProxy.endpoint(scheme: session.tokenURL.scheme, host: session.tokenURL.host,
                                                                     port: session.tokenURL.port))
+        settings.dpop = dpop
+        settings.clockSkew = clockSkew
+        return settings
     }
 }
 
