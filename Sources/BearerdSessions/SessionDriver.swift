@@ -203,11 +203,13 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// Counters, gauges and readiness facts in one consistent read (for `/metrics` and
     /// `/readyz`). Thread-safe; carries no token.
     public var snapshot: SessionSnapshot {
-        publication.read { p in
+        var s = publication.read { p in
             SessionSnapshot(name: name, counters: p.counters, status: p.status, generation: p.generation,
                             expiresAt: p.expiresAt, waiters: p.waiters, lastFailure: p.failure,
                             persistFailure: p.persistFailure)
         }
+        if let dpop { s.dpopNonceRetries = (dpop.nonceRetries(.tokenEndpoint), dpop.nonceRetries(.upstream)) }
+        return s
     }
 
     private func count(_ body: (inout SessionMetrics) -> Void) {

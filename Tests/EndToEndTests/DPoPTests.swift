@@ -23,9 +23,9 @@ struct DPoPEndToEndTests {
         json(try TestClient.get(port: origin.port, path: "/_test/stats"))
     }
 
-    static func config(port: UInt16, auth: AuthServerFixture, origin: UInt16, stateDir: String, extra: String = "") -> String {
+    static func config(port: UInt16, auth: AuthServerFixture, origin: UInt16, stateDir: String, admin: UInt16? = nil) -> String {
         """
-        listen: [127.0.0.1:\(port)]
+        listen: [127.0.0.1:\(port)]\(admin.map { "\nadmin: 127.0.0.1:\($0)" } ?? "")
         loops: 2
         state_dir: \(stateDir)
         sessions:
@@ -35,7 +35,7 @@ struct DPoPEndToEndTests {
             client_id: svc
             client_secret: svc-secret
             scope: read
-            dpop: true\(extra)
+            dpop: true
         routes:
           - match: /
             upstream: http://127.0.0.1:\(origin)
@@ -51,7 +51,8 @@ struct DPoPEndToEndTests {
         defer { origin.stop() }
         let dir = try RunningBearerd.tempDir("dpop")
         let port = try RunningBearerd.freePort()
-        let cfg = Self.config(port: port, auth: auth, origin: origin.port, stateDir: dir + "/state")
+        let admin = try RunningBearerd.freePort()
+        let cfg = Self.config(port: port, auth: auth, origin: origin.port, stateDir: dir + "/state", admin: admin)
 
         var b = try RunningBearerd(config: cfg, dir: dir)
         let first = try #require(b.waitServing(port: port, path: "/a?q=1"))
@@ -100,6 +101,10 @@ struct DPoPEndToEndTests {
         #expect(demands >= 1 && demands <= 100, "\(stats)")
         #expect((stats["failures"] as? [Any])?.isEmpty == true, "\(stats)")
         #expect(try auth.stats()["token_requests"] as? Int == tokenRequests, "no refresh for a nonce demand")
+        // Every nonce demand was retried once: the metrics count them per side.
+        let metrics = String(decoding: try TestClient.get(port: admin, path: "/metrics").body, as: UTF8.self)
+        #expect(metrics.contains("bearerd_dpop_nonce_retries_total{session=\"d\",side=\"token_endpoint\"} 1"), "\(metrics)")
+        #expect(metrics.contains("bearerd_dpop_nonce_retries_total{session=\"d\",side=\"upstream\"} \(demands + 1)"), "\(metrics)")
 
         // A restart keeps the key (same jkt): tokens bound to it stay usable.
         #expect(b.stop() == 0)
