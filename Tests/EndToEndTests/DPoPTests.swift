@@ -161,4 +161,48 @@ struct DPoPEndToEndTests {
         #expect(out.status != 0)
         #expect(out.stderr.contains("state_dir") && out.stderr.contains("dpop"), "\(out.stderr)")
     }
+
+    /// gRPC over h2c: every call (unary, server streaming, bidirectional), each its own HTTP/2
+    /// stream, carries its own proof (a jti never seen before, htu the call's URL, ath), checked
+    /// by the grpcio server against the token's cnf.jkt.
+    @Test func everyGRPCStreamGetsItsOwnProof() throws {
+        try #require(PythonFixture.unavailable(modules: ["grpc"]) == nil, "\(PythonFixture.unavailable(modules: ["grpc"]) ?? "")")
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        #expect(try auth.request("POST", "/_test/dpop?enable=1").status == 200)
+        let server = try PythonFixture(script: "grpc_echo.py", arguments: ["server", "--port", "0", "--dpop"])
+        defer { server.stop() }
+        let dir = try RunningBearerd.tempDir("dpop-grpc")
+        let port = try RunningBearerd.freePort()
+        let b = try RunningBearerd(config: """
+            listen: [127.0.0.1:\(port)]
+            state_dir: \(dir)/state
+            sessions:
+              d:
+                grant: client_credentials
+                token_url: \(auth.tokenURL)
+                client_id: svc
+                client_secret: svc-secret
+                dpop: true
+            routes:
+              - match: /bearerd.test.Echo/
+                upstream: http://127.0.0.1:\(server.port)
+                http2: prior_knowledge
+                session: d
+            """, dir: dir)
+        defer { _ = b.stop() }
+        #expect(b.waitServing(port: port) != nil)
+        var jtis: Set<String> = []
+        var jkts: Set<String> = []
+        for (kind, expected) in [("unary", ["hello"]), ("server_stream", (0..<3).map { "msg-\($0)" }), ("bidi", (0..<3).map { "b\($0)" }), ("unary", ["hello"])] {
+            let call = try GRPCTests.call(port, kind)
+            #expect(call.ok, "\(kind): \(call) \(server.log.suffix(2000))")
+            #expect(call.messages == expected)
+            if let jti = call.trailers["x-dpop-jti"] { jtis.insert(jti) }
+            if let jkt = call.trailers["x-dpop-jkt"] { jkts.insert(jkt) }
+            #expect(call.trailers["x-seen-authorization"]?.hasPrefix("DPoP ") == true)
+        }
+        #expect(jtis.count == 4, "a fresh proof per stream")
+        #expect(jkts.count == 1)
+    }
 }
