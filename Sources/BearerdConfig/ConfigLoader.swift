@@ -138,6 +138,7 @@ enum ConfigKeys {
         "authorization_url", "device_authorization_url", "redirect_uri",
         "assertion_file", "audience", "resource", "subject_token_file", "subject_session", "subject_token_type",
         "actor_token_file", "actor_token_type", "requested_token_type", "client_assertion_file",
+        "dpop", "dpop_key_file",
     ]
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [

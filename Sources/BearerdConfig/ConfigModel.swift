@@ -292,6 +292,11 @@ public struct SessionConfig: Sendable, Equatable {
     public var resources: [String] = []
     /// `grant: token_exchange` (RFC 8693 §2.1).
     public var exchange: TokenExchangeConfig?
+    /// `dpop: true` (RFC 9449): proofs on token requests and upstream requests, tokens sent as
+    /// `Authorization: DPoP`. `dpop_key_file`: the key (P-256 → ES256, RSA ≥ 2048 → RS256);
+    /// nil: a P-256 key generated once and kept in `state_dir` as `<session>.dpop.pem`.
+    public var dpop: Bool = false
+    public var dpopKeyFile: String?
     /// Source line of the session's key, for messages.
     public var line: Int
 
@@ -336,6 +341,7 @@ public struct SessionConfig: Sendable, Equatable {
             && a.redirectURI == b.redirectURI
             && a.assertionFile == b.assertionFile && a.clientAssertionFile == b.clientAssertionFile
             && a.audiences == b.audiences && a.resources == b.resources && a.exchange == b.exchange
+            && a.dpop == b.dpop && a.dpopKeyFile == b.dpopKeyFile
     }
 
     /// The files whose content is a JWT sent as a credential (DESIGN §6 "Files that hold

@@ -68,6 +68,7 @@ extension ConfigBuilder {
                 if session.grant.usesRefreshToken { refreshSessions.append((session.name, session.line)) }
             }
         }
+        if stateDir == nil, top["state_dir"] == nil { checkDPoPKeyHome(sessions) }
         if stateDir == nil, top["state_dir"] == nil, let first = refreshSessions.first {
             fail(first.line, "state_dir", "missing: session '\(first.name)' is kept alive by a refresh token (rotated ones, and those `bearerd login` obtains, are kept in state_dir)")
         }
@@ -157,6 +158,25 @@ extension ConfigBuilder {
     }
 
     // MARK: - Sessions
+
+    /// `dpop:` and `dpop_key_file:` (RFC 9449, DESIGN §6 "DPoP"): the key file only with
+    /// `dpop: true`. Its type and size are checked where it is read (`bearerd check`, start).
+    private func dpopSettings(_ f: Fields) -> (Bool, String?) {
+        let dpop = bool(f, "dpop") ?? false
+        let keyFile = path(f, "dpop_key_file", mustRead: true)
+        if !dpop, let e = f["dpop_key_file"] {
+            fail(e.keyLine, f.key("dpop_key_file"), "only used with dpop: true")
+            return (false, nil)
+        }
+        return (dpop, keyFile)
+    }
+
+    /// A DPoP session without `dpop_key_file` keeps its generated key in `state_dir`, so the
+    /// tokens bound to it survive a restart: without either there is nowhere to keep it.
+    private func checkDPoPKeyHome(_ sessions: [SessionConfig]) {
+        guard let s = sessions.first(where: { $0.dpop && $0.dpopKeyFile == nil }) else { return }
+        fail(s.line, "state_dir", "missing: session '\(s.name)' has dpop: true without dpop_key_file, so its generated key is kept in state_dir (or set dpop_key_file)")
+    }
 
     /// Letters, digits, `.`, `_`, `-`; not starting with `.` (names become state file names).
     static func isSessionName(_ name: String) -> Bool {
@@ -327,6 +347,7 @@ extension ConfigBuilder {
         session.audiences = workload.audiences
         session.resources = workload.resources
         session.exchange = workload.exchange
+        (session.dpop, session.dpopKeyFile) = dpopSettings(f)
         if grant == .tokenExchange, workload.exchange == nil { return nil }
         return session
     }
@@ -334,7 +355,7 @@ extension ConfigBuilder {
     /// `grant: exec`: `command` (argv, no shell; argv[0] an absolute path or a name looked up in
     /// PATH), `timeout` (default 10 s, at most 10 min); the token endpoint keys do not apply.
     private func execSession(_ item: Entry, _ f: Fields) -> SessionConfig? {
-        for k in ["token_url", "client_id", "client_secret_file", "client_secret_env", "client_secret", "client_auth", "scope", "params",
+        for k in ["token_url", "client_id", "client_secret_file", "client_secret_env", "client_secret", "client_auth", "scope", "params", "dpop", "dpop_key_file",
                   "refresh_token_file", "username", "password", "password_file", "password_env", "tls", "request_timeout",
                   "authorization_url", "device_authorization_url", "redirect_uri", "assertion_file", "audience", "resource",
                   "subject_token_file", "subject_session", "subject_token_type", "actor_token_file", "actor_token_type",

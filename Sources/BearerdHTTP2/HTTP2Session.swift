@@ -492,7 +492,7 @@ public final class HTTP2Session {
             let n1 = storage.count
             storage.append(contentsOf: f.value.utf8)
             let lower = f.name.lowercased()
-            let sensitive = lower == "authorization" || lower == "proxy-authorization" || lower == "cookie" || lower == "set-cookie"
+            let sensitive = lower == "authorization" || lower == "proxy-authorization" || lower == "cookie" || lower == "set-cookie" || lower == "dpop"
                 || lower == extraLower
             spans.append((n0..<n1, n1..<storage.count, sensitive))
         }

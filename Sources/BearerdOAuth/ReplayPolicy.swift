@@ -63,12 +63,13 @@ public enum ReplayPolicy {
     }
 
     /// Whether the `WWW-Authenticate` fields say the token was rejected: absent, no `error`
-    /// in any Bearer challenge, or `error="invalid_token"` (RFC 6750 §3.1). Any other Bearer
+    /// in any Bearer (or DPoP) challenge, or `error="invalid_token"` (RFC 6750 §3.1). Any other
     /// `error` (notably `insufficient_scope`) means it was not about the token. An unparsable
     /// field gives no information and counts as absent.
     public static func challengesBlameToken(_ values: [String]) -> Bool {
         guard let challenges = try? WWWAuthenticate.parse(values) else { return true }
-        for c in challenges where c.isBearer {
+        // RFC 9449 §7.1: a DPoP challenge carries the same RFC 6750 error codes.
+        for c in challenges where c.isBearer || c.scheme.lowercased() == "dpop" {
             if let error = c.parameter("error"), error != "invalid_token" { return false }
         }
         return true

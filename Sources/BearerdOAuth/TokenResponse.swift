@@ -119,6 +119,15 @@ public struct TokenEndpointFailure: Error, Sendable, Equatable, CustomStringConv
 /// Token endpoint response codec (RFC 6749 §5.1, §5.2) with the rules of DESIGN §6.
 ///
 /// Pure: the wall clock (for a JWT `exp` and an HTTP-date `Retry-After`) is a parameter.
+extension TokenEndpointFailure {
+    /// The RFC 6749 §5.2 `error` of a JSON body, if it has one (e.g. RFC 9449 §8's
+    /// `use_dpop_nonce`, which is retried before the response is classified).
+    public static func oauthErrorCode(_ body: [UInt8]) -> String? {
+        guard body.count <= 1 << 20, let json = try? JSONParser(maxBytes: 1 << 20).parse(body) else { return nil }
+        return json.objectValue?["error"]?.stringValue
+    }
+}
+
 public struct TokenResponseParser: Sendable {
     /// Lifetime assumed without `expires_in` and without a JWT `exp` (`default_lifetime`, 300 s).
     public var defaultLifetime: Duration
@@ -131,6 +140,9 @@ public struct TokenResponseParser: Sendable {
     /// RFC 8693 §2.2.1: an exchanged token that is not an OAuth access token has `token_type`
     /// `N_A`; accepted only for token exchange sessions (the driver decides whether it can be sent).
     public var acceptsNotApplicableTokenType = false
+    /// `dpop: true` (RFC 9449 §5): `token_type` must be `DPoP`; a `Bearer` answer is a
+    /// permanent failure (`token.dpop_not_bound`), not a token.
+    public var requiresDPoP = false
 
     public init(defaultLifetime: Duration = .seconds(300), maxBodyBytes: Int = 1 << 20,
                 retryAfterCap: Duration = .seconds(3600), defaultRetryAfter: Duration = .seconds(5)) {
@@ -203,10 +215,21 @@ public struct TokenResponseParser: Sendable {
         guard access.utf8.allSatisfy({ $0 >= 0x21 && $0 <= 0x7E }) else {
             return failure(.retryable, "token.invalid_access_token")
         }
-        guard let tokenType = object["token_type"]?.stringValue,
-              tokenType.lowercased() == "bearer" || (acceptsNotApplicableTokenType && tokenType == Self.notApplicableTokenType) else {
-            return failure(.retryable, "token.unsupported_token_type")
+        if requiresDPoP {
+            // RFC 9449 §5: a DPoP session's token must be bound (`token_type: DPoP`); a Bearer
+            // token would be sent with a proof the server ignores, or refused by the resource.
+            guard let tokenType = object["token_type"]?.stringValue, tokenType.lowercased() == "dpop" else {
+                var f = TokenEndpointFailure(classification: .permanent, reason: "token.dpop_not_bound", status: status)
+                f.errorDescription = "dpop: true, but the token endpoint answered token_type "
+                    + sanitise(object["token_type"]?.stringValue ?? "(none)", limit: 32) + ", not DPoP: the token is not bound to the session's key"
+                return .failure(f)
+            }
+        } else {
+            guard let tokenType = object["token_type"]?.stringValue, tokenType.lowercased() == "bearer" || (acceptsNotApplicableTokenType && tokenType == Self.notApplicableTokenType) else {
+                return failure(.retryable, "token.unsupported_token_type")
+            }
         }
+        let tokenType = object["token_type"]?.stringValue ?? "Bearer"
 
         // DESIGN §6 "Lifetime": `expires_in` > 0, else the JWT `exp` if it lies ahead, else
         // `default_lifetime`. An `exp` at or before `wallClockNow` (an expired token, or clocks

@@ -191,7 +191,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         self.routeRef = routeRef
         let session = runtime.routeSessions[routeIndex]
         self.session = session
-        machine = ProxyExchange.StateMachine(setup: ProxyExchange.Setup(
+        var setup = ProxyExchange.Setup(
             hasBody: framing != .none,
             clientSpeaksHTTP11: head.version == .http1_1,
             expectsContinue: HTTPHeaderRules.expectsContinue(head),
@@ -201,7 +201,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             methodReplayable: routeRef.config.replayMethods.allows(head.method),
             methodIdempotent: ProxyExchange.Setup.isIdempotent(head.method),
             upgrade: upgrade,
-            grpc: ErrorResponse.isGRPC(head.headers)))
+            grpc: ErrorResponse.isGRPC(head.headers))
+        setup.dpop = session?.dpop != nil
+        machine = ProxyExchange.StateMachine(setup: setup)
     }
 
     var requestComplete: Bool { machine.clientBody.isComplete }
@@ -250,7 +252,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         case .releaseHeldRejection(let reason, let closeClient):
             ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason))
             resumeClientBodyIfHeld()
-            reportRejectedWithoutReplay()
+            // A DPoP nonce demand too large to hold is not about the token: nothing to refresh.
+            if reason != .notTokenError { reportRejectedWithoutReplay() }
             writeHeldRejection(closeClient: closeClient, endStream: false)
         case .rejectionDrained(let disposal, let reportNow):
             dispose(disposal)
@@ -258,6 +261,15 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             if reportNow { reportRejectedForReplay() }
         case .reportRejection:
             reportRejectedForReplay()
+        case .replayWithDPoPNonce(let disposal):
+            // RFC 9449 §9: the nonce came with the demand (`backendResponseHead` kept it); the
+            // retry carries a fresh proof with it, and the same token (no refresh).
+            dispose(disposal)
+            resumeClientBodyIfHeld()
+            heldBody.removeAll()
+            requestTrailersOfHeld = nil
+            session?.dpop?.countNonceRetry(.upstream)
+            acquireBackend(fresh: false)
         case .sendHeldRejection(let reason, let refreshOnly, let closeClient):
             if let reason { ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason)) }
             if refreshOnly { reportRejectedWithoutReplay() }
@@ -413,13 +425,44 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         guard let conn = backend else { return }
         // Set, never add: the client's own copy never reaches the upstream (DESIGN §5, `inject:`).
         let inject = routeRef.config.inject
+        if let dpop = session?.dpop {
+            sendDPoPRequest(send, conn: conn, dpop: dpop)
+            return
+        }
         let credential = token.map { HTTPField(name: inject.header, value: ctx.credentialValue(route: routeIndex, of: runtime, token: $0, inject: inject)) }
+        sendRequest(send, conn: conn, head: upstreamHead, credential: credential)
+    }
+
+    /// DPoP (RFC 9449 §7): `Authorization: DPoP <token>` and a fresh proof (new `jti`, `ath`,
+    /// `htm` the method, `htu` the upstream URL without query, the origin's last nonce) for this
+    /// attempt, on its own connection or stream. `inject:` does not apply: the scheme is DPoP's.
+    /// Only DPoP routes pay for the copied head and the signature.
+    private func sendDPoPRequest(_ send: ProxyExchange.SendRequest, conn: UpstreamStream, dpop: DPoPProofer) {
+        var head = upstreamHead
+        var credential: HTTPField?
+        if let token {
+            let url = target.url.scheme + "://" + target.url.authority + upstreamHead.target
+            let nonce = dpop.nonce(for: DPoPProofer.originKey(scheme: target.url.scheme, authority: target.url.authority))
+            guard let proof = dpop.proof(method: upstreamHead.method, url: url, accessToken: token.value, nonce: nonce) else {
+                lastFailure = .protocolError("cannot sign a DPoP proof with the key of session \(session?.name ?? "?")")
+                conn.close()
+                backend = nil
+                perform(machine.upstreamFailed(.invalidResponse, reusedConnection: false, responseBytesSeen: false))
+                return
+            }
+            head.headers.set(DPoP.proofHeader, proof)
+            credential = HTTPField(name: "Authorization", value: DPoP.scheme + " " + token.value)
+        }
+        sendRequest(send, conn: conn, head: head, credential: credential)
+    }
+
+    private func sendRequest(_ send: ProxyExchange.SendRequest, conn: UpstreamStream, head upstreamHead: HTTPRequestHead, credential: HTTPField?) {
         if runtime.logger.logLevel <= .trace {
             var h = upstreamHead
             if let credential { h.headers.set(credential.name, credential.value) }
             runtime.logger.trace("upstream request", metadata: [
                 "http.method": "\(h.method)", "http.target": "\(Redaction.target(h.target))",
-                "http.headers": "\(Redaction.describe(h.headers, alsoSensitive: route.inject.header))",
+                "http.headers": "\(Redaction.describe(h.headers, alsoSensitive: session?.dpop == nil ? route.inject.header : DPoP.proofHeader))",
                 "token.generation": "\(token?.generation ?? 0)"])
         }
         headSentAt = ctx.loop.now
@@ -552,6 +595,10 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 "http.status": "\(upstream.status)", "http.headers": "\(Redaction.describe(upstream.headers))"])
         }
         responseHead = (upstream, respFraming)
+        if let dpop = session?.dpop, let nonce = upstream.headers[DPoP.nonceHeader] {
+            // RFC 9449 §9: the origin's nonce, for every later proof to it (a demand's included).
+            dpop.noteNonce(nonce, for: DPoPProofer.originKey(scheme: target.url.scheme, authority: target.url.authority))
+        }
         var grpcUnauthenticated = false
         if machine.setup.grpc, let g = upstream.headers["grpc-status"] {
             grpcStatus = g

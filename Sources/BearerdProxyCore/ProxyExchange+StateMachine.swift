@@ -50,6 +50,10 @@ extension ProxyExchange {
         /// Bytes buffered while no upstream connection is ready (bounded by pausing the client).
         public private(set) var pendingBytes: Int = 0
 
+        /// RFC 9449 §9 on DPoP routes: the one replay an upstream's nonce demand gets (not a
+        /// token rejection, so no refresh; it does not use the rejection replay).
+        public private(set) var dpopNonce: DPoPNonceRetry = .available
+
         /// Body bytes buffered before the upstream connection is ready; more pauses the client.
         public static let pendingLimit = 64 * 1024
         /// The largest rejection body held while deciding on a replay; larger ones are relayed.
@@ -95,7 +99,7 @@ extension ProxyExchange {
         /// A request is a replay once the first rejection was replayed.
         public var isReplay: Bool {
             switch state {
-            case .connecting(let a), .forwarding(let a, _, _): return a.kind == .replay
+            case .connecting(let a), .forwarding(let a, _, _): return a.kind.isTokenReplay
             default: return false
             }
         }
@@ -138,7 +142,7 @@ extension ProxyExchange {
                 }
                 send = SendRequest(body: .pending, endBody: clientBody.isComplete && setup.hasBody, sendContinue: sendContinue)
                 pendingBytes = 0
-            case .original, .replay:
+            case .original, .replay, .nonceRetry, .nonceRetryOfReplay:
                 // A retry or a replay re-sends what was kept (all of it while keeping holds).
                 send = SendRequest(body: .kept, endBody: clientBody.isComplete && setup.hasBody, sendContinue: false)
             }
@@ -173,6 +177,8 @@ extension ProxyExchange {
                     // Over replay_body_limit: the rejection goes to the client after all.
                     state = .finished
                     guard heldWhole else { return .respondUpstreamError(closeClient: true) }
+                    // A nonce demand is not about the token: nothing to refresh.
+                    if case .holding = dpopNonce { return .sendHeldRejection(reason: .notReplayable, refreshOnly: false, closeClient: true) }
                     return .sendHeldRejection(reason: .notReplayable, refreshOnly: true, closeClient: true)
                 }
                 return .keepClientBody(keepAction)
@@ -196,6 +202,11 @@ extension ProxyExchange {
                 state = .forwarding(attempt, .sent, response)
                 return .endUpstreamBody
             case .collectingReplayBody(let heldWhole):
+                if case .holding(let kind) = dpopNonce {
+                    dpopNonce = .used
+                    state = .connecting(Attempt(kind: kind.afterNonce, freshConnection: false))
+                    return .replayWithDPoPNonce(backend: .alreadyClosed)
+                }
                 state = .awaitingReplayToken(heldWhole: heldWhole)
                 return .reportRejection
             default:
@@ -232,6 +243,14 @@ extension ProxyExchange {
                 state = .finished
                 return .respondUpstreamError(closeClient: true)
             }
+            if setup.dpop, status == 401, case .available = dpopNonce, keep.isKeeping, clientBody.isComplete || !setup.grpc,
+               DPoP.asksForNonce((try? WWWAuthenticate.parse(wwwAuthenticate())) ?? []) {
+                // RFC 9449 §9: the upstream wants its nonce in the proof. Held and drained like a
+                // rejection, then sent once more with a fresh proof; the token is not blamed.
+                dpopNonce = .holding(attempt.kind)
+                state = .forwarding(attempt, upstreamBody, .holding(bytes: 0))
+                return .holdRejection
+            }
             guard setup.hasSession, setup.rejectSet.contains(status) || grpcUnauthenticated else {
                 state = .forwarding(attempt, upstreamBody, .headPending)
                 return .none
@@ -239,7 +258,7 @@ extension ProxyExchange {
             var input = ReplayPolicy.Input(
                 status: status, rejectStatuses: setup.rejectStatuses, wwwAuthenticate: wwwAuthenticate(),
                 bodyReplayable: keep.isKeeping && (clientBody.isComplete || !setup.grpc), methodAllowed: setup.methodReplayable,
-                alreadyReplayed: attempt.kind == .replay)
+                alreadyReplayed: attempt.kind.isTokenReplay)
             input.grpcUnauthenticated = grpcUnauthenticated
             let verdict = ReplayPolicy.decide(input)
             switch verdict {
@@ -279,6 +298,11 @@ extension ProxyExchange {
                 let close = !clientBody.isComplete || upstreamBody == .abandoned
                 state = .forwarding(attempt, upstreamBody, .streaming(closeClient: close))
                 keep = .notKept
+                if case .holding = dpopNonce {
+                    // A nonce demand is not about the token: relayed, nothing refreshed.
+                    dpopNonce = .used
+                    return .releaseHeldRejection(reason: .notTokenError, closeClient: close)
+                }
                 return .releaseHeldRejection(reason: .rejectionTooLarge, closeClient: close)
             }
         }
@@ -307,6 +331,11 @@ extension ProxyExchange {
                 return .finishResponse(writeHeadFirst: false, backend: backend, closeClient: close || !clientBody.isComplete)
             case .holding:
                 _ = attempt
+                if case .holding(let kind) = dpopNonce, clientBody.isComplete {
+                    dpopNonce = .used
+                    state = .connecting(Attempt(kind: kind.afterNonce, freshConnection: false))
+                    return .replayWithDPoPNonce(backend: backend)
+                }
                 if clientBody.isComplete {
                     state = .awaitingReplayToken(heldWhole: true)
                     return .rejectionDrained(backend: backend, reportNow: true)
@@ -332,7 +361,7 @@ extension ProxyExchange {
                     // A pooled connection the upstream had closed: nothing of this request was
                     // processed. Retry once on a fresh connection when the body can be sent again.
                     let retryable = (reusedConnection || unprocessed) && !responseBytesSeen && !attempt.freshConnection
-                        && keep.isKeeping && (setup.methodIdempotent || attempt.kind == .replay || unprocessed)
+                        && keep.isKeeping && (setup.methodIdempotent || attempt.kind != .original || unprocessed)
                     return failBeforeResponse(failure, attempt: attempt, retryable: retryable)
                 case .headPending:
                     // The head was never written: the client can still get a clean error.
@@ -344,6 +373,11 @@ extension ProxyExchange {
                 case .holding:
                     // The rejection is known; its body was cut. Go on as if it had drained
                     // (the connection is gone), and replay.
+                    if case .holding(let kind) = dpopNonce, clientBody.isComplete {
+                        dpopNonce = .used
+                        state = .connecting(Attempt(kind: kind.afterNonce, freshConnection: false))
+                        return .replayWithDPoPNonce(backend: .alreadyClosed)
+                    }
                     if clientBody.isComplete {
                         state = .awaitingReplayToken(heldWhole: false)
                         return .rejectionDrained(backend: .alreadyClosed, reportNow: true)
@@ -433,6 +467,10 @@ extension ProxyExchange {
             guard keepAction == .release else { return .keepClientBody(keepAction) }
             // The body outgrew replay_body_limit while the rejection was held: relay it after all.
             state = .forwarding(attempt, .abandoned, .streaming(closeClient: true))
+            if case .holding = dpopNonce {
+                dpopNonce = .used
+                return .releaseHeldRejection(reason: .notTokenError, closeClient: true)
+            }
             return .releaseHeldRejection(reason: .notReplayable, closeClient: true)
         }
     }
@@ -465,6 +503,8 @@ extension ProxyExchange {
         /// A gRPC call (`content-type: application/grpc`): UNAUTHENTICATED is a rejection, and
         /// failures are answered in gRPC's form.
         public var grpc: Bool
+        /// The route's session uses DPoP (RFC 9449): a 401 asking for a nonce is replayed once.
+        public var dpop = false
 
         public init(hasBody: Bool, clientSpeaksHTTP11: Bool, expectsContinue: Bool, hasSession: Bool, replayBodyLimit: Int,
                     rejectStatuses: [Int], methodReplayable: Bool, methodIdempotent: Bool, upgrade: Bool = false, grpc: Bool = false) {
@@ -496,6 +536,14 @@ extension ProxyExchange {
         }
     }
 
+    /// The one DPoP nonce replay of an exchange (RFC 9449 §9).
+    public enum DPoPNonceRetry: Sendable, Equatable {
+        case available
+        /// A nonce demand answering an attempt of that kind is held while it drains.
+        case holding(Attempt.Kind)
+        case used
+    }
+
     public enum State: Sendable, Equatable {
         case initial
         case awaitingToken
@@ -512,7 +560,15 @@ extension ProxyExchange {
     }
 
     public struct Attempt: Sendable, Equatable {
-        public enum Kind: Sendable, Equatable { case original, replay }
+        /// `nonceRetry`: the request sent again with a DPoP nonce (RFC 9449 §9) after the
+        /// original; `nonceRetryOfReplay`: after a rejection replay (which stays spent).
+        public enum Kind: Sendable, Equatable {
+            case original, replay, nonceRetry, nonceRetryOfReplay
+            /// The rejection replay was used (a second rejection goes to the client).
+            public var isTokenReplay: Bool { self == .replay || self == .nonceRetryOfReplay }
+            /// The attempt that follows a nonce demand answering this one.
+            public var afterNonce: Kind { isTokenReplay ? .nonceRetryOfReplay : .nonceRetry }
+        }
         public var kind: Kind
         /// A retry after a pooled connection turned out closed: open a new one.
         public var freshConnection: Bool
@@ -646,6 +702,9 @@ extension ProxyExchange {
         case finishResponse(writeHeadFirst: Bool, backend: BackendDisposal, closeClient: Bool)
         /// 503 `token_unavailable` and finish.
         case respondTokenUnavailable(closeClient: Bool)
+        /// The upstream's nonce demand drained (dispose of its connection as said): take the
+        /// nonce from its `DPoP-Nonce` and acquire a connection for the retry (a fresh proof).
+        case replayWithDPoPNonce(backend: BackendDisposal)
         /// 502/504 JSON for the failure just reported, and finish (backend closed).
         case respondUpstreamError(closeClient: Bool)
         /// The response was already under way: close the client connection (truncated response).

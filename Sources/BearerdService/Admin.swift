@@ -230,6 +230,15 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         perSession("bearerd_token_waits_total", .counter, "Callers that waited for a shared token fetch.") { $0.counters.waits }
         w.family("bearerd_token_waiters", .gauge, help: "Callers waiting for a shared token fetch now.")
         for s in sessions { w.sample("bearerd_token_waiters", [("session", s.name)], s.waiters) }
+        if sessions.contains(where: { $0.dpopNonceRetries != nil }) {
+            w.family("bearerd_dpop_nonce_retries_total", .counter,
+                     help: "Requests sent again with a server's DPoP nonce (RFC 9449), by session and side (token_endpoint, upstream).")
+            for s in sessions {
+                guard let n = s.dpopNonceRetries else { continue }
+                w.sample("bearerd_dpop_nonce_retries_total", [("session", s.name), ("side", "token_endpoint")], n.tokenEndpoint)
+                w.sample("bearerd_dpop_nonce_retries_total", [("session", s.name), ("side", "upstream")], n.upstream)
+            }
+        }
 
         w.family("bearerd_stale_token_serves_total", .counter,
                  help: "Tokens handed to waiting callers past their hard point or after a rejection (but before expiry), by reason.")

@@ -24,6 +24,9 @@ import BearerdConfig
 public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: state confined to `queue`; what others read is in `publication`
     public let name: String
     let grant: GrantType
+    /// `dpop: true`: the session's DPoP key, nonces and skew (RFC 9449), for the loops' proofs.
+    /// Fixed for the driver's life: a reload that changes the key makes a new driver.
+    public let dpop: DPoPProofer?
     let stateDirectory: String?
     let queue: EventLoop
     private let logger: Logger
@@ -75,6 +78,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     init(settings: SessionSettings, policy: TokenSession.Policy, store: StateStore?, logger: Logger, queueIndex: Int) {
         name = settings.config.name
         grant = settings.config.grant
+        dpop = settings.dpop
         stateDirectory = store?.directory
         self.settings = settings
         self.store = store
@@ -203,11 +207,13 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// Counters, gauges and readiness facts in one consistent read (for `/metrics` and
     /// `/readyz`). Thread-safe; carries no token.
     public var snapshot: SessionSnapshot {
-        publication.read { p in
+        var s = publication.read { p in
             SessionSnapshot(name: name, counters: p.counters, status: p.status, generation: p.generation,
                             expiresAt: p.expiresAt, waiters: p.waiters, lastFailure: p.failure,
                             persistFailure: p.persistFailure)
         }
+        if let dpop { s.dpopNonceRetries = (dpop.nonceRetries(.tokenEndpoint), dpop.nonceRetries(.upstream)) }
+        return s
     }
 
     private func count(_ body: (inout SessionMetrics) -> Void) {
@@ -224,6 +230,10 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     func update(_ newSettings: SessionSettings) {
         queue.execute { [self] in
             guard !stopped else { return }
+            var newSettings = newSettings
+            // The key is the same (else a new driver): keep its nonces and the measured skew.
+            newSettings.dpop = settings.dpop
+            newSettings.clockSkew = settings.clockSkew
             let changed = newSettings.credentialsDiffer(from: settings)
             let reissue = newSettings.identityDiffers(from: settings)
             let operatorChanged = newSettings.operatorFingerprint != settings.operatorFingerprint
@@ -574,7 +584,12 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     /// Sends one token request; `done` gets the instant it was handed to the transport, the
     /// classified result and whether it was (possibly) received.
-    private func send(_ prepared: Result<TokenRequest, TokenEndpointFailure>, _ request: TokenSession.FetchRequest,
+    ///
+    /// `dpop: true`: the request carries a fresh proof (RFC 9449 §5); a `400 use_dpop_nonce`
+    /// with a `DPoP-Nonce` is retried once at once with the nonce and a new proof (§8), and
+    /// any `DPoP-Nonce` is remembered for the next request. Every response's `Date` feeds the
+    /// session's clock skew (DESIGN §6).
+    private func send(_ prepared: Result<TokenRequest, TokenEndpointFailure>, _ request: TokenSession.FetchRequest, nonceRetry: Bool = false,
                       done: @escaping (MonotonicInstant, Result<TokenGrant, TokenEndpointFailure>, Bool) -> Void) {
         let tokenRequest: TokenRequest
         switch prepared {
@@ -584,7 +599,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             done(now(), .failure(f), false)
             return
         }
-        let encoded: EncodedTokenRequest
+        var encoded: EncodedTokenRequest
         do throws(TokenRequest.EncodingError) {
             encoded = try tokenRequest.encode()
         } catch {
@@ -592,18 +607,48 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                                                       errorDescription: error.detail)), false)
             return
         }
+        let dpop = settings.dpop
+        let tokenURL = settings.config.tokenURL
+        let nonceKey = DPoPProofer.tokenEndpointKey(tokenURL.description)
+        if let dpop {
+            guard let proof = dpop.proof(method: "POST", url: tokenURL.description, accessToken: nil, nonce: dpop.nonce(for: nonceKey)) else {
+                done(now(), .failure(TokenEndpointFailure(classification: .permanent, reason: "token.dpop_sign_failed",
+                                                          errorDescription: "cannot sign a DPoP proof with \(dpop.keyPath)")), false)
+                return
+            }
+            encoded = EncodedTokenRequest(body: encoded.body, headers: encoded.headers + [(DPoP.proofHeader, proof)])
+        }
         fetchSerial &+= 1
         let serial = fetchSerial
         count { $0.tokenRequests += 1 }
         let sentAt = now()
         let parser = settings.responseParser
         let timeout = settings.config.requestTimeout
-        let client = TokenEndpointClient.post(encoded, to: settings.config.tokenURL, tls: settings.tlsContext, proxy: settings.proxy, on: queue) { [self] outcome in
+        let skew = settings.clockSkew
+        let client = TokenEndpointClient.post(encoded, to: tokenURL, tls: settings.tlsContext, proxy: settings.proxy, on: queue) { [self] outcome in
             if fetchSerial == serial { inFlight = nil }
             guard !stopped else { return }
             switch outcome {
             case .response(let status, let headers, let body):
-                done(sentAt, checkedGrant(parser.parse(status: status, headers: headers, body: body, wallClockNow: wallClockSeconds())), true)
+                observeClock(headers, skew)
+                var askedForNonce = false
+                if let dpop, let value = headers.first(where: { $0.name.lowercased() == "dpop-nonce" })?.value,
+                   dpop.noteNonce(value, for: nonceKey) {
+                    askedForNonce = status == 400 && TokenEndpointFailure.oauthErrorCode(body) == "use_dpop_nonce"
+                }
+                if askedForNonce, !nonceRetry, let dpop {
+                    // RFC 9449 §8: the server wants its nonce in the proof. Once, at once.
+                    dpop.countNonceRetry(.tokenEndpoint)
+                    logger.info("token endpoint asked for a DPoP nonce; retrying with it", metadata: ["dpop.jkt": "\(dpop.thumbprint)"])
+                    send(.success(tokenRequest), request, nonceRetry: true, done: done)
+                    return
+                }
+                var result = checkedGrant(parser.parse(status: status, headers: headers, body: body, wallClockNow: wallClockSeconds()))
+                if case .failure(var f) = result, let detail = skewDetail(f, skew) {
+                    f.errorDescription = (f.errorDescription.map { $0 + "; " } ?? "") + detail
+                    result = .failure(f)
+                }
+                done(sentAt, result, true)
             case .tooLarge(let status):
                 // A malformed answer (DESIGN §6): transient, never negative-cached.
                 done(sentAt, .failure(TokenEndpointFailure(classification: .retryable,
@@ -633,6 +678,25 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             }
             return .failure(f)
         }
+    }
+
+    /// DESIGN §6 "Clock skew": the token endpoint's `Date` against the local clock; a skew over
+    /// 5 s is logged once at warning level and applied to the `iat` of what bearerd signs.
+    private func observeClock(_ headers: [(name: String, value: String)], _ skew: ClockSkew) {
+        let date = headers.first { $0.name.lowercased() == "date" }?.value
+        if let measured = skew.observe(dateHeader: date, localNow: wallClockSeconds()) {
+            logger.warning("clock skew against the token endpoint; signed assertions and DPoP proofs use the server's time",
+                           metadata: ["clock_skew_s": "\(measured)", "token_url": "\(settings.config.tokenURL)"])
+        }
+    }
+
+    /// An `invalid_client` or `invalid_dpop_proof` whose description mentions time is reported
+    /// with the measured skew (DESIGN §6).
+    private func skewDetail(_ f: TokenEndpointFailure, _ skew: ClockSkew) -> String? {
+        guard let code = f.oauthError, code == "invalid_client" || code == "invalid_dpop_proof" else { return nil }
+        let text = (f.errorDescription ?? "").lowercased()
+        guard ["time", "iat", "exp", "clock", "expired", "future", "nbf", "skew", "stale"].contains(where: { text.contains($0) }) else { return nil }
+        return "local clock minus the token endpoint's Date: \(skew.lastMeasured)s (applied: \(skew.seconds)s)"
     }
 
     private func finishFetch(_ request: TokenSession.FetchRequest, startedAt: UInt64, sentAt: MonotonicInstant,

@@ -114,6 +114,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         var added: [TokenSessionDriver] = []
         for session in newConfig.sessions {
             if let driver = existing[session.name], driver.grant == session.grant,
+               driver.dpop?.thumbprint == settings[session.name]?.dpop?.thumbprint,
                driver.stateDirectory == (session.grant.usesRefreshToken ? newConfig.stateDir : nil) {
                 // Resolved above, so present.
                 driver.update(settings[session.name]!)

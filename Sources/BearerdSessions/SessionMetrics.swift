@@ -118,6 +118,8 @@ public struct SessionSnapshot: Sendable {
     public var lastFailure: String?
     /// Why the newest refresh token is only in memory (its state file write failed); nil when on disk.
     public var persistFailure: String?
+    /// `dpop: true` sessions: DPoP nonce retries (RFC 9449 §8 at the token endpoint, §9 upstream).
+    public var dpopNonceRetries: (tokenEndpoint: UInt64, upstream: UInt64)?
 
     public init(name: String, counters: SessionMetrics = SessionMetrics(), status: TokenSession.Status = .idle,
                 generation: UInt64 = 0, expiresAt: UInt64? = nil, waiters: Int = 0, lastFailure: String? = nil,

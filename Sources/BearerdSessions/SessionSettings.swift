@@ -27,6 +27,11 @@ struct SessionSettings {
     /// token_exchange: every route using this session sets `inject:`, so a token of type `N_A`
     /// (RFC 8693 §2.2.1, not an OAuth access token) can be sent as those routes say.
     var routesInject = true
+    /// `dpop: true`: the session's key and nonces (RFC 9449). Kept across reloads by the driver
+    /// while the key stays the same.
+    var dpop: DPoPProofer?
+    /// The skew observed from the token endpoint's `Date` (kept across reloads by the driver).
+    var clockSkew = ClockSkew()
 
     var operatorFingerprint: String? { operatorRefreshToken?.fingerprint }
 
@@ -53,6 +58,7 @@ struct SessionSettings {
     var responseParser: TokenResponseParser {
         var parser = TokenResponseParser(defaultLifetime: config.defaultLifetime, maxBodyBytes: TokenEndpointClient.maxBodyBytes)
         parser.acceptsNotApplicableTokenType = config.grant == .tokenExchange
+        parser.requiresDPoP = config.dpop
         return parser
     }
 
@@ -91,7 +97,8 @@ struct SessionSettings {
         let jti = Base64.encodeURL((0..<16).map { _ in UInt8.random(in: 0...255, using: &g) })
         let input = ClientAssertion.signingInput(algorithm: signer.algorithm, keyID: config.clientKeyID ?? signer.jwk.thumbprint,
                                                  clientID: config.clientID,
-                                                 audience: config.tokenURL.description, jti: jti, now: wallClockSeconds())
+                                                 audience: config.tokenURL.description, jti: jti,
+                                                 now: clockSkew.issuedAt(localNow: wallClockSeconds()))
         guard let signature = try? signer.sign(Array(input.utf8)) else { return nil }
         return OAuthSecret(ClientAssertion.assemble(signingInput: input, signature: signature))
     }
@@ -158,12 +165,28 @@ struct SessionSettings {
                                           message: error.message))
             }
         }
+        let clockSkew = ClockSkew()
+        var dpop: DPoPProofer?
+        if session.dpop {
+            do throws(DPoPProofer.KeyProblem) {
+                dpop = try DPoPProofer.load(session, stateDir: config.stateDir, clockSkew: clockSkew)
+            } catch {
+                let key: String
+                switch error {
+                case .unusable(let k, _): key = k == "state_dir" ? "state_dir" : "sessions.\(session.name).\(k)"
+                case .store: key = "state_dir"
+                }
+                errors.append(ConfigError(file: config.file, line: session.line, key: key, message: error.description))
+            }
+        }
         guard errors.isEmpty else { throw ConfigErrors(errors) }
         var settings = SessionSettings(config: session, clientSecret: clientSecret, password: password, tlsContext: tlsContext,
                                        operatorRefreshToken: operatorToken, operatorFileProblem: problem, signer: signer,
                                        proxy: config.outboundProxy.endpoint(scheme: session.tokenURL.scheme, host: session.tokenURL.host,
                                                                             port: session.tokenURL.port))
         settings.routesInject = config.routes.allSatisfy { $0.session != session.name || $0.injectConfigured }
+        settings.dpop = dpop
+        settings.clockSkew = clockSkew
         return settings
     }
 }

@@ -115,3 +115,38 @@ public final class JWTSigner: @unchecked Sendable {  // @unchecked: the key is o
         return raw
     }
 }
+
+extension JWTSigner {
+    /// A new P-256 private key (OpenSSL `EVP_PKEY` keygen), as PKCS#8 PEM: the DPoP key bearerd
+    /// generates once for a session without `dpop_key_file` (RFC 9449, DESIGN §6 "DPoP").
+    /// The caller writes it 0600; it never appears in logs.
+    public static func generateP256PrivateKeyPEM() throws(TLSError) -> [UInt8] {
+        ERR_clear_error()
+        guard let ctx = EVP_PKEY_CTX_new_from_name(nil, "EC", nil) else {
+            throw .config(OpenSSLErrorQueue.message("cannot create an EC key context"))
+        }
+        defer { EVP_PKEY_CTX_free(ctx) }
+        guard EVP_PKEY_keygen_init(ctx) == 1, EVP_PKEY_CTX_set_group_name(ctx, "P-256") == 1 else {
+            throw .config(OpenSSLErrorQueue.message("cannot set up P-256 key generation"))
+        }
+        var pkey: OpaquePointer?
+        guard EVP_PKEY_generate(ctx, &pkey) == 1, let pkey else {
+            throw .config(OpenSSLErrorQueue.message("cannot generate a P-256 key"))
+        }
+        defer { EVP_PKEY_free(pkey) }
+        guard let bio = BIO_new(BIO_s_mem()) else { throw .config("out of memory") }
+        defer { BIO_free(bio) }
+        guard PEM_write_bio_PrivateKey(bio, pkey, nil, nil, 0, nil, nil) == 1 else {
+            throw .config(OpenSSLErrorQueue.message("cannot encode the P-256 key"))
+        }
+        var out: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 1024)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { BIO_read(bio, $0.baseAddress, Int32($0.count)) }
+            if n <= 0 { break }
+            out.append(contentsOf: chunk[0..<Int(n)])
+        }
+        guard !out.isEmpty else { throw .config("cannot encode the P-256 key") }
+        return out
+    }
+}

@@ -217,6 +217,18 @@ struct Check: ParsableCommand {
             }
         }
         problems += SessionManager.reauthenticationProblems(config: config, environment: ProcessInfo.processInfo.environment)
+        // DPoP keys: readable, P-256 or RSA ≥ 2048 (RFC 9449); their jkt is printed below.
+        var dpopKeys: [(String, DPoPKeyDescription)] = []
+        for s in config.sessions {
+            switch DPoPKeyDescription.of(s, stateDir: config.stateDir) {
+            case .success(let d)?: dpopKeys.append((s.name, d))
+            case .failure(let problem)?:
+                let key: String
+                if case .unusable(let k, _) = problem, k == "dpop_key_file" { key = "sessions.\(s.name).dpop_key_file" } else { key = "state_dir" }
+                problems.append(ConfigError(file: config.file, line: s.line, key: key, message: problem.description))
+            case nil: break
+            }
+        }
         if example {
             // The same missing files again, from the TLS set-up: already noted.
             problems.removeAll()
@@ -231,6 +243,12 @@ struct Check: ParsableCommand {
             guard case .success(let key)? = ClientKeyDescription.of(s) else { continue }
             print("sessions.\(s.name): private_key_jwt kid \(key.kid)" + (s.clientKeyID == nil ? " (RFC 7638 thumbprint of client_key_file)" : " (client_key_id; RFC 7638 thumbprint \(key.thumbprint))"))
             print("sessions.\(s.name): public JWK to register: \(key.publicJWK)")
+        }
+        for (name, d) in dpopKeys {
+            switch d {
+            case .key(let path, let alg, let jkt): print("sessions.\(name): DPoP key \(path) (\(alg)), jkt \(jkt)")
+            case .toBeGenerated(let path): print("sessions.\(name): DPoP key \(path) is generated (P-256, ES256) on first start")
+            }
         }
     }
 

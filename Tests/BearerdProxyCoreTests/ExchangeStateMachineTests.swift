@@ -549,3 +549,52 @@ struct ExchangeMachineLayoutTests {
         for code in 0..<1000 { #expect(set.contains(code) == listed.contains(code), "\(code)") }
     }
 }
+
+/// RFC 9449 §9 on a DPoP route: an upstream's `401` asking for a nonce is replayed once with
+/// the kept body and no token rejection (no `reportRejection`); a later token rejection still
+/// gets its own replay; a second nonce demand goes to the client.
+@Suite("ProxyExchange.StateMachine: DPoP nonce demands")
+struct DPoPNonceMachineTests {
+    static let nonceDemand = [#"DPoP error="use_dpop_nonce", error_description="Resource server requires nonce in DPoP proof""#]
+
+    func dpopSetup(body: Bool = false) -> ProxyExchange.Setup {
+        var s = setup(body: body)
+        s.dpop = true
+        return s
+    }
+
+    @Test func aNonceDemandIsReplayedOnceWithoutBlamingTheToken() {
+        var m = forwarding(dpopSetup())
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { Self.nonceDemand }) == .holdRejection)
+        #expect(m.upstreamBodyReceived(count: 20) == .holdRejectionBody)
+        #expect(m.upstreamEnded() == .replayWithDPoPNonce(backend: .release))
+        #expect(m.state == .connecting(.init(kind: .nonceRetry, freshConnection: false)))
+        #expect(!m.isReplay)
+        #expect(m.backendAcquired() == .sendRequest(.init(body: .kept, endBody: false, sendContinue: false)))
+        // The token is rejected after all: that is a rejection, replayed once as usual.
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { [#"DPoP error="invalid_token""#] }) == .holdRejection)
+        #expect(m.upstreamEnded() == .rejectionDrained(backend: .release, reportNow: true))
+        #expect(m.rejectionOutcome(.replay) == .acquireBackend(fresh: false))
+        _ = m.backendAcquired()
+        // A second nonce demand is not replayed again: it goes to the client as it is.
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { Self.nonceDemand }) == .rejectionNotReplayed(reason: .rejectedAgain, refreshOnly: false))
+    }
+
+    @Test func aBodyStillStreamingIsCollectedFirst() {
+        var m = forwarding(dpopSetup(body: true))
+        #expect(m.clientBodyReceived(count: 10) == .forwardClientBody(keep: .append))
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { Self.nonceDemand }) == .holdRejection)
+        #expect(m.upstreamEnded() == .rejectionDrained(backend: .close, reportNow: false))
+        #expect(m.clientBodyReceived(count: 5) == .keepClientBody(.append))
+        #expect(m.clientBodyEnded() == .replayWithDPoPNonce(backend: .alreadyClosed))
+        #expect(m.backendAcquired() == .sendRequest(.init(body: .kept, endBody: true, sendContinue: false)))
+    }
+
+    /// Without `dpop:` the route cannot answer a nonce demand; it is no rejection of the token
+    /// either (a DPoP challenge's error other than invalid_token, RFC 9449 §7.1): relayed.
+    @Test func withoutDPoPTheSameAnswerIsNotAboutTheToken() {
+        var m = forwarding(setup())
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { Self.nonceDemand }) == .rejectionNotReplayed(reason: .notTokenError, refreshOnly: false))
+        #expect(m.dpopNonce == .available)
+    }
+}

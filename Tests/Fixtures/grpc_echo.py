@@ -11,6 +11,10 @@ Every call reads the `authorization` metadata: missing -> UNAUTHENTICATED "no to
 `Bearer <t>` for a --reject-token t -> UNAUTHENTICATED "token rejected" (trailers-only: nothing
 was sent); otherwise trailing metadata x-seen-authorization and x-call-count are set.
 Prints `READY <port>` when listening; exits when stdin closes. GET-free: a plain gRPC server.
+--dpop: every call must carry `authorization: DPoP <token>` (a token bound with cnf.jkt by
+oauth_server.py) and its own `dpop` proof (dpop_common.verify_proof: htm POST, htu
+http://127.0.0.1:<port>/<service>/<method>, ath, a jti never seen, the key = the token's jkt);
+else UNAUTHENTICATED with the reason. Trailing metadata then adds x-dpop-jti and x-dpop-jkt.
 
 client: one call against --target, prints one JSON line:
   {"ok": bool, "code": "OK", "details": str, "messages": [...], "trailers": {...}}
@@ -28,14 +32,19 @@ ident = lambda b: b  # noqa: E731 raw bytes in and out
 
 
 class State:
-    def __init__(self, reject):
+    def __init__(self, reject, dpop=False):
+        self.dpop = dpop
+        self.port = 0
         self.reject = set(reject or [])
         self.lock = threading.Lock()
         self.calls = 0
         self.rejected = 0
 
-    def check(self, context):
+    def check(self, context, name=""):
         md = dict(context.invocation_metadata())
+        extra = ()
+        if self.dpop:
+            extra = self.check_dpop(context, md, name)
         auth = md.get("authorization")
         with self.lock:
             self.calls += 1
@@ -46,32 +55,51 @@ class State:
             with self.lock:
                 self.rejected += 1
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "token rejected")
-        context.set_trailing_metadata((("x-seen-authorization", auth), ("x-call-count", str(n))))
+        context.set_trailing_metadata((("x-seen-authorization", auth), ("x-call-count", str(n))) + extra)
+
+    def check_dpop(self, context, md, name):
+        import dpop_common  # only with --dpop (joserfc)
+
+        if not hasattr(self, "jtis"):
+            self.jtis = dpop_common.JtiCache()
+        auth = md.get("authorization") or ""
+        if not auth.startswith("DPoP "):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "authorization is not DPoP")
+        token = auth[len("DPoP "):]
+        bound = dpop_common.token_binding(token)
+        htu = "http://127.0.0.1:%d/%s/%s" % (self.port, SERVICE, name)
+        try:
+            claims, jkt = dpop_common.verify_proof(md.get("dpop"), "POST", htu, self.jtis, access_token=token)
+        except dpop_common.ProofError as e:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "dpop: " + e.description)
+        if bound is None or jkt != bound:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "dpop: the proof's key is not the token's cnf.jkt")
+        return (("x-dpop-jti", claims["jti"]), ("x-dpop-jkt", jkt))
 
 
 def serve(args):
-    state = State(args.reject_token)
+    state = State(args.reject_token, args.dpop)
 
     def unary(request, context):
-        state.check(context)
+        state.check(context, "Unary")
         return request
 
     def server_stream(request, context):
-        state.check(context)
+        state.check(context, "ServerStream")
         for i in range(int(request.decode() or "0")):
             yield f"msg-{i}".encode()
 
     def client_stream(request_iterator, context):
-        state.check(context)
+        state.check(context, "ClientStream")
         return b",".join(request_iterator)
 
     def bidi(request_iterator, context):
-        state.check(context)
+        state.check(context, "Bidi")
         for m in request_iterator:
             yield m
 
     def fail(request, context):
-        state.check(context)
+        state.check(context, "Fail")
         context.abort(grpc.StatusCode.PERMISSION_DENIED, "nope")
 
     handlers = {
@@ -85,6 +113,7 @@ def serve(args):
                          options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)])
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     port = server.add_insecure_port(f"127.0.0.1:{args.port}")
+    state.port = port
     server.start()
     print(f"READY {port}", flush=True)
     sys.stdin.read()  # until the test closes stdin (or dies)
@@ -136,6 +165,7 @@ def main():
     s = sub.add_parser("server")
     s.add_argument("--port", type=int, default=0)
     s.add_argument("--reject-token", action="append")
+    s.add_argument("--dpop", action="store_true")
     c = sub.add_parser("client")
     c.add_argument("--target", required=True)
     c.add_argument("--call", required=True, choices=["unary", "server_stream", "client_stream", "bidi", "fail"])

@@ -64,6 +64,16 @@ Test hooks (NOT OAuth; only answered to 127.0.0.1 peers):
     POST /_test/clear-faults                     drop queued faults
     POST /_test/configure?token_lifetime=N&grace_seconds=N&rotate_refresh_tokens=0|1
                                                  change the flags below at run time
+    POST /_test/dpop?enable=1&nonce=1&rotate_nonce=1&answer_bearer=0
+                                                 RFC 9449 on the token endpoint (see "DPoP" below)
+    GET  /_test/dpop-stats                       {"proofs", "nonce_demands", "bound", "failures": [...]}
+
+DPoP (RFC 9449, off until /_test/dpop?enable=1; a request with a DPoP header is checked anyway):
+the proof is verified by dpop_common.verify_proof (signature with its embedded JWK, typ, htm POST,
+htu the token URL, iat window, jti unique, no ath); with nonce=1 a proof without the current nonce
+gets 400 {"error": "use_dpop_nonce"} and a DPoP-Nonce header (rotate_nonce=1 picks a new one).
+Tokens are then JWTs bound with cnf.jkt and answered with token_type DPoP (answer_bearer=1: Bearer,
+to test a client's refusal). Every answer of the token endpoint carries the current DPoP-Nonce.
 
 Flags:
     --token-lifetime SECONDS   expires_in of every access token (default 3600). 0 omits
@@ -110,6 +120,8 @@ from authlib.oauth2.rfc8628 import DeviceAuthorizationEndpoint, DeviceCodeGrant,
 from authlib.oidc.core.grants import OpenIDCode
 from joserfc.jwk import ECKey, import_key
 from werkzeug.serving import make_server
+
+import dpop_common
 
 ALL_AUTH_METHODS = ["client_secret_basic", "client_secret_post", "none", "private_key_jwt"]
 SCOPES_SUPPORTED = {"read", "write", "admin", "openid"}
@@ -965,6 +977,66 @@ def register_workload_identity(app, server):
 # ---------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------
+# DPoP on the token endpoint (RFC 9449 §5, §8): kept apart from the grants above
+# ---------------------------------------------------------------------------------------
+
+
+class DPoPState:
+    lock = threading.Lock()
+    enabled = False
+    nonce = None  # the nonce proofs must carry, or None
+    answer_bearer = False
+    jtis = dpop_common.JtiCache()
+    proofs = 0
+    nonce_demands = 0
+    bound = 0
+    failures = []
+
+
+def _dpop_nonce_headers():
+    return {"DPoP-Nonce": DPoPState.nonce} if DPoPState.nonce else {}
+
+
+def dpop_check_token_request():
+    """None: no DPoP; a jkt: a valid proof; a (response, status, headers) tuple: refused."""
+    proof = request.headers.get("DPoP")
+    if not DPoPState.enabled and proof is None:
+        return None
+    try:
+        _, jkt = dpop_common.verify_proof(proof, "POST", request.base_url, DPoPState.jtis, nonce=DPoPState.nonce)
+    except dpop_common.ProofError as e:
+        with DPoPState.lock:
+            if e.error == "use_dpop_nonce":
+                DPoPState.nonce_demands += 1
+            else:
+                DPoPState.failures.append(e.description)
+        return jsonify(error=e.error, error_description=e.description), 400, _dpop_nonce_headers()
+    with DPoPState.lock:
+        DPoPState.proofs += 1
+    return jkt
+
+
+def dpop_bind(resp, jkt):
+    """A successful token response with its access token replaced by one bound to `jkt`."""
+    for k, v in _dpop_nonce_headers().items():
+        resp.headers[k] = v
+    if resp.status_code != 200:
+        return resp
+    body = resp.get_json(silent=True) or {}
+    if "access_token" not in body:
+        return resp
+    body["access_token"] = dpop_common.bound_token(_split_basic(request.headers)[0] or request.form.get("client_id", "-"), jkt, int(body.get("expires_in") or 3600))
+    body["token_type"] = "Bearer" if DPoPState.answer_bearer else "DPoP"
+    with DPoPState.lock:
+        DPoPState.bound += 1
+    out = jsonify(body)
+    for k, v in _dpop_nonce_headers().items():
+        out.headers[k] = v
+    out.headers["Cache-Control"] = "no-store"
+    return out
+
+
 def create_app():
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = None  # /api accepts bodies of any size
@@ -1018,8 +1090,13 @@ def create_app():
         fault = FAULTS.take()
         if fault is not None:
             return fault.response()
+        dpop_jkt = dpop_check_token_request()
+        if isinstance(dpop_jkt, tuple):
+            return dpop_jkt
         with STORE.lock:
             resp = server.create_token_response()
+        if dpop_jkt is not None:
+            resp = dpop_bind(resp, dpop_jkt)
         if resp.status_code != 200:
             try:
                 err = (resp.get_json(silent=True) or {}).get("error", "unknown")
@@ -1170,6 +1247,26 @@ def create_app():
         error = a.get("error", "temporarily_unavailable")
         FAULTS.add(Fault(status, error, a.get("retry_after"), delay), count)
         return jsonify(queued=count)
+
+    @app.post("/_test/dpop")
+    def hook_dpop():
+        a = request.args
+        with DPoPState.lock:
+            if "enable" in a:
+                DPoPState.enabled = a["enable"] in ("1", "true")
+            if a.get("nonce") in ("1", "true") and DPoPState.nonce is None or a.get("rotate_nonce") in ("1", "true"):
+                DPoPState.nonce = secrets.token_urlsafe(16)
+            if a.get("nonce") in ("0", "false"):
+                DPoPState.nonce = None
+            if "answer_bearer" in a:
+                DPoPState.answer_bearer = a["answer_bearer"] in ("1", "true")
+            return jsonify(enabled=DPoPState.enabled, nonce=DPoPState.nonce)
+
+    @app.get("/_test/dpop-stats")
+    def hook_dpop_stats():
+        with DPoPState.lock:
+            return jsonify(proofs=DPoPState.proofs, nonce_demands=DPoPState.nonce_demands, bound=DPoPState.bound,
+                           failures=list(DPoPState.failures))
 
     @app.post("/_test/clear-faults")
     def hook_clear_faults():

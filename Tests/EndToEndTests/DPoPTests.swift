@@ -1,0 +1,208 @@
+import Foundation
+import Testing
+import BearerdTestSupport
+
+/// DPoP (RFC 9449, DESIGN §6 "DPoP") end to end: the real `bearerd` binary between a client and
+/// `Tests/Fixtures/dpop_origin.py` (a resource server that checks every proof: signature with
+/// the embedded key, htm/htu, ath, jti uniqueness, the key against the token's cnf.jkt, and a
+/// nonce it demands on first contact), with its tokens from the Authlib fixture's DPoP token
+/// endpoint (which demands its own nonce and binds tokens with cnf.jkt).
+@Suite("DPoP", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+struct DPoPEndToEndTests {
+    static func json(_ r: TestClient.Response) -> [String: Any] {
+        (try? JSONSerialization.jsonObject(with: Data(r.body))) as? [String: Any] ?? [:]
+    }
+
+    static func raw(_ port: UInt16, _ request: String, method: String) throws -> TestClient.Response {
+        let c = try TestClient(port: port)
+        try c.send(request)
+        return try c.readResponse(method: method)
+    }
+
+    static func originStats(_ origin: PythonFixture) throws -> [String: Any] {
+        json(try TestClient.get(port: origin.port, path: "/_test/stats"))
+    }
+
+    static func config(port: UInt16, auth: AuthServerFixture, origin: UInt16, stateDir: String, admin: UInt16? = nil) -> String {
+        """
+        listen: [127.0.0.1:\(port)]\(admin.map { "\nadmin: 127.0.0.1:\($0)" } ?? "")
+        loops: 2
+        state_dir: \(stateDir)
+        sessions:
+          d:
+            grant: client_credentials
+            token_url: \(auth.tokenURL)
+            client_id: svc
+            client_secret: svc-secret
+            scope: read
+            dpop: true
+        routes:
+          - match: /
+            upstream: http://127.0.0.1:\(origin)
+            session: d
+        """
+    }
+
+    @Test func proofsNoncesBindingAndAGeneratedKeyThatSurvivesARestart() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        #expect(try auth.request("POST", "/_test/dpop?enable=1&nonce=1").status == 200)
+        let origin = try PythonFixture(script: "dpop_origin.py", arguments: ["--port", "0"])
+        defer { origin.stop() }
+        let dir = try RunningBearerd.tempDir("dpop")
+        let port = try RunningBearerd.freePort()
+        let admin = try RunningBearerd.freePort()
+        let cfg = Self.config(port: port, auth: auth, origin: origin.port, stateDir: dir + "/state", admin: admin)
+
+        var b = try RunningBearerd(config: cfg, dir: dir)
+        let first = try #require(b.waitServing(port: port, path: "/a?q=1"))
+        #expect(first.status == 200, "\(String(decoding: first.body, as: UTF8.self)) \(b.logs)")
+        let jkt = try #require(Self.json(first)["jkt"] as? String)
+        // The token endpoint demanded its nonce once; the origin once (first contact).
+        let asStats = json(try auth.request("GET", "/_test/dpop-stats"))
+        #expect(asStats["nonce_demands"] as? Int == 1, "\(asStats)")
+        #expect(asStats["bound"] as? Int == 1)
+        #expect((asStats["failures"] as? [Any])?.isEmpty == true, "\(asStats)")
+        var stats = try Self.originStats(origin)
+        #expect(stats["nonce_demands"] as? Int == 1, "\(stats)")
+        #expect((stats["failures"] as? [Any])?.isEmpty == true, "\(stats)")
+        // The generated key: 0600 in state_dir; its thumbprint, not the key, is logged.
+        let keyPath = dir + "/state/d.dpop.pem"
+        let attributes = try FileManager.default.attributesOfItem(atPath: keyPath)
+        #expect((attributes[.posixPermissions] as? NSNumber)?.intValue == 0o600)
+        let pem = try String(contentsOfFile: keyPath, encoding: .utf8)
+        #expect(pem.contains("PRIVATE KEY"))
+        #expect(!b.logs.contains(String(pem.split(separator: "\n")[1])))
+
+        // A POST with a body, a PUT: each its own proof (htm, htu, jti) with the same token.
+        let post = try Self.raw(port, "POST /p/x?y=2 HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello", method: "POST")
+        #expect(post.status == 200)
+        #expect(Self.json(post)["body_length"] as? Int == 5)
+        #expect(Self.json(post)["method"] as? String == "POST")
+
+        // The origin changes its nonce: 100 concurrent requests, each retried at most once with
+        // the new nonce, none refreshes the token.
+        let tokenRequests = try auth.stats()["token_requests"] as? Int
+        _ = try Self.raw(origin.port, "POST /_test/rotate-nonce HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", method: "POST")
+        let before = try Self.originStats(origin)["nonce_demands"] as? Int ?? 0
+        final class Results: @unchecked Sendable {  // @unchecked: guarded by `lock`
+            let lock = NSLock()
+            var statuses: [Int] = []
+        }
+        let results = Results()
+        DispatchQueue.concurrentPerform(iterations: 100) { i in
+            let status = (try? TestClient.get(port: port, path: "/c/\(i)").status) ?? 0
+            results.lock.withLock { results.statuses.append(status) }
+        }
+        #expect(results.statuses.count == 100)
+        #expect(results.statuses.allSatisfy { $0 == 200 }, "\(results.statuses.filter { $0 != 200 })")
+        stats = try Self.originStats(origin)
+        let demands = (stats["nonce_demands"] as? Int ?? 0) - before
+        #expect(demands >= 1 && demands <= 100, "\(stats)")
+        #expect((stats["failures"] as? [Any])?.isEmpty == true, "\(stats)")
+        #expect(try auth.stats()["token_requests"] as? Int == tokenRequests, "no refresh for a nonce demand")
+        // Every nonce demand was retried once: the metrics count them per side.
+        let metrics = String(decoding: try TestClient.get(port: admin, path: "/metrics").body, as: UTF8.self)
+        #expect(metrics.contains("bearerd_dpop_nonce_retries_total{session=\"d\",side=\"token_endpoint\"} 1"), "\(metrics)")
+        #expect(metrics.contains("bearerd_dpop_nonce_retries_total{session=\"d\",side=\"upstream\"} \(demands + 1)"), "\(metrics)")
+
+        // A restart keeps the key (same jkt): tokens bound to it stay usable.
+        #expect(b.stop() == 0)
+        b = try RunningBearerd(config: cfg, dir: dir)
+        defer { _ = b.stop() }
+        let again = try #require(b.waitServing(port: port, path: "/after-restart"))
+        #expect(again.status == 200, "\(b.logs)")
+        #expect(Self.json(again)["jkt"] as? String == jkt)
+
+        // bearerd check prints the key's thumbprint.
+        let check = try CommandLineTests.run(["check", "-c", b.configPath])
+        #expect(check.status == 0, "\(check.stderr)")
+        #expect(check.stdout.contains("jkt \(jkt)"), "\(check.stdout)")
+    }
+
+    private func json(_ r: TestClient.Response) -> [String: Any] { Self.json(r) }
+
+    /// A token endpoint that answers `token_type: Bearer` to a DPoP session: no token, the
+    /// client gets 503 naming the session, the upstream is not called.
+    @Test func aBearerAnswerIsRefused() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        #expect(try auth.request("POST", "/_test/dpop?enable=1&answer_bearer=1").status == 200)
+        let origin = try PythonFixture(script: "dpop_origin.py", arguments: ["--port", "0"])
+        defer { origin.stop() }
+        let dir = try RunningBearerd.tempDir("dpop-bearer")
+        let port = try RunningBearerd.freePort()
+        let b = try RunningBearerd(config: Self.config(port: port, auth: auth, origin: origin.port, stateDir: dir + "/state"), dir: dir)
+        defer { _ = b.stop() }
+        let r = try #require(b.waitServing(port: port, path: "/x"))
+        #expect(r.status == 503)
+        let body = String(decoding: r.body, as: UTF8.self)
+        #expect(body.contains("\"session\":\"d\""), "\(body)")
+        #expect(body.contains("DPoP"), "\(body)")
+        #expect(try Self.originStats(origin)["ok"] as? Int == 0)
+    }
+
+    /// `dpop: true` without `dpop_key_file` and without `state_dir` is a check error.
+    @Test func aGeneratedKeyNeedsStateDir() throws {
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", """
+            sessions:
+              d:
+                grant: client_credentials
+                token_url: http://127.0.0.1:9/token
+                client_id: svc
+                client_secret: s
+                dpop: true
+            routes:
+              - match: /
+                upstream: http://127.0.0.1:9
+                session: d
+            """)
+        let out = try CommandLineTests.run(["check", "-c", cfg])
+        #expect(out.status != 0)
+        #expect(out.stderr.contains("state_dir") && out.stderr.contains("dpop"), "\(out.stderr)")
+    }
+
+    /// gRPC over h2c: every call (unary, server streaming, bidirectional), each its own HTTP/2
+    /// stream, carries its own proof (a jti never seen before, htu the call's URL, ath), checked
+    /// by the grpcio server against the token's cnf.jkt.
+    @Test func everyGRPCStreamGetsItsOwnProof() throws {
+        try #require(PythonFixture.unavailable(modules: ["grpc"]) == nil, "\(PythonFixture.unavailable(modules: ["grpc"]) ?? "")")
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        #expect(try auth.request("POST", "/_test/dpop?enable=1").status == 200)
+        let server = try PythonFixture(script: "grpc_echo.py", arguments: ["server", "--port", "0", "--dpop"])
+        defer { server.stop() }
+        let dir = try RunningBearerd.tempDir("dpop-grpc")
+        let port = try RunningBearerd.freePort()
+        let b = try RunningBearerd(config: """
+            listen: [127.0.0.1:\(port)]
+            state_dir: \(dir)/state
+            sessions:
+              d:
+                grant: client_credentials
+                token_url: \(auth.tokenURL)
+                client_id: svc
+                client_secret: svc-secret
+                dpop: true
+            routes:
+              - match: /bearerd.test.Echo/
+                upstream: http://127.0.0.1:\(server.port)
+                http2: prior_knowledge
+                session: d
+            """, dir: dir)
+        defer { _ = b.stop() }
+        #expect(b.waitServing(port: port) != nil)
+        var jtis: Set<String> = []
+        var jkts: Set<String> = []
+        for (kind, expected) in [("unary", ["hello"]), ("server_stream", (0..<3).map { "msg-\($0)" }), ("bidi", (0..<3).map { "b\($0)" }), ("unary", ["hello"])] {
+            let call = try GRPCTests.call(port, kind)
+            #expect(call.ok, "\(kind): \(call) \(server.log.suffix(2000))")
+            #expect(call.messages == expected)
+            if let jti = call.trailers["x-dpop-jti"] { jtis.insert(jti) }
+            if let jkt = call.trailers["x-dpop-jkt"] { jkts.insert(jkt) }
+            #expect(call.trailers["x-seen-authorization"]?.hasPrefix("DPoP ") == true)
+        }
+        #expect(jtis.count == 4, "a fresh proof per stream")
+        #expect(jkts.count == 1)
+    }
+}
