@@ -71,9 +71,10 @@ struct DjangoOAuthToolkitTests {
         #expect(login.stderr.contains("Signed in"))
         let firstRefresh = try #require(Self.storedRefreshToken(dir))
 
-        // `token` prints a token DOT's protected view accepts.
+        // `token` prints a token DOT's protected view accepts, quietly.
         let token = try CommandLineTests.run(["token", "-c", cfg, "me"])
         #expect(token.status == 0, "\(token.stderr)")
+        #expect(token.stderr.isEmpty, "quiet by default: \(token.stderr)")
         let direct = try dot.api("/api/direct", token: token.stdout.trimmingCharacters(in: .newlines))
         #expect(direct.status == 200, "\(direct.bodyText)")
         #expect(Self.json(direct)["user"] as? String == "alice")
