@@ -56,13 +56,16 @@ public final class DjangoOAuthFixture: @unchecked Sendable {  // @unchecked: `st
     ///   - rootMetadata: also serve RFC 8414 metadata at `/.well-known/oauth-authorization-server/o`
     ///     (DOT's advice for deployments under a prefix); without it only OIDC discovery at
     ///     `/o/.well-known/openid-configuration` answers.
-    public static func start(tokenLifetime: Int = 3600, rootMetadata: Bool = false) throws -> DjangoOAuthFixture {
+    ///   - rfc9700: every `COMPLIANT_BCP_RFC9700_*` gate on (DOT 4.0's announced defaults): the
+    ///     authorization response carries `iss` (RFC 9207), S256 only, tokens hashed at rest.
+    public static func start(tokenLifetime: Int = 3600, rootMetadata: Bool = false, rfc9700: Bool = false) throws -> DjangoOAuthFixture {
         if let reason = availability { throw AuthServerFixture.Failure("django-oauth-toolkit fixture unavailable: \(reason)") }
         let fm = FileManager.default
         let dir = fm.temporaryDirectory.appendingPathComponent("bearerd-dot-\(UUID().uuidString)")
         try fm.createDirectory(at: dir, withIntermediateDirectories: true)
         var args = ["--state-dir", dir.path, "--token-lifetime", String(tokenLifetime)]
         if rootMetadata { args.append("--root-metadata") }
+        if rfc9700 { args.append("--rfc9700") }
         do {
             let child = try PythonFixture(script: "dot_server.py", arguments: args, readyTimeout: 60)
             return DjangoOAuthFixture(port: child.port, child: child, directory: dir)

@@ -54,10 +54,17 @@ struct DjangoOAuthToolkitTests {
     /// nonce checked in DOT's RS256 id_token and a redirect port chosen at run time (DOT lets any
     /// port through for 127.0.0.1, RFC 8252 §7.3); `token` and `run`; an access token the server
     /// no longer accepts is renewed with the rotated refresh token, which is persisted, and the
-    /// request replayed.
-    @Test(arguments: [false, true]) func signInTokenAndRunWithRotation(rootMetadata: Bool) throws {
-        let dot = try DjangoOAuthFixture.start(rootMetadata: rootMetadata)
+    /// request replayed. The second run has DOT's RFC 9700 gates on (its 4.0 defaults): the
+    /// callback then carries `iss` (RFC 9207), which bearerd does not need, and tokens are stored hashed.
+    @Test(arguments: zip([false, true], [false, true])) func signInTokenAndRunWithRotation(rootMetadata: Bool, rfc9700: Bool) throws {
+        let dot = try DjangoOAuthFixture.start(rootMetadata: rootMetadata, rfc9700: rfc9700)
         defer { dot.stop() }
+        if rootMetadata {
+            let meta = Self.json(try dot.request("GET", "/.well-known/oauth-authorization-server/o"))
+            #expect(meta["issuer"] as? String == dot.issuer)
+            #expect(meta["device_authorization_endpoint"] == nil, "DOT publishes no device endpoint")
+            #expect((meta["authorization_response_iss_parameter_supported"] as? Bool ?? false) == rfc9700, "\(meta)")
+        }
         let dir = try RunningBearerd.tempDir("dot")
         let cfg = try CommandLineTests.tempFile("bearerd.yaml", Self.config(dot, dir: dir))
         let check = try CommandLineTests.run(["check", "-c", cfg])

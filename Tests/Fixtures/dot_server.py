@@ -3,7 +3,7 @@
 django-oauth-toolkit (DOT) in a single-file Django project. TEST FIXTURE ONLY.
 
 Run:
-    python3 dot_server.py --state-dir DIR [--token-lifetime 3600] [--root-metadata]
+    python3 dot_server.py --state-dir DIR [--token-lifetime 3600] [--root-metadata] [--rfc9700]
 
 Prints `READY <port>` on stdout once it listens on 127.0.0.1 (ephemeral port) and exits when its
 stdin closes (the `PythonFixture` protocol). DIR holds the sqlite database; `migrate` runs at
@@ -72,7 +72,7 @@ import django
 from django.conf import settings
 
 
-def configure(state_dir, token_lifetime, root_metadata):
+def configure(state_dir, token_lifetime, root_metadata, rfc9700):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -124,6 +124,10 @@ def configure(state_dir, token_lifetime, root_metadata):
             "DEFAULT_SCOPES": ["read"],
             # Filled in once the port is known (main).
             "OAUTH_DEVICE_VERIFICATION_URI": None,
+            # --rfc9700: every RFC 9700 gate on (DOT 4.0's announced defaults): `iss` in the
+            # authorization response (RFC 9207), S256 only, tokens hashed at rest, no implicit or
+            # password grant, no token in the query.
+            **({name: True for name in RFC9700_GATES} if rfc9700 else {}),
         },
     )
     global ROOT_METADATA
@@ -132,6 +136,14 @@ def configure(state_dir, token_lifetime, root_metadata):
 
 
 ROOT_METADATA = False
+RFC9700_GATES = (
+    "COMPLIANT_BCP_RFC9700_IMPLICIT_GRANT",
+    "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT",
+    "COMPLIANT_BCP_RFC9700_PKCE_METHOD",
+    "COMPLIANT_BCP_RFC9700_ACCESS_TOKEN_TRANSPORT",
+    "COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS",
+    "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE",
+)
 STATS_LOCK = threading.Lock()
 STATS = {"token_requests": Counter(), "token_errors": Counter(), "not_found": [], "api": Counter()}
 
@@ -312,11 +324,12 @@ def main():
     p.add_argument("--state-dir", default=None, help="directory for the sqlite database (default: a temporary one)")
     p.add_argument("--token-lifetime", type=int, default=3600)
     p.add_argument("--root-metadata", action="store_true")
+    p.add_argument("--rfc9700", action="store_true")
     args = p.parse_args()
     state_dir = args.state_dir or tempfile.mkdtemp(prefix="bearerd-dot-")
 
     t0 = time.monotonic()
-    configure(state_dir, args.token_lifetime, args.root_metadata)
+    configure(state_dir, args.token_lifetime, args.root_metadata, args.rfc9700)
     t1 = time.monotonic()
     from django.contrib.auth.models import User
     from django.core.management import call_command
