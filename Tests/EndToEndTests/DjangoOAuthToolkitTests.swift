@@ -153,6 +153,46 @@ struct DjangoOAuthToolkitTests {
         #expect(running.waitLog("new sign-in found in the state file"))
     }
 
+    /// DOT rotates refresh tokens with no grace period: a refresh token presented twice is
+    /// `invalid_grant` and ends the session. With 6 s tokens, `bearerd run` (soft refresh) and
+    /// `bearerd token` (renewing anything with under 5 s left) both rotate the one refresh token
+    /// for 8 s; the state file's lock and re-read (DESIGN §6, rotation durability) must keep every
+    /// refresh on the newest token: no `invalid_grant`, every printed token accepted.
+    @Test func runAndTokenShareRotationsWithoutAGraceWindow() throws {
+        let dot = try DjangoOAuthFixture.start(tokenLifetime: 6)
+        defer { dot.stop() }
+        let dir = try RunningBearerd.tempDir("dot")
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", Self.config(dot, dir: dir))
+        #expect(try Self.signIn(cfg, dir: dir).status == 0)
+        let port = try RunningBearerd.freePort()
+        let running = try RunningBearerd(config: "listen: 127.0.0.1:\(port)\n" + Self.config(dot, dir: dir), dir: dir)
+        defer { _ = running.stop() }
+        #expect(running.waitServing(port: port, path: "/hello")?.status == 200, "\(running.logs)")
+
+        let deadline = Date().addingTimeInterval(8)
+        var rounds = 0
+        while Date() < deadline && rounds < 200 {
+            rounds += 1
+            let token = try CommandLineTests.run(["token", "-c", cfg, "me"])
+            #expect(token.status == 0, "\(token.stderr)")
+            let printed = token.stdout.trimmingCharacters(in: .newlines)
+            // DOT deletes the previous access token when its refresh token is used: a refresh
+            // by `run` between the print and this call may have revoked it; then `token` has the new one.
+            if try dot.api("/api/t", token: printed).status != 200 {
+                let now = try CommandLineTests.run(["token", "-c", cfg, "me"]).stdout.trimmingCharacters(in: .newlines)
+                #expect(now != printed, "a printed token refused while it is still the session's")
+                #expect(try dot.api("/api/t", token: now).status == 200)
+            }
+            // `run` holds the token it had before `token` rotated (DOT revoked it): the 401 is
+            // answered by a refresh from the newest refresh token in the state file (re-read
+            // under the lock; a stored access token this short-lived is not adopted) and a replay.
+            #expect(try TestClient.get(port: port, path: "/r").status == 200, "\(running.logs)")
+        }
+        let stats = try dot.stats()
+        #expect((stats["token_errors"] as? [String: Any])?.isEmpty == true, "\(stats)\n\(running.logs)")
+        #expect(try dot.tokenRequests("refresh_token") >= 2, "\(stats)")
+    }
+
     /// DOT compares `localhost` redirect URIs with their port (RFC 8252 §8.3 does not recommend
     /// them; only the IP literals get any port): the run-time port is never redirected to, and the
     /// sign-in times out with the hint; `redirect_uri:` with the registered URL works. A fixed
