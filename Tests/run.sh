@@ -4,8 +4,9 @@
 #   Debian packages: python3-venv (the fixtures' venv), systemd (systemd-socket-activate and
 #   systemd-analyze for the systemd and deploy/ tests), nginx (a real HTTP/2 upstream), curl (an
 #   HTTP/2 client), openssl (certificates made for the tests)
-#   PyPI, pinned, into .venv: Authlib and Flask (a real authorization server), grpcio (a real gRPC
-#   server and client), websockets (a real WebSocket peer), prometheus_client (the metrics parser)
+#   PyPI, pinned, into .venv: Authlib and Flask, and Django with django-oauth-toolkit (two real
+#   authorization servers), grpcio (a real gRPC server and client), websockets (a real WebSocket
+#   peer), prometheus_client (the metrics parser)
 # Extra arguments go to `swift test` (e.g. --filter LoginTests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ if [ ! -x .venv/bin/python3 ]; then python3 -m venv .venv; fi
 .venv/bin/python3 -m pip install -q --disable-pip-version-check -r Tests/Fixtures/requirements.txt
 if [ -n "${CI:-}" ]; then
     echo "== the tests' prerequisites are present (CI must not skip a test for lack of them)"
-    .venv/bin/python3 -c "import authlib, flask, prometheus_client.parser, grpc, websockets"
+    .venv/bin/python3 -c "import authlib, flask, prometheus_client.parser, grpc, websockets, django, oauth2_provider"
     for tool in systemd-socket-activate systemd-analyze setpriv curl /usr/sbin/nginx; do
         command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
     done

@@ -44,7 +44,10 @@ public enum Discovery {
                     errors.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).issuer",
                                               message: "\(issuer) publishes no device_authorization_endpoint, which grant device_code needs"))
                 }
-                if let methods = meta.tokenEndpointAuthMethods, !methods.contains(session.clientAuth.rawValue) {
+                // `none` (a public client, RFC 7591 §2) is left out: servers that take public
+                // clients often list only the methods that authenticate one (django-oauth-toolkit,
+                // Keycloak), and the warning then came with every `bearerd token` of a signed-in person.
+                if session.clientAuth != .none, let methods = meta.tokenEndpointAuthMethods, !methods.contains(session.clientAuth.rawValue) {
                     logger.warning("the issuer does not list this session's client_auth", metadata: [
                         "session": "\(session.name)", "client_auth": "\(session.clientAuth.rawValue)",
                         "supported": "\(methods.joined(separator: ","))"])

@@ -31,8 +31,9 @@ public final class PythonFixture: @unchecked Sendable {  // @unchecked: `stopped
         AuthServerFixture.pythonMissing(modules: modules)
     }
 
-    /// Starts `script` with `arguments` and waits (up to 15 s) for its `READY <port>` line.
-    public init(script name: String, arguments: [String]) throws {
+    /// Starts `script` with `arguments` and waits (up to `readyTimeout` seconds) for its
+    /// `READY <port>` line.
+    public init(script name: String, arguments: [String], readyTimeout: Double = 15) throws {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         p.arguments = [AuthServerFixture.python, "-u", Self.script(name)] + arguments
@@ -60,7 +61,7 @@ public final class PythonFixture: @unchecked Sendable {  // @unchecked: `stopped
             line.text = String(decoding: bytes, as: UTF8.self)
             got.signal()
         }.start()
-        let ok = got.wait(timeout: .now() + 15) == .success
+        let ok = got.wait(timeout: .now() + readyTimeout) == .success
         let parts = line.text.split(separator: " ")
         guard ok, parts.count == 2, parts[0] == "READY", let port = UInt16(parts[1]) else {
             let log = (try? String(contentsOfFile: stderrFile, encoding: .utf8)) ?? ""
