@@ -142,6 +142,8 @@ extension TokenSession {
             var generation: UInt64
             var expiresAt: MonotonicInstant
             var hardAt: MonotonicInstant
+            /// When the token request that returned it was sent (`sentAt`).
+            var requestedAt: MonotonicInstant
             /// Set when an upstream rejected this generation: it is never served again.
             var rejectedAt: MonotonicInstant?
             /// An upstream answered a request carrying it with a status that is not a rejection.
@@ -150,7 +152,7 @@ extension TokenSession {
             var published: CurrentToken {
                 let until = rejectedAt.map { Swift.min($0, hardAt) } ?? hardAt
                 return CurrentToken(accessToken: accessToken, generation: generation, expiresAt: expiresAt,
-                                    usableWithoutWaitingUntil: Swift.min(until, expiresAt))
+                                    usableWithoutWaitingUntil: Swift.min(until, expiresAt), requestedAt: requestedAt)
             }
             func usableWithoutWaiting(_ now: MonotonicInstant) -> Bool { published.isUsableWithoutWaiting(at: now) }
             func notExpired(_ now: MonotonicInstant) -> Bool { now < expiresAt }
@@ -349,6 +351,7 @@ extension TokenSession {
 
             let generation: UInt64
             var proven = false
+            var requestedAt = sentAt
             if let old = token {
                 // DESIGN §6 (corrected, issue 8 item 14): only the *same* access token is no
                 // progress. A different token is progress even when it expires sooner: servers
@@ -361,12 +364,14 @@ extension TokenSession {
                 }
                 generation = sameToken ? old.generation : lastGeneration + 1
                 proven = sameToken && old.proven
+                // The same token was first issued earlier: whatever killed it since still applies.
+                if sameToken { requestedAt = min(old.requestedAt, sentAt) }
             } else {
                 generation = lastGeneration + 1
             }
             lastGeneration = max(lastGeneration, generation)
             token = Token(accessToken: grant.accessToken, generation: generation, expiresAt: expiresAt,
-                          hardAt: hardAt, rejectedAt: nil, proven: proven)
+                          hardAt: hardAt, requestedAt: requestedAt, rejectedAt: nil, proven: proven)
             phase = .ready(Ready(refreshAt: refreshAt, notBefore: notBefore))
             let published = token!.published  // Just assigned above.
             var actions: [Action] = [.publish(published)]
