@@ -487,7 +487,8 @@ extension TokenSession {
         /// DESIGN §5, never the upstream's rejection).
         ///
         /// Compare-and-swap: only the current generation is marked rejected; an older one gets
-        /// the current token at once (or, if that one was rejected too, waits for its refresh).
+        /// the current token at once (or, if that one was rejected too, waits for its refresh;
+        /// past its hard point or expired, waits like `tokenRequested`).
         /// A proven token's rejection always gets its forced refresh (paced: one per
         /// `forcedRefreshInterval`); a never-proven one's is subject to the breaker. Joining
         /// a fetch in flight is always allowed. The no-progress guard applies to both.
@@ -500,9 +501,13 @@ extension TokenSession {
                 return fail("token.refresh_not_possible", policy.waitTimeoutRetryAfter)
             }
             if generation < t.generation, t.rejectedAt == nil {
-                // An older token: the current one replays at once, no refresh.
+                // An older token: the current one replays at once, no refresh, while it may be
+                // used without waiting. Past its hard point (an outage kept it in service) or
+                // expired, the replay waits like any request that needs a token: an expired
+                // current token would be rejected in its turn.
                 guard let waiter else { return [] }
-                return [.resumeWaiters([waiter], with: .token(t.published))]
+                if t.usableWithoutWaiting(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
+                return tokenRequested(waiter: waiter, now: now)
             }
             // The current token was rejected (by this request, or earlier by another one).
             var actions: [Action] = []

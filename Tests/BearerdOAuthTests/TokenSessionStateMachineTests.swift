@@ -609,6 +609,27 @@ extension UInt64 {
         #expect(m.currentToken?.generation == 4 && m.currentToken?.requestedAt == t(6800))
     }
 
+    /// The rejection of an older generation replays at once with the current token only while
+    /// that token may be used without waiting. Here the current token B has expired while its
+    /// refresh is still in flight (a slow token endpoint), and a request that carried A is
+    /// rejected: it used to be replayed at once with the expired B (a certain second rejection,
+    /// relayed to the client); it now waits for the refresh like any request that needs a token.
+    @Test func anOlderGenerationsReplayWaitsWhenTheCurrentTokenHasExpired() throws {
+        var (m, _) = readyMachine(lifetime: 8)
+        _ = m.upstreamAccepted(generation: 1, now: t(1))
+        #expect(m.refreshTimerFired(now: t(4.5)).fetches.count == 1)
+        _ = m.fetchSucceeded(tokenGrant("B", lifetime: 8), sentAt: t(4.5), now: t(4.6))  // B expires at t(12.5).
+        #expect(m.refreshTimerFired(now: t(9)).fetches.count == 1)  // Not answered before t(13).
+        let rejected = m.upstreamRejected(generation: 1, waiter: WaiterID(1), now: t(12.7))
+        #expect(rejected.resumed.isEmpty, "replayed at once with the expired B: \(rejected)")
+        #expect(rejected.fetches.isEmpty && rejected.waiterTimeouts.map(\.0) == [WaiterID(1)])
+        let done = m.fetchSucceeded(tokenGrant("C", lifetime: 8), sentAt: t(9), now: t(13))
+        #expect(done.resumed.map(\.0) == [WaiterID(1)] && done.resumedTokens.map(\.generation) == [3])
+        // Before its hard point, the current token is still handed over at once.
+        let early = m.upstreamRejected(generation: 2, waiter: WaiterID(2), now: t(13.5))
+        #expect(early.resumedTokens.map(\.generation) == [3])
+    }
+
     /// At most one forced refresh per second per session: a rejection inside the second waits
     /// (with the others) for the next one instead of starting its own.
     @Test func forcedRefreshesArePacedToOnePerSecond() throws {
