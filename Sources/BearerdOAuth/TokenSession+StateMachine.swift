@@ -142,6 +142,8 @@ extension TokenSession {
             var generation: UInt64
             var expiresAt: MonotonicInstant
             var hardAt: MonotonicInstant
+            /// When the token request that returned it was sent (`sentAt`).
+            var requestedAt: MonotonicInstant
             /// Set when an upstream rejected this generation: it is never served again.
             var rejectedAt: MonotonicInstant?
             /// An upstream answered a request carrying it with a status that is not a rejection.
@@ -150,7 +152,7 @@ extension TokenSession {
             var published: CurrentToken {
                 let until = rejectedAt.map { Swift.min($0, hardAt) } ?? hardAt
                 return CurrentToken(accessToken: accessToken, generation: generation, expiresAt: expiresAt,
-                                    usableWithoutWaitingUntil: Swift.min(until, expiresAt))
+                                    usableWithoutWaitingUntil: Swift.min(until, expiresAt), requestedAt: requestedAt)
             }
             func usableWithoutWaiting(_ now: MonotonicInstant) -> Bool { published.isUsableWithoutWaiting(at: now) }
             func notExpired(_ now: MonotonicInstant) -> Bool { now < expiresAt }
@@ -349,6 +351,7 @@ extension TokenSession {
 
             let generation: UInt64
             var proven = false
+            var requestedAt = sentAt
             if let old = token {
                 // DESIGN §6 (corrected, issue 8 item 14): only the *same* access token is no
                 // progress. A different token is progress even when it expires sooner: servers
@@ -361,12 +364,14 @@ extension TokenSession {
                 }
                 generation = sameToken ? old.generation : lastGeneration + 1
                 proven = sameToken && old.proven
+                // The same token was first issued earlier: whatever killed it since still applies.
+                if sameToken { requestedAt = min(old.requestedAt, sentAt) }
             } else {
                 generation = lastGeneration + 1
             }
             lastGeneration = max(lastGeneration, generation)
             token = Token(accessToken: grant.accessToken, generation: generation, expiresAt: expiresAt,
-                          hardAt: hardAt, rejectedAt: nil, proven: proven)
+                          hardAt: hardAt, requestedAt: requestedAt, rejectedAt: nil, proven: proven)
             phase = .ready(Ready(refreshAt: refreshAt, notBefore: notBefore))
             let published = token!.published  // Just assigned above.
             var actions: [Action] = [.publish(published)]
@@ -482,7 +487,8 @@ extension TokenSession {
         /// DESIGN §5, never the upstream's rejection).
         ///
         /// Compare-and-swap: only the current generation is marked rejected; an older one gets
-        /// the current token at once (or, if that one was rejected too, waits for its refresh).
+        /// the current token at once (or, if that one was rejected too, waits for its refresh;
+        /// past its hard point or expired, waits like `tokenRequested`).
         /// A proven token's rejection always gets its forced refresh (paced: one per
         /// `forcedRefreshInterval`); a never-proven one's is subject to the breaker. Joining
         /// a fetch in flight is always allowed. The no-progress guard applies to both.
@@ -495,9 +501,13 @@ extension TokenSession {
                 return fail("token.refresh_not_possible", policy.waitTimeoutRetryAfter)
             }
             if generation < t.generation, t.rejectedAt == nil {
-                // An older token: the current one replays at once, no refresh.
+                // An older token: the current one replays at once, no refresh, while it may be
+                // used without waiting. Past its hard point (an outage kept it in service) or
+                // expired, the replay waits like any request that needs a token: an expired
+                // current token would be rejected in its turn.
                 guard let waiter else { return [] }
-                return [.resumeWaiters([waiter], with: .token(t.published))]
+                if t.usableWithoutWaiting(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
+                return tokenRequested(waiter: waiter, now: now)
             }
             // The current token was rejected (by this request, or earlier by another one).
             var actions: [Action] = []

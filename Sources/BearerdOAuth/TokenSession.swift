@@ -90,17 +90,28 @@ extension TokenSession {
         public let expiresAt: MonotonicInstant
         /// Start of the hard window, or the moment the token was rejected upstream.
         public let usableWithoutWaitingUntil: MonotonicInstant
+        /// When the token request that returned this token was sent (the origin when unknown).
+        public let requestedAt: MonotonicInstant
 
         public init(accessToken: OAuthSecret, generation: UInt64, expiresAt: MonotonicInstant,
-                    usableWithoutWaitingUntil: MonotonicInstant) {
+                    usableWithoutWaitingUntil: MonotonicInstant, requestedAt: MonotonicInstant = MonotonicInstant(nanoseconds: 0)) {
             self.accessToken = accessToken
             self.generation = generation
             self.expiresAt = expiresAt
             self.usableWithoutWaitingUntil = usableWithoutWaitingUntil
+            self.requestedAt = requestedAt
         }
 
         public func isUsableWithoutWaiting(at now: MonotonicInstant) -> Bool { now < usableWithoutWaitingUntil }
         public func isExpired(at now: MonotonicInstant) -> Bool { now >= expiresAt }
+
+        /// Whether this token was requested at or after `instant` — for a replay, the moment the
+        /// session learned of the rejection (DESIGN §6 "401 → refresh → replay"). Whatever made
+        /// the upstream reject (a revocation, a key rotation at the IdP) happened before that
+        /// moment, so it cannot have killed such a token. A token requested earlier (the current
+        /// one handed to a request that carried an older generation, or one from a fetch that was
+        /// already in flight) may have been killed by the same event: its replay is provisional.
+        public func wasRequested(atOrAfter instant: MonotonicInstant) -> Bool { requestedAt >= instant }
 
         public var description: String {
             "CurrentToken(fingerprint: \(accessToken.fingerprint), generation: \(generation), expiresAt: \(expiresAt))"

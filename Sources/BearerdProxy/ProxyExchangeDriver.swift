@@ -355,11 +355,13 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 self.runtime.logger.info("replaying rejected request", metadata: [
                     "session": "\(session.name)", "route": "\(self.route.match)",
                     "token.generation": "\(rejected.generation)", "replay.generation": "\(t.generation)",
-                    "token.fingerprint": "\(t.fingerprint)",
+                    "token.fingerprint": "\(t.fingerprint)", "replay.provisional": "\(!refreshed)", "path": "\(Redaction.target(String(self.logPath)))",
                 ])
                 self.token = t
                 self.replayed = true
-                self.perform(self.machine.rejectionOutcome(.replay))
+                // DESIGN §6: a token requested before the session learned of this rejection may
+                // have been killed by the same revocation; a rejection of it is replayed once more.
+                self.perform(self.machine.rejectionOutcome(refreshed ? .replay : .provisionalReplay))
             case .passThrough(let reason):
                 // The session logs this once per route and breaker streak and counts the rest.
                 self.ctx.metrics.countReplay(slot: self.metricsSlot, ReplayOutcome.abandoned(reason: reason))
@@ -592,7 +594,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         status = upstream.status
         if runtime.logger.logLevel <= .trace {
             runtime.logger.trace("upstream response", metadata: [
-                "http.status": "\(upstream.status)", "http.headers": "\(Redaction.describe(upstream.headers))"])
+                "http.status": "\(upstream.status)", "http.headers": "\(Redaction.describe(upstream.headers))",
+                "path": "\(Redaction.target(String(logPath)))", "token.generation": "\(token?.generation ?? 0)"])
         }
         responseHead = (upstream, respFraming)
         if let dpop = session?.dpop, let nonce = upstream.headers[DPoP.nonceHeader] {

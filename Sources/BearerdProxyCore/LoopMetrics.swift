@@ -135,9 +135,11 @@ public enum UpstreamErrorKind: Int, CaseIterable, Sendable {
 /// What became of an upstream response whose status is in the route's `reject_statuses`
 /// (DESIGN §6 "401 → refresh → replay once"). The raw value indexes `RouteMetrics.replays`.
 public enum ReplayOutcome: Int, CaseIterable, Sendable {
-    /// The request carried an older generation: replayed at once with the current token.
+    /// Replayed with a token the session requested before it learned of the rejection (the
+    /// request carried an older generation and got the current token at once, or the rejection
+    /// joined a fetch already in flight). Provisional: a rejection of it is replayed once more.
     case replayedCurrentToken
-    /// The current generation was rejected: replayed with the token of the (joined or started) refresh.
+    /// Replayed with the token of a refresh requested after the session learned of the rejection.
     case replayedAfterRefresh
     /// The replay was rejected too; that response went to the client.
     case rejectedAgain

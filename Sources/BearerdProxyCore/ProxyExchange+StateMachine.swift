@@ -26,7 +26,8 @@ extension ProxyExchange {
     ///   body completes) → `.collectingReplayBody` / `.awaitingReplayToken`.
     /// - `.collectingReplayBody` → `clientBodyEnded` → `.awaitingReplayToken`; the kept copy
     ///   overflowing → `.finished` (the held rejection goes to the client).
-    /// - `.awaitingReplayToken` → `rejectionOutcome(.replay)` → `.connecting(replay)`;
+    /// - `.awaitingReplayToken` → `rejectionOutcome(.replay / .provisionalReplay)` → `.connecting(replay)`
+    ///   (a rejection of a provisional replay is held and reported like the first one);
     ///   `.passThrough` → `.finished` (the held rejection goes to the client);
     ///   `.tokenUnavailable` → `.finished` (503, DESIGN §6: never the upstream's rejection).
     /// - `.forwarding(_, .sent, .awaitingHead)` of an upgrade request → `upstreamSwitchedProtocols`
@@ -36,7 +37,8 @@ extension ProxyExchange {
     ///
     /// Invariants: the client gets at most one final response head; an error answer (JSON 5xx) is
     /// only chosen while no byte of a response head was written; a request is replayed at most
-    /// once and retried on a fresh connection at most once per attempt; a backend connection is
+    /// once with a token requested after its rejection was known (a provisional replay before it
+    /// is the only other one) and retried on a fresh connection at most once per attempt; a backend connection is
     /// handed back to the pool only when the request was fully sent and the response fully read.
     public struct StateMachine: Sendable {
         public let setup: Setup
@@ -49,6 +51,8 @@ extension ProxyExchange {
         public private(set) var continueState: ContinueState
         /// Bytes buffered while no upstream connection is ready (bounded by pausing the client).
         public private(set) var pendingBytes: Int = 0
+        /// Replays so far: at most two, and two only when the first was provisional.
+        public private(set) var replays: Int = 0
 
         /// RFC 9449 §9 on DPoP routes: the one replay an upstream's nonce demand gets (not a
         /// token rejection, so no refresh; it does not use the rejection replay).
@@ -99,7 +103,7 @@ extension ProxyExchange {
         /// A request is a replay once the first rejection was replayed.
         public var isReplay: Bool {
             switch state {
-            case .connecting(let a), .forwarding(let a, _, _): return a.kind.isTokenReplay
+            case .connecting(let a), .forwarding(let a, _, _): return a.kind.isReplay
             default: return false
             }
         }
@@ -142,7 +146,7 @@ extension ProxyExchange {
                 }
                 send = SendRequest(body: .pending, endBody: clientBody.isComplete && setup.hasBody, sendContinue: sendContinue)
                 pendingBytes = 0
-            case .original, .replay, .nonceRetry, .nonceRetryOfReplay:
+            case .original, .replay, .provisionalReplay, .nonceRetry, .nonceRetryOfReplay, .nonceRetryOfProvisionalReplay:
                 // A retry or a replay re-sends what was kept (all of it while keeping holds).
                 send = SendRequest(body: .kept, endBody: clientBody.isComplete && setup.hasBody, sendContinue: false)
             }
@@ -393,13 +397,19 @@ extension ProxyExchange {
             }
         }
 
-        /// The session answered the rejection: replay with its newer token, or pass the held
-        /// rejection through (breaker open, refresh failed).
+        /// The session answered the rejection: replay with its newer token (provisionally when
+        /// that token was requested before the session learned of the rejection), or pass the held
+        /// rejection through (breaker open), or answer 503 (no newer token).
         public mutating func rejectionOutcome(_ outcome: RejectionVerdict) -> Action {
             guard case .awaitingReplayToken(let heldWhole) = state else { return .none }
             switch outcome {
             case .replay:
+                replays += 1
                 return connect(Attempt(kind: .replay, freshConnection: false))
+            case .provisionalReplay:
+                // Only the first replay may be provisional: the second is final whatever its token.
+                replays += 1
+                return connect(Attempt(kind: replays == 1 ? .provisionalReplay : .replay, freshConnection: false))
             case .passThrough:
                 state = .finished
                 // A rejection whose body was cut cannot be relayed as it was: answer the failure.
@@ -560,14 +570,29 @@ extension ProxyExchange {
     }
 
     public struct Attempt: Sendable, Equatable {
-        /// `nonceRetry`: the request sent again with a DPoP nonce (RFC 9449 §9) after the
-        /// original; `nonceRetryOfReplay`: after a rejection replay (which stays spent).
+        /// `provisionalReplay`: a replay whose token was requested before the session learned of
+        /// the rejection (`RejectionVerdict.provisionalReplay`); its rejection is replayed once more.
+        /// `nonceRetry…`: the attempt sent again with a DPoP nonce (RFC 9449 §9) after a nonce
+        /// demand answered the original, a final or a provisional replay (which stays spent).
         public enum Kind: Sendable, Equatable {
-            case original, replay, nonceRetry, nonceRetryOfReplay
-            /// The rejection replay was used (a second rejection goes to the client).
+            case original, replay, provisionalReplay, nonceRetry, nonceRetryOfReplay, nonceRetryOfProvisionalReplay
+            /// The final rejection replay was used: a second rejection goes to the client.
             public var isTokenReplay: Bool { self == .replay || self == .nonceRetryOfReplay }
+            /// A rejection was replayed (finally or provisionally).
+            public var isReplay: Bool {
+                switch self {
+                case .replay, .provisionalReplay, .nonceRetryOfReplay, .nonceRetryOfProvisionalReplay: true
+                case .original, .nonceRetry: false
+                }
+            }
             /// The attempt that follows a nonce demand answering this one.
-            public var afterNonce: Kind { isTokenReplay ? .nonceRetryOfReplay : .nonceRetry }
+            public var afterNonce: Kind {
+                switch self {
+                case .original, .nonceRetry: .nonceRetry
+                case .replay, .nonceRetryOfReplay: .nonceRetryOfReplay
+                case .provisionalReplay, .nonceRetryOfProvisionalReplay: .nonceRetryOfProvisionalReplay
+                }
+            }
         }
         public var kind: Kind
         /// A retry after a pooled connection turned out closed: open a new one.
@@ -637,10 +662,22 @@ extension ProxyExchange {
         case alreadyClosed
     }
 
-    /// The session's answer to a held rejection.
     /// The session's answer to a held rejection: replay with a newer token, relay the
     /// rejection (breaker open), or answer 503 (no newer token within the wait bound).
-    public enum RejectionVerdict: Sendable, Equatable { case replay, passThrough, tokenUnavailable }
+    public enum RejectionVerdict: Sendable, Equatable {
+        /// Replay with a token requested after the session learned of the rejection: a
+        /// rejection of this replay goes to the client (DESIGN §6 "A replayed request that is
+        /// rejected again goes to the client").
+        case replay
+        /// Replay with a token the session requested *before* it learned of the rejection (its
+        /// current token, for a request that carried an older generation; or a fetch already in
+        /// flight). One revocation can kill both tokens, so a rejection of this replay is not yet
+        /// "rejected again": it is the first news about the replay's token, and the request is
+        /// replayed once more. At most once per request: a second replay is always final.
+        case provisionalReplay
+        case passThrough
+        case tokenUnavailable
+    }
 
     public struct SendRequest: Sendable, Equatable {
         public enum Body: Sendable, Equatable {

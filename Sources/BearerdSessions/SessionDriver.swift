@@ -61,7 +61,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     private enum Waiter {
         case token(EventLoop, (Result<PublishedToken, TokenUnavailable>) -> Void)
-        case rejection(EventLoop, generation: UInt64, route: String, (RejectionOutcome) -> Void)
+        /// `reportedAt`: when the session learned of the rejection (the instant given to the machine).
+        case rejection(EventLoop, generation: UInt64, reportedAt: MonotonicInstant, route: String, (RejectionOutcome) -> Void)
     }
 
     /// The highest generation an upstream is known to have accepted (any thread, lock-free):
@@ -135,7 +136,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     }
 
     /// The upstream rejected a request sent with `generation` on `route` (DESIGN §6 "401 →
-    /// refresh → replay once"). An older generation gets `.replay(current)` at once while the
+    /// refresh → replay"). An older generation gets `.replay(current, refreshed: false)` at once while the
     /// current token is in service; the current one is marked rejected (compare-and-swap in the
     /// state machine) and the one forced refresh is joined or started; `.passThrough` when the
     /// breaker is open, `.unavailable` when no newer token could be had within the wait bound.
@@ -150,8 +151,9 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 loop.execute { completion(.passThrough(reason: "token.session_stopped")) }
                 return
             }
-            let id = allocateWaiter(.rejection(loop, generation: generation, route: route, completion))
-            run(machine.upstreamRejected(generation: generation, waiter: id, now: now()))
+            let reportedAt = now()
+            let id = allocateWaiter(.rejection(loop, generation: generation, reportedAt: reportedAt, route: route, completion))
+            run(machine.upstreamRejected(generation: generation, waiter: id, now: reportedAt))
         }
     }
 
@@ -268,7 +270,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 case .token(let loop, let completion):
                     let failure = TokenUnavailable(session: name, retryAfterSeconds: 1, detail: "token.session_stopped")
                     loop.execute { completion(.failure(failure)) }
-                case .rejection(let loop, _, _, let completion):
+                case .rejection(let loop, _, _, _, let completion):
                     loop.execute { completion(.passThrough(reason: "token.session_stopped")) }
                 }
             }
@@ -407,11 +409,14 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 let failure = TokenUnavailable(session: name, retryAfterSeconds: u.retryAfterSeconds, detail: u.detail)
                 loop.execute { completion(.failure(failure)) }
             }
-        case .rejection(let loop, let generation, let route, let completion):
+        case .rejection(let loop, let generation, let reportedAt, let route, let completion):
             switch result {
             case .token(let t) where t.generation > generation:
                 let p = convert(t)
-                loop.execute { completion(.replay(p, refreshed: true)) }
+                // Requested before we learned of the rejection (the current token for an older
+                // generation, or a fetch already in flight): the same revocation may have killed it.
+                let refreshed = t.wasRequested(atOrAfter: reportedAt)
+                loop.execute { completion(.replay(p, refreshed: refreshed)) }
             case .token:
                 // No newer token (the machine hands out no rejected one; this is a safety net):
                 // never relay the upstream's rejection for a token we could not renew.

@@ -40,8 +40,13 @@ public struct TokenUnavailable: Error, Sendable, Equatable {
 
 /// What to do with a request whose token the upstream rejected.
 public enum RejectionOutcome: Sendable, Equatable {
-    /// Replay once with this (newer) token. `refreshed`: it came from the refresh this rejection
-    /// joined or started; false when the session already held it (the request carried an older one).
+    /// Replay with this (newer) token. `refreshed`: it was requested after the session learned of
+    /// this rejection (a refresh this rejection started, or one started since), so whatever killed
+    /// the rejected token cannot have killed it: a rejection of this replay goes to the client.
+    /// False when the token was requested earlier: the session's current token handed to a request
+    /// that carried an older generation, or the result of a fetch already in flight. One revocation
+    /// can kill both tokens, so such a replay is provisional: if it is rejected too, that is the
+    /// first news about its token, and the request is replayed once more (DESIGN §6).
     case replay(PublishedToken, refreshed: Bool)
     /// Do not replay: the rejection goes to the client as it is (the breaker is open: the
     /// rejections are not about our token; or the session stopped).

@@ -574,6 +574,62 @@ extension UInt64 {
         #expect(m.rejectionBreaker.countedRefreshes == 0)
     }
 
+    /// DESIGN §6, the soak's lost request: one revoke-all kills every token issued before it,
+    /// the current one too. A token handed to a rejection was requested either after the session
+    /// learned of the rejection (its replay is final) or before (the current token for an older
+    /// generation, a fetch already in flight: its replay is provisional, `wasRequested(atOrAfter:)`
+    /// false). Before the fix the machine gave no way to tell them apart (every replay was final,
+    /// and the 401 of a revoked current token went to the client).
+    @Test func tokensHandedToRejectionsTellWhetherTheyWereRequestedAfterIt() throws {
+        var (m, _) = readyMachine(lifetime: 3600)
+        _ = m.upstreamAccepted(generation: 1, now: t(1))
+        // A background refresh sent at t(3400) returns B (generation 2) just before a revoke-all.
+        #expect(m.refreshTimerFired(now: t(3400)).fetches.map(\.reason) == [.soft])
+        _ = m.fetchSucceeded(tokenGrant("B", lifetime: 3600), sentAt: t(3400), now: t(3400.05))
+        #expect(m.currentToken?.requestedAt == t(3400))
+        // A request that carried A is rejected: it gets B at once, requested before the rejection.
+        let older = m.upstreamRejected(generation: 1, waiter: WaiterID(1), now: t(3400.2))
+        let b = try #require(older.resumedTokens.first)
+        #expect(b.generation == 2 && older.fetches.isEmpty)
+        #expect(!b.wasRequested(atOrAfter: t(3400.2)), "provisional: the revoke-all may have killed B too")
+        // B's own rejection forces a refresh: C is requested after it, so its replay is final.
+        let own = m.upstreamRejected(generation: 2, waiter: WaiterID(2), now: t(3400.3))
+        #expect(own.fetches.map(\.reason) == [.rejected])
+        let c = try #require(m.fetchSucceeded(tokenGrant("C", lifetime: 3600), sentAt: t(3400.31), now: t(3400.4)).resumedTokens.first)
+        #expect(c.generation == 3 && c.wasRequested(atOrAfter: t(3400.3)))
+        // A rejection that joins a fetch already in flight gets a token requested before it.
+        _ = m.upstreamAccepted(generation: 3, now: t(3400.5))
+        #expect(m.refreshTimerFired(now: t(6800)).fetches.map(\.reason) == [.soft])
+        #expect(m.upstreamRejected(generation: 3, waiter: WaiterID(3), now: t(6800.1)).fetches.isEmpty)
+        let d = try #require(m.fetchSucceeded(tokenGrant("D", lifetime: 3600), sentAt: t(6800), now: t(6800.2)).resumedTokens.first)
+        #expect(d.generation == 4 && !d.wasRequested(atOrAfter: t(6800.1)))
+        // The same token returned again (no progress) keeps the instant it was first requested.
+        #expect(m.refreshTimerFired(now: t(10200)).fetches.count == 1)
+        _ = m.fetchSucceeded(tokenGrant("D", lifetime: 3600), sentAt: t(10200), now: t(10200.1))
+        #expect(m.currentToken?.generation == 4 && m.currentToken?.requestedAt == t(6800))
+    }
+
+    /// The rejection of an older generation replays at once with the current token only while
+    /// that token may be used without waiting. Here the current token B has expired while its
+    /// refresh is still in flight (a slow token endpoint), and a request that carried A is
+    /// rejected: it used to be replayed at once with the expired B (a certain second rejection,
+    /// relayed to the client); it now waits for the refresh like any request that needs a token.
+    @Test func anOlderGenerationsReplayWaitsWhenTheCurrentTokenHasExpired() throws {
+        var (m, _) = readyMachine(lifetime: 8)
+        _ = m.upstreamAccepted(generation: 1, now: t(1))
+        #expect(m.refreshTimerFired(now: t(4.5)).fetches.count == 1)
+        _ = m.fetchSucceeded(tokenGrant("B", lifetime: 8), sentAt: t(4.5), now: t(4.6))  // B expires at t(12.5).
+        #expect(m.refreshTimerFired(now: t(9)).fetches.count == 1)  // Not answered before t(13).
+        let rejected = m.upstreamRejected(generation: 1, waiter: WaiterID(1), now: t(12.7))
+        #expect(rejected.resumed.isEmpty, "replayed at once with the expired B: \(rejected)")
+        #expect(rejected.fetches.isEmpty && rejected.waiterTimeouts.map(\.0) == [WaiterID(1)])
+        let done = m.fetchSucceeded(tokenGrant("C", lifetime: 8), sentAt: t(9), now: t(13))
+        #expect(done.resumed.map(\.0) == [WaiterID(1)] && done.resumedTokens.map(\.generation) == [3])
+        // Before its hard point, the current token is still handed over at once.
+        let early = m.upstreamRejected(generation: 2, waiter: WaiterID(2), now: t(13.5))
+        #expect(early.resumedTokens.map(\.generation) == [3])
+    }
+
     /// At most one forced refresh per second per session: a rejection inside the second waits
     /// (with the others) for the next one instead of starting its own.
     @Test func forcedRefreshesArePacedToOnePerSecond() throws {
