@@ -205,4 +205,64 @@ struct DPoPEndToEndTests {
         #expect(jtis.count == 4, "a fresh proof per stream")
         #expect(jkts.count == 1)
     }
+
+    /// Plain HTTP/2 (not gRPC) on both sides: curl multiplexes concurrent streams over one
+    /// prior-knowledge connection to bearerd, and bearerd's `http2: prior_knowledge` route to a
+    /// Hypercorn h2c origin that checks each stream's proof (signature, htm/htu, ath, cnf.jkt,
+    /// its nonce demanded on first contact): every upstream stream carries its own proof.
+    @Test func plainHTTP2StreamsEachCarryTheirOwnProof() throws {
+        try #require(Curl.available, "curl is not installed")
+        try #require(PythonFixture.unavailable(modules: ["hypercorn"]) == nil, "\(PythonFixture.unavailable(modules: ["hypercorn"]) ?? "")")
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        #expect(try auth.request("POST", "/_test/dpop?enable=1&nonce=1").status == 200)
+        let origin = try PythonFixture(script: "dpop_origin.py", arguments: ["--port", "0", "--h2c"])
+        defer { origin.stop() }
+        let dir = try RunningBearerd.tempDir("dpop-h2")
+        let port = try RunningBearerd.freePort()
+        let b = try RunningBearerd(config: """
+            listen: [127.0.0.1:\(port)]
+            state_dir: \(dir)/state
+            sessions:
+              d:
+                grant: client_credentials
+                token_url: \(auth.tokenURL)
+                client_id: svc
+                client_secret: svc-secret
+                dpop: true
+            routes:
+              - match: /
+                upstream: http://127.0.0.1:\(origin.port)
+                http2: prior_knowledge
+                session: d
+            """, dir: dir)
+        defer { _ = b.stop() }
+        let first = try #require(b.waitServing(port: port, path: "/warm"))
+        #expect(first.status == 200, "\(String(decoding: first.body, as: UTF8.self)) \(b.logs)")
+        #expect(Self.json(first)["http_version"] as? String == "2")
+
+        // Eight streams at once on one HTTP/2 connection (h2c_client.py: curl 7.88's --parallel
+        // with prior knowledge breaks on any server), then a POST with a body from curl.
+        let count = 8
+        let out = try PythonFixture.runClient(script: "h2c_client.py", arguments: ["--port", "\(port)"]
+                                              + (0..<count).flatMap { ["--path", "/s/\($0)?q=\($0)"] }, timeout: 25)
+        let responses = try #require((try JSONSerialization.jsonObject(with: Data(out.utf8)) as? [String: Any])?["responses"] as? [[String: Any]])
+        #expect(responses.count == count)
+        #expect(responses.allSatisfy { $0["status"] as? Int == 200 && ($0["body"] as? String)?.contains("\"http_version\": \"2\"") == true },
+                "\(responses) \(b.logs)")
+        let post = try Curl.run(["--http2-prior-knowledge", "--data-binary", "@-", "http://127.0.0.1:\(port)/upload"], stdin: Data("hello h2".utf8))
+        #expect(post.status == 0 && post.httpVersion == "2", "\(post.stderr)")
+        #expect(post.body.contains("\"method\": \"POST\"") && post.body.contains("\"body_length\": 8"), "\(post.body)")
+
+        let stats = try Self.originStats(origin)
+        #expect((stats["failures"] as? [Any])?.isEmpty == true, "\(stats)")
+        #expect(stats["nonce_demands"] as? Int == 1, "first contact only: \(stats)")
+        let accepted = try #require(stats["accepted"] as? [[String: Any]])
+        #expect(accepted.count == count + 2, "\(accepted)")
+        #expect(accepted.allSatisfy { $0["http_version"] as? String == "2" }, "\(accepted)")
+        let jtis = Set(accepted.compactMap { $0["jti"] as? String })
+        #expect(jtis.count == accepted.count, "a fresh jti per stream: \(accepted)")
+        let paths = Set(accepted.compactMap { $0["path"] as? String })
+        #expect(paths.isSuperset(of: (0..<count).map { "/s/\($0)" }), "\(paths)")
+    }
 }

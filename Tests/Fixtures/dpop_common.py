@@ -47,9 +47,10 @@ def b64url(data):
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def verify_proof(proof, htm, htu, jtis, access_token=None, nonce=None):
+def verify_proof(proof, htm, htu, jtis, access_token=None, nonce=None, now=None):
     """Returns (claims, jkt) or raises ProofError. `nonce`: the value the proof must carry
-    (use_dpop_nonce when it differs or is absent)."""
+    (use_dpop_nonce when it differs or is absent). `now`: the verifier's clock (default: this
+    host's), against which `iat` must be within IAT_WINDOW."""
     if not proof or proof.count(".") != 2:
         raise ProofError("invalid_dpop_proof", "no DPoP proof")
     try:
@@ -74,8 +75,9 @@ def verify_proof(proof, htm, htu, jtis, access_token=None, nonce=None):
     if claims.get("htu") != htu:
         raise ProofError("invalid_dpop_proof", "htu %r, expected %r" % (claims.get("htu"), htu))
     iat = claims.get("iat")
-    if not isinstance(iat, int) or abs(time.time() - iat) > IAT_WINDOW:
-        raise ProofError("invalid_dpop_proof", "iat %r outside the time window" % iat)
+    now = time.time() if now is None else now
+    if not isinstance(iat, int) or abs(now - iat) > IAT_WINDOW:
+        raise ProofError("invalid_dpop_proof", "iat %r outside the time window of the server's clock (%d)" % (iat, now))
     jti = claims.get("jti")
     if not isinstance(jti, str) or not jti:
         raise ProofError("invalid_dpop_proof", "no jti")
