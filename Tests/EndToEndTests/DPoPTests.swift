@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import BearerdOAuth
 import BearerdTestSupport
 
 /// DPoP (RFC 9449, DESIGN §6 "DPoP") end to end: the real `bearerd` binary between a client and
@@ -264,5 +265,66 @@ struct DPoPEndToEndTests {
         #expect(jtis.count == accepted.count, "a fresh jti per stream: \(accepted)")
         let paths = Set(accepted.compactMap { $0["path"] as? String })
         #expect(paths.isSuperset(of: (0..<count).map { "/s/\($0)" }), "\(paths)")
+    }
+
+    /// The `cnf.jkt` of a fixture token (a JWT; its payload read without verification).
+    static func boundJKT(_ token: String) -> String? {
+        let parts = token.split(separator: ".")
+        guard parts.count == 3, let payload = Base64.decodeURL(String(parts[1])),
+              let claims = try? JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any] else { return nil }
+        return (claims["cnf"] as? [String: Any])?["jkt"] as? String
+    }
+
+    /// `bearerd token` for a DPoP session prints the bound token (its cnf.jkt is the thumbprint
+    /// `bearerd check` prints), reuses it from `state_dir` while it lasts, and never hands out a
+    /// token bound to another key: a new `dpop_key_file` means a new token.
+    @Test func tokenCommandPrintsABoundTokenAndCachesItPerKey() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        #expect(try auth.request("POST", "/_test/dpop?enable=1&nonce=1").status == 200)
+        let dir = try RunningBearerd.tempDir("dpop-token")
+        func config(keyFile: String?) throws -> String {
+            try CommandLineTests.tempFile("bearerd.yaml", """
+                state_dir: \(dir)/state
+                sessions:
+                  d:
+                    grant: client_credentials
+                    token_url: \(auth.tokenURL)
+                    client_id: svc
+                    client_secret: svc-secret
+                    dpop: true\(keyFile.map { "\n    dpop_key_file: \($0)" } ?? "")
+                routes:
+                  - match: /
+                    upstream: http://127.0.0.1:9
+                    session: d
+                """)
+        }
+        func jktOfCheck(_ cfg: String) throws -> String? {
+            let check = try CommandLineTests.run(["check", "-c", cfg])
+            #expect(check.status == 0, "\(check.stderr)")
+            guard let range = check.stdout.range(of: "jkt ") else { return nil }
+            return String(check.stdout[range.upperBound...].prefix { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" })
+        }
+        let generated = try config(keyFile: nil)
+        let first = try CommandLineTests.run(["token", "-c", generated, "d"])
+        #expect(first.status == 0, "\(first.stderr)")
+        let token = first.stdout.trimmingCharacters(in: .newlines)
+        let jkt = try #require(Self.boundJKT(token), "\(first.stdout)")
+        #expect(try jktOfCheck(generated) == jkt)
+        let requests = try auth.stats()["token_requests"] as? Int
+        let again = try CommandLineTests.run(["token", "-c", generated, "d"])
+        #expect(again.stdout == first.stdout, "the cached token")
+        #expect(try auth.stats()["token_requests"] as? Int == requests)
+
+        // Another key (same session, same token endpoint): a token bound to it, not the cached one.
+        let (key, _) = try PrivateKeyJWTTests.keyPair("ec", dir: dir)
+        let withFile = try config(keyFile: key)
+        let other = try CommandLineTests.run(["token", "-c", withFile, "d"])
+        #expect(other.status == 0, "\(other.stderr)")
+        let otherJKT = try #require(Self.boundJKT(other.stdout.trimmingCharacters(in: .newlines)))
+        #expect(otherJKT != jkt)
+        #expect(try jktOfCheck(withFile) == otherJKT)
+        let failures = json(try auth.request("GET", "/_test/dpop-stats"))["failures"] as? [Any]
+        #expect(failures?.isEmpty == true, "\(failures ?? [])")
     }
 }
