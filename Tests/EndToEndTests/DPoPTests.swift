@@ -277,8 +277,9 @@ struct DPoPEndToEndTests {
 
     /// `bearerd token` for a DPoP session prints the bound token (its cnf.jkt is the thumbprint
     /// `bearerd check` prints), reuses it from `state_dir` while it lasts, and never hands out a
-    /// token bound to another key: a new `dpop_key_file` means a new token.
-    @Test func tokenCommandPrintsABoundTokenAndCachesItPerKey() throws {
+    /// token bound to another key: a new `dpop_key_file` (P-256 → ES256, RSA 2048 → RS256)
+    /// means a new token.
+    @Test(arguments: ["ec", "rsa"]) func tokenCommandPrintsABoundTokenAndCachesItPerKey(keyKind: String) throws {
         let auth = try AuthServerFixture.start()
         defer { auth.stop() }
         #expect(try auth.request("POST", "/_test/dpop?enable=1&nonce=1").status == 200)
@@ -317,7 +318,7 @@ struct DPoPEndToEndTests {
         #expect(try auth.stats()["token_requests"] as? Int == requests)
 
         // Another key (same session, same token endpoint): a token bound to it, not the cached one.
-        let (key, _) = try PrivateKeyJWTTests.keyPair("ec", dir: dir)
+        let (key, _) = try PrivateKeyJWTTests.keyPair(keyKind, dir: dir)
         let withFile = try config(keyFile: key)
         let other = try CommandLineTests.run(["token", "-c", withFile, "d"])
         #expect(other.status == 0, "\(other.stderr)")
