@@ -265,6 +265,23 @@ struct DPoPEndToEndTests {
         #expect(jtis.count == accepted.count, "a fresh jti per stream: \(accepted)")
         let paths = Set(accepted.compactMap { $0["path"] as? String })
         #expect(paths.isSuperset(of: (0..<count).map { "/s/\($0)" }), "\(paths)")
+
+        // The origin changes its nonce: 20 concurrent streams, each replayed at most once with
+        // the new nonce and a fresh proof, no refresh.
+        let tokenRequests = try auth.stats()["token_requests"] as? Int
+        _ = try Self.raw(origin.port, "POST /_test/rotate-nonce HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", method: "POST")
+        let many = 20
+        let again = try PythonFixture.runClient(script: "h2c_client.py", arguments: ["--port", "\(port)"]
+                                                + (0..<many).flatMap { ["--path", "/n/\($0)"] }, timeout: 25)
+        let answers = try #require((try JSONSerialization.jsonObject(with: Data(again.utf8)) as? [String: Any])?["responses"] as? [[String: Any]])
+        #expect(answers.count == many && answers.allSatisfy { $0["status"] as? Int == 200 }, "\(answers) \(b.logs)")
+        let after = try Self.originStats(origin)
+        let demands = (after["nonce_demands"] as? Int ?? 0) - 1
+        #expect(demands >= 1 && demands <= many, "\(after)")
+        #expect((after["failures"] as? [Any])?.isEmpty == true, "\(after)")
+        let all = after["accepted"] as? [[String: Any]] ?? []
+        #expect(Set(all.compactMap { $0["jti"] as? String }).count == all.count && all.count == count + 2 + many)
+        #expect(try auth.stats()["token_requests"] as? Int == tokenRequests, "no refresh for a nonce demand")
     }
 
     /// The `cnf.jkt` of a fixture token (a JWT; its payload read without verification).
