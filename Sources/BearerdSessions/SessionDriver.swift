@@ -587,14 +587,27 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         }
     }
 
+    /// Why a token request is sent again at once (each at most once per fetch).
+    enum Resend: Hashable {
+        /// RFC 9449 §8: the token endpoint demanded its DPoP nonce.
+        case dpopNonce
+        /// DESIGN §6 "Clock skew": the refusal's `Date` put a new skew into effect.
+        case clockSkew
+    }
+
     /// Sends one token request; `done` gets the instant it was handed to the transport, the
     /// classified result and whether it was (possibly) received.
     ///
     /// `dpop: true`: the request carries a fresh proof (RFC 9449 §5); a `400 use_dpop_nonce`
     /// with a `DPoP-Nonce` is retried once at once with the nonce and a new proof (§8), and
     /// any `DPoP-Nonce` is remembered for the next request. Every response's `Date` feeds the
-    /// session's clock skew (DESIGN §6).
-    private func send(_ prepared: Result<TokenRequest, TokenEndpointFailure>, _ request: TokenSession.FetchRequest, nonceRetry: Bool = false,
+    /// session's clock skew (DESIGN §6); when a refusal (`invalid_client`, `invalid_dpop_proof`)
+    /// of a request whose assertion or proof bearerd signed is the answer that put a new skew
+    /// into effect, the request is signed again with the server's time and sent once more at
+    /// once (the `iat` was wrong, not the credentials). Every resend signs a new client
+    /// assertion (a `jti` is used once, RFC 7523 §3).
+    private func send(_ prepared: Result<TokenRequest, TokenEndpointFailure>, _ request: TokenSession.FetchRequest,
+                      resent: Set<Resend> = [],
                       done: @escaping (MonotonicInstant, Result<TokenGrant, TokenEndpointFailure>, Bool) -> Void) {
         let tokenRequest: TokenRequest
         switch prepared {
@@ -635,20 +648,29 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             guard !stopped else { return }
             switch outcome {
             case .response(let status, let headers, let body):
+                let skewBefore = skew.seconds
                 observeClock(headers, skew)
                 var askedForNonce = false
                 if let dpop, let value = headers.first(where: { $0.name.lowercased() == "dpop-nonce" })?.value,
                    dpop.noteNonce(value, for: nonceKey) {
                     askedForNonce = status == 400 && TokenEndpointFailure.oauthErrorCode(body) == "use_dpop_nonce"
                 }
-                if askedForNonce, !nonceRetry, let dpop {
+                if askedForNonce, !resent.contains(.dpopNonce), let dpop {
                     // RFC 9449 §8: the server wants its nonce in the proof. Once, at once.
                     dpop.countNonceRetry(.tokenEndpoint)
                     logger.info("token endpoint asked for a DPoP nonce; retrying with it", metadata: ["dpop.jkt": "\(dpop.thumbprint)"])
-                    send(.success(tokenRequest), request, nonceRetry: true, done: done)
+                    send(.success(settings.resigned(tokenRequest)), request, resent: resent.union([.dpopNonce]), done: done)
                     return
                 }
                 var result = checkedGrant(parser.parse(status: status, headers: headers, body: body, wallClockNow: wallClockSeconds()))
+                if case .failure(let f) = result, skew.seconds != skewBefore, !resent.contains(.clockSkew),
+                   dpop != nil || tokenRequest.clientAssertion != nil && settings.signer != nil,
+                   f.oauthError == "invalid_client" || f.oauthError == "invalid_dpop_proof" {
+                    logger.info("token endpoint refused what bearerd signed with its own clock; signing again with the server's time",
+                                metadata: ["clock_skew_s": "\(skew.seconds)", "oauth.error": "\(f.oauthError ?? "")"])
+                    send(.success(settings.resigned(tokenRequest)), request, resent: resent.union([.clockSkew]), done: done)
+                    return
+                }
                 if case .failure(var f) = result, let detail = skewDetail(f, skew) {
                     f.errorDescription = (f.errorDescription.map { $0 + "; " } ?? "") + detail
                     result = .failure(f)

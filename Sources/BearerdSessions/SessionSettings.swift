@@ -90,6 +90,15 @@ struct SessionSettings {
         return request
     }
 
+    /// `request` as sent again: a new client assertion (new `jti`, `iat` from the skew now in
+    /// effect) when bearerd signs one; anything else unchanged.
+    func resigned(_ request: TokenRequest) -> TokenRequest {
+        guard let signer, request.clientAssertion != nil else { return request }
+        var r = request
+        r.clientAssertion = clientAssertion(signer)
+        return r
+    }
+
     /// A fresh RFC 7523 assertion for the token endpoint (new `jti`, 60 s). Nil when signing
     /// fails (the encode then refuses the request: `token.missing_client_assertion`).
     private func clientAssertion(_ signer: JWTSigner) -> OAuthSecret? {

@@ -278,9 +278,14 @@ public func wallClockSeconds() -> Int64 {
 /// sessions already keep their access token in the session's state file.
 ///
 /// Owns a `StateStore` (and its lock while held). Blocking file I/O on the command's thread.
+/// For `dpop: true` the token is bound to a key (RFC 9449 §6): the key's RFC 7638 thumbprint,
+/// read when the cache is consulted or written (under the lock, after the key may have been
+/// generated), is part of the binding, so a token bound to another key is never handed out.
 public final class TokenCache {
     private let store: StateStore
-    private let binding: String
+    private let configBinding: String
+    private let session: SessionConfig
+    private let stateDir: String
 
     /// Nil when there is no `state_dir` or the session keeps its own state (refresh_token).
     public init?(stateDir: String?, session: SessionConfig) throws(StateStoreError) {
@@ -290,8 +295,20 @@ public final class TokenCache {
         let source = session.grant == .exec ? "exec:" + (session.command ?? []).joined(separator: "\u{1F}") : session.tokenURL.description
         // Audience, resource and the credential source are part of what the token is for.
         let workload = SessionSettings.workloadIdentity(session)
-        binding = CachedAccessToken.binding(grant: session.grant.rawValue, tokenURL: workload.isEmpty ? source : source + "\n" + workload,
-                                            clientID: session.clientID, scope: session.scope)
+        configBinding = CachedAccessToken.binding(grant: session.grant.rawValue, tokenURL: workload.isEmpty ? source : source + "\n" + workload,
+                                                  clientID: session.clientID, scope: session.scope)
+        self.session = session
+        self.stateDir = stateDir
+    }
+
+    /// What a cached token must have been issued for: the configuration, and for DPoP the key.
+    private var binding: String {
+        switch DPoPKeyDescription.of(session, stateDir: stateDir) {
+        case nil: configBinding
+        case .success(.key(_, _, let thumbprint))?: configBinding + "\ndpop_jkt=" + thumbprint
+        // No key yet (or an unreadable one): nothing cached can be bound to it.
+        case .success(.toBeGenerated)?, .failure?: configBinding + "\ndpop_jkt=?"
+        }
     }
 
     /// Blocks until no other process holds the session's lock.

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import BearerdOAuth
 import BearerdTestSupport
 
 /// DPoP (RFC 9449, DESIGN §6 "DPoP") end to end: the real `bearerd` binary between a client and
@@ -204,5 +205,144 @@ struct DPoPEndToEndTests {
         }
         #expect(jtis.count == 4, "a fresh proof per stream")
         #expect(jkts.count == 1)
+    }
+
+    /// Plain HTTP/2 (not gRPC) on both sides: curl multiplexes concurrent streams over one
+    /// prior-knowledge connection to bearerd, and bearerd's `http2: prior_knowledge` route to a
+    /// Hypercorn h2c origin that checks each stream's proof (signature, htm/htu, ath, cnf.jkt,
+    /// its nonce demanded on first contact): every upstream stream carries its own proof.
+    @Test func plainHTTP2StreamsEachCarryTheirOwnProof() throws {
+        try #require(Curl.available, "curl is not installed")
+        try #require(PythonFixture.unavailable(modules: ["hypercorn"]) == nil, "\(PythonFixture.unavailable(modules: ["hypercorn"]) ?? "")")
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        #expect(try auth.request("POST", "/_test/dpop?enable=1&nonce=1").status == 200)
+        let origin = try PythonFixture(script: "dpop_origin.py", arguments: ["--port", "0", "--h2c"])
+        defer { origin.stop() }
+        let dir = try RunningBearerd.tempDir("dpop-h2")
+        let port = try RunningBearerd.freePort()
+        let b = try RunningBearerd(config: """
+            listen: [127.0.0.1:\(port)]
+            state_dir: \(dir)/state
+            sessions:
+              d:
+                grant: client_credentials
+                token_url: \(auth.tokenURL)
+                client_id: svc
+                client_secret: svc-secret
+                dpop: true
+            routes:
+              - match: /
+                upstream: http://127.0.0.1:\(origin.port)
+                http2: prior_knowledge
+                session: d
+            """, dir: dir)
+        defer { _ = b.stop() }
+        let first = try #require(b.waitServing(port: port, path: "/warm"))
+        #expect(first.status == 200, "\(String(decoding: first.body, as: UTF8.self)) \(b.logs)")
+        #expect(Self.json(first)["http_version"] as? String == "2")
+
+        // Eight streams at once on one HTTP/2 connection (h2c_client.py: curl 7.88's --parallel
+        // with prior knowledge breaks on any server), then a POST with a body from curl.
+        let count = 8
+        let out = try PythonFixture.runClient(script: "h2c_client.py", arguments: ["--port", "\(port)"]
+                                              + (0..<count).flatMap { ["--path", "/s/\($0)?q=\($0)"] }, timeout: 25)
+        let responses = try #require((try JSONSerialization.jsonObject(with: Data(out.utf8)) as? [String: Any])?["responses"] as? [[String: Any]])
+        #expect(responses.count == count)
+        #expect(responses.allSatisfy { $0["status"] as? Int == 200 && ($0["body"] as? String)?.contains("\"http_version\": \"2\"") == true },
+                "\(responses) \(b.logs)")
+        let post = try Curl.run(["--http2-prior-knowledge", "--data-binary", "@-", "http://127.0.0.1:\(port)/upload"], stdin: Data("hello h2".utf8))
+        #expect(post.status == 0 && post.httpVersion == "2", "\(post.stderr)")
+        #expect(post.body.contains("\"method\": \"POST\"") && post.body.contains("\"body_length\": 8"), "\(post.body)")
+
+        let stats = try Self.originStats(origin)
+        #expect((stats["failures"] as? [Any])?.isEmpty == true, "\(stats)")
+        #expect(stats["nonce_demands"] as? Int == 1, "first contact only: \(stats)")
+        let accepted = try #require(stats["accepted"] as? [[String: Any]])
+        #expect(accepted.count == count + 2, "\(accepted)")
+        #expect(accepted.allSatisfy { $0["http_version"] as? String == "2" }, "\(accepted)")
+        let jtis = Set(accepted.compactMap { $0["jti"] as? String })
+        #expect(jtis.count == accepted.count, "a fresh jti per stream: \(accepted)")
+        let paths = Set(accepted.compactMap { $0["path"] as? String })
+        #expect(paths.isSuperset(of: (0..<count).map { "/s/\($0)" }), "\(paths)")
+
+        // The origin changes its nonce: 20 concurrent streams, each replayed at most once with
+        // the new nonce and a fresh proof, no refresh.
+        let tokenRequests = try auth.stats()["token_requests"] as? Int
+        _ = try Self.raw(origin.port, "POST /_test/rotate-nonce HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", method: "POST")
+        let many = 20
+        let again = try PythonFixture.runClient(script: "h2c_client.py", arguments: ["--port", "\(port)"]
+                                                + (0..<many).flatMap { ["--path", "/n/\($0)"] }, timeout: 25)
+        let answers = try #require((try JSONSerialization.jsonObject(with: Data(again.utf8)) as? [String: Any])?["responses"] as? [[String: Any]])
+        #expect(answers.count == many && answers.allSatisfy { $0["status"] as? Int == 200 }, "\(answers) \(b.logs)")
+        let after = try Self.originStats(origin)
+        let demands = (after["nonce_demands"] as? Int ?? 0) - 1
+        #expect(demands >= 1 && demands <= many, "\(after)")
+        #expect((after["failures"] as? [Any])?.isEmpty == true, "\(after)")
+        let all = after["accepted"] as? [[String: Any]] ?? []
+        #expect(Set(all.compactMap { $0["jti"] as? String }).count == all.count && all.count == count + 2 + many)
+        #expect(try auth.stats()["token_requests"] as? Int == tokenRequests, "no refresh for a nonce demand")
+    }
+
+    /// The `cnf.jkt` of a fixture token (a JWT; its payload read without verification).
+    static func boundJKT(_ token: String) -> String? {
+        let parts = token.split(separator: ".")
+        guard parts.count == 3, let payload = Base64.decodeURL(String(parts[1])),
+              let claims = try? JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any] else { return nil }
+        return (claims["cnf"] as? [String: Any])?["jkt"] as? String
+    }
+
+    /// `bearerd token` for a DPoP session prints the bound token (its cnf.jkt is the thumbprint
+    /// `bearerd check` prints), reuses it from `state_dir` while it lasts, and never hands out a
+    /// token bound to another key: a new `dpop_key_file` (P-256 → ES256, RSA 2048 → RS256)
+    /// means a new token.
+    @Test(arguments: ["ec", "rsa"]) func tokenCommandPrintsABoundTokenAndCachesItPerKey(keyKind: String) throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        #expect(try auth.request("POST", "/_test/dpop?enable=1&nonce=1").status == 200)
+        let dir = try RunningBearerd.tempDir("dpop-token")
+        func config(keyFile: String?) throws -> String {
+            try CommandLineTests.tempFile("bearerd.yaml", """
+                state_dir: \(dir)/state
+                sessions:
+                  d:
+                    grant: client_credentials
+                    token_url: \(auth.tokenURL)
+                    client_id: svc
+                    client_secret: svc-secret
+                    dpop: true\(keyFile.map { "\n    dpop_key_file: \($0)" } ?? "")
+                routes:
+                  - match: /
+                    upstream: http://127.0.0.1:9
+                    session: d
+                """)
+        }
+        func jktOfCheck(_ cfg: String) throws -> String? {
+            let check = try CommandLineTests.run(["check", "-c", cfg])
+            #expect(check.status == 0, "\(check.stderr)")
+            guard let range = check.stdout.range(of: "jkt ") else { return nil }
+            return String(check.stdout[range.upperBound...].prefix { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" })
+        }
+        let generated = try config(keyFile: nil)
+        let first = try CommandLineTests.run(["token", "-c", generated, "d"])
+        #expect(first.status == 0, "\(first.stderr)")
+        let token = first.stdout.trimmingCharacters(in: .newlines)
+        let jkt = try #require(Self.boundJKT(token), "\(first.stdout)")
+        #expect(try jktOfCheck(generated) == jkt)
+        let requests = try auth.stats()["token_requests"] as? Int
+        let again = try CommandLineTests.run(["token", "-c", generated, "d"])
+        #expect(again.stdout == first.stdout, "the cached token")
+        #expect(try auth.stats()["token_requests"] as? Int == requests)
+
+        // Another key (same session, same token endpoint): a token bound to it, not the cached one.
+        let (key, _) = try PrivateKeyJWTTests.keyPair(keyKind, dir: dir)
+        let withFile = try config(keyFile: key)
+        let other = try CommandLineTests.run(["token", "-c", withFile, "d"])
+        #expect(other.status == 0, "\(other.stderr)")
+        let otherJKT = try #require(Self.boundJKT(other.stdout.trimmingCharacters(in: .newlines)))
+        #expect(otherJKT != jkt)
+        #expect(try jktOfCheck(withFile) == otherJKT)
+        let failures = json(try auth.request("GET", "/_test/dpop-stats"))["failures"] as? [Any]
+        #expect(failures?.isEmpty == true, "\(failures ?? [])")
     }
 }

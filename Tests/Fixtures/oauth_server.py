@@ -67,6 +67,9 @@ Test hooks (NOT OAuth; only answered to 127.0.0.1 peers):
     POST /_test/dpop?enable=1&nonce=1&rotate_nonce=1&answer_bearer=0
                                                  RFC 9449 on the token endpoint (see "DPoP" below)
     GET  /_test/dpop-stats                       {"proofs", "nonce_demands", "bound", "failures": [...]}
+    POST /_test/clock?skew=120&window=60         this server's clock runs `skew` seconds ahead of the
+                                                 host's (negative: behind) and accepts iat within
+                                                 `window` seconds of it; see "Clock skew" below
 
 DPoP (RFC 9449, off until /_test/dpop?enable=1; a request with a DPoP header is checked anyway):
 the proof is verified by dpop_common.verify_proof (signature with its embedded JWK, typ, htm POST,
@@ -74,6 +77,12 @@ htu the token URL, iat window, jti unique, no ath); with nonce=1 a proof without
 gets 400 {"error": "use_dpop_nonce"} and a DPoP-Nonce header (rotate_nonce=1 picks a new one).
 Tokens are then JWTs bound with cnf.jkt and answered with token_type DPoP (answer_bearer=1: Bearer,
 to test a client's refusal). Every answer of the token endpoint carries the current DPoP-Nonce.
+
+Clock skew (off until /_test/clock?skew=N): every answer's `Date` header is the host's time
+plus N seconds, and the times bearerd signs are checked against that clock: a private_key_jwt
+assertion (RFC 7523 §3) or a DPoP proof (RFC 9449 §4.3) whose `iat` is more than `window` s
+(default 60) away from it is refused (`invalid_client` / `invalid_dpop_proof`, the description names iat and the time);
+the assertion's `exp`/`nbf` are checked against it too.
 
 Flags:
     --token-lifetime SECONDS   expires_in of every access token (default 3600). 0 omits
@@ -96,6 +105,7 @@ Flags:
 
 import argparse
 import base64
+import email.utils
 import hashlib
 import logging
 import os
@@ -119,7 +129,7 @@ from authlib.oauth2.rfc7636 import CodeChallenge
 from authlib.oauth2.rfc8628 import DeviceAuthorizationEndpoint, DeviceCodeGrant, DeviceCredentialDict
 from authlib.oidc.core.grants import OpenIDCode
 from joserfc.jwk import ECKey, import_key
-from werkzeug.serving import make_server
+from werkzeug.serving import WSGIRequestHandler, make_server
 
 import dpop_common
 
@@ -622,6 +632,28 @@ class PrivateKeyJWTAuth(JWTBearerClientAssertion):
         g.assertion_kid = headers.get("kid")
         return headers, claims
 
+    def verify_claims(self, claims):
+        if not Clock.skew:
+            return super().verify_claims(claims)
+        # A skewed server (Clock below): Authlib's checks against this server's clock, and an
+        # iat more than 60 s from it refused (RFC 7523 §3 lets a server bound a JWT's age).
+        now = server_now()
+        iat = claims.get("iat")
+        if not isinstance(iat, int) or abs(now - iat) > Clock.IAT_WINDOW:
+            with STATS.lock:
+                _bump(STATS.token_errors, "assertion_time")
+            raise InvalidClientError(description="assertion iat %r is outside the time window of the server's clock (%d)" % (iat, now))
+        options = {"iss": {"essential": True}, "sub": {"essential": True},
+                   "aud": {"essential": True, "values": self.get_audiences()}, "exp": {"essential": True}}
+        try:
+            _jose_jwt.JWTClaimsRegistry(now=now, leeway=self.leeway, **options).validate(claims)
+        except Exception as e:  # noqa: BLE001 joserfc's errors, reported as Authlib does
+            raise InvalidClientError(description=getattr(e, "description", str(e)))
+        if claims["sub"] != claims["iss"]:
+            raise InvalidClientError(description="Issuer and Subject MUST match.")
+        if "jti" not in claims or not self.validate_jti(claims, claims["jti"]):
+            raise InvalidClientError(description="JWT ID is missing or used before.")
+
     def resolve_client_public_key(self, client):
         jwks = getattr(client, "public_jwks", None)
         if jwks is None:
@@ -982,6 +1014,25 @@ def register_workload_identity(app, server):
 # ---------------------------------------------------------------------------------------
 
 
+class Clock:
+    """/_test/clock: this server's clock runs `skew` seconds off the host's (Date headers and
+    the checks of what clients sign)."""
+
+    skew = 0
+    IAT_WINDOW = 60
+
+
+def server_now():
+    return int(time.time()) + Clock.skew
+
+
+class SkewedDateRequestHandler(WSGIRequestHandler):
+    """The `Date` header werkzeug (http.server) writes on every answer, from this server's clock."""
+
+    def date_time_string(self, timestamp=None):
+        return email.utils.formatdate(server_now() if timestamp is None else timestamp, usegmt=True)
+
+
 class DPoPState:
     lock = threading.Lock()
     enabled = False
@@ -1004,7 +1055,7 @@ def dpop_check_token_request():
     if not DPoPState.enabled and proof is None:
         return None
     try:
-        _, jkt = dpop_common.verify_proof(proof, "POST", request.base_url, DPoPState.jtis, nonce=DPoPState.nonce)
+        _, jkt = dpop_common.verify_proof(proof, "POST", request.base_url, DPoPState.jtis, nonce=DPoPState.nonce, now=server_now())
     except dpop_common.ProofError as e:
         with DPoPState.lock:
             if e.error == "use_dpop_nonce":
@@ -1262,6 +1313,13 @@ def create_app():
                 DPoPState.answer_bearer = a["answer_bearer"] in ("1", "true")
             return jsonify(enabled=DPoPState.enabled, nonce=DPoPState.nonce)
 
+    @app.post("/_test/clock")
+    def hook_clock():
+        Clock.skew = int(request.args.get("skew", "0"))
+        Clock.IAT_WINDOW = int(request.args.get("window", "60"))
+        dpop_common.IAT_WINDOW = Clock.IAT_WINDOW
+        return jsonify(skew=Clock.skew, window=Clock.IAT_WINDOW)
+
     @app.get("/_test/dpop-stats")
     def hook_dpop_stats():
         with DPoPState.lock:
@@ -1351,7 +1409,7 @@ def main(argv=None):
     os.environ["AUTHLIB_INSECURE_TRANSPORT"] = "1"
 
     app = create_app()
-    srv = make_server("127.0.0.1", args.port, app, threaded=True)
+    srv = make_server("127.0.0.1", args.port, app, threaded=True, request_handler=SkewedDateRequestHandler)
     port = srv.server_port  # listening already: make_server binds and listens
     if args.port_file:
         tmp = args.port_file + ".tmp"
