@@ -148,31 +148,33 @@ public enum ClientAuthMethod: String, Sendable, Equatable, CaseIterable {
     public var usesSecret: Bool { self == .clientSecretBasic || self == .clientSecretPost }
 }
 
-/// An absolute `http` or `https` URL split into the parts bearerd needs.
+/// `host[:port]` as a URL and a Host field carry it: an IPv6 address in brackets, the port only
+/// when it is not the scheme's default.
+func urlAuthority(host: String, port: UInt16, defaultPort: UInt16) -> String {
+    let h = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]" : host
+    return port == defaultPort ? h : "\(h):\(port)"
+}
+
+/// A route's `upstream`: an absolute `http` or `https` URL whose base path is joined with
+/// request paths (endpoints of an authorization server are `EndpointURL`s).
 public struct UpstreamURL: Sendable, Equatable, CustomStringConvertible {
     public var scheme: String      // "http" or "https"
     public var host: String        // without brackets for IPv6
     public var port: UInt16
     /// Base path without trailing slash ("" for none), e.g. "/v2".
     public var basePath: String
-    /// Query of a token URL, if any (kept verbatim).
-    public var query: String?
 
-    public init(scheme: String, host: String, port: UInt16, basePath: String, query: String? = nil) {
+    public init(scheme: String, host: String, port: UInt16, basePath: String) {
         self.scheme = scheme
         self.host = host
         self.port = port
         self.basePath = basePath
-        self.query = query
     }
 
     public var isTLS: Bool { scheme == "https" }
     public var defaultPort: UInt16 { isTLS ? 443 : 80 }
     /// Host header value: host, plus port when not the default.
-    public var authority: String {
-        let h = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]" : host
-        return port == defaultPort ? h : "\(h):\(port)"
-    }
+    public var authority: String { urlAuthority(host: host, port: port, defaultPort: defaultPort) }
     public var description: String { "\(scheme)://\(authority)\(basePath)" }
 }
 
@@ -199,9 +201,7 @@ public struct EndpointURL: Sendable, Equatable, Hashable, CustomStringConvertibl
 
     /// From checked parts: `text` is made from them (the default port left out).
     public init(scheme: String, host: String, port: UInt16, path: String, query: String? = nil) {
-        let h = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]" : host
-        let defaultPort: UInt16 = scheme == "https" ? 443 : 80
-        let authority = port == defaultPort ? h : "\(h):\(port)"
+        let authority = urlAuthority(host: host, port: port, defaultPort: scheme == "https" ? 443 : 80)
         self.init(text: "\(scheme)://\(authority)\(path)" + (query.map { "?" + $0 } ?? ""),
                   scheme: scheme, host: host, port: port, path: path, query: query)
     }
@@ -218,10 +218,7 @@ public struct EndpointURL: Sendable, Equatable, Hashable, CustomStringConvertibl
     public var isTLS: Bool { scheme == "https" }
     public var defaultPort: UInt16 { isTLS ? 443 : 80 }
     /// Host header value: host, plus port when not the default.
-    public var authority: String {
-        let h = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]" : host
-        return port == defaultPort ? h : "\(h):\(port)"
-    }
+    public var authority: String { urlAuthority(host: host, port: port, defaultPort: defaultPort) }
     /// The origin-form request target (RFC 9112 §3.2.1): the path as written (`/` when empty)
     /// and the query, unchanged.
     public var requestTarget: String {

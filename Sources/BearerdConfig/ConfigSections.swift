@@ -530,7 +530,7 @@ extension ConfigBuilder {
         }
         let stripPrefix = bool(f, "strip_prefix") ?? false
         let upstream = parsed(f, "upstream", expected: "an http:// or https:// URL") { (raw: String) throws(ConfigValues.Problem) -> UpstreamURL in
-            try ConfigValues.url(raw, allowQuery: false)
+            try ConfigValues.url(raw)
         }
         if f["upstream"] == nil { missing(f, "upstream", "where requests go, e.g. https://api.example.com") }
         let session = text(f, "session", expected: "the name of a session")

@@ -211,12 +211,13 @@ enum ConfigValues {
 
     // MARK: URLs
 
-    /// An absolute `http://` or `https://` URL: host (IPv6 in brackets), optional port, optional
-    /// base path. `allowQuery` admits a query (token endpoints); user info and fragments are never allowed.
-    static func url(_ text: String, allowQuery: Bool) throws(Problem) -> UpstreamURL {
-        var parts = try urlParts(text, allowQuery: allowQuery)
+    /// A route's upstream: an absolute `http://` or `https://` URL, host (IPv6 in brackets),
+    /// optional port, optional base path (its trailing slashes dropped: request paths are joined
+    /// to it). No query, user info or fragment.
+    static func url(_ text: String) throws(Problem) -> UpstreamURL {
+        var parts = try urlParts(text, allowQuery: false)
         while parts.path.hasSuffix("/") { parts.path.removeLast() }
-        return UpstreamURL(scheme: parts.scheme, host: parts.host, port: parts.port, basePath: parts.path, query: parts.query)
+        return UpstreamURL(scheme: parts.scheme, host: parts.host, port: parts.port, basePath: parts.path)
     }
 
     /// An authorization server endpoint (token, authorization, device authorization, revocation,
@@ -381,17 +382,6 @@ enum ConfigValues {
     }
 }
 
-extension UpstreamURL {
-    /// Parses an http(s) URL as the configuration does (for URLs learned at run time, e.g. from
-    /// an issuer's metadata); the error says what is wrong.
-    public static func parse(_ text: String, allowQuery: Bool) -> Result<UpstreamURL, ConfigURLError> {
-        do throws(ConfigValues.Problem) {
-            return .success(try ConfigValues.url(text, allowQuery: allowQuery))
-        } catch {
-            return .failure(ConfigURLError(message: error.message))
-        }
-    }
-}
 
 extension EndpointURL {
     /// Parses an endpoint URL as the configuration does (for endpoints learned at run time from
