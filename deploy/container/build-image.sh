@@ -41,9 +41,13 @@ stage=$(mktemp -d "${TMPDIR:-/tmp}/bearerd-image.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 root=$stage/root
 state=$stage/state
-mkdir -p "$root"/usr/local/bin "$root"/etc/bearerd "$root"/etc/ssl/certs "$root"/usr/lib/ssl "$root"/tmp "$state"
+# /proc, /dev and /sys are mount points a container runtime fills (the Swift runtime reads the
+# command line from /proc/self/cmdline).
+mkdir -p "$root"/usr/local/bin "$root"/etc/bearerd "$root"/etc/ssl/certs "$root"/usr/lib/ssl "$root"/tmp \
+         "$root"/var/lib "$root"/proc "$root"/dev "$root"/sys "$state/bearerd"
 chmod 1777 "$root"/tmp
-chmod 0700 "$state"
+# state_dir: copied with --chown onto the existing /var/lib, so only bearerd/ changes owner.
+chmod 0700 "$state/bearerd"
 
 install -m 0755 "$binary" "$root/usr/local/bin/bearerd"
 strip "$root/usr/local/bin/bearerd"
