@@ -145,11 +145,17 @@ struct SessionRefreshTokenTests {
     }
 
     @Test func restartWithAnExpiringAccessTokenRefreshesWithTheNewestRefreshToken() async throws {
-        let server = RotatingServer(expiresIn: 30)  // less than the 60 s an adopted token must have left
+        let server = RotatingServer(expiresIn: 50)  // less than the 60 s an adopted token must have left
         let endpoint = try ScriptedTokenEndpoint(handler: server.handler)
         defer { endpoint.stop() }
-        let f = Fixture(endpoint: endpoint)
-        defer { removeTree(f.root) }
+        let base = Fixture(endpoint: endpoint)
+        defer { removeTree(base.root) }
+        // The background refresh starts 2 s before expiry (48 s after each token), so a test
+        // thread that stalls under a loaded parallel run does not see a third, soft refresh
+        // (with 30 s tokens and the default margin it came 13.5–15 s after the second).
+        var config = base.config
+        config.sessions[0].refreshBefore = .seconds(2)
+        let f = Fixture(endpoint: endpoint, config: config, from: base)
         let logs = CapturedLogs()
 
         let first = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
