@@ -216,24 +216,12 @@ public final class DPoPProofer: Sendable {
             throw .store(error.message)
         }
         let temp = path + ".tmp." + String(getpid())
-        let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw .store(StateStoreError(reason: "state.open", path: temp, errno: errno).description) }
-        _ = fchmod(fd, 0o600)
-        var offset = 0
-        var failure: StateStoreError?
-        while offset < pem.count {
-            let n = pem.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, pem.count - offset) }  // non-empty (offset < count)
-            if n < 0 {
-                if errno == EINTR { continue }
-                failure = StateStoreError(reason: "state.write", path: temp, errno: errno)
-                break
-            }
-            offset += n
+        do throws(StateStoreError) {
+            try StateStore.writeSynced(pem, toNewFile: temp)
+        } catch {
+            throw .store(error.description)
         }
-        if failure == nil, fsync(fd) != 0 { failure = StateStoreError(reason: "state.fsync", path: temp, errno: errno) }
-        close(fd)
         defer { unlink(temp) }
-        if let failure { throw .store(failure.description) }
         // link(2) never replaces: a key another process put there first wins, and is used.
         if link(temp, path) != 0, errno != EEXIST {
             throw .store(StateStoreError(reason: "state.rename", path: path, errno: errno).description)

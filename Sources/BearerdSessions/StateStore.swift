@@ -194,11 +194,10 @@ final class StateStore {
         }
     }
 
-    /// Replaces `path` durably: temp file (0600) in the same directory, write, fsync, rename,
-    /// fsync the directory.
-    func writeDurably(_ bytes: [UInt8], to path: String) throws(StateStoreError) {
-        let name = path.split(separator: "/").last.map(String.init) ?? session
-        let tempPath = directory + "/." + name + ".tmp." + String(getpid())
+    /// Writes `bytes` to a new file at `tempPath` (0600, truncated if it exists) and fsyncs it;
+    /// on failure the file is removed. The first half of every durable replace (the caller
+    /// renames or links it into place, then fsyncs the directory).
+    static func writeSynced(_ bytes: [UInt8], toNewFile tempPath: String) throws(StateStoreError) {
         let fd = open(tempPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw StateStoreError(reason: "state.open", path: tempPath, errno: errno) }
         var failure: StateStoreError?
@@ -220,6 +219,14 @@ final class StateStore {
             unlink(tempPath)
             throw failure
         }
+    }
+
+    /// Replaces `path` durably: temp file (0600) in the same directory, write, fsync, rename,
+    /// fsync the directory.
+    func writeDurably(_ bytes: [UInt8], to path: String) throws(StateStoreError) {
+        let name = path.split(separator: "/").last.map(String.init) ?? session
+        let tempPath = directory + "/." + name + ".tmp." + String(getpid())
+        try Self.writeSynced(bytes, toNewFile: tempPath)
         guard rename(tempPath, path) == 0 else {
             let e = errno
             unlink(tempPath)
