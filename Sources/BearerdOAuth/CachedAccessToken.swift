@@ -55,7 +55,7 @@ public struct CachedAccessToken: Sendable, Equatable, CustomStringConvertible {
     /// Nil for anything but a well-formed version-1 file (a cache: when in doubt, fetch anew).
     public static func decode(_ bytes: [UInt8]) -> CachedAccessToken? {
         guard let value = try? JSONParser(maxDepth: 2, maxBytes: PersistedSessionState.maxFileBytes).parse(bytes),
-              let o = value.objectValue, o.keys.count == 4,
+              let o = value.objectValue, o.keys.count == (o["token_expires_at"] == nil ? 4 : 5),
               o["format"]?.int64Value == formatVersion,
               let token = o["access_token"]?.stringValue, !token.isEmpty,
               let expiresAt = o["expires_at"]?.int64Value,
