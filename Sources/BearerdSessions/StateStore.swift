@@ -324,13 +324,29 @@ public final class TokenCache {
 
     /// The cached token, if it was issued for this session's configuration and lasts long enough.
     public func reusable(wallClockNow: Int64 = wallClockSeconds()) -> String? {
-        store.readTokenCache()?.reusable(binding: binding, wallClockNow: wallClockNow)?.exposedValue
+        reusableWithExpiry(wallClockNow: wallClockNow)?.token
     }
 
-    /// Caches `token`, usable until `usableUntil` (monotonic nanoseconds, as published).
-    public func store(_ token: PublishedToken, monotonicNow: UInt64, wallClockNow: Int64 = wallClockSeconds()) throws(StateStoreError) {
-        let left = token.usableUntil > monotonicNow ? (token.usableUntil - monotonicNow) / 1_000_000_000 : 0
-        let (expiresAt, overflow) = wallClockNow.addingReportingOverflow(Int64(clamping: left))
-        try store.writeTokenCache(CachedAccessToken(token: OAuthSecret(token.value), expiresAt: overflow ? .max : expiresAt, binding: binding))
+    /// The cached token and its own expiry (Unix seconds; the end of its reuse window for
+    /// files that did not record it), if it was issued for this configuration and lasts.
+    public func reusableWithExpiry(wallClockNow: Int64 = wallClockSeconds()) -> (token: String, expiresAt: Int64)? {
+        guard let cached = store.readTokenCache(), let token = cached.reusable(binding: binding, wallClockNow: wallClockNow) else { return nil }
+        return (token.exposedValue, cached.tokenExpiresAt ?? cached.expiresAt)
+    }
+
+    /// Caches `token`, usable until `usableUntil` (monotonic nanoseconds, as published);
+    /// `expiresAt` (monotonic nanoseconds) is the token's own expiry, when known.
+    public func store(_ token: PublishedToken, monotonicNow: UInt64, expiresAt tokenExpiry: UInt64? = nil,
+                      wallClockNow: Int64 = wallClockSeconds()) throws(StateStoreError) {
+        let expiresAt = Self.wallClock(ofMonotonic: token.usableUntil, monotonicNow: monotonicNow, wallClockNow: wallClockNow)
+        try store.writeTokenCache(CachedAccessToken(token: OAuthSecret(token.value), expiresAt: expiresAt, binding: binding,
+                                                    tokenExpiresAt: tokenExpiry.map { Self.wallClock(ofMonotonic: $0, monotonicNow: monotonicNow, wallClockNow: wallClockNow) }))
+    }
+
+    /// The Unix second of a monotonic instant (nanoseconds), by the distance from now; saturating.
+    public static func wallClock(ofMonotonic instant: UInt64, monotonicNow: UInt64, wallClockNow: Int64) -> Int64 {
+        let left = instant > monotonicNow ? (instant - monotonicNow) / 1_000_000_000 : 0
+        let (at, overflow) = wallClockNow.addingReportingOverflow(Int64(clamping: left))
+        return overflow ? .max : at
     }
 }

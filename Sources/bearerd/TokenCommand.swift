@@ -19,6 +19,12 @@ import BearerdService
 /// call cached in `state_dir` (`TokenCache`), so a script calling this in a loop costs one token
 /// request per token lifetime. Errors go to stderr, exit status non-zero; log lines only with
 /// `-v` (or `--log-level`).
+///
+/// `--format` (DESIGN §3): `token` (default: the token alone), `header` (the header line the
+/// proxy would send: `Authorization: DPoP` for a DPoP session, else the `inject:` of the
+/// first route using the session, else `Authorization: Bearer`), `json`, or `exec-credential` (a Kubernetes
+/// `client.authentication.k8s.io/v1` ExecCredential). Expiries are the token's own, in wall-clock
+/// RFC 3339 UTC.
 struct Token: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print a current access token of a session on stdout (shares the persisted state with a running proxy).")
@@ -26,8 +32,21 @@ struct Token: ParsableCommand {
     @OptionGroup var logOptions: LogOptions
     @Argument(help: "The session name, as in the configuration's `sessions:`.") var session: String
     @Flag(name: .shortAndLong, help: "Log what happens (info level) on stderr; by default only warnings and errors.") var verbose = false
+    @Option(help: ArgumentHelp("Output: token (the token alone; default), header (the header line, e.g. `Authorization: Bearer <token>`; "
+                               + "a DPoP session's is `Authorization: DPoP <token>`; else the first route using the session decides, by its `inject:`), json "
+                               + "({access_token, token_type, expires_at, session}), or exec-credential (a Kubernetes "
+                               + "client.authentication.k8s.io/v1 ExecCredential, for a kubeconfig `exec:` user).",
+                               valueName: "format"))
+    var format: String = TokenOutputFormat.token.rawValue
+
+    func validate() throws {
+        guard TokenOutputFormat(rawValue: format) != nil else {
+            throw ValidationError("unknown format '\(format)' (valid: \(TokenOutputFormat.names.joined(separator: ", ")))")
+        }
+    }
 
     func run() throws {
+        let outputFormat = TokenOutputFormat(rawValue: format) ?? .token
         var stderr = FileHandle.standardError
         let config = try configOption.load(orExit: 2)
         guard let sessionConfig = config.session(named: session) else {
@@ -61,10 +80,10 @@ struct Token: ParsableCommand {
             cache = nil
         }
         defer { cache?.unlock() }
-        if let cached = cache?.reusable() {
-            logger.info("reusing the cached token", metadata: ["session": "\(session)", "token.fingerprint": "\(BearerdOAuth.fingerprint(cached))"])
+        if let cached = cache?.reusableWithExpiry() {
+            logger.info("reusing the cached token", metadata: ["session": "\(session)", "token.fingerprint": "\(BearerdOAuth.fingerprint(cached.token))"])
             LogSink.stderr.flush()
-            FileHandle.standardOutput.write(cached + "\n")
+            FileHandle.standardOutput.write(render(outputFormat, token: cached.token, expiresAt: cached.expiresAt, config: config, sessionConfig: sessionConfig) + "\n")
             return
         }
         if cache == nil && config.stateDir == nil && !sessionConfig.grant.usesRefreshToken {
@@ -87,22 +106,53 @@ struct Token: ParsableCommand {
             done.signal()
         }
         done.wait()
+        // The token's own expiry (monotonic), read while the driver still publishes it.
+        let published = driver.snapshot
         manager.stop()
         LogSink.stderr.flush()
         switch box.result {
         case .success(let token)?:
+            let monotonicNow = monotonicNanos(), wallNow = wallClockSeconds()
+            let expiry = published.generation == token.generation ? published.expiresAt : nil
             do {
-                try cache?.store(token, monotonicNow: monotonicNanos())
+                try cache?.store(token, monotonicNow: monotonicNow, expiresAt: expiry, wallClockNow: wallNow)
             } catch {
                 logger.warning("cannot cache the token", metadata: ["error": "\(error)"])
             }
-            FileHandle.standardOutput.write(token.value + "\n")
+            // Without the token's expiry (not expected), the end of its use without asking again.
+            let expiresAt = TokenCache.wallClock(ofMonotonic: expiry ?? token.usableUntil, monotonicNow: monotonicNow, wallClockNow: wallNow)
+            FileHandle.standardOutput.write(render(outputFormat, token: token.value, expiresAt: expiresAt, config: config, sessionConfig: sessionConfig) + "\n")
         case .failure(let unavailable)?:
             print("bearerd token: session \(session): no token: \(unavailable.detail) (retry in \(unavailable.retryAfterSeconds)s)", to: &stderr)
             throw ExitCode(1)
         case nil:
             throw ExitCode(1)
         }
+    }
+}
+
+extension Token {
+    /// One line of output (without the newline) in `format`; `expiresAt` in Unix seconds.
+    func render(_ format: TokenOutputFormat, token: String, expiresAt: Int64, config: BearerdConfig, sessionConfig: SessionConfig) -> String {
+        switch format {
+        case .token:
+            return token
+        case .header:
+            let inject = Self.inject(for: sessionConfig, routes: config.routes)
+            return TokenFormat.header(name: inject.header, prefix: inject.prefix, token: token, suffix: inject.suffix)
+        case .json:
+            return TokenFormat.json(token: token, tokenType: sessionConfig.dpop ? "DPoP" : "Bearer", expiresAt: expiresAt, session: sessionConfig.name)
+        case .execCredential:
+            return TokenFormat.execCredential(token: token, expiresAt: expiresAt)
+        }
+    }
+
+    /// Where the proxy puts the session's token: `Authorization: DPoP` for a DPoP session
+    /// (RFC 9449 §7.1; `inject:` does not apply there), else the `inject:` of the first route
+    /// using the session (routes may disagree; the first decides), else `Authorization: Bearer`.
+    static func inject(for session: SessionConfig, routes: [RouteConfig]) -> InjectConfig {
+        if session.dpop { return InjectConfig(header: "Authorization", prefix: "DPoP ", suffix: "") }
+        return routes.first(where: { $0.session == session.name })?.inject ?? .bearer
     }
 }
 

@@ -5,6 +5,19 @@ import Testing
 struct CachedAccessTokenTests {
     let binding = CachedAccessToken.binding(grant: "client_credentials", tokenURL: "https://a/t", clientID: "c", scope: "read")
 
+    @Test func theTokensOwnExpiryRoundTripsAndOldFilesStillDecode() {
+        let t = CachedAccessToken(token: OAuthSecret("at"), expiresAt: 1_000, binding: binding, tokenExpiresAt: 1_060)
+        #expect(String(decoding: t.encode(), as: UTF8.self).contains("\"token_expires_at\":1060"))
+        #expect(CachedAccessToken.decode(t.encode()) == t)
+        let old = #"{"format":1,"access_token":"at","expires_at":1000,"binding":"\#(binding)"}"#
+        #expect(CachedAccessToken.decode(Array(old.utf8))?.tokenExpiresAt == nil)
+        #expect(CachedAccessToken.decode(Array(old.utf8))?.expiresAt == 1_000)
+        let bad = #"{"format":1,"access_token":"at","expires_at":1000,"binding":"b","token_expires_at":"soon"}"#
+        #expect(CachedAccessToken.decode(Array(bad.utf8)) == nil)
+        let extra = #"{"format":1,"access_token":"at","expires_at":1000,"binding":"b","other":1}"#
+        #expect(CachedAccessToken.decode(Array(extra.utf8)) == nil)
+    }
+
     @Test func roundTripAndReuseRules() {
         let t = CachedAccessToken(token: OAuthSecret("at-\"1\""), expiresAt: 1_000, binding: binding)
         #expect(CachedAccessToken.decode(t.encode()) == t)
