@@ -333,6 +333,15 @@ struct DPoPEndToEndTests {
         let again = try CommandLineTests.run(["token", "-c", generated, "d"])
         #expect(again.stdout == first.stdout, "the cached token")
         #expect(try auth.stats()["token_requests"] as? Int == requests)
+        // The other formats name the DPoP scheme and type (same cached token, no new request).
+        let header = try CommandLineTests.run(["token", "-c", generated, "--format", "header", "d"])
+        #expect(header.stdout == "Authorization: DPoP \(token)\n", "\(header.stdout)\(header.stderr)")
+        let asJSON = try CommandLineTests.run(["token", "-c", generated, "--format", "json", "d"])
+        let object = try JSONSerialization.jsonObject(with: Data(asJSON.stdout.utf8)) as? [String: Any]
+        #expect(object?["token_type"] as? String == "DPoP", "\(asJSON.stdout)")
+        #expect(object?["access_token"] as? String == token)
+        #expect(object?["session"] as? String == "d")
+        #expect(try auth.stats()["token_requests"] as? Int == requests)
 
         // Another key (same session, same token endpoint): a token bound to it, not the cached one.
         let (key, _) = try PrivateKeyJWTTests.keyPair(keyKind, dir: dir)
