@@ -74,10 +74,36 @@ public final class SignIn {
         } catch {
             return .failure(Failure(message: error.description))
         }
-        let outcome = TokenEndpointClient.blocking(timeout: session.requestTimeout) { loop, done in
-            TokenEndpointClient.post(encoded, to: session.tokenURL, tls: settings.tlsContext, proxy: settings.proxy, on: loop, completion: done)
+        return classify(postToTokenEndpoint(encoded), nonce: nonce)
+    }
+
+    /// One token request. For a `dpop: true` session it carries a fresh proof (RFC 9449 §5: the
+    /// code or device code is exchanged for a token bound to the session's key, which `run` then
+    /// refreshes with proofs of the same key); a `400 use_dpop_nonce` is retried once at once
+    /// with the server's `DPoP-Nonce` and a new proof (§8).
+    private func postToTokenEndpoint(_ encoded: EncodedTokenRequest) -> TokenEndpointOutcome {
+        let url = session.tokenURL.description
+        let nonceKey = DPoPProofer.tokenEndpointKey(url)
+        var nonceRetried = false
+        while true {
+            var request = encoded
+            if let dpop = settings.dpop {
+                guard let proof = dpop.proof(method: "POST", url: url, accessToken: nil, nonce: dpop.nonce(for: nonceKey)) else {
+                    return .transportFailure(detail: "cannot sign a DPoP proof with \(dpop.keyPath)", requestSent: false)
+                }
+                request = EncodedTokenRequest(body: encoded.body, headers: encoded.headers + [(DPoP.proofHeader, proof)])
+            }
+            let outcome = TokenEndpointClient.blocking(timeout: session.requestTimeout) { loop, done in
+                TokenEndpointClient.post(request, to: session.tokenURL, tls: settings.tlsContext, proxy: settings.proxy, on: loop, completion: done)
+            }
+            guard let dpop = settings.dpop, case .response(let status, let headers, let body) = outcome,
+                  let value = headers.first(where: { $0.name.lowercased() == "dpop-nonce" })?.value,
+                  dpop.noteNonce(value, for: nonceKey), !nonceRetried,
+                  status == 400, TokenEndpointFailure.oauthErrorCode(body) == "use_dpop_nonce" else {
+                return outcome
+            }
+            nonceRetried = true
         }
-        return classify(outcome, nonce: nonce)
     }
 
     private func classify(_ outcome: TokenEndpointOutcome, nonce: OpenIDNonce?) -> Result<TokenGrant, Failure> {

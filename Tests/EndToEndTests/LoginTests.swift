@@ -207,6 +207,30 @@ struct LoginTests {
     /// OIDC Core §3.1.2.1: with `openid` in the scope a fresh `nonce` is sent (Authlib's
     /// OpenIDCode, required here, refuses the request without one) and the id_token must carry
     /// it back: a substituted one stops the sign-in and nothing is stored.
+    /// A `dpop: true` person session: the code is exchanged with a DPoP proof (after the
+    /// server's nonce demand), so the stored session's token is bound to the session's key.
+    @Test func aDPoPSessionSignsInWithAProof() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        #expect(try auth.request("POST", "/_test/dpop?enable=1&nonce=1").status == 200)
+        let dir = try RunningBearerd.tempDir("login")
+        let cfg = try CommandLineTests.tempFile("bearerd.yaml", Self.config(auth: auth, dir: dir)
+            .replacingOccurrences(of: "scope: read", with: "scope: read\n    dpop: true"))
+        let check = try CommandLineTests.run(["check", "-c", cfg])
+        #expect(check.status == 0, "\(check.stdout)\(check.stderr)")
+        let login = try CommandLineTests.run(["login", "-c", cfg, "me", "--timeout", "30"], env: ["BROWSER": try Self.browser(dir: dir)])
+        #expect(login.status == 0, "\(login.stderr)")
+        let token = try CommandLineTests.run(["token", "-c", cfg, "--format", "json", "me"])
+        #expect(token.status == 0, "\(token.stderr)")
+        let object = try JSONSerialization.jsonObject(with: Data(token.stdout.utf8)) as? [String: Any]
+        #expect(object?["token_type"] as? String == "DPoP", "\(token.stdout)")
+        let access = try #require(object?["access_token"] as? String)
+        let jkt = try #require(DPoPEndToEndTests.boundJKT(access), "the signed-in token is not DPoP-bound")
+        // The key the token is bound to is the session's (check prints its thumbprint).
+        let again = try CommandLineTests.run(["check", "-c", cfg])
+        #expect(again.stdout.contains("jkt \(jkt)"), "\(again.stdout)")
+    }
+
     @Test func openIDSignInSendsAndChecksANonce() throws {
         let auth = try AuthServerFixture.start()
         defer { auth.stop() }
