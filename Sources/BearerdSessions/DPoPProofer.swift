@@ -123,6 +123,23 @@ public final class DPoPProofer: Sendable {
         return DPoP.assemble(signingInput: input, signature: signature)
     }
 
+    /// `encoded` with a fresh proof for a token request to `url` (RFC 9449 §5), carrying the
+    /// endpoint's last nonce. Nil only when signing fails.
+    public func signedTokenRequest(_ encoded: EncodedTokenRequest, url: String) -> EncodedTokenRequest? {
+        guard let proof = proof(method: "POST", url: url, accessToken: nil, nonce: nonce(for: Self.tokenEndpointKey(url))) else {
+            return nil
+        }
+        return EncodedTokenRequest(body: encoded.body, headers: encoded.headers + [(DPoP.proofHeader, proof)])
+    }
+
+    /// Remembers a token endpoint answer's `DPoP-Nonce`; true when the answer is RFC 9449 §8's
+    /// demand (`400 use_dpop_nonce` with a usable nonce): the request is then sent once more at once.
+    public func tokenEndpointAsksForNonce(url: String, status: Int, headers: [(name: String, value: String)], body: [UInt8]) -> Bool {
+        guard let value = headers.first(where: { $0.name.lowercased() == "dpop-nonce" })?.value,
+              noteNonce(value, for: Self.tokenEndpointKey(url)) else { return false }
+        return status == 400 && TokenEndpointFailure.oauthErrorCode(body) == "use_dpop_nonce"
+    }
+
     /// Nonce keys: a token endpoint by its URL, an upstream by its origin.
     public static func tokenEndpointKey(_ url: String) -> String { "token " + url }
     public static func originKey(scheme: String, authority: String) -> String { "origin " + scheme + "://" + authority }

@@ -627,14 +627,13 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         }
         let dpop = settings.dpop
         let tokenURL = settings.config.tokenURL
-        let nonceKey = DPoPProofer.tokenEndpointKey(tokenURL.description)
         if let dpop {
-            guard let proof = dpop.proof(method: "POST", url: tokenURL.description, accessToken: nil, nonce: dpop.nonce(for: nonceKey)) else {
+            guard let signed = dpop.signedTokenRequest(encoded, url: tokenURL.description) else {
                 done(now(), .failure(TokenEndpointFailure(classification: .permanent, reason: "token.dpop_sign_failed",
                                                           errorDescription: "cannot sign a DPoP proof with \(dpop.keyPath)")), false)
                 return
             }
-            encoded = EncodedTokenRequest(body: encoded.body, headers: encoded.headers + [(DPoP.proofHeader, proof)])
+            encoded = signed
         }
         fetchSerial &+= 1
         let serial = fetchSerial
@@ -650,12 +649,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             case .response(let status, let headers, let body):
                 let skewBefore = skew.seconds
                 observeClock(headers, skew)
-                var askedForNonce = false
-                if let dpop, let value = headers.first(where: { $0.name.lowercased() == "dpop-nonce" })?.value,
-                   dpop.noteNonce(value, for: nonceKey) {
-                    askedForNonce = status == 400 && TokenEndpointFailure.oauthErrorCode(body) == "use_dpop_nonce"
-                }
-                if askedForNonce, !resent.contains(.dpopNonce), let dpop {
+                if let dpop, dpop.tokenEndpointAsksForNonce(url: tokenURL.description, status: status, headers: headers, body: body),
+                   !resent.contains(.dpopNonce) {
                     // RFC 9449 §8: the server wants its nonce in the proof. Once, at once.
                     dpop.countNonceRetry(.tokenEndpoint)
                     logger.info("token endpoint asked for a DPoP nonce; retrying with it", metadata: ["dpop.jkt": "\(dpop.thumbprint)"])

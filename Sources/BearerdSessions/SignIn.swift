@@ -83,23 +83,20 @@ public final class SignIn {
     /// with the server's `DPoP-Nonce` and a new proof (§8).
     private func postToTokenEndpoint(_ encoded: EncodedTokenRequest) -> TokenEndpointOutcome {
         let url = session.tokenURL.description
-        let nonceKey = DPoPProofer.tokenEndpointKey(url)
         var nonceRetried = false
         while true {
             var request = encoded
             if let dpop = settings.dpop {
-                guard let proof = dpop.proof(method: "POST", url: url, accessToken: nil, nonce: dpop.nonce(for: nonceKey)) else {
+                guard let signed = dpop.signedTokenRequest(encoded, url: url) else {
                     return .transportFailure(detail: "cannot sign a DPoP proof with \(dpop.keyPath)", requestSent: false)
                 }
-                request = EncodedTokenRequest(body: encoded.body, headers: encoded.headers + [(DPoP.proofHeader, proof)])
+                request = signed
             }
             let outcome = TokenEndpointClient.blocking(timeout: session.requestTimeout) { loop, done in
                 TokenEndpointClient.post(request, to: session.tokenURL, tls: settings.tlsContext, proxy: settings.proxy, on: loop, completion: done)
             }
             guard let dpop = settings.dpop, case .response(let status, let headers, let body) = outcome,
-                  let value = headers.first(where: { $0.name.lowercased() == "dpop-nonce" })?.value,
-                  dpop.noteNonce(value, for: nonceKey), !nonceRetried,
-                  status == 400, TokenEndpointFailure.oauthErrorCode(body) == "use_dpop_nonce" else {
+                  dpop.tokenEndpointAsksForNonce(url: url, status: status, headers: headers, body: body), !nonceRetried else {
                 return outcome
             }
             nonceRetried = true
