@@ -323,3 +323,14 @@ extension ConfigValues {
         return v
     }
 }
+
+extension HostAllowlist {
+    /// - Parameters:
+    ///   - listener: supplies its own address host and `allowed_hosts`.
+    ///   - routeHosts: the `host:` of every route of the configuration in force.
+    public init(listener: ListenerConfig, routeHosts: [String]) {
+        var extra = listener.allowedHosts + routeHosts
+        if case .tcp(let host, _) = listener.address { extra.append(host) }
+        self.init(names: extra)
+    }
+}

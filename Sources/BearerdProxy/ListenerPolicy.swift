@@ -4,17 +4,6 @@ import BearerdTLS
 import BearerdSessions
 import BearerdService
 
-extension HostAllowlist {
-    /// - Parameters:
-    ///   - listener: supplies its own address host and `allowed_hosts`.
-    ///   - routeHosts: the `host:` of every route of the configuration in force.
-    public init(listener: ListenerConfig, routeHosts: [String]) {
-        var extra = listener.allowedHosts + routeHosts
-        if case .tcp(let host, _) = listener.address { extra.append(host) }
-        self.init(names: extra)
-    }
-}
-
 /// What one bound listener enforces on its connections, fixed at bind: the SO_PEERCRED
 /// allowlist of a unix socket, whether the Host of requests is checked (loopback TCP), and
 /// the browser guard.

@@ -3,12 +3,10 @@ import BearerdOAuth
 import Foundation
 import BearerdTestSupport
 import Testing
-@testable import BearerdProxy
 import BearerdTLS
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
-@testable import BearerdService
 
 /// Token endpoints over https: verified like upstreams (DESIGN §2.3) — a `ca_file` anchors
 /// the chain, an unknown CA is a transport failure, never a silent success.

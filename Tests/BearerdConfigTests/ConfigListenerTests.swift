@@ -1,9 +1,7 @@
 import Testing
-@testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
-@testable import BearerdService
 
 /// `listen:` entries with access control, top-level `allow_remote`/`allowed_hosts`, `log:`,
 /// `shutdown_grace` and `startup_timeout` (issue 4).
@@ -91,7 +89,7 @@ struct ConfigListenerTests {
         #expect(config.listeners[0].allowedOrigins == ["https://app.example.com"])
         #expect(config.listeners[1].allowedOrigins == ["http://localhost:3000", "http://[::1]:3000"])
         #expect(config.listeners[2].allowedOrigins == [])
-        #expect(ListenerPolicy(config.listeners[1]).browserGuard.allowedOrigins == ["http://localhost:3000", "http://[::1]:3000"])
+        #expect(BrowserGuard(scheme: .http, allowedOrigins: config.listeners[1].allowedOrigins).allowedOrigins == ["http://localhost:3000", "http://[::1]:3000"])
         // Without listen: the default listener takes the top-level list; without either, none.
         #expect(try parseConfig("allowed_origins: [\"http://localhost:5173\"]\n" + minimalRoute).listeners[0].allowedOrigins
                 == ["http://localhost:5173"])

@@ -3,7 +3,6 @@ import BearerdOAuth
 import Foundation
 import BearerdTestSupport
 import Testing
-@testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions

@@ -1,10 +1,8 @@
 import Foundation
 import Testing
-@testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
-@testable import BearerdService
 
 /// `config.example.yaml` at the repository root must parse and must document every key the
 /// loader accepts (the key list comes from the loader's own tables, so a new key fails here

@@ -3,7 +3,6 @@ import BearerdOAuth
 import Foundation
 import Logging
 import Testing
-@testable import BearerdProxy
 #if canImport(Glibc)
 import Glibc
 @testable import BearerdConfig

@@ -4,14 +4,12 @@ import Dispatch
 import Foundation
 import Logging
 import BearerdTestSupport
-@testable import BearerdProxy
 #if canImport(Glibc)
 import Glibc
 import BearerdTLS
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
-@testable import BearerdService
 #endif
 
 // Test-local helpers for the session tests. BearerdProxyTests does not depend on

@@ -1,12 +1,10 @@
 import BearerdHTTP
 import Foundation
 import Testing
-@testable import BearerdProxy
 import BearerdTLS
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
-@testable import BearerdService
 
 /// Messages of a configuration that must fail, as `FILE:LINE: key: what is wrong` lines.
 func configErrors(_ yaml: String, environment: [String: String] = [:], checkFiles: Bool = false,

@@ -1,10 +1,7 @@
 import Testing
 import BearerdHTTP
-@testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
-@testable import BearerdSessions
-@testable import BearerdService
 
 /// The browser guard's decision (DESIGN §5; issue 8 item 17) as a table: request head in,
 /// admit or refuse (with its stable reason) out. No sockets.

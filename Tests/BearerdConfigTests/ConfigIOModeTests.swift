@@ -1,10 +1,8 @@
 import Testing
 import BearerdIO
-@testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
-@testable import BearerdService
 
 @Suite("io: key")
 struct ConfigIOModeTests {

@@ -1,7 +1,6 @@
 import Foundation
 import Logging
 import Testing
-@testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions

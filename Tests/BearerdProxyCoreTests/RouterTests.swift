@@ -1,10 +1,7 @@
 import Testing
 import BearerdHTTP
-@testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
-@testable import BearerdSessions
-@testable import BearerdService
 
 @Suite("Routing and target rewriting (pure)")
 struct RouterTests {

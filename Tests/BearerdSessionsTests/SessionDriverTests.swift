@@ -3,11 +3,9 @@ import BearerdOAuth
 import Foundation
 import BearerdTestSupport
 import Testing
-@testable import BearerdProxy
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 @testable import BearerdSessions
-@testable import BearerdService
 
 /// The session driver against a real token endpoint on 127.0.0.1: grants and client
 /// authentication on the wire, coalescing, an endpoint that is down then back, rejections.
