@@ -258,6 +258,35 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         phase = .handshaking
     }
 
+    /// An open plaintext channel whose first phase is over (a tunnel through a forward proxy, set
+    /// up by its first owner) passes to `delegate`: with `tls`, the client TLS handshake starts
+    /// now and `channelActive` follows when it completes; without, `channelActive` follows at
+    /// once. `pending` are bytes already read past the first phase (the tunnel's first bytes):
+    /// fed to the TLS engine, or delivered after `channelActive`. Call on the loop.
+    public func handOver(to delegate: ChannelDelegate, startingTLS tls: TLSEngine?, pending: [UInt8] = []) {
+        loop.assertInEventLoop()
+        guard phase == .open, self.tls == nil else {
+            fail(.protocolError("a channel can be handed over only while open and without TLS"))
+            return
+        }
+        self.delegate = delegate
+        guard let tls else {
+            delegate.channelActive(self)
+            if !pending.isEmpty, phase != .closed { pending.withUnsafeBytes { self.delegate?.channelRead(self, $0) } }
+            return
+        }
+        self.tls = tls
+        phase = .handshaking
+        if !pending.isEmpty { pending.withUnsafeBytes { tls.feedCiphertext($0) } }
+        do {
+            _ = try tls.handshake()
+        } catch {
+            fail(.tls(error))
+            return
+        }
+        flushTLSOutput()
+    }
+
     /// Opens a non-blocking connection to `address`; `channelActive` follows on success (after the
     /// TLS handshake when `tls` is given), `channelError(.connect)` on failure.
     public static func connect(to address: SocketAddress, loop: EventLoop, tls: TLSEngine?, delegate: ChannelDelegate) throws(IOError) -> SocketChannel {
@@ -275,8 +304,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     }
 
     /// A channel in `.connecting` whose write readiness completes the connect (then the TLS
-    /// handshake): a connect in progress, or an fd connected elsewhere (`adoptConnected`,
-    /// writable at once).
+    /// handshake).
     static func startConnected(fd: Int32, peer: SocketAddress?, loop: EventLoop, tls: TLSEngine?, delegate: ChannelDelegate) -> SocketChannel {
         let ch = SocketChannel(fd: fd, loop: loop)
         ch.delegate = delegate
