@@ -348,8 +348,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     private func handleReadable() {
         guard phase != .closed else { return }
         if phase == .connecting {
-            // A refused connect may be reported as readable (EPOLLERR/EPOLLHUP) rather than writable.
-            if sys.socketError(fd) != 0 { completeConnect() }
+            // A refused connect may be reported as readable (EPOLLERR/EPOLLHUP) rather than
+            // writable. Reading SO_ERROR clears it, so the error read here is the one reported.
+            let err = sys.socketError(fd)
+            if err != 0 { completeConnect(error: err) }
             return
         }
         let buf = loop.readBuffer
@@ -595,9 +597,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         writeOut()
     }
 
-    private func completeConnect() {
+    /// `error`: SO_ERROR when the caller already read it (reading clears it).
+    private func completeConnect(error: Int32? = nil) {
         guard phase == .connecting else { return }
-        let err = sys.socketError(fd)
+        let err = error ?? sys.socketError(fd)
         if err != 0 {
             fail(.connect(IOError("connect", err)))
             return
