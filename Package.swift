@@ -50,7 +50,7 @@ let package = Package(
         .target(
             name: "BearerdSessions",
             dependencies: [
-                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdTLS", "BearerdIO",
+                "BearerdHTTP", "BearerdOAuth", "BearerdConfig", "BearerdTLS", "BearerdIO",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: shellSettings

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import Synchronization
 import BearerdIO
+import BearerdOAuth
 import BearerdProxyCore
 import BearerdConfig
 import BearerdSessions

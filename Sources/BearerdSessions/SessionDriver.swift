@@ -3,7 +3,6 @@ import BearerdIO
 import Dispatch
 import BearerdOAuth
 import Logging
-import BearerdProxyCore
 import Synchronization
 import BearerdConfig
 

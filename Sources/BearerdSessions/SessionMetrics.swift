@@ -1,6 +1,4 @@
-import BearerdTLS
 import BearerdOAuth
-import BearerdProxyCore
 import BearerdConfig
 
 /// Counters of one token session, for `/metrics` (one counter per outcome, failures

@@ -1,7 +1,5 @@
-import BearerdIO
 import BearerdOAuth
 import BearerdTLS
-import BearerdProxyCore
 import BearerdConfig
 
 /// One session's configuration with its secrets read and its TLS context built: everything a

@@ -3,7 +3,6 @@ import BearerdTLS
 import BearerdOAuth
 #if canImport(Glibc)
 import Glibc
-import BearerdProxyCore
 import BearerdConfig
 #endif
 

@@ -3,7 +3,6 @@ import Dispatch
 import BearerdIO
 import BearerdOAuth
 import BearerdTLS
-import BearerdProxyCore
 import BearerdConfig
 
 /// What one token request produced, before RFC 6749 classification.
