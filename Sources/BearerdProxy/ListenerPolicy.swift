@@ -1,8 +1,6 @@
 import BearerdConfig
 import BearerdProxyCore
 import BearerdTLS
-import BearerdSessions
-import BearerdService
 
 extension HostAllowlist {
     /// - Parameters:

@@ -1,7 +1,6 @@
 import BearerdHTTP
 import BearerdProxyCore
 import BearerdConfig
-import BearerdService
 
 /// Why a request is answered by bearerd itself before any upstream is chosen.
 struct Refusal {
