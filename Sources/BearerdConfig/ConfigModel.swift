@@ -18,7 +18,7 @@ public struct BearerdConfig: Sendable {
     public var loops: Int?
     /// How sockets get readiness events (`io:`; extension). nil: `$BEARERD_IO`, else the loop poller (`IOMode.defaultMode`).
     public var ioMode: IOModeSetting?
-    /// Frontend limits (`limits:`; extension of DESIGN §4, defaults of issue 2).
+    /// Frontend limits (`limits:`; an extension of DESIGN §4).
     public var limits: HTTP1Limits
     /// Frontend timeouts (`timeouts:` at top level).
     public var frontendTimeouts: FrontendTimeouts

@@ -68,7 +68,7 @@ public struct Router: Sendable {
 extension RequestTarget {
     /// The upstream target: base path + (path with the route prefix stripped when asked) + query.
     /// On UTF-8 bytes: `hasPrefix`/`dropFirst` on a `Substring` compare and count `Character`s
-    /// (grapheme breaking per request, issue 10); the prefix was matched on bytes anyway.
+    /// (grapheme breaking per request, measured, bench/RESULTS.md); the prefix was matched on bytes anyway.
     public static func upstreamTarget(path: Substring, query: Substring?, route: RouteRule) -> String {
         var rest = path.utf8[...]
         if route.stripPrefix {

@@ -6,7 +6,7 @@ import BearerdHTTP
 @testable import BearerdSessions
 @testable import BearerdService
 
-/// The browser guard's decision (DESIGN §5; issue 8 item 17) as a table: request head in,
+/// The browser guard's decision (DESIGN §5) as a table: request head in,
 /// admit or refuse (with its stable reason) out. No sockets.
 @Suite("Browser guard")
 struct BrowserGuardTests {

@@ -4,7 +4,7 @@ import Testing
 @testable import BearerdProxy
 @testable import BearerdProxyCore
 
-/// Issue 4 item 6: credentials never reach a log line, whatever the level or format.
+/// DESIGN §5: credentials never reach a log line, whatever the level or format.
 @Suite struct RedactionTests {
     @Test func headerValuesBecomeFingerprints() {
         var h = HTTPHeaders()
