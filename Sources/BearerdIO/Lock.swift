@@ -2,7 +2,9 @@
 import Glibc
 #endif
 
-/// A pthread mutex; used only off the hot path (resolver cache, published configuration).
+/// A pthread mutex, for state shared across queues where contention is rare: the resolver cache,
+/// the published configuration and tokens, session tables, a loop's source target. Owns only
+/// the mutex; `withLock` is the one way in.
 public final class Lock: @unchecked Sendable {  // @unchecked: the mutex itself provides the safety
     private let m: UnsafeMutablePointer<pthread_mutex_t>
     public init() {

@@ -21,8 +21,10 @@ enum TokenEndpointOutcome {
 ///
 /// Uses bearerd's own `SocketChannel` (plus `TLSEngine` for `https` token URLs, verified like
 /// upstreams: system trust store or `ca_file`, host name, SNI, optional client certificate),
-/// `Resolver` for DNS and the strict `HTTP1Parser(role: .client)` for the response. One
-/// connection per request (`Connection: close`). Bodies over 1 MiB are refused.
+/// `Resolver` for DNS and the strict `HTTP1Parser(role: .client)` for the response. Behind
+/// `outbound_proxy:`, an https endpoint is reached through a `ProxyTunnel` (CONNECT) and an http
+/// one in absolute form (`ForwardProxyRequest`). One connection per request
+/// (`Connection: close`). Bodies over 1 MiB are refused.
 ///
 /// Owns the connection of the request in progress and itself until it completes (a self
 /// reference kept in `retainedSelf`). Lives on `loop` (the session queue): every method and
