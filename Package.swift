@@ -50,7 +50,7 @@ let package = Package(
         .target(
             name: "BearerdSessions",
             dependencies: [
-                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdTLS", "BearerdIO",
+                "BearerdHTTP", "BearerdOAuth", "BearerdConfig", "BearerdTLS", "BearerdIO",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: shellSettings
@@ -75,17 +75,13 @@ let package = Package(
         ),
         .target(
             name: "BearerdIO",
-            dependencies: [
-                "BearerdHTTP", "BearerdTLS", "COpenSSL", "CNghttp2", "CBearerdShim",
-                .product(name: "Logging", package: "swift-log"),
-            ],
+            dependencies: ["BearerdTLS", "CBearerdShim"],
             swiftSettings: shellSettings
         ),
         .target(
             name: "BearerdProxy",
             dependencies: [
                 "BearerdHTTP", "BearerdHTTP2", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdSessions", "BearerdService", "BearerdTLS", "BearerdIO",
-                .product(name: "Yams", package: "Yams"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: shellSettings

@@ -4,7 +4,7 @@ import Logging
 import Yams
 import BearerdProxyCore
 
-/// One entry of `listen:` with its access-control settings (issue 4).
+/// One entry of `listen:` with its access-control settings (DESIGN §4).
 ///
 /// A plain address (`127.0.0.1:8080`, `unix:/run/bearerd/api.sock`) gets the defaults; the
 /// mapping form adds, for `unix:` sockets, the socket file's `mode`/`owner`/`group` and the peers

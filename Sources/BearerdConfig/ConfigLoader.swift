@@ -1,5 +1,4 @@
 import BearerdOAuth
-import BearerdHTTP
 import Foundation
 import Yams
 import BearerdProxyCore

@@ -18,7 +18,7 @@ public struct BearerdConfig: Sendable {
     public var loops: Int?
     /// How sockets get readiness events (`io:`; extension). nil: `$BEARERD_IO`, else the loop poller (`IOMode.defaultMode`).
     public var ioMode: IOModeSetting?
-    /// Frontend limits (`limits:`; extension of DESIGN §4, defaults of issue 2).
+    /// Frontend limits (`limits:`; an extension of DESIGN §4).
     public var limits: HTTP1Limits
     /// Frontend timeouts (`timeouts:` at top level).
     public var frontendTimeouts: FrontendTimeouts
@@ -133,21 +133,6 @@ public enum GrantType: String, Sendable, Equatable, CaseIterable {
     public var isPersonal: Bool { self == .authorizationCode || self == .deviceCode }
 }
 
-public enum ClientAuthMethod: String, Sendable, Equatable, CaseIterable {
-    case clientSecretBasic = "client_secret_basic"
-    case clientSecretPost = "client_secret_post"
-    case none = "none"
-    /// RFC 7523 §2.2: a JWT signed with `client_key_file` (no shared secret).
-    case privateKeyJWT = "private_key_jwt"
-    /// RFC 8705 §2: the session's `tls:` client certificate authenticates.
-    case tlsClientAuth = "tls_client_auth"
-    /// RFC 7523 §2.2: an externally issued JWT (`client_assertion_file`, re-read per request).
-    case clientAssertion = "client_assertion"
-
-    /// The methods that send a client secret.
-    public var usesSecret: Bool { self == .clientSecretBasic || self == .clientSecretPost }
-}
-
 /// `host[:port]` as a URL and a Host field carry it: an IPv6 address in brackets, the port only
 /// when it is not the scheme's default.
 func urlAuthority(host: String, port: UInt16, defaultPort: UInt16) -> String {
@@ -251,7 +236,7 @@ public struct SessionConfig: Sendable, Equatable {
     public var tokenURL: EndpointURL
     public var clientID: String
     public var clientSecret: SecretSource?
-    public var clientAuth: ClientAuthMethod
+    public var clientAuth: ClientAuthentication
     public var scope: String?
     /// Extra form parameters, in file order.
     public var params: [(String, String)]
@@ -298,7 +283,7 @@ public struct SessionConfig: Sendable, Equatable {
     public var line: Int
 
     public init(name: String, grant: GrantType, tokenURL: EndpointURL, clientID: String,
-                clientSecret: SecretSource? = nil, clientAuth: ClientAuthMethod = .clientSecretBasic,
+                clientSecret: SecretSource? = nil, clientAuth: ClientAuthentication = .clientSecretBasic,
                 scope: String? = nil, params: [(String, String)] = [], refreshBefore: Duration? = nil,
                 defaultLifetime: Duration = .seconds(300), refreshTokenFile: String? = nil,
                 username: String? = nil, password: SecretSource? = nil, tls: TLSSettings? = nil,

@@ -242,7 +242,7 @@ extension ConfigBuilder {
         let clientID = text(f, "client_id", expected: "a client identifier") ?? (grant?.isTokenGrant == true ? "" : nil)
         if f["client_id"] == nil, grant?.isTokenGrant != true { missing(f, "client_id") }
         let clientAuthGiven = f["client_auth"] != nil
-        let clientAuth = choice(f, "client_auth", ClientAuthMethod.self)
+        let clientAuth = choice(f, "client_auth", ClientAuthentication.self)
         let scope = scopes(f)
         let params = sessionParams(f)
         let refreshBefore = duration(f, "refresh_before", maximum: ConfigValues.maximumLifetime)

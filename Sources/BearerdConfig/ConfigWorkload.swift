@@ -25,7 +25,7 @@ extension ConfigBuilder {
     /// Reads `assertion_file`, the exchange keys, `client_assertion_file`, `audience` and
     /// `resource`, reporting misplaced, missing and conflicting ones. With `checkFiles`, every
     /// credential file must be readable and hold a JWT.
-    func workloadKeys(_ f: Fields, grant: GrantType?, clientAuth: ClientAuthMethod) -> WorkloadKeys {
+    func workloadKeys(_ f: Fields, grant: GrantType?, clientAuth: ClientAuthentication) -> WorkloadKeys {
         var w = WorkloadKeys()
         if let grant {
             for (key, needs) in Self.grantOnlyKeys where grant != needs {

@@ -1,6 +1,6 @@
 /// A bounded write cursor over temporary memory: what the head serialisers write through before
 /// one copy into a connection's output (per-byte `Array.append` checks uniqueness and capacity
-/// at every byte, and appending a `String.UTF8View` goes through a generic copy; issue 10).
+/// at every byte, and appending a `String.UTF8View` goes through a generic copy; measured, bench/RESULTS.md).
 /// Value type, used within one call. Invariant: `p <= end`; a write that does not fit is
 /// refused and sets `overflowed` (never past `end`), and `appendingHead` then starts over with
 /// twice the room, so an estimate that is too small costs time, never bytes or memory safety.

@@ -16,8 +16,9 @@
 // which hands back the bytes after the head and stops parsing for good. On the client role a 101
 // is accepted only for a request announced with `expectResponse(to:upgrade: true)`; it ends
 // parsing the same way (`.responseHead` with status 101, then `switchProtocols()` for the rest).
-// Any other 101 is an error (`http1.unexpected_switching_protocols`); a 2xx answer to CONNECT is
-// framed like any other response, since bearerd never sends CONNECT.
+// Any other 101 is an error (`http1.unexpected_switching_protocols`). A 2xx answer to a CONNECT
+// (a tunnel through a forward proxy) switches the same way: RFC 9112 §6.3 rule 2, the connection
+// is a tunnel right after the head, whatever Content-Length or Transfer-Encoding it carries.
 //
 // Rules (strictness beats leniency; every ambiguity that enables request smuggling is an error):
 // - Lines end in CRLF only; bare LF / bare CR in a head, chunk line or trailer: 400.
@@ -105,7 +106,7 @@ public struct HTTP1Parser: Sendable {
         case endPending
         /// EOF seen between messages (or after a close-delimited body): nothing more, ever.
         case finished
-        /// The connection switched protocols (101): the bytes are no longer HTTP/1.1.
+        /// The connection switched protocols (101, or a 2xx to CONNECT): the bytes are no longer HTTP/1.1.
         case switched
     }
 
@@ -906,6 +907,13 @@ public struct HTTP1Parser: Sendable {
             } else if pendingStart >= 64 && pendingStart * 2 >= pendingMethods.count {
                 pendingMethods.removeSubrange(0..<pendingStart)
                 pendingStart = 0
+            }
+            if method == "CONNECT" && progress.status >= 200 && progress.status <= 299 {
+                // RFC 9112 §6.3 rule 2: a 2xx to CONNECT makes the connection a tunnel after the head.
+                pendingMethods.removeAll(keepingCapacity: true)
+                pendingStart = 0
+                state = .switched
+                return .responseHead(response, framing: .none)
             }
             let framing: HTTP1BodyFraming
             // RFC 9112 §6.3 rule 1: HEAD responses, 204 and 304 have no body.

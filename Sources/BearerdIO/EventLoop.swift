@@ -15,7 +15,7 @@ public func monotonicNanos() -> UInt64 {
 extension Duration {
     /// Whole nanoseconds, saturating at zero for negative durations and at `Int64.max` (292
     /// years) for huge ones, so `Int(d.nanoseconds)` and `monotonicNanos() + d.nanoseconds`
-    /// never trap nor wrap, whatever duration got in (issue 8 item 5).
+    /// never trap nor wrap, whatever duration got in (DESIGN §2.7).
     public var nanoseconds: UInt64 {
         let (s, a) = components
         if s < 0 || a < 0 { return 0 }  // `components` truncates: -0.5 s is (0, -5e17).
@@ -318,7 +318,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
 /// can begin in between. An `unowned` capture trapped there ("Attempted to read an unowned
 /// reference but object … was already destroyed": seen in CI, reproduced by
 /// `LoopLifetimeTests`), and a `weak` one would move the loop's reference count to a side table
-/// for good, slowing every retain of the loop on the request path (issue 10).
+/// for good, slowing every retain of the loop on the request path (measured, bench/RESULTS.md).
 ///
 /// So the handlers hold this box. A handler takes a strong reference under the lock (unless the
 /// loop was detached) and marks itself running; `deinit` detaches the loop under the lock and,

@@ -11,7 +11,7 @@ import Glibc
 /// done, takes it with `next()` (sigwaitinfo(2)). No disposition is changed, so none can be
 /// lost in a window between `signal(SIG_IGN)` and a handler taking over.
 ///
-/// Why not Dispatch signal sources (issue 8 item 13): on Linux, libdispatch installs its own
+/// Why not Dispatch signal sources: on Linux, libdispatch installs its own
 /// handler only when the source is registered on its manager thread (asynchronously), and
 /// `dispatchMain()` parks the main thread in `sigsuspend` with an empty mask. A SIGTERM between
 /// `SIG_IGN` and that registration was discarded by the unblocked main thread (in about 2 of 3

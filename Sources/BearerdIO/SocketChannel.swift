@@ -119,7 +119,7 @@ struct SourceGate {
 /// enums and structs without references or heap storage; tests pin the non-obvious ones with
 /// `_isPOD`). An overlapping access to such a value can only read a stale value, never free or
 /// move memory, and the runtime check of every access cost about a tenth of a proxied
-/// request's instructions (issue 10). Arrays, dictionaries, strings and references keep the
+/// request's instructions (measured, bench/RESULTS.md). Arrays, dictionaries, strings and references keep the
 /// check: a nested mutation there could reallocate storage under a reader.
 public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendable {  // @unchecked: confined to `loop`
     /// Where the connection is. Valid transitions:
@@ -159,7 +159,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     public let fd: Int32
     /// Strong, cleared by `close()`: the channel lives until it is closed anyway (the loop's
     /// poller table or its Dispatch sources hold it), and a weak reference would put the
-    /// delegate's reference count in a side table, slowing every retain of it (issue 10).
+    /// delegate's reference count in a side table, slowing every retain of it (measured, bench/RESULTS.md).
     public var delegate: ChannelDelegate?
     public var peerAddress: SocketAddress?
     let sys: Syscalls
@@ -191,14 +191,14 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     /// Whether the socket holds unread bytes or the peer's EOF, without consuming anything. An
     /// idle pooled connection for which this holds must not carry a new request: those bytes
-    /// would be read as its response (DESIGN §5, issue 8 item 7).
+    /// would be read as its response (DESIGN §5).
     ///
     /// With Dispatch sources, and in poller mode for a socket quiet for a while
     /// (`recentlyActive` false), it asks the kernel (`MSG_PEEK`). In poller mode a socket that
     /// carried traffic less than a second ago is judged by what the loop knows: every event epoll
     /// reported before has been read to a short read or EOF (a hang-up reads on to EOF), and the
     /// batch being served is checked for an event still to come; that saves a system call per
-    /// reused connection (issue 10). What could arrive unseen in that window is the same race
+    /// reused connection (measured, bench/RESULTS.md). What could arrive unseen in that window is the same race
     /// a peek has a microsecond later.
     public func hasUnreadInput(recentlyActive: Bool = false) -> Bool {
         guard !isClosed else { return true }
@@ -258,6 +258,35 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         phase = .handshaking
     }
 
+    /// An open plaintext channel whose first phase is over (a tunnel through a forward proxy, set
+    /// up by its first owner) passes to `delegate`: with `tls`, the client TLS handshake starts
+    /// now and `channelActive` follows when it completes; without, `channelActive` follows at
+    /// once. `pending` are bytes already read past the first phase (the tunnel's first bytes):
+    /// fed to the TLS engine, or delivered after `channelActive`. Call on the loop.
+    public func handOver(to delegate: ChannelDelegate, startingTLS tls: TLSEngine?, pending: [UInt8] = []) {
+        loop.assertInEventLoop()
+        guard phase == .open, self.tls == nil else {
+            fail(.protocolError("a channel can be handed over only while open and without TLS"))
+            return
+        }
+        self.delegate = delegate
+        guard let tls else {
+            delegate.channelActive(self)
+            if !pending.isEmpty, phase != .closed { pending.withUnsafeBytes { self.delegate?.channelRead(self, $0) } }
+            return
+        }
+        self.tls = tls
+        phase = .handshaking
+        if !pending.isEmpty { pending.withUnsafeBytes { tls.feedCiphertext($0) } }
+        do {
+            _ = try tls.handshake()
+        } catch {
+            fail(.tls(error))
+            return
+        }
+        flushTLSOutput()
+    }
+
     /// Opens a non-blocking connection to `address`; `channelActive` follows on success (after the
     /// TLS handshake when `tls` is given), `channelError(.connect)` on failure.
     public static func connect(to address: SocketAddress, loop: EventLoop, tls: TLSEngine?, delegate: ChannelDelegate) throws(IOError) -> SocketChannel {
@@ -275,8 +304,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     }
 
     /// A channel in `.connecting` whose write readiness completes the connect (then the TLS
-    /// handshake): a connect in progress, or an fd connected elsewhere (`adoptConnected`,
-    /// writable at once).
+    /// handshake).
     static func startConnected(fd: Int32, peer: SocketAddress?, loop: EventLoop, tls: TLSEngine?, delegate: ChannelDelegate) -> SocketChannel {
         let ch = SocketChannel(fd: fd, loop: loop)
         ch.delegate = delegate
@@ -312,7 +340,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         } else {
             // Edge-triggered: data that arrived while paused raised no new event.
             // Strong: end-of-event work, no cycle; a weak reference would put the channel's
-            // reference count in a side table for good (slower retains, issue 10).
+            // reference count in a side table for good (slower retains, measured, bench/RESULTS.md).
             loop.deferToEndOfEvent { [self] in handleReadable() }
         }
     }
@@ -320,8 +348,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     private func handleReadable() {
         guard phase != .closed else { return }
         if phase == .connecting {
-            // A refused connect may be reported as readable (EPOLLERR/EPOLLHUP) rather than writable.
-            if sys.socketError(fd) != 0 { completeConnect() }
+            // A refused connect may be reported as readable (EPOLLERR/EPOLLHUP) rather than
+            // writable. Reading SO_ERROR clears it, so the error read here is the one reported.
+            let err = sys.socketError(fd)
+            if err != 0 { completeConnect(error: err) }
             return
         }
         let buf = loop.readBuffer
@@ -567,9 +597,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         writeOut()
     }
 
-    private func completeConnect() {
+    /// `error`: SO_ERROR when the caller already read it (reading clears it).
+    private func completeConnect(error: Int32? = nil) {
         guard phase == .connecting else { return }
-        let err = sys.socketError(fd)
+        let err = error ?? sys.socketError(fd)
         if err != 0 {
             fail(.connect(IOError("connect", err)))
             return
@@ -622,7 +653,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         pauseReasons = []
         if wasPaused { readsResumed() }
         // Bound the linger: at most 2 s more, on the loop's tick (a Dispatch timer per closing
-        // connection cost a manager-thread wake-up each, issue 10).
+        // connection cost a manager-thread wake-up each, DESIGN §2.2).
         lingerDeadline = loop.now &+ 2_000_000_000
         loop.register(self)
     }

@@ -4,6 +4,4 @@
 /// codecs (RFC 6749 §4.3, §4.4, §5.1, §5.2, §6), the token session state machine
 /// (`TokenSession.StateMachine`), the 401 replay decision (`ReplayPolicy`), the rejection
 /// breaker and the persisted-state format. Time and randomness are always parameters.
-public enum BearerdOAuth {
-    public static let version = "0.1.0"
-}
+public enum BearerdOAuth {}

@@ -17,7 +17,7 @@ public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertibl
     public static let formatVersion: Int64 = 1
     /// The largest state file written or read: the token response's own limit (1 MiB, see
     /// `TokenResponseParser.maxBodyBytes`), so whatever a server could send fits, and whatever was
-    /// persisted is read back (issue 8 item 15: a larger token was written, then refused on read).
+    /// persisted is read back (before, a larger token was written, then refused on read).
     public static let maxFileBytes = 1 << 20
     /// 9999-12-31T23:59:59Z: the largest `updated_at` read back (a larger one is clamped to it).
     public static let latestTimestamp: Int64 = 253_402_300_799

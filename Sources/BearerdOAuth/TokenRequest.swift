@@ -1,4 +1,5 @@
-/// How the client authenticates at the token endpoint (RFC 6749 §2.3.1; RFC 7591 §2 names).
+/// How the client authenticates at the token endpoint (RFC 6749 §2.3.1; RFC 7591 §2 names), as
+/// configured (`client_auth:`, the raw values) and as encoded in token requests.
 public enum ClientAuthentication: String, Sendable, Equatable, CaseIterable {
     /// `Authorization: Basic base64(urlencode(id) ":" urlencode(secret))` (RFC 6749 §2.3.1).
     case clientSecretBasic = "client_secret_basic"
@@ -7,13 +8,19 @@ public enum ClientAuthentication: String, Sendable, Equatable, CaseIterable {
     /// Public client: `client_id` in the body, no secret (RFC 6749 §2.1, §3.2.1).
     case none = "none"
     /// A JWT signed with the client's key (RFC 7523 §2.2, OIDC Core §9): `client_assertion_type`
-    /// and `client_assertion` in the body; the assertion is made fresh per request.
+    /// and `client_assertion` in the body; the assertion is made fresh per request
+    /// (signed with `client_key_file`).
     case privateKeyJWT = "private_key_jwt"
-    /// Mutual TLS (RFC 8705 §2): the TLS client certificate authenticates; `client_id` in the body.
+    /// Mutual TLS (RFC 8705 §2): the TLS client certificate (the session's `tls:`) authenticates;
+    /// `client_id` in the body.
     case tlsClientAuth = "tls_client_auth"
     /// An externally issued JWT (a federated credential, e.g. a projected Kubernetes token an IdP
-    /// trusts) as `client_assertion` (RFC 7523 §2.2); `client_id` in the body only when configured.
+    /// trusts) as `client_assertion` (RFC 7523 §2.2; `client_assertion_file`, re-read per
+    /// request); `client_id` in the body only when configured.
     case clientAssertion = "client_assertion"
+
+    /// The methods that send a client secret.
+    public var usesSecret: Bool { self == .clientSecretBasic || self == .clientSecretPost }
 }
 
 /// One token request, before encoding: the grant and the client's credentials.

@@ -353,7 +353,7 @@ extension TokenSession {
             var proven = false
             var requestedAt = sentAt
             if let old = token {
-                // DESIGN §6 (corrected, issue 8 item 14): only the *same* access token is no
+                // DESIGN §6 "No progress": only the *same* access token is no
                 // progress. A different token is progress even when it expires sooner: servers
                 // shorten lifetimes, and holding those refreshes back starved clients with 503s.
                 let sameToken = old.accessToken == grant.accessToken

@@ -175,22 +175,20 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     }
 
     /// The connection is a CONNECT tunnel through the outbound proxy (`ProxyTunnel`), already
-    /// connected: only TLS (and the protocol) remain.
-    func connectThroughTunnel(fd: Int32, http1Only: Bool, completion: @escaping (Result<ConnectOutcome, ChannelError>) -> Void) {
+    /// open: only TLS (and the protocol) remain, on the same channel.
+    func connectThroughTunnel(_ tunnel: ProxyTunnel.Established, http1Only: Bool,
+                              completion: @escaping (Result<ConnectOutcome, ChannelError>) -> Void) {
         connectCompletion = completion
         self.http1Only = http1Only
         deadline = monotonicNanos() + target.connectTimeout
         pool.loop.register(self)
         do {
-            channel = try SocketChannel.adoptConnected(fd: fd, peer: nil, loop: pool.loop, tls: try tlsEngine(), delegate: self)
+            channel = tunnel.start(delegate: self, tls: try tlsEngine())
         } catch let e as TLSError {
-            Glibc.close(fd)
+            tunnel.channel.close()
             finishConnect(.failure(.tls(e)))
-        } catch let e as IOError {
-            Glibc.close(fd)
-            finishConnect(.failure(.connect(e)))
         } catch {
-            Glibc.close(fd)
+            tunnel.channel.close()
             finishConnect(.failure(.protocolError("\(error)")))
         }
     }
@@ -247,11 +245,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
             var buf: [UInt8] = []
             buf.reserveCapacity(512)
             // Through a forward proxy: the absolute form (RFC 9112 §3.2.2) and the proxy's credentials.
-            var h = head
-            h.target = "http://" + target.url.authority + head.target
-            if let authorization = proxy.proxyAuthorization {
-                h.headers.add("Proxy-Authorization", authorization)
-            }
+            let h = ForwardProxyRequest.absoluteForm(head, authority: target.url.authority, proxyAuthorization: proxy.proxyAuthorization)
             HTTP1Serializer.writeRequestHead(h, setting: credential, into: &buf)
             channel?.write(taking: &buf)
             touch()
@@ -689,14 +683,13 @@ final class BackendPool {
         }
         if let proxy = target.proxy, target.url.isTLS || target.http2 == .priorKnowledge {
             // `outbound_proxy:` for https: a CONNECT tunnel, TLS to the upstream inside it.
-            ProxyTunnel.open(proxyHost: proxy.host, proxyPort: proxy.port, proxyAuthorization: proxy.proxyAuthorization,
-                             targetHost: target.url.host, targetPort: target.url.port,
+            ProxyTunnel.open(through: proxy, to: target.url.host, port: target.url.port,
                              timeout: .nanoseconds(Int64(clamping: target.connectTimeout)), on: loop) { [self] result in
                 switch result {
                 case .failure(let f):
                     connected(.failure(.connect(IOError("proxy \(proxy)", ECONNREFUSED, hint: f.message))))
-                case .success(let fd):
-                    BackendConnection(target: target, pool: self).connectThroughTunnel(fd: fd, http1Only: http1Only, completion: connected)
+                case .success(let tunnel):
+                    BackendConnection(target: target, pool: self).connectThroughTunnel(tunnel, http1Only: http1Only, completion: connected)
                 }
             }
             return

@@ -2,8 +2,6 @@ import BearerdHTTP
 import BearerdIO
 import BearerdOAuth
 import BearerdProxyCore
-import BearerdConfig
-import BearerdSessions
 import BearerdService
 
 /// The demo authorization server and upstream of `bearerd demo`, so a newcomer sees the whole

@@ -25,7 +25,7 @@ import BearerdService
 /// As the `ExchangeClient` of its exchanges it writes HTTP/1.1: it owns the framing of the
 /// response in progress (`responseFraming`: Content-Length, chunked or until close).
 ///
-/// Access control (issue 4) comes from the listener's `policy`: a unix peer refused by
+/// Access control (DESIGN §4 `listen:`) comes from the listener's `policy`: a unix peer refused by
 /// SO_PEERCRED gets 403 for its first request, a Host outside the loopback allowlist gets 421;
 /// either way nothing is forwarded and the connection closes.
 final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnection {
@@ -185,7 +185,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
 
     /// While an exchange waits for the client's body, the upload must keep moving (`idle`); once the
     /// body is complete (or we stopped reading it ourselves) the client owes nothing, and the
-    /// upstream's response timeout governs (issue 8 item 9).
+    /// upstream's response timeout governs (DESIGN §5).
     private func armBodyDeadline() {
         guard let ex = exchange else { return }
         if !ex.requestComplete && ex.wantsBody {
@@ -350,7 +350,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         channel.resumeReading(.peerBackpressure)
         // Strong captures in end-of-event work (here and in `exchangeFinished`): the closure runs within this
         // event and is dropped, so no cycle; a weak reference would move the object's reference
-        // count to a side table for good, slowing every retain of it (issue 10).
+        // count to a side table for good, slowing every retain of it (measured, bench/RESULTS.md).
         ctx.loop.deferToEndOfEvent { [self] in
             processInput()
             armBodyDeadline()

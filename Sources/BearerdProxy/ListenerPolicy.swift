@@ -1,8 +1,6 @@
 import BearerdConfig
 import BearerdProxyCore
 import BearerdTLS
-import BearerdSessions
-import BearerdService
 
 /// What one bound listener enforces on its connections, fixed at bind: the SO_PEERCRED
 /// allowlist of a unix socket, whether the Host of requests is checked (loopback TCP), and

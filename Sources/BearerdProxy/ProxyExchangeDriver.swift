@@ -103,7 +103,7 @@ protocol UpstreamStream: AnyObject {
 /// side (`ExchangeClient`: an HTTP/1.1 connection or an HTTP/2 stream) and the upstream side
 /// (`UpstreamStream`: HTTP/1.1 or HTTP/2) each frame bytes in their own protocol. The route, its
 /// session, target and metrics slot are captured at start, so a reload never changes a running
-/// exchange (issue 8 item 3). Every phase is the machine's; the only state here besides bytes is
+/// exchange (DESIGN §2.6). Every phase is the machine's; the only state here besides bytes is
 /// socket backpressure (`bodyHold`).
 final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// Strong: an HTTP/2 stream lives as long as its exchange; a connection outlives it anyway.
@@ -154,7 +154,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
     @exclusivity(unchecked) private var bodyHold: BodyHold = []
 
-    // Timing (monotonic nanoseconds; differences are saturating, issue 8 item 1). Read from the
+    // Timing (monotonic nanoseconds; differences are saturating, DESIGN §2.7). Read from the
     // loop's per-event clock: the time the event that carried the bytes began.
     private let started: UInt64
     @exclusivity(unchecked) private var attemptStarted: UInt64 = 0
@@ -583,7 +583,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         if upstream.isInformational {
             guard case .relayInformational = machine.upstreamInformationalHead(status: upstream.status) else { return }
             client.sendInformational(upstream)
-            // 1xx relays obey the same backpressure as bodies (issue 8 item 8).
+            // 1xx relays obey the same backpressure as bodies (DESIGN §2.2).
             if client.isOverHighWater { backend?.pauseReading() }
             return
         }

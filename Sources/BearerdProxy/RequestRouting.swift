@@ -1,7 +1,6 @@
 import BearerdHTTP
 import BearerdProxyCore
 import BearerdConfig
-import BearerdService
 
 /// Why a request is answered by bearerd itself before any upstream is chosen.
 struct Refusal {
@@ -21,7 +20,7 @@ enum RoutingDecision {
     case refuse(Refusal)
 }
 
-/// Admission (issue 4: Host allowlist of loopback listeners, browser guard) and routing of one
+/// Admission (DESIGN §4 `listen:` access control and §5 browser guard: Host allowlist of loopback listeners, browser guard) and routing of one
 /// request, shared by the HTTP/1.1 connection and HTTP/2 streams. One per client connection,
 /// on its loop. A class: a struct field of the connection was copied (and its references
 /// retained) on every request.

@@ -498,7 +498,7 @@ extension ProxyExchange {
         public var hasSession: Bool
         public var replayBodyLimit: Int
         /// `reject_statuses` as a bit set: a value type without heap storage, so the whole
-        /// machine is one (the driver holds it without exclusivity checks, issue 10).
+        /// machine is one (the driver holds it without exclusivity checks, measured, bench/RESULTS.md).
         public var rejectSet: StatusCodeSet
         public var rejectStatuses: [Int] {
             get { rejectSet.codes }

@@ -116,7 +116,7 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
             missing.append(entry)
         }
         // A session serving tokens whose refresh token is only in memory: a restart would lose
-        // it (issue 8 item 16). Not ready, so an operator sees it before restarting.
+        // it (DESIGN §6 "Rotation durability"). Not ready, so an operator sees it before restarting.
         for s in sessions where s.holdsValidToken(now: now) {
             guard let why = s.persistFailure else { continue }
             missing.append("{\"session\":" + ErrorResponse.jsonString(s.name) + ",\"state\":\"state_not_persisted\",\"detail\":"

@@ -1,4 +1,3 @@
-import BearerdConfig
 import BearerdHTTP
 import BearerdIO
 import BearerdProxyCore

@@ -1,5 +1,4 @@
 import BearerdTLS
-import BearerdIO
 import BearerdOAuth
 import Logging
 import BearerdConfig

@@ -3,7 +3,6 @@ import BearerdIO
 import Dispatch
 import BearerdOAuth
 import Logging
-import BearerdProxyCore
 import Synchronization
 import BearerdConfig
 
@@ -48,7 +47,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private var fetchSerial: UInt64 = 0
     private var stopped = false
     private var lastConverted: PublishedToken?
-    /// Whether `own` is on disk (issue 8 item 16). While `.failing`, a retry is scheduled.
+    /// Whether `own` is on disk (DESIGN §6 "Rotation durability"). While `.failing`, a retry is scheduled.
     private enum Persistence {
         case persisted
         /// `attempt` failed writes in a row; `serial` identifies the scheduled retry.
@@ -843,7 +842,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// still good); else refresh, persist the new refresh token, then hand the token out.
     ///
     /// The `flock` may wait for another process's whole refresh: it is taken on `stateQueue`,
-    /// so the session queue's timers and waiter timeouts keep running meanwhile (issue 8).
+    /// so the session queue's timers and waiter timeouts keep running meanwhile.
     private func performRefreshFetch(_ request: TokenSession.FetchRequest, startedAt: UInt64) {
         guard let store else {
             continueRefreshFetch(request, startedAt: startedAt)
@@ -962,7 +961,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     /// Writes the state durably before the token is handed out (the caller holds the lock).
     ///
-    /// A failure (disk full, directory gone) does not stop the session (issue 8 item 16): the
+    /// A failure (disk full, directory gone) does not stop the session (DESIGN §6 "Rotation durability"): the
     /// server has already consumed the old refresh token, so failing closed gains nothing. The new
     /// tokens are served and kept in memory (`own`), the write is retried with backoff (1 s,
     /// 2 s, … 60 s), and it is loud: one error line per failure streak, a counter

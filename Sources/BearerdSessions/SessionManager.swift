@@ -1,8 +1,6 @@
-import BearerdTLS
 import BearerdIO
 import BearerdOAuth
 import Logging
-import BearerdProxyCore
 import BearerdConfig
 
 /// All token sessions of a configuration (DESIGN §2.5, §6): one `TokenSessionDriver` per

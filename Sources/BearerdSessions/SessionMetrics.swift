@@ -1,6 +1,4 @@
-import BearerdTLS
 import BearerdOAuth
-import BearerdProxyCore
 import BearerdConfig
 
 /// Counters of one token session, for `/metrics` (one counter per outcome, failures
@@ -32,7 +30,7 @@ public struct SessionMetrics: Sendable, Equatable {
     /// server refused the subject session's token: that session was refreshed and the
     /// exchange retried once).
     public var tokenExchanges: [String: UInt64] = [:]
-    /// Failed writes of the state file (issue 8 item 16).
+    /// Failed writes of the state file (DESIGN §6 "Rotation durability").
     public var statePersistFailures: UInt64 = 0
     /// Every finished token fetch attempt, by what triggered it, how it ended and why.
     public var refreshes: [TokenRefreshKey: UInt64] = [:]

@@ -1,7 +1,5 @@
-import BearerdIO
 import BearerdOAuth
 import BearerdTLS
-import BearerdProxyCore
 import BearerdConfig
 
 /// One session's configuration with its secrets read and its TLS context built: everything a
@@ -73,17 +71,8 @@ struct SessionSettings {
         case .jwtBearer: grant = .jwtBearer(assertion: OAuthSecret(""))
         case .tokenExchange: grant = .tokenExchange(.init(subjectToken: OAuthSecret(""), subjectTokenType: TokenRequest.TokenExchange.jwtType))
         }
-        let auth: ClientAuthentication
-        switch config.clientAuth {
-        case .clientSecretBasic: auth = .clientSecretBasic
-        case .clientSecretPost: auth = .clientSecretPost
-        case .none: auth = .none
-        case .privateKeyJWT: auth = .privateKeyJWT
-        case .tlsClientAuth: auth = .tlsClientAuth
-        case .clientAssertion: auth = .clientAssertion
-        }
         var request = TokenRequest(grant: grant, clientID: config.clientID, clientSecret: clientSecret,
-                                   clientAuthentication: auth, scope: config.scope, extraParameters: config.params)
+                                   clientAuthentication: config.clientAuth, scope: config.scope, extraParameters: config.params)
         if let signer {
             request.clientAssertion = clientAssertion(signer)
         }

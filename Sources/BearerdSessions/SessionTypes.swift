@@ -1,6 +1,4 @@
-import BearerdTLS
 import BearerdIO
-import BearerdProxyCore
 import BearerdConfig
 
 /// An access token as the loops see it: the value to inject, its generation (for the replay

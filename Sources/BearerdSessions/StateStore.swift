@@ -3,7 +3,6 @@ import BearerdTLS
 import BearerdOAuth
 #if canImport(Glibc)
 import Glibc
-import BearerdProxyCore
 import BearerdConfig
 #endif
 
@@ -278,7 +277,7 @@ public func wallClockSeconds() -> Int64 {
     Int64(time(nil))
 }
 
-/// `bearerd token`'s reuse of a still-valid access token through `state_dir` (issue 11 item 7):
+/// `bearerd token`'s reuse of a still-valid access token through `state_dir` (DESIGN §3, `bearerd token`):
 /// for sessions without a refresh token, the token printed is cached in
 /// `<state_dir>/<session>.token.json` (0600) and handed out again while it lasts, under the
 /// session's `flock`, so concurrent calls make one token request between them. Refresh_token

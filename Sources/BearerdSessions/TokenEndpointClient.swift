@@ -1,12 +1,8 @@
 import BearerdHTTP
 import Dispatch
-#if canImport(Glibc)
-import Glibc
-#endif
 import BearerdIO
 import BearerdOAuth
 import BearerdTLS
-import BearerdProxyCore
 import BearerdConfig
 
 /// What one token request produced, before RFC 6749 classification.
@@ -25,8 +21,10 @@ enum TokenEndpointOutcome {
 ///
 /// Uses bearerd's own `SocketChannel` (plus `TLSEngine` for `https` token URLs, verified like
 /// upstreams: system trust store or `ca_file`, host name, SNI, optional client certificate),
-/// `Resolver` for DNS and the strict `HTTP1Parser(role: .client)` for the response. One
-/// connection per request (`Connection: close`). Bodies over 1 MiB are refused.
+/// `Resolver` for DNS and the strict `HTTP1Parser(role: .client)` for the response. Behind
+/// `outbound_proxy:`, an https endpoint is reached through a `ProxyTunnel` (CONNECT) and an http
+/// one in absolute form (`ForwardProxyRequest`). One connection per request
+/// (`Connection: close`). Bodies over 1 MiB are refused.
 ///
 /// Owns the connection of the request in progress and itself until it completes (a self
 /// reference kept in `retainedSelf`). Lives on `loop` (the session queue): every method and
@@ -48,6 +46,8 @@ final class TokenEndpointClient: ChannelDelegate {
     private var body: [UInt8] = []
     private var remainingAddresses: ArraySlice<SocketAddress> = []
     private var lastConnectError = ""
+    /// The CONNECT phase through `outbound_proxy:` while it runs (cancelled with the request).
+    private var tunnel: ProxyTunnel?
 
     /// `outbound_proxy:` for this URL, if any.
     private let proxy: OutboundProxy.Endpoint?
@@ -58,16 +58,9 @@ final class TokenEndpointClient: ChannelDelegate {
         self.tlsContext = tlsContext
         self.proxy = proxy
         // DESIGN §5: the endpoint's path and query byte for byte (a trailing slash kept).
-        var target = url.requestTarget
+        let target = url.requestTarget
         var headers = HTTPHeaders()
         headers.add("Host", url.authority)
-        if let proxy, !url.isTLS {
-            // Through a forward proxy: the absolute form (RFC 9112 §3.2.2) and the proxy's credentials.
-            target = "http://" + url.authority + target
-            if let authorization = proxy.proxyAuthorization {
-                headers.add("Proxy-Authorization", authorization)
-            }
-        }
         let method = request == nil ? "GET" : "POST"
         if let request {
             for field in request.headers { headers.add(field.name, field.value) }
@@ -77,8 +70,13 @@ final class TokenEndpointClient: ChannelDelegate {
         }
         headers.add("User-Agent", "bearerd/\(BearerdVersion.string)")
         headers.add("Connection", "close")
+        var head = HTTPRequestHead(method: method, target: target, headers: headers)
+        if let proxy, !url.isTLS {
+            // Through a forward proxy: the absolute form (RFC 9112 §3.2.2) and the proxy's credentials.
+            head = ForwardProxyRequest.absoluteForm(head, authority: url.authority, proxyAuthorization: proxy.proxyAuthorization)
+        }
         var bytes: [UInt8] = []
-        HTTP1Serializer.writeRequestHead(HTTPRequestHead(method: method, target: target, headers: headers), into: &bytes)
+        HTTP1Serializer.writeRequestHead(head, into: &bytes)
         if let request { bytes.append(contentsOf: request.body) }
         requestBytes = bytes
         parser.expectResponse(to: method)
@@ -134,22 +132,22 @@ final class TokenEndpointClient: ChannelDelegate {
         guard completion != nil else { return }
         if let proxy, url.isTLS {
             // https through `outbound_proxy:`: a CONNECT tunnel, TLS to the token endpoint inside it.
-            ProxyTunnel.open(proxyHost: proxy.host, proxyPort: proxy.port, proxyAuthorization: proxy.proxyAuthorization, targetHost: url.host,
-                             targetPort: url.port, timeout: .seconds(10), on: loop) { [self] result in
+            tunnel = ProxyTunnel.open(through: proxy, to: url.host, port: url.port, timeout: .seconds(10), on: loop) { [self] result in
+                tunnel = nil
                 guard completion != nil else {
-                    if case .success(let fd) = result { Glibc.close(fd) }
+                    if case .success(let t) = result { t.channel.close() }
                     return
                 }
                 switch result {
                 case .failure(let f):
                     finish(.transportFailure(detail: "through the proxy \(proxy): \(f.message)", requestSent: false))
-                case .success(let fd):
+                case .success(let t):
                     do {
                         var engine: TLSEngine?
                         if let tlsContext { engine = try TLSEngine(client: tlsContext, serverName: url.host) }
-                        channel = try SocketChannel.adoptConnected(fd: fd, peer: nil, loop: loop, tls: engine, delegate: self)
+                        channel = t.start(delegate: self, tls: engine)
                     } catch {
-                        Glibc.close(fd)
+                        t.channel.close()
                         finish(.transportFailure(detail: "\(error)", requestSent: false))
                     }
                 }
@@ -271,6 +269,8 @@ final class TokenEndpointClient: ChannelDelegate {
     private func finish(_ outcome: TokenEndpointOutcome) {
         guard let completion else { return }
         self.completion = nil
+        tunnel?.cancel()
+        tunnel = nil
         let ch = channel
         channel = nil
         ch?.delegate = nil

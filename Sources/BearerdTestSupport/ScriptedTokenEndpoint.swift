@@ -1,5 +1,4 @@
 import Foundation
-import BearerdHTTP
 
 /// A scripted OAuth 2.0 token endpoint (RFC 6749 §3.2) for hostile-peer tests, on a
 /// `ScriptedOrigin`: every `POST` is one call; the script decides the answer from the call's

@@ -4,7 +4,7 @@ import BearerdIO
 import Dispatch
 import Foundation
 import Logging
-import BearerdProxyCore
+import BearerdOAuth
 import BearerdConfig
 import BearerdSessions
 import BearerdService

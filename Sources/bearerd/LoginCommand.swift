@@ -1,5 +1,4 @@
 import ArgumentParser
-import BearerdIO
 import BearerdOAuth
 import Foundation
 import BearerdConfig

@@ -1,7 +1,6 @@
 import ArgumentParser
 import BearerdIO
 import BearerdOAuth
-import BearerdProxy
 import Dispatch
 import Foundation
 import Logging

@@ -1,5 +1,5 @@
 // Listener against a scripted kernel: accept hitting EMFILE pauses accepting, the retry
-// recovers, and stopping a paused listener leaves no suspended source behind (issue 8 item 4).
+// recovers, and stopping a paused listener leaves no suspended source behind.
 
 import Testing
 @testable import BearerdIO

@@ -76,7 +76,7 @@ struct SocketChannelShellTests {
         #expect(s.kernel.count("send") == 1)
     }
 
-    // MARK: what the loop knows of a pooled socket (issue 10)
+    // MARK: what the loop knows of a pooled socket
 
     /// In poller mode a socket active less than a second ago is judged without `MSG_PEEK`: an
     /// event for it still to come in the batch being served counts as unread input, and so does

@@ -90,7 +90,7 @@ import Testing
         #expect(!full.description.contains("rt-") && !full.description.contains("at-1"))
     }
 
-    /// Issue 8 item 15: whatever is written is read back; what cannot fit is never written.
+    /// Whatever is written is read back; what cannot fit is never written.
     @Test func oneSizeLimitForWritingAndReading() throws {
         let large = PersistedSessionState(refreshToken: OAuthSecret(String(repeating: "r", count: 100 * 1024)), updatedAt: 1)
         let bytes = try #require(large.encodeForFile())

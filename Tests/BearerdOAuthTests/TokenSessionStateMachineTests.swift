@@ -308,7 +308,7 @@ extension UInt64 {
         #expect(m.tokenRequested(waiter: WaiterID(2), now: t(3482)).fetches.map(\.reason) == [.hard])
     }
 
-    /// Issue 8 item 14: a server that shortens lifetimes (60 s, then 5 s) gives new tokens each
+    /// DESIGN §6 "No progress": a server that shortens lifetimes (60 s, then 5 s) gives new tokens each
     /// time; none of them is "no progress", so no client gets `token.no_progress`.
     @Test func shorteningLifetimesNeverCountAsNoProgress() throws {
         var (m, _) = readyMachine(lifetime: 60)

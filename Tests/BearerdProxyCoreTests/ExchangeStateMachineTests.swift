@@ -97,7 +97,7 @@ struct ExchangeScriptTests {
         #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: false, backend: .close, closeClient: true))
     }
 
-    // MARK: Expect: 100-continue and 1xx (item 10)
+    // MARK: Expect: 100-continue and 1xx
 
     @Test func continueOnlyForHTTP11Clients() {
         var m11 = forwarding(setup(body: true, http11: true, expect: true))
@@ -278,7 +278,7 @@ struct ExchangeScriptTests {
         #expect(m.rejectionOutcome(.replay) == .acquireBackend(fresh: false))
     }
 
-    // MARK: stale pooled connections (item 6, second part)
+    // MARK: stale pooled connections
 
     @Test func stalePooledConnectionIsRetriedOnceOnAFreshOne() {
         var m = forwarding(setup())
@@ -411,7 +411,7 @@ struct ExchangeInvariantTests {
     }
 }
 
-@Suite("ProxyExchange.StateMachine: tunnels and gRPC (issue 9)")
+@Suite("ProxyExchange.StateMachine: tunnels and gRPC (DESIGN §5)")
 struct ExchangeTunnelAndGRPCTests {
     func grpcSetup() -> ProxyExchange.Setup {
         var s = setup(body: true)
@@ -507,7 +507,7 @@ struct ExchangeTunnelAndGRPCTests {
     }
 }
 
-@Suite("Upgrade decisions and gRPC answers (issue 9)")
+@Suite("Upgrade decisions and gRPC answers (DESIGN §5)")
 struct UpgradeAndGRPCHeaderTests {
     func head(_ method: String = "GET", _ fields: [(String, String)], version: HTTPVersion = .http1_1) -> HTTPRequestHead {
         HTTPRequestHead(method: method, target: "/", version: version, headers: HTTPHeaders(fields))
@@ -551,7 +551,7 @@ struct UpgradeAndGRPCHeaderTests {
     }
 }
 
-@Suite("ProxyExchange.StateMachine: unprocessed requests (issue 9)")
+@Suite("ProxyExchange.StateMachine: unprocessed requests (DESIGN §5)")
 struct ExchangeUnprocessedTests {
     /// RFC 9113 §8.7: a refused stream was not processed; a POST is retried once on a fresh
     /// connection, unlike a POST on a pooled connection that merely closed.

@@ -83,7 +83,7 @@ struct RouterTests {
         #expect(resp.headers["Connection"] == "close")
     }
 
-    /// The one-pass rewrite (issue 10) keeps the exact field order and RFC 9110 §7.6.1: fields a
+    /// The one-pass rewrite keeps the exact field order and RFC 9110 §7.6.1: fields a
     /// `Connection` names go whether they come before or after it, duplicates of
     /// X-Forwarded-For and Via are merged into the first, names match whatever their case.
     @Test func oneRewritePassKeepsOrderAndConnectionNames() {

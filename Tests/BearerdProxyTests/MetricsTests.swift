@@ -227,7 +227,7 @@ struct MetricsTests {
         #expect(!text.contains("NaN"))
     }
 
-    /// Issue 9: proxied requests by client protocol, gRPC calls by grpc-status, merged across loops.
+    /// Proxied requests by client protocol, gRPC calls by grpc-status, merged across loops.
     @Test func protocolAndGRPCStatusFamilies() {
         var a = LoopMetrics(), b = LoopMetrics()
         let sa = a.slot(for: "/svc/"), sb = b.slot(for: "/svc/")

@@ -18,7 +18,7 @@ struct AccessLogTests {
         #expect(r.logfmt.contains("upstream_ms=-"))
     }
 
-    /// The byte writers of the hot path produce exactly the string forms (issue 10).
+    /// The byte writers of the hot path produce exactly the string forms.
     @Test(arguments: [
         AccessRecord(method: "GET", path: "/a \"b\"", route: "/", status: 200, upstreamMicros: 1234, totalMicros: 56, bytes: 100,
                      outcome: nil, session: "partner", generation: 3, replayed: true),
@@ -46,7 +46,7 @@ struct AccessLogTests {
         #expect(t.utf8.count == 24 && t.hasSuffix("Z") && t.dropFirst(10).first == "T", "\(t)")
     }
 
-    /// The runtime hands access lines straight to bearerd's handler (issue 10); the line is the
+    /// The runtime hands access lines straight to bearerd's handler; the line is the
     /// one the Logger path writes, timestamps aside, in both formats.
     @Test(arguments: [LogFormat.json, .text])
     func directAccessLineEqualsTheLoggerOne(format: LogFormat) throws {

@@ -1,4 +1,5 @@
 import Foundation
+import BearerdOAuth
 import BearerdTestSupport
 import Testing
 @testable import BearerdConfig
@@ -19,7 +20,7 @@ struct DiscoveryWarningTests {
         defer { origin.stop() }
         let issuer = "http://127.0.0.1:\(origin.port)/o"
         let url = try EndpointURL.parse(issuer).get()
-        func session(_ name: String, _ auth: ClientAuthMethod) -> SessionConfig {
+        func session(_ name: String, _ auth: ClientAuthentication) -> SessionConfig {
             SessionConfig(name: name, grant: .authorizationCode, tokenURL: EndpointURL.discoveryPlaceholder, clientID: "c",
                           clientSecret: auth.usesSecret ? .literal(Secret("s")) : nil, clientAuth: auth, issuer: url)
         }

@@ -13,7 +13,7 @@ import Testing
 struct SessionDriverTests {
     static let secret = "s3cr3t:&+client-secret-value"
 
-    func clientCredentials(_ url: EndpointURL, auth: ClientAuthMethod = .clientSecretBasic,
+    func clientCredentials(_ url: EndpointURL, auth: ClientAuthentication = .clientSecretBasic,
                            waitTimeout: Duration = .seconds(10)) -> SessionConfig {
         SessionConfig(name: "partner", grant: .clientCredentials, tokenURL: url, clientID: "my service",
                       clientSecret: .literal(Secret(Self.secret)), clientAuth: auth, scope: "read write",

@@ -40,7 +40,7 @@ struct SessionLogHygieneTests {
                    : ScriptedTokenEndpoint.token("access-AAA-\(n)")
         }
         defer { endpoint.stop() }
-        for auth in [ClientAuthMethod.clientSecretBasic, .clientSecretPost] {
+        for auth in [ClientAuthentication.clientSecretBasic, .clientSecretPost] {
             let s = SessionConfig(name: "cc", grant: .clientCredentials, tokenURL: endpoint.url, clientID: "id",
                                   clientSecret: .literal(Secret("client-secret-CCC")), clientAuth: auth)
             let m = try SessionManager(config: sessionConfig(s), logger: logger, environment: [:])

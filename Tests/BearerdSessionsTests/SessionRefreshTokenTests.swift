@@ -171,7 +171,7 @@ struct SessionRefreshTokenTests {
         #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
     }
 
-    /// Issue 8: the state file's `flock` may be held by another process for its whole refresh;
+    /// The state file's `flock` may be held by another process for its whole refresh;
     /// waiting for it must not stall the session queue, whose waiter timeouts keep firing.
     @Test func waitingForTheStateLockDoesNotStallTheSessionQueue() async throws {
         let server = RotatingServer()
@@ -211,7 +211,7 @@ struct SessionRefreshTokenTests {
         #expect(token?.value == "access-AAA-1")
     }
 
-    /// Issue 8 item 16: a rotated refresh token that cannot be written (here the state file's
+    /// DESIGN §6 "Rotation durability": a rotated refresh token that cannot be written (here the state file's
     /// path is taken by a directory, so the rename fails) is still served, kept in memory, and
     /// retried until the write succeeds; meanwhile it is loud (error log, counter, /readyz).
     @Test func aFailedStateWriteKeepsServingAndRetriesUntilItSucceeds() async throws {
@@ -255,7 +255,7 @@ struct SessionRefreshTokenTests {
         #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
     }
 
-    /// Issue 8 item 15: a rotated refresh token over 64 KiB was written but refused on read, so a
+    /// A rotated refresh token over 64 KiB was written but refused on read, so a
     /// restart sent the already-rotated initial token. One limit (1 MiB) both ways now.
     @Test func aLargeRotatedRefreshTokenSurvivesARestart() async throws {
         let server = RotatingServer(expiresIn: 30, padding: 100 * 1024)

@@ -8,7 +8,7 @@ import BearerdConfig
 import BearerdSessions
 import BearerdHTTP2
 
-/// curl, as users run it against bearerd (HTTP/2 clients, issue 9).
+/// curl, as users run it against bearerd (HTTP/2 clients, DESIGN §2.3).
 enum Curl {
     static var available: Bool { FileManager.default.isExecutableFile(atPath: "/usr/bin/curl") }
 
@@ -43,7 +43,7 @@ enum Curl {
     }
 }
 
-@Suite("HTTP/2 clients (issue 9)", .serialized)
+@Suite("HTTP/2 clients", .serialized)
 struct HTTP2FrontendTests {
     func sessionRoute(_ origin: UInt16, tokens: ScriptedTokenEndpoint) -> ([RouteConfig], [SessionConfig]) {
         var r = route("/api/", origin: origin, strip: true)
@@ -144,7 +144,7 @@ final class H2TestClient {
     }
 }
 
-@Suite("HTTP/2 clients: deadlines (issue 9)", .serialized)
+@Suite("HTTP/2 clients: deadlines", .serialized)
 struct HTTP2DeadlineTests {
     /// A stream whose upload stalls is reset after `idle`, like an HTTP/1.1 body; the connection
     /// and its other streams go on.
@@ -173,7 +173,7 @@ struct HTTP2DeadlineTests {
     }
 }
 
-@Suite("HTTP/2 clients: 401 replay per stream (issue 9)", .serialized)
+@Suite("HTTP/2 clients: 401 replay per stream", .serialized)
 struct HTTP2ReplayTests {
     /// DESIGN §6 for an HTTP/2 client: the first token is rejected, the POST body kept and
     /// replayed with the refreshed token on the same stream.

@@ -7,9 +7,9 @@ import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
 
-/// HTTP/2 towards upstreams (issue 9), against a real nginx: ALPN on https, prior knowledge on
+/// HTTP/2 towards upstreams (DESIGN §2.3, §4 `http2:`), against a real nginx: ALPN on https, prior knowledge on
 /// h2c, one connection for concurrent requests, 401 → refresh → replay per stream.
-@Suite("HTTP/2 upstreams against nginx (issue 9)", .serialized,
+@Suite("HTTP/2 upstreams against nginx", .serialized,
        .enabled(if: NginxOrigin.isAvailable || ProcessInfo.processInfo.environment["CI"] != nil, "nginx is not installed"))
 struct HTTP2UpstreamTests {
     /// nginx with a fresh PKI, and a token endpoint (its first token is the one nginx rejects).

@@ -9,12 +9,12 @@ import BearerdConfig
 import BearerdSessions
 import BearerdService
 
-// Issue 8's hostile-peer suite: misbehaving origins and token endpoints (`ScriptedOrigin`,
+// The hostile-peer suite: misbehaving origins and token endpoints (`ScriptedOrigin`,
 // `ScriptedTokenEndpoint`) and raw-socket clients against the real `bearerd run` binary as a
 // child process, so a trap kills only the child and shows up as a failed case with its message.
 // Every case ends with `HostileBearerd.finish()`: the child is still running, the admin
 // `/healthz` answers 200, one ordinary proxied request answers 200, and SIGTERM stops it with
-// status 0. Cases are named after the items of issue 8 (/work/helpers/ISSUE8.md).
+// status 0. Cases are named after the misbehaviour they play (DESIGN §2.7, §5).
 
 /// One `bearerd run` child for a hostile case (a `RunningBearerd`, see OperationsTests.swift),
 /// with an admin listener and a last route `/alive/` to a healthy origin used by the liveness
@@ -224,7 +224,7 @@ enum Hostile {
     }
 }
 
-@Suite("Hostile peers (issue 8)", .serialized)
+@Suite("Hostile peers", .serialized)
 struct HostilePeerTests {
     // MARK: Item 1: a replayed request that then fails must not trap
 
@@ -302,8 +302,8 @@ struct HostilePeerTests {
 
     /// Admin (local) requests whose client closes right after sending, half-close or full close,
     /// many times: the answer is written to a connection that may be gone by the end of the
-    /// event (the local exchange must not outlive its connection's use; a regression of issue 10
-    /// trapped here).
+    /// event (the local exchange must not outlive its connection's use; a regression of the
+    /// per-request allocation work trapped here).
     @Test func localRequestsFromClientsThatCloseAtOnce() throws {
         let origin = try ScriptedOrigin { _ in [.respond(status: 200, body: "ok")] }
         defer { origin.stop() }
@@ -322,8 +322,8 @@ struct HostilePeerTests {
     /// HTTP/2 clients that open streams to a slow origin and then vanish (reset or FIN) while the
     /// upstream requests are in flight; the origin answers afterwards. The upstream connection
     /// holds each exchange strongly and the exchange holds its stream: the stream's connection
-    /// must still be a valid (closed) object when the late answer arrives (issue 10 made these
-    /// references strong; an unowned one here would trap).
+    /// must still be a valid (closed) object when the late answer arrives (they are strong
+    /// references since the per-request allocation work; an unowned one here would trap).
     @Test func h2ClientsThatVanishWhileTheirStreamsAreInFlight() throws {
         let origin = try ScriptedOrigin { _ in [.wait(ms: 400), .respond(status: 200, body: "late")] }
         defer { origin.stop() }

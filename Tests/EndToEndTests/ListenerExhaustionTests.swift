@@ -6,7 +6,7 @@ import BearerdConfig
 import BearerdSessions
 import BearerdService
 
-/// Issue 8 item 4: the real `bearerd run` under a low RLIMIT_NOFILE (through util-linux's
+/// The real `bearerd run` under a low RLIMIT_NOFILE (through util-linux's
 /// `prlimit`) runs out of descriptors, so its accept source is suspended; a SIGHUP then moves
 /// the listener to another port, which stops the suspended listener. libdispatch trapped with
 /// "release of a suspended object"; now the process stays up and serves on the new port once

@@ -8,7 +8,7 @@ import Glibc
 /// `bearerd login` against the real authorization server (Authlib fixture): discovery from its
 /// RFC 8414 metadata, authorization code with PKCE over a loopback redirect, a scripted browser
 /// (`$BROWSER` runs curl, which follows the redirects as a person's browser would), then `token`
-/// and `run` keep the session (issue 11 items 1 and 2).
+/// and `run` keep the session (DESIGN §3, §4).
 @Suite("bearerd login (authorization code + PKCE)", .serialized,
        .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
 struct LoginTests {

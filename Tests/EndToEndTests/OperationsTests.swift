@@ -79,7 +79,7 @@ final class RunningBearerd {
     }
 }
 
-/// Issue 4 items 3 and 6 with the real binary: SIGHUP (changed secret file, sessions kept),
+/// Operations with the real binary (DESIGN §3, §5): SIGHUP (changed secret file, sessions kept),
 /// SIGTERM while slow requests are in flight, JSON logs with credentials redacted at trace level.
 @Suite("Operations: signals and logs", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
 struct OperationsTests {

@@ -15,7 +15,7 @@ import BearerdService
 @Suite("Sessions against a real authorization server", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
 struct SessionProxyTests {
     static func session(_ name: String = "s", grant: GrantType = .clientCredentials, auth: AuthServerFixture,
-                        clientID: String = "svc", secret: String? = "svc-secret", clientAuth: ClientAuthMethod = .clientSecretBasic,
+                        clientID: String = "svc", secret: String? = "svc-secret", clientAuth: ClientAuthentication = .clientSecretBasic,
                         username: String? = nil, password: String? = nil, scope: String? = nil) -> SessionConfig {
         SessionConfig(name: name, grant: grant,
                       tokenURL: EndpointURL(scheme: "http", host: "127.0.0.1", port: auth.port, path: "/oauth/token"),
@@ -39,11 +39,11 @@ struct SessionProxyTests {
     }
 
     @Test(arguments: [
-        ("svc", "svc-secret", ClientAuthMethod.clientSecretBasic),
-        ("svc-post", "post-secret", ClientAuthMethod.clientSecretPost),
-        ("we:ird", "p@ss w+rd/:", ClientAuthMethod.clientSecretBasic),
+        ("svc", "svc-secret", ClientAuthentication.clientSecretBasic),
+        ("svc-post", "post-secret", ClientAuthentication.clientSecretPost),
+        ("we:ird", "p@ss w+rd/:", ClientAuthentication.clientSecretBasic),
     ])
-    func clientCredentialsInjectsABearerToken(clientID: String, secret: String, method: ClientAuthMethod) throws {
+    func clientCredentialsInjectsABearerToken(clientID: String, secret: String, method: ClientAuthentication) throws {
         let auth = try AuthServerFixture.start()
         defer { auth.stop() }
         let proxy = try TestProxy(routes: [Self.apiRoute(auth)],

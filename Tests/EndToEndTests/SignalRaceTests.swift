@@ -6,7 +6,7 @@ import BearerdConfig
 import BearerdSessions
 import BearerdService
 
-/// Issue 8 item 13: a SIGTERM that arrives at any moment of the start (right after READY=1, or
+/// A SIGTERM that arrives at any moment of the start (right after READY=1, or
 /// while the first token is awaited) stops the real `bearerd run` with exit 0, never lost.
 @Suite("Signal races", .serialized)
 struct SignalRaceTests {

@@ -93,7 +93,7 @@ final class TunnelEchoOrigin: @unchecked Sendable {  // @unchecked: `heads` guar
     }
 }
 
-@Suite("WebSocket tunnels (issue 9)", .serialized)
+@Suite("WebSocket tunnels (DESIGN §5)", .serialized)
 struct WebSocketTunnelTests {
     static let handshake = "GET /ws/chat HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
 
@@ -194,7 +194,7 @@ struct WebSocketTunnelTests {
 
 /// A real WebSocket client and server (`Tests/Fixtures/ws_echo.py`, the `websockets` package)
 /// through bearerd: a 10 MiB message each way, the token injected into the handshake.
-@Suite("WebSocket with real peers (issue 9)", .serialized,
+@Suite("WebSocket with real peers", .serialized,
        .enabled(if: PythonFixture.unavailable(modules: ["websockets"]) == nil || ProcessInfo.processInfo.environment["CI"] != nil,
                 "\(PythonFixture.unavailable(modules: ["websockets"]) ?? "")"))
 struct WebSocketEchoTests {
@@ -221,7 +221,7 @@ struct WebSocketEchoTests {
 
 /// RFC 8441: a WebSocket from an HTTP/2 client (extended CONNECT), tunnelled to an HTTP/1.1
 /// upgrade upstream. The client is an nghttp2 session (`HTTP2Session`) over a blocking socket.
-@Suite("WebSocket over HTTP/2 (issue 9)", .serialized)
+@Suite("WebSocket over HTTP/2", .serialized)
 struct ExtendedConnectTests {
     @Test func extendedConnectBecomesAnHTTP11Upgrade() throws {
         let tokens = try ScriptedTokenEndpoint()

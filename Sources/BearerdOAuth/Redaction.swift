@@ -1,9 +1,8 @@
-import BearerdHTTP
-import BearerdOAuth
-
-/// What may be shown of credentials in logs (DESIGN §5, issue 4 item 6): header values that carry
-/// credentials become a scheme and a fingerprint, credential query parameters are cut, and every
-/// log line passes `scrub` as a last line of defence, at every level and in both formats.
+/// What may be shown of credentials in logs (DESIGN §5): header values that carry credentials
+/// become a scheme and a fingerprint, credential query parameters are cut, and every log line
+/// passes `scrub` as a last line of defence, at every level and in both formats. Here (not in
+/// BearerdProxyCore) so the session shell scrubs without the proxy core; the header-section
+/// form, `describe`, is an extension in BearerdProxyCore. Stateless.
 public enum Redaction {
     /// Header fields whose values are credentials (lower-case).
     package static let sensitiveHeaders: Set<String> = [
@@ -27,21 +26,6 @@ public enum Redaction {
             return "\(scheme) <fp \(BearerdOAuth.fingerprint(String(credential)))>"
         }
         return "<redacted fp \(BearerdOAuth.fingerprint(value))>"
-    }
-
-    /// The fields as `name: value` pairs joined by `; `, credentials redacted.
-    /// `alsoSensitive`: one more field name to redact (a route's `inject:` header).
-    public static func describe(_ headers: HTTPHeaders, alsoSensitive: String? = nil) -> String {
-        var out = ""
-        for f in headers {
-            if !out.isEmpty { out += "; " }
-            if let extra = alsoSensitive, asciiCaseInsensitiveEquals(f.name, extra), !isSensitive(headerName: f.name) {
-                out += f.name + ": <redacted fp \(BearerdOAuth.fingerprint(f.value))>"
-            } else {
-                out += f.name + ": " + redactedValue(name: f.name, value: f.value)
-            }
-        }
-        return out
     }
 
     /// A request target with every query value replaced by `<redacted>` (names kept): queries
