@@ -177,20 +177,21 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private let clientAcceptsTrailers: Bool
 
     /// What came with the input whose action `run` carries out: the bytes and objects the machine
-    /// only counts or waits for.
+    /// only counts or waits for. Small (the per-request cases are a buffer, a reference or the
+    /// trailers); the rare large ones are boxed.
     private enum Carried {
         case nothing
-        case clientBody(ArraySlice<UInt8>)
-        case responseBody(ArraySlice<UInt8>)
+        /// Borrowed for the call: copied where it must outlive it.
+        case clientBody(UnsafeRawBufferPointer)
+        case responseBody(UnsafeRawBufferPointer)
         /// The upstream's response ended, with these (forwardable) trailers.
         case responseEnd(trailers: HTTPHeaders?)
         /// A 1xx or 101 head.
-        case head(HTTPResponseHead)
+        indirect case head(HTTPResponseHead)
         case stream(UpstreamStream)
-        case token(PublishedToken)
-        case tokenUnavailable(TokenUnavailable)
-        /// The session's answer to a rejection of the request that carried `rejected`.
-        case verdict(RejectionOutcome, rejected: UInt64)
+        indirect case tokenUnavailable(TokenUnavailable)
+        /// The session's answer to a rejection of the request that carried generation `rejected`.
+        indirect case verdict(RejectionOutcome, rejected: UInt64)
         case tunnelBytes(UnsafeRawBufferPointer)
     }
 
@@ -251,14 +252,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         case .acquireToken:
             acquireToken()
         case .acquireBackend(let fresh):
-            switch carried {
-            case .token(let t):
-                token = t
-            case .verdict(.replay(let t, let refreshed), let rejected):
+            if case .verdict(.replay(let t, let refreshed), let rejected) = carried {
                 noteReplay(with: t, refreshed: refreshed, rejected: rejected)
                 token = t
-            default:
-                break
             }
             acquireBackend(fresh: fresh)
         case .closeUnusedBackend:
@@ -273,13 +269,13 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             guard case .clientBody(let bytes) = carried else { return }
             apply(keep, bytes)
             if let b = backend {
-                bytes.withUnsafeBytes { b.writeBody($0) }
+                b.writeBody(bytes)
                 if b.isOverHighWater { bodyHold.insert(.upstreamFull) }
             }
         case .bufferClientBody(let keep):
             guard case .clientBody(let bytes) = carried else { return }
             apply(keep, bytes)
-            pending.append(contentsOf: bytes)
+            pending.append(contentsOf: bytes.assumingMemoryBound(to: UInt8.self))
         case .keepClientBody(let keep):
             guard case .clientBody(let bytes) = carried else { return }
             apply(keep, bytes)
@@ -301,7 +297,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             // longer applies (it may have stopped reading for good).
             resumeClientBodyIfHeld()
         case .holdRejectionBody:
-            if case .responseBody(let bytes) = carried { heldBody.append(contentsOf: bytes) }
+            if case .responseBody(let bytes) = carried { heldBody.append(contentsOf: bytes.assumingMemoryBound(to: UInt8.self)) }
         case .releaseHeldRejection(let reason, let keepAlive):
             ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason))
             resumeClientBodyIfHeld()
@@ -309,7 +305,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             if reason != .notTokenError { reportRejectedWithoutReplay() }
             writeHeldRejection(keepAlive: keepAlive, endStream: false)
             // The chunk that did not fit follows what was held (a client chunk goes nowhere).
-            if case .responseBody(let bytes) = carried { bytes.withUnsafeBytes { writeResponseBody($0) } }
+            if case .responseBody(let bytes) = carried { writeResponseBody(bytes) }
         case .rejectionDrained(let disposal, let reportNow):
             if case .responseEnd(let trailers) = carried { heldTrailers = trailers }
             dispose(disposal)
@@ -337,7 +333,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             writeResponseHead(keepAlive: keepAlive, endStream: false)
         case .forwardResponseBody(let writeHeadFirst, let keepAlive):
             if writeHeadFirst { writeResponseHead(keepAlive: keepAlive, endStream: false) }
-            if case .responseBody(let bytes) = carried { bytes.withUnsafeBytes { writeResponseBody($0) } }
+            if case .responseBody(let bytes) = carried { writeResponseBody(bytes) }
         case .finishResponse(let writeHeadFirst, let disposal, let keepAlive):
             var trailers: HTTPHeaders?
             if case .responseEnd(let t) = carried { trailers = t }
@@ -388,15 +384,19 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
 
     private func acquireToken() {
         guard let session else { return }
+        // The token is data the request carries, not a decision: kept as it arrives (an
+        // exchange that no longer waits for it never sends it).
         if let t = ctx.usableToken(route: routeIndex, of: runtime, session: session, now: ctx.loop.now) {
-            run(machine.tokenAcquired(), .token(t))
+            token = t
+            run(machine.tokenAcquired())
             return
         }
         session.requestToken(on: ctx.loop) { [weak self] result in
             guard let self else { return }
             switch result {
             case .success(let t):
-                self.run(self.machine.tokenAcquired(), .token(t))
+                self.token = t
+                self.run(self.machine.tokenAcquired())
             case .failure(let unavailable):
                 self.run(self.machine.tokenUnavailable(), .tokenUnavailable(unavailable))
             }
@@ -603,12 +603,12 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     // MARK: request body (from the client)
 
     func requestBody(_ bytes: ArraySlice<UInt8>) {
-        run(machine.clientBodyReceived(count: bytes.count), .clientBody(bytes))
+        bytes.withUnsafeBytes { run(machine.clientBodyReceived(count: $0.count), .clientBody($0)) }
     }
 
-    private func apply(_ keep: ProxyExchange.KeepAction, _ bytes: ArraySlice<UInt8>) {
+    private func apply(_ keep: ProxyExchange.KeepAction, _ bytes: UnsafeRawBufferPointer) {
         switch keep {
-        case .append: kept.append(contentsOf: bytes)
+        case .append: kept.append(contentsOf: bytes.assumingMemoryBound(to: UInt8.self))
         case .skip: break
         case .release: kept = []
         }
@@ -678,7 +678,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
 
     func backendBody(_ bytes: ArraySlice<UInt8>) {
-        run(machine.upstreamBodyReceived(count: bytes.count), .responseBody(bytes))
+        bytes.withUnsafeBytes { run(machine.upstreamBodyReceived(count: $0.count), .responseBody($0)) }
     }
 
     func backendReadComplete() {
@@ -819,13 +819,14 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// The answer the machine chose for `failure` (DESIGN §5), with the failure's words.
     private func respondUpstreamError(_ failure: ProxyExchange.UpstreamFailure, _ answer: ProxyExchange.ErrorAnswer) {
         let code = answer.kind.label
+        let upstreamStatus = status
         ctx.metrics.countUpstreamError(slot: metricsSlot, answer.kind)
         status = answer.status
         let keepAlive = answer.keepAlive && !ctx.draining
         let detail: String
         switch failure {
-        case .upgradeNotSwitched(let st):
-            detail = "\(target.url.authority): the upstream answered the WebSocket upgrade with \(st), not 101 Switching Protocols"
+        case .upgradeNotSwitched:
+            detail = "\(target.url.authority): the upstream answered the WebSocket upgrade with \(upstreamStatus), not 101 Switching Protocols"
         case .unexpectedSwitch:
             detail = "\(target.url.authority): the upstream switched protocols (101) for a request that asked for no upgrade"
         case .proofUnavailable:

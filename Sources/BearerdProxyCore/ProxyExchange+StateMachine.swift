@@ -274,7 +274,7 @@ extension ProxyExchange {
                 // its unread body is closed (`respondUpstreamError` from this input: the driver
                 // closes the backend). Other statuses (a refusal, a rejection) are answers.
                 state = .finished
-                return upstreamErrorAnswer(.upgradeNotSwitched(status: status), closing: true)
+                return upstreamErrorAnswer(.upgradeNotSwitched, closing: true)
             }
             if setup.dpop, status == 401, case .available = dpopNonce, keep.isKeeping, clientBody.isComplete || !setup.grpc,
                DPoP.asksForNonce((try? WWWAuthenticate.parse(wwwAuthenticate())) ?? []) {
@@ -729,8 +729,8 @@ extension ProxyExchange {
         case tls
         /// A response that is not HTTP as the parser knows it.
         case invalidResponse
-        /// An upgrade request answered with this 2xx instead of 101 (DESIGN §5: not relayed).
-        case upgradeNotSwitched(status: Int)
+        /// An upgrade request answered 2xx instead of 101 (DESIGN §5: not relayed).
+        case upgradeNotSwitched
         /// A 101 to a request that asked for no upgrade.
         case unexpectedSwitch
         /// No DPoP proof could be signed for the request (RFC 9449 §4): nothing was sent.
@@ -739,17 +739,25 @@ extension ProxyExchange {
 
     /// bearerd's own answer in place of an upstream response (DESIGN §5): 502/503/504 with a
     /// JSON body, or for a gRPC client a trailers-only response with `grpc-status` `grpc`.
+    /// Three bytes, so every `Action` still fits in a register.
     public struct ErrorAnswer: Sendable, Equatable {
-        public var status: Int
-        /// The JSON body's `error` and the metric it counts in.
+        /// The JSON body's `error` and the metric it counts in; it fixes the status.
         public var kind: UpstreamErrorKind
         /// Set for gRPC clients, which read the status from `grpc-status`, not from a JSON body.
         public var grpc: ErrorResponse.GRPCCode?
         /// The client connection may carry another request afterwards.
         public var keepAlive: Bool
 
-        public init(status: Int, kind: UpstreamErrorKind, grpc: ErrorResponse.GRPCCode?, keepAlive: Bool) {
-            self.status = status
+        /// 503 without a token, 504 for an upstream timeout, 502 for every other failure.
+        public var status: Int {
+            switch kind {
+            case .tokenUnavailable: 503
+            case .upstreamTimeout: 504
+            case .upstreamUnreachable, .upstreamTLS, .upstreamInvalidResponse: 502
+            }
+        }
+
+        public init(kind: UpstreamErrorKind, grpc: ErrorResponse.GRPCCode?, keepAlive: Bool) {
             self.kind = kind
             self.grpc = grpc
             self.keepAlive = keepAlive
@@ -765,14 +773,12 @@ extension ProxyExchange {
             case .unreachable: kind = .upstreamUnreachable
             case .invalidResponse, .upgradeNotSwitched, .unexpectedSwitch, .proofUnavailable: kind = .upstreamInvalidResponse
             }
-            let status = kind == .upstreamTimeout ? 504 : 502
-            self.init(status: status, kind: kind, grpc: grpc ? (status == 504 ? .deadlineExceeded : .unavailable) : nil,
-                      keepAlive: keepAlive)
+            self.init(kind: kind, grpc: grpc ? (kind == .upstreamTimeout ? .deadlineExceeded : .unavailable) : nil, keepAlive: keepAlive)
         }
 
         /// No token (DESIGN §5 and §6): 503 with Retry-After (gRPC UNAVAILABLE); the upstream is not called.
         public init(tokenUnavailableFor grpc: Bool, keepAlive: Bool) {
-            self.init(status: 503, kind: .tokenUnavailable, grpc: grpc ? .unavailable : nil, keepAlive: keepAlive)
+            self.init(kind: .tokenUnavailable, grpc: grpc ? .unavailable : nil, keepAlive: keepAlive)
         }
     }
 

@@ -18,24 +18,33 @@ struct ExchangeDecisionTests {
         return m.upstreamFailed(failure, reusedConnection: false, responseBytesSeen: false)
     }
 
+    @Test func theKindFixesTheStatus() {
+        #expect(Answer(kind: .tokenUnavailable, grpc: nil, keepAlive: true).status == 503)
+        #expect(Answer(kind: .upstreamTimeout, grpc: nil, keepAlive: true).status == 504)
+        for kind in [UpstreamErrorKind.upstreamUnreachable, .upstreamTLS, .upstreamInvalidResponse] {
+            #expect(Answer(kind: kind, grpc: nil, keepAlive: true).status == 502)
+        }
+        #expect(MemoryLayout<ProxyExchange.Action>.size <= 8, "an action fits in a register")
+    }
+
     @Test func upstreamFailuresAreAnswered502Or504AsJSON() {
         #expect(failedWhileConnecting(.unreachable, grpc: false)
-                == .respondUpstreamError(.unreachable, Answer(status: 502, kind: .upstreamUnreachable, grpc: nil, keepAlive: true)))
+                == .respondUpstreamError(.unreachable, Answer(kind: .upstreamUnreachable, grpc: nil, keepAlive: true)))
         #expect(failedWhileConnecting(.timeout, grpc: false)
-                == .respondUpstreamError(.timeout, Answer(status: 504, kind: .upstreamTimeout, grpc: nil, keepAlive: true)))
+                == .respondUpstreamError(.timeout, Answer(kind: .upstreamTimeout, grpc: nil, keepAlive: true)))
         #expect(failedWhileConnecting(.tls, grpc: false)
-                == .respondUpstreamError(.tls, Answer(status: 502, kind: .upstreamTLS, grpc: nil, keepAlive: true)))
+                == .respondUpstreamError(.tls, Answer(kind: .upstreamTLS, grpc: nil, keepAlive: true)))
         #expect(failedWhileConnecting(.invalidResponse, grpc: false)
-                == .respondUpstreamError(.invalidResponse, Answer(status: 502, kind: .upstreamInvalidResponse, grpc: nil, keepAlive: true)))
+                == .respondUpstreamError(.invalidResponse, Answer(kind: .upstreamInvalidResponse, grpc: nil, keepAlive: true)))
         #expect(failedWhileConnecting(.proofUnavailable, grpc: false)
-                == .respondUpstreamError(.proofUnavailable, Answer(status: 502, kind: .upstreamInvalidResponse, grpc: nil, keepAlive: true)))
+                == .respondUpstreamError(.proofUnavailable, Answer(kind: .upstreamInvalidResponse, grpc: nil, keepAlive: true)))
     }
 
     /// gRPC clients read the status from `grpc-status` (DESIGN §5): DEADLINE_EXCEEDED for a
     /// timeout, UNAVAILABLE for everything else; the HTTP status stays the JSON answer's.
     @Test func grpcClientsGetTheirStatusCode() {
         #expect(failedWhileConnecting(.timeout, grpc: true)
-                == .respondUpstreamError(.timeout, Answer(status: 504, kind: .upstreamTimeout, grpc: .deadlineExceeded, keepAlive: true)))
+                == .respondUpstreamError(.timeout, Answer(kind: .upstreamTimeout, grpc: .deadlineExceeded, keepAlive: true)))
         for failure in [ProxyExchange.UpstreamFailure.unreachable, .tls, .invalidResponse] {
             guard case .respondUpstreamError(_, let answer) = failedWhileConnecting(failure, grpc: true) else {
                 Issue.record("no error answer for \(failure)")
@@ -48,10 +57,10 @@ struct ExchangeDecisionTests {
         s.grpc = true
         var m = Machine(setup: s)
         _ = m.start()
-        #expect(m.tokenUnavailable() == .respondTokenUnavailable(Answer(status: 503, kind: .tokenUnavailable, grpc: .unavailable, keepAlive: true)))
+        #expect(m.tokenUnavailable() == .respondTokenUnavailable(Answer(kind: .tokenUnavailable, grpc: .unavailable, keepAlive: true)))
         var n = Machine(setup: setup())
         _ = n.start()
-        #expect(n.tokenUnavailable() == .respondTokenUnavailable(Answer(status: 503, kind: .tokenUnavailable, grpc: nil, keepAlive: true)))
+        #expect(n.tokenUnavailable() == .respondTokenUnavailable(Answer(kind: .tokenUnavailable, grpc: nil, keepAlive: true)))
     }
 
     @Test func anUpgradeAnswered2xxNamesTheStatus() {
@@ -59,7 +68,7 @@ struct ExchangeDecisionTests {
         s.upgrade = true
         var m = forwarding(s)
         #expect(m.upstreamFinalHead(status: 204, wwwAuthenticate: { [] })
-                == .respondUpstreamError(.upgradeNotSwitched(status: 204), Answer(status: 502, kind: .upstreamInvalidResponse, grpc: nil, keepAlive: false)))
+                == .respondUpstreamError(.upgradeNotSwitched, Answer(kind: .upstreamInvalidResponse, grpc: nil, keepAlive: false)))
     }
 
     // MARK: keep-alive
@@ -72,12 +81,12 @@ struct ExchangeDecisionTests {
         #expect(m.upstreamReadComplete() == .writeResponseHead(keepAlive: false))
         #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: false, backend: .release, keepAlive: false))
         #expect(failedWhileConnecting(.unreachable, grpc: false, keepAlive: false)
-                == .respondUpstreamError(.unreachable, Answer(status: 502, kind: .upstreamUnreachable, grpc: nil, keepAlive: false)))
+                == .respondUpstreamError(.unreachable, Answer(kind: .upstreamUnreachable, grpc: nil, keepAlive: false)))
         var t = setup()
         t.clientKeepAlive = false
         var n = Machine(setup: t)
         _ = n.start()
-        #expect(n.tokenUnavailable() == .respondTokenUnavailable(Answer(status: 503, kind: .tokenUnavailable, grpc: nil, keepAlive: false)))
+        #expect(n.tokenUnavailable() == .respondTokenUnavailable(Answer(kind: .tokenUnavailable, grpc: nil, keepAlive: false)))
     }
 
     /// The head went out saying the connection closes (an HTTP/1.0 client and no length, or a
@@ -99,7 +108,7 @@ struct ExchangeDecisionTests {
         var m = forwarding(setup(body: true, session: false))
         _ = m.clientBodyReceived(count: 3)
         #expect(m.upstreamFailed(.timeout, reusedConnection: false, responseBytesSeen: false)
-                == .respondUpstreamError(.timeout, Answer(status: 504, kind: .upstreamTimeout, grpc: nil, keepAlive: false)))
+                == .respondUpstreamError(.timeout, Answer(kind: .upstreamTimeout, grpc: nil, keepAlive: false)))
     }
 
     // MARK: held rejections
@@ -129,7 +138,7 @@ struct ExchangeDecisionTests {
                 == .rejectionDrained(backend: .alreadyClosed, reportNow: true))
         #expect(m.state == .awaitingReplayToken(.cut(.timeout)))
         #expect(m.rejectionOutcome(.passThrough)
-                == .respondUpstreamError(.timeout, Answer(status: 504, kind: .upstreamTimeout, grpc: nil, keepAlive: true)))
+                == .respondUpstreamError(.timeout, Answer(kind: .upstreamTimeout, grpc: nil, keepAlive: true)))
     }
 
     // MARK: tunnel and the response's start

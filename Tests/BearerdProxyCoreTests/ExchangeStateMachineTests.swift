@@ -500,7 +500,7 @@ struct ExchangeTunnelAndGRPCTests {
         s.upgrade = true
         for status in [200, 204, 299] {
             var m = forwarding(s)
-            #expect(m.upstreamFinalHead(status: status, wwwAuthenticate: { [] }) == .upstreamError(.upgradeNotSwitched(status: status), closeClient: true))
+            #expect(m.upstreamFinalHead(status: status, wwwAuthenticate: { [] }) == .upstreamError(.upgradeNotSwitched, closeClient: true))
             #expect(m.isFinished)
         }
         var refused = forwarding(s)
