@@ -556,7 +556,7 @@ extension ProxyExchange {
         public var hasSession: Bool
         public var replayBodyLimit: Int
         /// `reject_statuses` as a bit set: a value type without heap storage, so the whole
-        /// machine is one (the driver holds it without exclusivity checks, issue 10).
+        /// machine is one (the driver holds it without exclusivity checks).
         public var rejectSet: StatusCodeSet
         public var rejectStatuses: [Int] {
             get { rejectSet.codes }
