@@ -351,12 +351,13 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             complete(keepAlive: persistent)
         case .respondTokenUnavailable(let answer):
             noteVerdict(carried)
+            // Both inputs that lead here (`tokenUnavailable`, the session's `.unavailable`) carry its reason.
+            var reason: TokenUnavailable?
             switch carried {
-            case .tokenUnavailable(let u), .verdict(.unavailable(let u), _):
-                respondTokenUnavailable(u, answer)
-            default:
-                respondTokenUnavailable(TokenUnavailable(session: session?.name ?? "", retryAfterSeconds: 1, detail: "no token"), answer)
+            case .tokenUnavailable(let u), .verdict(.unavailable(let u), _): reason = u
+            default: break
             }
+            respondTokenUnavailable(reason, answer)
         case .respondUpstreamError(let failure, let answer):
             noteVerdict(carried)
             // An upgrade the upstream answered without switching: not relayed, its connection
@@ -404,7 +405,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
 
     /// DESIGN §5: 503 JSON with Retry-After (gRPC clients: UNAVAILABLE); the upstream is not called.
-    private func respondTokenUnavailable(_ u: TokenUnavailable, _ answer: ProxyExchange.ErrorAnswer) {
+    private func respondTokenUnavailable(_ reason: TokenUnavailable?, _ answer: ProxyExchange.ErrorAnswer) {
+        let u = reason ?? TokenUnavailable(session: session?.name ?? "", retryAfterSeconds: 1, detail: "no token")
         status = answer.status
         ctx.metrics.countUpstreamError(slot: metricsSlot, answer.kind)
         let keepAlive = answer.keepAlive && !ctx.draining
