@@ -97,14 +97,18 @@ protocol UpstreamStream: AnyObject {
 /// Carries out the decisions of one `ProxyExchange.StateMachine`: the thin I/O side of one proxied
 /// request, from the client's head to the last byte of the upstream's response.
 ///
-/// Lives on the client's loop. It owns the bytes the machine only counts: the body buffered
-/// while connecting (`pending`), the kept copy for replays (`kept`), the held rejection, the
-/// response head not yet written, and the upstream stream of the current attempt. The client
-/// side (`ExchangeClient`: an HTTP/1.1 connection or an HTTP/2 stream) and the upstream side
-/// (`UpstreamStream`: HTTP/1.1 or HTTP/2) each frame bytes in their own protocol. The route, its
-/// session, target and metrics slot are captured at start, so a reload never changes a running
-/// exchange (DESIGN §2.6). Every phase is the machine's; the only state here besides bytes is
-/// socket backpressure (`bodyHold`).
+/// Lives on the client's loop. Every input (a frontend call, a backend callback, a token or
+/// session answer) goes to the machine, and every action it returns is carried out by `run`,
+/// with the bytes or objects that came with the input (`Carried`); nothing here looks at the
+/// machine's phase or keeps a decision of its own (after async-http-client's
+/// `HTTP1ClientChannelHandler.run`). It owns what the machine only counts: the body buffered
+/// while connecting (`pending`), the kept copy for replays (`kept`), the held rejection and its
+/// trailers, the response head not yet written, the text of the last upstream failure, and the
+/// upstream stream of the current attempt. The client side (`ExchangeClient`: an HTTP/1.1
+/// connection or an HTTP/2 stream) and the upstream side (`UpstreamStream`: HTTP/1.1 or HTTP/2)
+/// each frame bytes in their own protocol. The route, its session, target and metrics slot are
+/// captured at start, so a reload never changes a running exchange (DESIGN §2.6). Besides bytes,
+/// the only state here is socket backpressure (`bodyHold`) and the access log's timings.
 final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// Strong: an HTTP/2 stream lives as long as its exchange; a connection outlives it anyway.
     let client: ExchangeClient
@@ -124,8 +128,6 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private let session: TokenSessionDriver?
     /// The route's index in `runtime` (for the loop's token cache).
     private let routeIndex: Int
-    /// The client asked for a persistent connection (and the server is not draining).
-    private let clientWantsKeepAlive: Bool
 
     /// Trivially copyable (no references, no heap storage; a test pins it), so unchecked like the
     /// scalars below: see `SocketChannel` on `@exclusivity(unchecked)`.
@@ -140,29 +142,33 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private var pending: [UInt8] = []
     private var kept: [UInt8] = []
     private var requestTrailers: HTTPHeaders?
+    /// The final head while the machine holds it back (`headPending`, `holding`).
     private var responseHead: (head: HTTPResponseHead, framing: HTTP1BodyFraming)?
     private var heldBody: [UInt8] = []
-    @exclusivity(unchecked) private var clientKeepAlive = true
-    /// The last upstream failure, for the 502/504 body.
-    private var lastFailure: ChannelError?
+    /// The held rejection's trailers (a gRPC rejection carries its status there).
+    private var heldTrailers: HTTPHeaders?
+    /// The last upstream failure in words, for the error answer's `detail` and the log; which
+    /// answer it gets is the machine's (`ErrorAnswer`).
+    private var failureDetail: String?
 
-    /// Socket backpressure on the client's body (orthogonal to the machine's phases).
+    /// Socket backpressure (orthogonal to the machine's phases).
     private struct BodyHold: OptionSet {
         let rawValue: UInt8
-        /// The upstream connection's output is over its high-water mark.
+        /// The upstream connection's output is over its high-water mark: the client's body waits.
         static let upstreamFull = BodyHold(rawValue: 1)
+        /// The same in a tunnel: the client's tunnel reading is paused.
+        static let tunnelFull = BodyHold(rawValue: 2)
     }
     @exclusivity(unchecked) private var bodyHold: BodyHold = []
 
-    // Timing (monotonic nanoseconds; differences are saturating, DESIGN §2.7). Read from the
-    // loop's per-event clock: the time the event that carried the bytes began.
+    // Timing (monotonic nanoseconds; differences are saturating). Read from the loop's per-event
+    // clock: the time the event that carried the bytes began.
     private let started: UInt64
     @exclusivity(unchecked) private var attemptStarted: UInt64 = 0
     @exclusivity(unchecked) private var headSentAt: UInt64 = 0
     @exclusivity(unchecked) private var upstreamHeadAt: UInt64 = 0
     @exclusivity(unchecked) private var status = 0
     @exclusivity(unchecked) private var bodyBytes: UInt64 = 0
-    @exclusivity(unchecked) private var replayed = false
     /// gRPC calls: the `grpc-status` the client got (from the head or the trailers), for the log.
     private var grpcStatus: String?
     /// The upstream stream's protocol of the last attempt, for the log.
@@ -170,6 +176,26 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// The client sent `TE: trailers` (RFC 9110 §10.1.4).
     private let clientAcceptsTrailers: Bool
 
+    /// What came with the input whose action `run` carries out: the bytes and objects the machine
+    /// only counts or waits for. Small (the per-request cases are a buffer, a reference or the
+    /// trailers); the rare large ones are boxed.
+    private enum Carried {
+        case nothing
+        /// Borrowed for the call: copied where it must outlive it.
+        case clientBody(UnsafeRawBufferPointer)
+        case responseBody(UnsafeRawBufferPointer)
+        /// The upstream's response ended, with these (forwardable) trailers.
+        case responseEnd(trailers: HTTPHeaders?)
+        /// A 1xx or 101 head.
+        indirect case head(HTTPResponseHead)
+        case stream(UpstreamStream)
+        indirect case tokenUnavailable(TokenUnavailable)
+        /// The session's answer to a rejection of the request that carried generation `rejected`.
+        indirect case verdict(RejectionOutcome, rejected: UInt64)
+        case tunnelBytes(UnsafeRawBufferPointer)
+    }
+
+    /// `keepAlive`: the client asked for a persistent connection and the server is not draining.
     init(client: ExchangeClient, ctx: LoopContext, head: HTTPRequestHead, framing: HTTP1BodyFraming,
          routeIndex: Int, upstreamHead: HTTPRequestHead, logPath: Substring, keepAlive: Bool, upgrade: Bool = false) {
         self.client = client
@@ -183,7 +209,6 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         self.target = runtime.targets[routeIndex]
         self.upstreamHead = upstreamHead
         self.logPath = logPath
-        self.clientWantsKeepAlive = keepAlive
         clientAcceptsTrailers = head.headers.contains(.te)
             && HTTPHeaderRules.listValues(head.headers, "TE").contains { asciiCaseInsensitiveEquals($0, "trailers") }
         started = ctx.loop.now
@@ -203,44 +228,66 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             upgrade: upgrade,
             grpc: ErrorResponse.isGRPC(head.headers))
         setup.dpop = session?.dpop != nil
+        setup.clientKeepAlive = keepAlive
         machine = ProxyExchange.StateMachine(setup: setup)
     }
 
     var requestComplete: Bool { machine.clientBody.isComplete }
     var wantsBody: Bool {
-        machine.wantsClientBody && (bodyHold.isEmpty || !machine.clientBodyGoesUpstream)
+        machine.wantsClientBody && (!bodyHold.contains(.upstreamFull) || !machine.clientBodyGoesUpstream)
     }
-    var responseStarted: Bool {
-        switch machine.state {
-        case .forwarding(_, _, .streaming), .tunnelling, .finished: return true
-        default: return false
-        }
-    }
+    var responseStarted: Bool { machine.responseStarted }
 
     func start() {
-        perform(machine.start())
+        run(machine.start())
     }
 
-    // MARK: the machine's actions
+    // MARK: the one executor
 
-    private func perform(_ action: ProxyExchange.Action) {
+    /// Carries out one action of the machine, with what came with the input that produced it.
+    private func run(_ action: ProxyExchange.Action, _ carried: Carried = .nothing) {
         switch action {
         case .none:
             break
         case .acquireToken:
             acquireToken()
         case .acquireBackend(let fresh):
+            if case .verdict(.replay(let t, let refreshed), let rejected) = carried {
+                noteReplay(with: t, refreshed: refreshed, rejected: rejected)
+                token = t
+            }
             acquireBackend(fresh: fresh)
         case .closeUnusedBackend:
-            break  // handled where the connection arrives
+            if case .stream(let conn) = carried { conn.close() }
         case .sendRequest(let send):
+            guard case .stream(let conn) = carried else { return }
+            backend = conn
+            upstreamProtocol = conn.protocolName
+            conn.assign(to: self)
             sendRequest(send)
-        case .forwardClientBody, .bufferClientBody, .keepClientBody, .discardClientBody:
-            break  // handled in requestBody, which has the bytes
+        case .forwardClientBody(let keep):
+            guard case .clientBody(let bytes) = carried else { return }
+            apply(keep, bytes)
+            if let b = backend {
+                b.writeBody(bytes)
+                if b.isOverHighWater { bodyHold.insert(.upstreamFull) }
+            }
+        case .bufferClientBody(let keep):
+            guard case .clientBody(let bytes) = carried else { return }
+            apply(keep, bytes)
+            pending.append(contentsOf: bytes.assumingMemoryBound(to: UInt8.self))
+        case .keepClientBody(let keep):
+            guard case .clientBody(let bytes) = carried else { return }
+            apply(keep, bytes)
+        case .discardClientBody:
+            break
         case .endUpstreamBody:
             endUpstreamBody()
-        case .relayInformational, .holdRejectionBody, .forwardResponseBody:
-            break  // handled in the backend callbacks, which have the bytes
+        case .relayInformational:
+            guard case .head(let informational) = carried else { return }
+            client.sendInformational(informational)
+            // 1xx relays obey the same backpressure as bodies.
+            if client.isOverHighWater { backend?.pauseReading() }
         case .rejectionNotReplayed(let reason, let refreshOnly):
             ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason))
             if refreshOnly { reportRejectedWithoutReplay() }
@@ -249,13 +296,18 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             // The body now goes only into the kept copy: the rejecting upstream's backpressure no
             // longer applies (it may have stopped reading for good).
             resumeClientBodyIfHeld()
-        case .releaseHeldRejection(let reason, let closeClient):
+        case .holdRejectionBody:
+            if case .responseBody(let bytes) = carried { heldBody.append(contentsOf: bytes.assumingMemoryBound(to: UInt8.self)) }
+        case .releaseHeldRejection(let reason, let keepAlive):
             ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason))
             resumeClientBodyIfHeld()
             // A DPoP nonce demand too large to hold is not about the token: nothing to refresh.
             if reason != .notTokenError { reportRejectedWithoutReplay() }
-            writeHeldRejection(closeClient: closeClient, endStream: false)
+            writeHeldRejection(keepAlive: keepAlive, endStream: false)
+            // The chunk that did not fit follows what was held (a client chunk goes nowhere).
+            if case .responseBody(let bytes) = carried { writeResponseBody(bytes) }
         case .rejectionDrained(let disposal, let reportNow):
+            if case .responseEnd(let trailers) = carried { heldTrailers = trailers }
             dispose(disposal)
             resumeClientBodyIfHeld()
             if reportNow { reportRejectedForReplay() }
@@ -267,73 +319,105 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             dispose(disposal)
             resumeClientBodyIfHeld()
             heldBody.removeAll()
-            requestTrailersOfHeld = nil
+            heldTrailers = nil
             session?.dpop?.countNonceRetry(.upstream)
             acquireBackend(fresh: false)
-        case .sendHeldRejection(let reason, let refreshOnly, let closeClient):
+        case .sendHeldRejection(let reason, let refreshOnly, let keepAlive, let bodyless):
+            noteVerdict(carried)
             if let reason { ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason)) }
             if refreshOnly { reportRejectedWithoutReplay() }
-            let bodyless = heldBody.isEmpty && requestTrailersOfHeld == nil
-            writeHeldRejection(closeClient: closeClient, endStream: bodyless)
-            if !bodyless { client.finishResponse(trailers: requestTrailersOfHeld) }
-            complete()
-        case .writeResponseHead(let closeClient):
-            writeResponseHead(closeClient: closeClient, endStream: false)
-        case .finishResponse:
-            break  // handled in backendEnd, which has the trailers
-        case .respondTokenUnavailable:
-            break  // handled where the failure arrives
-        case .respondUpstreamError(let closeClient):
-            respondUpstreamError(closeClient: closeClient)
+            let persistent = writeHeldRejection(keepAlive: keepAlive, endStream: bodyless)
+            if !bodyless { client.finishResponse(trailers: heldTrailers) }
+            complete(keepAlive: persistent)
+        case .writeResponseHead(let keepAlive):
+            writeResponseHead(keepAlive: keepAlive, endStream: false)
+        case .forwardResponseBody(let writeHeadFirst, let keepAlive):
+            if writeHeadFirst { writeResponseHead(keepAlive: keepAlive, endStream: false) }
+            if case .responseBody(let bytes) = carried { writeResponseBody(bytes) }
+        case .finishResponse(let writeHeadFirst, let disposal, let keepAlive):
+            var trailers: HTTPHeaders?
+            if case .responseEnd(let t) = carried { trailers = t }
+            var persistent = keepAlive
+            if writeHeadFirst {
+                // Nothing was relayed yet: a bodyless response without trailers is its head alone
+                // (HTTP/2: one HEADERS frame with END_STREAM, as trailers-only gRPC answers need).
+                let whole = trailers == nil
+                persistent = writeResponseHead(keepAlive: keepAlive, endStream: whole)
+                if !whole { client.finishResponse(trailers: trailers) }
+            } else {
+                client.finishResponse(trailers: trailers)
+            }
+            dispose(disposal)
+            complete(keepAlive: persistent)
+        case .respondTokenUnavailable(let answer):
+            noteVerdict(carried)
+            // Both inputs that lead here (`tokenUnavailable`, the session's `.unavailable`) carry its reason.
+            var reason: TokenUnavailable?
+            switch carried {
+            case .tokenUnavailable(let u), .verdict(.unavailable(let u), _): reason = u
+            default: break
+            }
+            respondTokenUnavailable(reason, answer)
+        case .respondUpstreamError(let failure, let answer):
+            noteVerdict(carried)
+            // An upgrade the upstream answered without switching: not relayed, its connection
+            // (body unread) closed. Every other failure's connection is gone already.
+            responseHead = nil
+            closeBackend()
+            respondUpstreamError(failure, answer)
         case .abortClient:
             abortClient(outcome: "upstream_aborted")
         case .abortExchange:
             closeBackend()
+            log(outcome: "client_aborted")
         case .startTunnel:
-            startTunnel()
+            guard case .head(let switched) = carried else { return }
+            startTunnel(switched)
+        case .relayTunnelBytes(let direction):
+            guard case .tunnelBytes(let raw) = carried else { return }
+            relayTunnelBytes(raw, direction)
         case .finishTunnel:
             finishTunnel()
         }
     }
 
-    /// Trailers of the held rejection (a gRPC rejection carries its status there).
-    private var requestTrailersOfHeld: HTTPHeaders?
-
     // MARK: token
 
     private func acquireToken() {
         guard let session else { return }
+        // The token is data the request carries, not a decision: kept as it arrives (an
+        // exchange that no longer waits for it never sends it).
         if let t = ctx.usableToken(route: routeIndex, of: runtime, session: session, now: ctx.loop.now) {
             token = t
-            perform(machine.tokenAcquired())
+            run(machine.tokenAcquired())
             return
         }
         session.requestToken(on: ctx.loop) { [weak self] result in
             guard let self else { return }
             switch result {
             case .success(let t):
-                if case .awaitingToken = self.machine.state { self.token = t }
-                self.perform(self.machine.tokenAcquired())
+                self.token = t
+                self.run(self.machine.tokenAcquired())
             case .failure(let unavailable):
-                guard case .respondTokenUnavailable(let closeClient) = self.machine.tokenUnavailable() else { return }
-                self.respondTokenUnavailable(unavailable, closeClient: closeClient)
+                self.run(self.machine.tokenUnavailable(), .tokenUnavailable(unavailable))
             }
         }
     }
 
     /// DESIGN §5: 503 JSON with Retry-After (gRPC clients: UNAVAILABLE); the upstream is not called.
-    private func respondTokenUnavailable(_ u: TokenUnavailable, closeClient: Bool) {
-        status = 503
-        ctx.metrics.countUpstreamError(slot: metricsSlot, .tokenUnavailable)
-        clientKeepAlive = clientWantsKeepAlive && !closeClient && !ctx.draining
-        if machine.setup.grpc {
-            respondGRPC(.unavailable, message: "token_unavailable: session \(u.session): \(u.detail)")
+    private func respondTokenUnavailable(_ reason: TokenUnavailable?, _ answer: ProxyExchange.ErrorAnswer) {
+        let u = reason ?? TokenUnavailable(session: session?.name ?? "", retryAfterSeconds: 1, detail: "no token")
+        status = answer.status
+        ctx.metrics.countUpstreamError(slot: metricsSlot, answer.kind)
+        let keepAlive = answer.keepAlive && !ctx.draining
+        if let code = answer.grpc {
+            respondGRPC(code, message: "\(answer.kind.label): session \(u.session): \(u.detail)", keepAlive: keepAlive)
             return
         }
-        let (h, body) = ErrorResponse.parts(status: 503, error: "token_unavailable", detail: u.detail,
+        let (h, body) = ErrorResponse.parts(status: answer.status, error: answer.kind.label, detail: u.detail,
                                             extra: [("Retry-After", String(u.retryAfterSeconds))], fields: [("session", u.session)])
-        client.sendLocalResponse(h, body: body, keepAlive: clientKeepAlive)
-        complete()
+        client.sendLocalResponse(h, body: body, keepAlive: keepAlive)
+        complete(keepAlive: keepAlive)
     }
 
     /// A rejection that will not be replayed: the session refreshes for later requests
@@ -348,34 +432,45 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private func reportRejectedForReplay() {
         guard let session, let rejected = token else { return }
         session.reportRejected(generation: rejected.generation, route: route.match, on: ctx.loop) { [weak self] outcome in
-            guard let self, case .awaitingReplayToken = self.machine.state else { return }
+            guard let self else { return }
+            let verdict: ProxyExchange.RejectionVerdict
             switch outcome {
-            case .replay(let t, let refreshed):
-                self.ctx.metrics.countReplay(slot: self.metricsSlot, refreshed ? .replayedAfterRefresh : .replayedCurrentToken)
-                self.runtime.logger.info("replaying rejected request", metadata: [
-                    "session": "\(session.name)", "route": "\(self.route.match)",
-                    "token.generation": "\(rejected.generation)", "replay.generation": "\(t.generation)",
-                    "token.fingerprint": "\(t.fingerprint)", "replay.provisional": "\(!refreshed)", "path": "\(Redaction.target(String(self.logPath)))",
-                ])
-                self.token = t
-                self.replayed = true
-                // DESIGN §6: a token requested before the session learned of this rejection may
-                // have been killed by the same revocation; a rejection of it is replayed once more.
-                self.perform(self.machine.rejectionOutcome(refreshed ? .replay : .provisionalReplay))
-            case .passThrough(let reason):
-                // The session logs this once per route and breaker streak and counts the rest.
-                self.ctx.metrics.countReplay(slot: self.metricsSlot, ReplayOutcome.abandoned(reason: reason))
-                self.runtime.logger.debug("not replaying rejected request", metadata: [
-                    "session": "\(session.name)", "route": "\(self.route.match)", "reason": "\(reason)"])
-                self.perform(self.machine.rejectionOutcome(.passThrough))
-            case .unavailable(let unavailable):
-                // DESIGN §6: no newer token within the wait bound is a 503, never the upstream's 401.
-                self.ctx.metrics.countReplay(slot: self.metricsSlot, .refreshFailed)
-                self.runtime.logger.debug("not replaying rejected request", metadata: [
-                    "session": "\(session.name)", "route": "\(self.route.match)", "reason": "\(unavailable.detail)"])
-                guard case .respondTokenUnavailable(let closeClient) = self.machine.rejectionOutcome(.tokenUnavailable) else { return }
-                self.respondTokenUnavailable(unavailable, closeClient: closeClient)
+            // DESIGN §6: a token requested before the session learned of this rejection may
+            // have been killed by the same revocation; a rejection of it is replayed once more.
+            case .replay(_, let refreshed): verdict = refreshed ? .replay : .provisionalReplay
+            case .passThrough: verdict = .passThrough
+            case .unavailable: verdict = .tokenUnavailable
             }
+            self.run(self.machine.rejectionOutcome(verdict), .verdict(outcome, rejected: rejected.generation))
+        }
+    }
+
+    /// A replay goes ahead with `t`.
+    private func noteReplay(with t: PublishedToken, refreshed: Bool, rejected: UInt64) {
+        ctx.metrics.countReplay(slot: metricsSlot, refreshed ? .replayedAfterRefresh : .replayedCurrentToken)
+        runtime.logger.info("replaying rejected request", metadata: [
+            "session": "\(session?.name ?? "")", "route": "\(route.match)",
+            "token.generation": "\(rejected)", "replay.generation": "\(t.generation)",
+            "token.fingerprint": "\(t.fingerprint)", "replay.provisional": "\(!refreshed)", "path": "\(Redaction.target(String(logPath)))",
+        ])
+    }
+
+    /// The session's answer when it is not a replay: counted and logged as the answer goes out.
+    private func noteVerdict(_ carried: Carried) {
+        guard case .verdict(let outcome, _) = carried else { return }
+        switch outcome {
+        case .replay:
+            break
+        case .passThrough(let reason):
+            // The session logs this once per route and breaker streak and counts the rest.
+            ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome.abandoned(reason: reason))
+            runtime.logger.debug("not replaying rejected request", metadata: [
+                "session": "\(session?.name ?? "")", "route": "\(route.match)", "reason": "\(reason)"])
+        case .unavailable(let unavailable):
+            // DESIGN §6: no newer token within the wait bound is a 503, never the upstream's 401.
+            ctx.metrics.countReplay(slot: metricsSlot, .refreshFailed)
+            runtime.logger.debug("not replaying rejected request", metadata: [
+                "session": "\(session?.name ?? "")", "route": "\(route.match)", "reason": "\(unavailable.detail)"])
         }
     }
 
@@ -387,7 +482,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         headSentAt = 0
         // A pooled connection or a stream on an open HTTP/2 connection: no closure, no wait.
         if !fresh, let conn = ctx.pool.takeReady(target, http1Only: machine.setup.upgrade) {
-            backendAcquired(conn)
+            run(machine.backendAcquired(), .stream(conn))
             return
         }
         // Weak: an exchange abandoned while its connection is being opened is not kept alive
@@ -400,7 +495,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             pendingAcquire = nil
             switch result {
             case .success(let conn):
-                backendAcquired(conn)
+                run(machine.backendAcquired(), .stream(conn))
             case .failure(let error):
                 upstreamFailed(error, reused: false, responseBytesSeen: false, unprocessed: false)
             }
@@ -410,17 +505,6 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         } else {
             pendingAcquire = ctx.pool.acquire(target, http1Only: machine.setup.upgrade, completion: completion)
         }
-    }
-
-    private func backendAcquired(_ conn: UpstreamStream) {
-        guard case .connecting = machine.state else {
-            conn.close()
-            return
-        }
-        backend = conn
-        upstreamProtocol = conn.protocolName
-        conn.assign(to: self)
-        perform(machine.backendAcquired())
     }
 
     private func sendRequest(_ send: ProxyExchange.SendRequest) {
@@ -446,10 +530,10 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             let url = target.url.scheme + "://" + target.url.authority + upstreamHead.target
             let nonce = dpop.nonce(for: DPoPProofer.originKey(scheme: target.url.scheme, authority: target.url.authority))
             guard let proof = dpop.proof(method: upstreamHead.method, url: url, accessToken: token.value, nonce: nonce) else {
-                lastFailure = .protocolError("cannot sign a DPoP proof with the key of session \(session?.name ?? "?")")
+                failureDetail = nil
                 conn.close()
                 backend = nil
-                perform(machine.upstreamFailed(.invalidResponse, reusedConnection: false, responseBytesSeen: false))
+                run(machine.upstreamFailed(.proofUnavailable, reusedConnection: false, responseBytesSeen: false))
                 return
             }
             head.headers.set(DPoP.proofHeader, proof)
@@ -486,14 +570,14 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             bodyHold.insert(.upstreamFull)
         } else if !machine.clientBody.isComplete {
             // The client may have been paused while the pending buffer was full.
-            bodyHold = []
+            bodyHold.remove(.upstreamFull)
             client.exchangeWantsBody()
         }
     }
 
     private func resumeClientBodyIfHeld() {
-        guard !bodyHold.isEmpty else { return }
-        bodyHold = []
+        guard bodyHold.contains(.upstreamFull) else { return }
+        bodyHold.remove(.upstreamFull)
         client.exchangeWantsBody()
     }
 
@@ -521,29 +605,12 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     // MARK: request body (from the client)
 
     func requestBody(_ bytes: ArraySlice<UInt8>) {
-        let action = machine.clientBodyReceived(count: bytes.count)
-        switch action {
-        case .forwardClientBody(let keep):
-            apply(keep, bytes)
-            if let b = backend {
-                bytes.withUnsafeBytes { b.writeBody($0) }
-                if b.isOverHighWater { bodyHold.insert(.upstreamFull) }
-            }
-        case .bufferClientBody(let keep):
-            apply(keep, bytes)
-            pending.append(contentsOf: bytes)
-        case .keepClientBody(let keep):
-            apply(keep, bytes)
-        case .discardClientBody:
-            break
-        default:
-            perform(action)
-        }
+        bytes.withUnsafeBytes { run(machine.clientBodyReceived(count: $0.count), .clientBody($0)) }
     }
 
-    private func apply(_ keep: ProxyExchange.KeepAction, _ bytes: ArraySlice<UInt8>) {
+    private func apply(_ keep: ProxyExchange.KeepAction, _ bytes: UnsafeRawBufferPointer) {
         switch keep {
-        case .append: kept.append(contentsOf: bytes)
+        case .append: kept.append(contentsOf: bytes.assumingMemoryBound(to: UInt8.self))
         case .skip: break
         case .release: kept = []
         }
@@ -552,18 +619,18 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     func requestEnd(trailers: HTTPHeaders?) {
         // Fields not allowed in trailers (RFC 9110 §6.5.1; a client's Authorization among them) never reach the upstream.
         requestTrailers = HTTPHeaderRules.forwardableTrailers(trailers)
-        perform(machine.clientBodyEnded())
+        run(machine.clientBodyEnded())
     }
 
     // MARK: response (from the upstream)
 
     func backendWritable() {
+        if bodyHold.contains(.tunnelFull) {
+            bodyHold.remove(.tunnelFull)
+            client.resumeTunnelReading()
+        }
         if bodyHold.contains(.upstreamFull) {
             bodyHold.remove(.upstreamFull)
-            if case .tunnelling = machine.state {
-                client.resumeTunnelReading()
-                return
-            }
             client.exchangeWantsBody()
         }
     }
@@ -576,15 +643,11 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     func backendResponseHead(_ upstream: HTTPResponseHead, framing respFraming: HTTP1BodyFraming, endStream: Bool) {
         if upstream.status == 101 {
             if let session, let token { session.noteAccepted(generation: token.generation) }
-            responseHead = (upstream, .none)
-            perform(machine.upstreamSwitchedProtocols())
+            run(machine.upstreamSwitchedProtocols(), .head(upstream))
             return
         }
         if upstream.isInformational {
-            guard case .relayInformational = machine.upstreamInformationalHead(status: upstream.status) else { return }
-            client.sendInformational(upstream)
-            // 1xx relays obey the same backpressure as bodies (DESIGN §2.2).
-            if client.isOverHighWater { backend?.pauseReading() }
+            run(machine.upstreamInformationalHead(status: upstream.status), .head(upstream))
             return
         }
         upstreamHeadAt = ctx.loop.now
@@ -612,92 +675,60 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         if let session, let token, !grpcUnauthenticated, !routeRef.rejectSet.contains(upstream.status) {
             session.noteAccepted(generation: token.generation)
         }
-        let action = machine.upstreamFinalHead(status: upstream.status, grpcUnauthenticated: grpcUnauthenticated,
-                                               wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") })
-        if case .respondUpstreamError = action {
-            // An upgrade the upstream answered without switching: not relayed, its connection
-            // (body unread) closed.
-            lastFailure = .protocolError("the upstream answered the WebSocket upgrade with \(upstream.status), not 101 Switching Protocols")
-            responseHead = nil
-            closeBackend()
-        }
-        perform(action)
+        run(machine.upstreamFinalHead(status: upstream.status, grpcUnauthenticated: grpcUnauthenticated,
+                                      wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") }))
     }
 
     func backendBody(_ bytes: ArraySlice<UInt8>) {
-        let action = machine.upstreamBodyReceived(count: bytes.count)
-        switch action {
-        case .holdRejectionBody:
-            heldBody.append(contentsOf: bytes)
-        case .forwardResponseBody(let writeHeadFirst, let closeClient):
-            if writeHeadFirst { writeResponseHead(closeClient: closeClient, endStream: false) }
-            bytes.withUnsafeBytes { writeResponseBody($0) }
-        case .releaseHeldRejection:
-            perform(action)
-            bytes.withUnsafeBytes { writeResponseBody($0) }
-        default:
-            perform(action)
-        }
+        bytes.withUnsafeBytes { run(machine.upstreamBodyReceived(count: $0.count), .responseBody($0)) }
     }
 
     func backendReadComplete() {
-        perform(machine.upstreamReadComplete())
+        run(machine.upstreamReadComplete())
     }
 
     func backendEnd(trailers upstreamTrailers: HTTPHeaders?) {
         // Fields not allowed in trailers (RFC 9110 §6.5.1) are dropped, whichever protocol brought them.
         let trailers = HTTPHeaderRules.forwardableTrailers(upstreamTrailers)
         if let g = trailers?["grpc-status"] { grpcStatus = g }
-        if case .forwarding(_, _, .holding) = machine.state { requestTrailersOfHeld = trailers }
-        let action = machine.upstreamEnded()
-        guard case .finishResponse(let writeHeadFirst, let disposal, let closeClient) = action else {
-            perform(action)
-            return
-        }
-        if closeClient { clientKeepAlive = false }
-        if writeHeadFirst {
-            // Nothing was relayed yet: a bodyless response without trailers is its head alone
-            // (HTTP/2: one HEADERS frame with END_STREAM, as trailers-only gRPC answers need).
-            let whole = trailers == nil
-            writeResponseHead(closeClient: closeClient, endStream: whole)
-            if !whole { client.finishResponse(trailers: trailers) }
-        } else {
-            client.finishResponse(trailers: trailers)
-        }
-        dispose(disposal)
-        complete()
+        run(machine.upstreamEnded(hasTrailers: trailers != nil), .responseEnd(trailers: trailers))
     }
 
     func backendFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool, unprocessed: Bool) {
         upstreamFailed(error, reused: reused, responseBytesSeen: responseBytesSeen, unprocessed: unprocessed)
     }
 
+    /// Classifies an I/O failure for the machine and keeps its words for the answer.
     private func upstreamFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool, unprocessed: Bool) {
         let b = backend
         backend = nil
         b?.close()
-        lastFailure = error
         let failure: ProxyExchange.UpstreamFailure
         switch error {
         case .timeout: failure = .timeout
-        case .tls: failure = .tls
+        case .tls(let e):
+            failure = .tls
+            failureDetail = e.message
         case .protocolError: failure = .invalidResponse
         case .connect, .io: failure = .unreachable
         }
-        perform(machine.upstreamFailed(failure, reusedConnection: reused, responseBytesSeen: responseBytesSeen, unprocessed: unprocessed))
+        if failure != .tls { failureDetail = "\(target.url.authority): \(error)" }
+        run(machine.upstreamFailed(failure, reusedConnection: reused, responseBytesSeen: responseBytesSeen, unprocessed: unprocessed))
     }
 
     // MARK: tunnel (WebSocket after a 101)
 
-    private func startTunnel() {
-        guard let b = backend, let (upstream, _) = responseHead else {
-            perform(machine.tunnelEnded())
+    private func startTunnel(_ upstream: HTTPResponseHead) {
+        guard let b = backend else {
+            run(machine.tunnelEnded())
             return
         }
         responseHead = nil
         status = 101
+        // From here on backpressure is the tunnel's.
+        bodyHold = []
         guard let clientEarly = client.startTunnel(self) else {
-            perform(machine.tunnelEnded())
+            run(machine.tunnelEnded())
             return
         }
         let switched = ProxyHeaders.switchingProtocolsResponse(upstream: upstream)
@@ -710,29 +741,37 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
 
     /// Bytes from the client after the switch.
     func clientTunnelBytes(_ raw: UnsafeRawBufferPointer) {
-        guard case .tunnelling = machine.state, let b = backend else { return }
-        b.tunnelWrite(raw)
-        bodyBytes = bodyBytes.saturatingAdd(UInt64(raw.count))
-        if b.isOverHighWater {
-            bodyHold.insert(.upstreamFull)
-            client.pauseTunnelReading()
-        }
+        run(machine.clientTunnelBytes(), .tunnelBytes(raw))
     }
 
     /// The client closed its side (or failed).
     func clientTunnelEnded() {
-        perform(machine.tunnelEnded())
+        run(machine.tunnelEnded())
     }
 
     func backendTunnelBytes(_ raw: UnsafeRawBufferPointer) {
-        guard case .tunnelling = machine.state else { return }
-        client.tunnelWrite(raw)
-        bodyBytes = bodyBytes.saturatingAdd(UInt64(raw.count))
-        if client.isOverHighWater { backend?.pauseReading() }
+        run(machine.upstreamTunnelBytes(), .tunnelBytes(raw))
     }
 
     func backendTunnelEnded() {
-        perform(machine.tunnelEnded())
+        run(machine.tunnelEnded())
+    }
+
+    private func relayTunnelBytes(_ raw: UnsafeRawBufferPointer, _ direction: ProxyExchange.TunnelDirection) {
+        switch direction {
+        case .toUpstream:
+            guard let b = backend else { return }
+            b.tunnelWrite(raw)
+            bodyBytes = bodyBytes.saturatingAdd(UInt64(raw.count))
+            if b.isOverHighWater {
+                bodyHold.insert(.tunnelFull)
+                client.pauseTunnelReading()
+            }
+        case .toClient:
+            client.tunnelWrite(raw)
+            bodyBytes = bodyBytes.saturatingAdd(UInt64(raw.count))
+            if client.isOverHighWater { backend?.pauseReading() }
+        }
     }
 
     private func finishTunnel() {
@@ -746,24 +785,30 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
 
     // MARK: writing to the client
 
-    private func writeResponseHead(closeClient: Bool, endStream: Bool) {
-        guard let (upstream, respFraming) = responseHead else { return }
+    /// Writes the pending head, telling the client `keepAlive` unless the server is draining.
+    /// Returns whether the client connection stays persistent after this response; when it does
+    /// not, the machine learns it (a later `finishResponse` then says so).
+    @discardableResult
+    private func writeResponseHead(keepAlive: Bool, endStream: Bool) -> Bool {
+        guard let (upstream, respFraming) = responseHead else { return keepAlive }
         responseHead = nil
-        // A request whose body is not fully read cannot be followed by another on this connection.
-        clientKeepAlive = clientWantsKeepAlive && !closeClient && !ctx.draining
+        let requested = keepAlive && !ctx.draining
         let persistent = client.sendResponseHead(upstream, framing: respFraming, request: head,
-                                                 keepAlive: clientKeepAlive, endStream: endStream)
-        if !persistent { clientKeepAlive = false }
+                                                 keepAlive: requested, endStream: endStream) && requested
+        if !persistent { run(machine.clientConnectionClosesAfterResponse()) }
+        return persistent
     }
 
     /// The held rejection goes to the client after all: its head, then the body held so far. The
-    /// kept copy of the request is no longer needed.
-    private func writeHeldRejection(closeClient: Bool, endStream: Bool) {
+    /// kept copy of the request is no longer needed. Returns `writeResponseHead`'s persistence.
+    @discardableResult
+    private func writeHeldRejection(keepAlive: Bool, endStream: Bool) -> Bool {
         kept = []
-        writeResponseHead(closeClient: closeClient, endStream: endStream)
+        let persistent = writeResponseHead(keepAlive: keepAlive, endStream: endStream)
         let held = heldBody
         heldBody = []
         if !held.isEmpty { held.withUnsafeBytes { writeResponseBody($0) } }
+        return persistent
     }
 
     private func writeResponseBody(_ raw: UnsafeRawBufferPointer) {
@@ -773,42 +818,41 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         if client.isOverHighWater { backend?.pauseReading() }
     }
 
-    private func respondUpstreamError(closeClient: Bool) {
-        let error = lastFailure ?? .protocolError("upstream failed")
-        let (st, kind): (Int, UpstreamErrorKind)
-        switch error {
-        case .timeout: (st, kind) = (504, .upstreamTimeout)
-        case .tls: (st, kind) = (502, .upstreamTLS)
-        case .protocolError: (st, kind) = (502, .upstreamInvalidResponse)
-        case .connect, .io: (st, kind) = (502, .upstreamUnreachable)
-        }
-        let code = kind.label
-        ctx.metrics.countUpstreamError(slot: metricsSlot, kind)
-        status = st
-        clientKeepAlive = clientWantsKeepAlive && !closeClient && !ctx.draining
+    /// The answer the machine chose for `failure` (DESIGN §5), with the failure's words.
+    private func respondUpstreamError(_ failure: ProxyExchange.UpstreamFailure, _ answer: ProxyExchange.ErrorAnswer) {
+        let code = answer.kind.label
+        let upstreamStatus = status
+        ctx.metrics.countUpstreamError(slot: metricsSlot, answer.kind)
+        status = answer.status
+        let keepAlive = answer.keepAlive && !ctx.draining
         let detail: String
-        switch error {
-        case .tls(let e): detail = e.message
-        default: detail = "\(target.url.authority): \(error)"
+        switch failure {
+        case .upgradeNotSwitched:
+            detail = "\(target.url.authority): the upstream answered the WebSocket upgrade with \(upstreamStatus), not 101 Switching Protocols"
+        case .unexpectedSwitch:
+            detail = "\(target.url.authority): the upstream switched protocols (101) for a request that asked for no upgrade"
+        case .proofUnavailable:
+            detail = "\(target.url.authority): cannot sign a DPoP proof with the key of session \(session?.name ?? "?")"
+        case .unreachable, .timeout, .tls, .invalidResponse:
+            detail = failureDetail ?? "\(target.url.authority): upstream failed"
         }
         runtime.logger.warning("upstream failed", metadata: ["route": "\(route.match)", "upstream": "\(target.url.authority)",
                                                              "error": "\(code)", "detail": "\(detail)"])
-        if machine.setup.grpc {
+        if let grpc = answer.grpc {
             // gRPC clients read the status from trailers, not from a JSON body (DESIGN §5).
-            let grpcCode: ErrorResponse.GRPCCode = st == 504 ? .deadlineExceeded : .unavailable
-            respondGRPC(grpcCode, message: "\(code): \(detail)")
+            respondGRPC(grpc, message: "\(code): \(detail)", keepAlive: keepAlive)
             return
         }
-        let (h, body) = ErrorResponse.parts(status: st, error: code, detail: detail, fields: [("route", route.match)])
-        client.sendLocalResponse(h, body: body, keepAlive: clientKeepAlive)
-        complete()
+        let (h, body) = ErrorResponse.parts(status: answer.status, error: code, detail: detail, fields: [("route", route.match)])
+        client.sendLocalResponse(h, body: body, keepAlive: keepAlive)
+        complete(keepAlive: keepAlive)
     }
 
     /// A trailers-only gRPC error in place of a JSON one.
-    private func respondGRPC(_ code: ErrorResponse.GRPCCode, message: String) {
+    private func respondGRPC(_ code: ErrorResponse.GRPCCode, message: String, keepAlive: Bool) {
         grpcStatus = String(code.rawValue)
-        client.sendLocalResponse(ErrorResponse.grpcTrailersOnly(code, message: message), body: [], keepAlive: clientKeepAlive)
-        complete()
+        client.sendLocalResponse(ErrorResponse.grpcTrailersOnly(code, message: message), body: [], keepAlive: keepAlive)
+        complete(keepAlive: keepAlive)
     }
 
     private func abortClient(outcome: String) {
@@ -817,22 +861,16 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         client.exchangeFinished(self, keepAlive: false, abort: true)
     }
 
-    private func complete() {
+    private func complete(keepAlive: Bool) {
         log(outcome: nil)
-        client.exchangeFinished(self, keepAlive: clientKeepAlive, abort: false)
+        client.exchangeFinished(self, keepAlive: keepAlive, abort: false)
     }
 
     func abort() {
         // A request that never got its connection opens none (RFC 9113 §10.5).
         pendingAcquire?.cancel()
         pendingAcquire = nil
-        switch machine.clientClosed() {
-        case .abortExchange:
-            closeBackend()
-            log(outcome: "client_aborted")
-        default:
-            break
-        }
+        run(machine.clientClosed())
     }
 
     private func log(outcome: String?) {
@@ -844,7 +882,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             method: head.method, path: String(logPath), route: routeRef.config.match, status: status,
             upstreamMicros: upstreamHeadAt > 0 ? Int(clamping: upstreamHeadAt.saturatingSubtract(attemptStarted) / 1000) : -1,
             totalMicros: Int(clamping: now.saturatingSubtract(started) / 1000), bytes: bodyBytes, outcome: outcome,
-            session: session?.name, generation: session == nil ? nil : token?.generation, replayed: replayed)
+            session: session?.name, generation: session == nil ? nil : token?.generation, replayed: machine.replays > 0)
         record.protocolName = client.protocolName
         record.upstreamProtocol = upstreamProtocol
         record.grpcStatus = grpcStatus

@@ -25,7 +25,8 @@ extension ProxyExchange {
     ///   `awaitingHead` → `holding` (a rejection kept back while it drains and while the client's
     ///   body completes) → `.collectingReplayBody` / `.awaitingReplayToken`.
     /// - `.collectingReplayBody` → `clientBodyEnded` → `.awaitingReplayToken`; the kept copy
-    ///   overflowing → `.finished` (the held rejection goes to the client).
+    ///   overflowing → `.finished` (the held rejection goes to the client; one whose connection
+    ///   was cut is answered as that failure).
     /// - `.awaitingReplayToken` → `rejectionOutcome(.replay / .provisionalReplay)` → `.connecting(replay)`
     ///   (a rejection of a provisional replay is held and reported like the first one);
     ///   `.passThrough` → `.finished` (the held rejection goes to the client);
@@ -34,6 +35,10 @@ extension ProxyExchange {
     ///   (a 101) → `.tunnelling` → `tunnelEnded` / `clientClosed` / `upstreamFailed` → `.finished`.
     ///   A 2xx final head instead → `.finished` (502: the upstream did not switch).
     /// - any state → `clientClosed` → `.finished`.
+    ///
+    /// Every answer bearerd gives in place of the upstream's (502/503/504, JSON or gRPC
+    /// trailers-only) and whether the client connection stays open are decided here and carried
+    /// in the action (`ErrorAnswer`, `keepAlive`); the driver only writes them.
     ///
     /// Invariants: the client gets at most one final response head; an error answer (JSON 5xx) is
     /// only chosen while no byte of a response head was written; a request is replayed at most
@@ -100,6 +105,24 @@ extension ProxyExchange {
             }
         }
 
+        /// Some of the response went to the client (a head, a tunnel) or the exchange is over: an
+        /// error can no longer be answered in its place.
+        public var responseStarted: Bool {
+            switch state {
+            case .forwarding(_, _, .streaming), .tunnelling, .finished: return true
+            default: return false
+            }
+        }
+
+        /// The client's connection may carry another request after a response the machine
+        /// decided with `close` (RFC 9112 §9.3: not after an unread body or a close-delimited one).
+        private func keepAlive(closing close: Bool) -> Bool { setup.clientKeepAlive && !close }
+
+        /// The client's answer for an upstream failure (DESIGN §5).
+        private func upstreamErrorAnswer(_ failure: UpstreamFailure, closing close: Bool) -> Action {
+            .respondUpstreamError(failure, ErrorAnswer(upstream: failure, grpc: setup.grpc, keepAlive: keepAlive(closing: close)))
+        }
+
         /// A request is a replay once the first rejection was replayed.
         public var isReplay: Bool {
             switch state {
@@ -130,7 +153,7 @@ extension ProxyExchange {
         public mutating func tokenUnavailable() -> Action {
             guard case .awaitingToken = state else { return .none }
             state = .finished
-            return .respondTokenUnavailable(closeClient: !clientBody.isComplete)
+            return .respondTokenUnavailable(ErrorAnswer(tokenUnavailableFor: setup.grpc, keepAlive: keepAlive(closing: !clientBody.isComplete)))
         }
 
         /// An upstream connection is ready for the current attempt.
@@ -175,15 +198,21 @@ extension ProxyExchange {
                 return .discardClientBody  // a relayed rejection: the rest of the body goes nowhere
             case .forwarding(_, .sent, _):
                 return .keepClientBody(keepAction)  // cannot happen: `.sent` needs a complete body
-            case .collectingReplayBody(let heldWhole):
+            case .collectingReplayBody(let held):
                 if keepAction == .release {
                     keep = .notKept
                     // Over replay_body_limit: the rejection goes to the client after all.
                     state = .finished
-                    guard heldWhole else { return .respondUpstreamError(closeClient: true) }
-                    // A nonce demand is not about the token: nothing to refresh.
-                    if case .holding = dpopNonce { return .sendHeldRejection(reason: .notReplayable, refreshOnly: false, closeClient: true) }
-                    return .sendHeldRejection(reason: .notReplayable, refreshOnly: true, closeClient: true)
+                    switch held {
+                    case .cut(let failure):
+                        return upstreamErrorAnswer(failure, closing: true)
+                    case .whole(let bodyless):
+                        // A nonce demand is not about the token: nothing to refresh.
+                        let refresh: Bool
+                        if case .holding = dpopNonce { refresh = false } else { refresh = true }
+                        return .sendHeldRejection(reason: .notReplayable, refreshOnly: refresh, keepAlive: keepAlive(closing: true),
+                                                  bodyless: bodyless)
+                    }
                 }
                 return .keepClientBody(keepAction)
             case .awaitingReplayToken, .finished:
@@ -205,13 +234,13 @@ extension ProxyExchange {
                 }
                 state = .forwarding(attempt, .sent, response)
                 return .endUpstreamBody
-            case .collectingReplayBody(let heldWhole):
+            case .collectingReplayBody(let held):
                 if case .holding(let kind) = dpopNonce {
                     dpopNonce = .used
                     state = .connecting(Attempt(kind: kind.afterNonce, freshConnection: false))
                     return .replayWithDPoPNonce(backend: .alreadyClosed)
                 }
-                state = .awaitingReplayToken(heldWhole: heldWhole)
+                state = .awaitingReplayToken(held)
                 return .reportRejection
             default:
                 return .none
@@ -245,7 +274,7 @@ extension ProxyExchange {
                 // its unread body is closed (`respondUpstreamError` from this input: the driver
                 // closes the backend). Other statuses (a refusal, a rejection) are answers.
                 state = .finished
-                return .respondUpstreamError(closeClient: true)
+                return upstreamErrorAnswer(.upgradeNotSwitched, closing: true)
             }
             if setup.dpop, status == 401, case .available = dpopNonce, keep.isKeeping, clientBody.isComplete || !setup.grpc,
                DPoP.asksForNonce((try? WWWAuthenticate.parse(wwwAuthenticate())) ?? []) {
@@ -289,9 +318,9 @@ extension ProxyExchange {
                 return .none  // the parser delivers a head first
             case .headPending:
                 state = .forwarding(attempt, upstreamBody, .streaming(closeClient: !clientBody.isComplete))
-                return .forwardResponseBody(writeHeadFirst: true, closeClient: !clientBody.isComplete)
+                return .forwardResponseBody(writeHeadFirst: true, keepAlive: keepAlive(closing: !clientBody.isComplete))
             case .streaming:
-                return .forwardResponseBody(writeHeadFirst: false, closeClient: false)
+                return .forwardResponseBody(writeHeadFirst: false, keepAlive: true)
             case .holding(let bytes):
                 let total = bytes.addingSaturating(count)
                 if total <= Self.heldRejectionLimit {
@@ -305,9 +334,9 @@ extension ProxyExchange {
                 if case .holding = dpopNonce {
                     // A nonce demand is not about the token: relayed, nothing refreshed.
                     dpopNonce = .used
-                    return .releaseHeldRejection(reason: .notTokenError, closeClient: close)
+                    return .releaseHeldRejection(reason: .notTokenError, keepAlive: keepAlive(closing: close))
                 }
-                return .releaseHeldRejection(reason: .rejectionTooLarge, closeClient: close)
+                return .releaseHeldRejection(reason: .rejectionTooLarge, keepAlive: keepAlive(closing: close))
             }
         }
 
@@ -317,11 +346,23 @@ extension ProxyExchange {
             guard case .forwarding(let attempt, let upstreamBody, .headPending) = state else { return .none }
             let close = !clientBody.isComplete
             state = .forwarding(attempt, upstreamBody, .streaming(closeClient: close))
-            return .writeResponseHead(closeClient: close)
+            return .writeResponseHead(keepAlive: keepAlive(closing: close))
         }
 
-        /// The upstream's response is complete.
-        public mutating func upstreamEnded() -> Action {
+        /// The head went out saying the client's connection closes after this response: the
+        /// server is draining, or the client cannot delimit the response otherwise (an HTTP/1.0
+        /// client and no length: RFC 9112 §6.3, the close ends the body). The response's end
+        /// then keeps the connection no longer.
+        public mutating func clientConnectionClosesAfterResponse() -> Action {
+            if case .forwarding(let attempt, let upstreamBody, .streaming) = state {
+                state = .forwarding(attempt, upstreamBody, .streaming(closeClient: true))
+            }
+            return .none
+        }
+
+        /// The upstream's response is complete. `hasTrailers`: it ended with a trailer section
+        /// (a held rejection with neither body nor trailers is relayed as a head alone).
+        public mutating func upstreamEnded(hasTrailers: Bool = false) -> Action {
             guard case .forwarding(let attempt, let upstreamBody, let response) = state else { return .none }
             let backend: BackendDisposal = upstreamBody == .sent ? .release : .close
             switch response {
@@ -329,22 +370,23 @@ extension ProxyExchange {
                 return .none
             case .headPending:
                 state = .finished
-                return .finishResponse(writeHeadFirst: true, backend: backend, closeClient: !clientBody.isComplete)
+                return .finishResponse(writeHeadFirst: true, backend: backend, keepAlive: keepAlive(closing: !clientBody.isComplete))
             case .streaming(let close):
                 state = .finished
-                return .finishResponse(writeHeadFirst: false, backend: backend, closeClient: close || !clientBody.isComplete)
-            case .holding:
+                return .finishResponse(writeHeadFirst: false, backend: backend, keepAlive: keepAlive(closing: close || !clientBody.isComplete))
+            case .holding(let bytes):
                 _ = attempt
+                let held = HeldRejection.whole(bodyless: bytes == 0 && !hasTrailers)
                 if case .holding(let kind) = dpopNonce, clientBody.isComplete {
                     dpopNonce = .used
                     state = .connecting(Attempt(kind: kind.afterNonce, freshConnection: false))
                     return .replayWithDPoPNonce(backend: backend)
                 }
                 if clientBody.isComplete {
-                    state = .awaitingReplayToken(heldWhole: true)
+                    state = .awaitingReplayToken(held)
                     return .rejectionDrained(backend: backend, reportNow: true)
                 }
-                state = .collectingReplayBody(heldWhole: true)
+                state = .collectingReplayBody(held)
                 return .rejectionDrained(backend: .close, reportNow: false)
             }
         }
@@ -370,7 +412,7 @@ extension ProxyExchange {
                 case .headPending:
                     // The head was never written: the client can still get a clean error.
                     state = .finished
-                    return .respondUpstreamError(closeClient: !clientBody.isComplete)
+                    return upstreamErrorAnswer(failure, closing: !clientBody.isComplete)
                 case .streaming:
                     state = .finished
                     return .abortClient
@@ -383,10 +425,10 @@ extension ProxyExchange {
                         return .replayWithDPoPNonce(backend: .alreadyClosed)
                     }
                     if clientBody.isComplete {
-                        state = .awaitingReplayToken(heldWhole: false)
+                        state = .awaitingReplayToken(.cut(failure))
                         return .rejectionDrained(backend: .alreadyClosed, reportNow: true)
                     }
-                    state = .collectingReplayBody(heldWhole: false)
+                    state = .collectingReplayBody(.cut(failure))
                     return .rejectionDrained(backend: .alreadyClosed, reportNow: false)
                 }
             case .tunnelling:
@@ -401,7 +443,7 @@ extension ProxyExchange {
         /// that token was requested before the session learned of the rejection), or pass the held
         /// rejection through (breaker open), or answer 503 (no newer token).
         public mutating func rejectionOutcome(_ outcome: RejectionVerdict) -> Action {
-            guard case .awaitingReplayToken(let heldWhole) = state else { return .none }
+            guard case .awaitingReplayToken(let held) = state else { return .none }
             switch outcome {
             case .replay:
                 replays += 1
@@ -412,12 +454,16 @@ extension ProxyExchange {
                 return connect(Attempt(kind: replays == 1 ? .provisionalReplay : .replay, freshConnection: false))
             case .passThrough:
                 state = .finished
-                // A rejection whose body was cut cannot be relayed as it was: answer the failure.
-                guard heldWhole else { return .respondUpstreamError(closeClient: false) }
-                return .sendHeldRejection(reason: nil, refreshOnly: false, closeClient: false)
+                switch held {
+                case .whole(let bodyless):
+                    return .sendHeldRejection(reason: nil, refreshOnly: false, keepAlive: keepAlive(closing: false), bodyless: bodyless)
+                case .cut(let failure):
+                    // A rejection whose body was cut cannot be relayed as it was: answer the failure.
+                    return upstreamErrorAnswer(failure, closing: false)
+                }
             case .tokenUnavailable:
                 state = .finished
-                return .respondTokenUnavailable(closeClient: !clientBody.isComplete)
+                return .respondTokenUnavailable(ErrorAnswer(tokenUnavailableFor: setup.grpc, keepAlive: keepAlive(closing: !clientBody.isComplete)))
             }
         }
 
@@ -427,10 +473,22 @@ extension ProxyExchange {
             guard case .forwarding(_, .sent, .awaitingHead) = state, setup.upgrade else {
                 if case .finished = state { return .none }
                 state = .finished
-                return .respondUpstreamError(closeClient: true)
+                return upstreamErrorAnswer(.unexpectedSwitch, closing: true)
             }
             state = .tunnelling
             return .startTunnel
+        }
+
+        /// Bytes arrived from the client after the switch.
+        public func clientTunnelBytes() -> Action {
+            guard case .tunnelling = state else { return .none }
+            return .relayTunnelBytes(.toUpstream)
+        }
+
+        /// Bytes arrived from the upstream after the switch.
+        public func upstreamTunnelBytes() -> Action {
+            guard case .tunnelling = state else { return .none }
+            return .relayTunnelBytes(.toClient)
         }
 
         /// One side of the tunnel ended (EOF or error); the other is closed after its output drains.
@@ -459,7 +517,7 @@ extension ProxyExchange {
                 return connect(Attempt(kind: attempt.kind, freshConnection: true))
             }
             state = .finished
-            return .respondUpstreamError(closeClient: !clientBody.isComplete)
+            return upstreamErrorAnswer(failure, closing: !clientBody.isComplete)
         }
 
         private mutating func updateKeep(adding count: Int) -> KeepAction {
@@ -479,9 +537,9 @@ extension ProxyExchange {
             state = .forwarding(attempt, .abandoned, .streaming(closeClient: true))
             if case .holding = dpopNonce {
                 dpopNonce = .used
-                return .releaseHeldRejection(reason: .notTokenError, closeClient: true)
+                return .releaseHeldRejection(reason: .notTokenError, keepAlive: keepAlive(closing: true))
             }
-            return .releaseHeldRejection(reason: .notReplayable, closeClient: true)
+            return .releaseHeldRejection(reason: .notReplayable, keepAlive: keepAlive(closing: true))
         }
     }
 }
@@ -498,7 +556,7 @@ extension ProxyExchange {
         public var hasSession: Bool
         public var replayBodyLimit: Int
         /// `reject_statuses` as a bit set: a value type without heap storage, so the whole
-        /// machine is one (the driver holds it without exclusivity checks, measured, bench/RESULTS.md).
+        /// machine is one (the driver holds it without exclusivity checks).
         public var rejectSet: StatusCodeSet
         public var rejectStatuses: [Int] {
             get { rejectSet.codes }
@@ -515,6 +573,9 @@ extension ProxyExchange {
         public var grpc: Bool
         /// The route's session uses DPoP (RFC 9449): a 401 asking for a nonce is replayed once.
         public var dpop = false
+        /// The client's connection may carry another request after this one (it asked for a
+        /// persistent connection and the server is not draining).
+        public var clientKeepAlive = true
 
         public init(hasBody: Bool, clientSpeaksHTTP11: Bool, expectsContinue: Bool, hasSession: Bool, replayBodyLimit: Int,
                     rejectStatuses: [Int], methodReplayable: Bool, methodIdempotent: Bool, upgrade: Bool = false, grpc: Bool = false) {
@@ -559,14 +620,24 @@ extension ProxyExchange {
         case awaitingToken
         case connecting(Attempt)
         case forwarding(Attempt, UpstreamBody, Response)
-        /// The rejection drained (`heldWhole`: its whole body is held; false when the connection
-        /// failed first); the rest of the client's body is being read into the kept copy.
-        case collectingReplayBody(heldWhole: Bool)
+        /// The rejection drained (or its connection failed first); the rest of the client's body
+        /// is being read into the kept copy.
+        case collectingReplayBody(HeldRejection)
         /// The rejection drained and the body is complete: the session decides on the replay.
-        case awaitingReplayToken(heldWhole: Bool)
+        case awaitingReplayToken(HeldRejection)
         /// After a 101: bytes flow both ways unparsed until one side ends.
         case tunnelling
         case finished
+    }
+
+    /// A rejection kept back while the session decides on the replay.
+    public enum HeldRejection: Sendable, Equatable {
+        /// Its whole response is held; `bodyless`: neither body bytes nor trailers (relayed as a
+        /// head alone: one HEADERS frame with END_STREAM on HTTP/2).
+        case whole(bodyless: Bool)
+        /// Its connection failed while it drained: it cannot be relayed as it was, so relaying
+        /// it means answering this failure.
+        case cut(UpstreamFailure)
     }
 
     public struct Attempt: Sendable, Equatable {
@@ -649,10 +720,70 @@ extension ProxyExchange {
         case release
     }
 
-    /// What the upstream failure was, for the client's answer.
+    /// What the upstream failure was, for the client's answer (`ErrorAnswer`). The human
+    /// detail (an OS error, a TLS alert) is the driver's text; the kind is all a decision needs.
     public enum UpstreamFailure: Sendable, Equatable {
-        case unreachable, timeout, tls, invalidResponse
+        /// Connection refused, unreachable, reset, or closed before a response.
+        case unreachable
+        case timeout
+        case tls
+        /// A response that is not HTTP as the parser knows it.
+        case invalidResponse
+        /// An upgrade request answered 2xx instead of 101 (DESIGN §5: not relayed).
+        case upgradeNotSwitched
+        /// A 101 to a request that asked for no upgrade.
+        case unexpectedSwitch
+        /// No DPoP proof could be signed for the request (RFC 9449 §4): nothing was sent.
+        case proofUnavailable
     }
+
+    /// bearerd's own answer in place of an upstream response (DESIGN §5): 502/503/504 with a
+    /// JSON body, or for a gRPC client a trailers-only response with `grpc-status` `grpc`.
+    /// Three bytes, so every `Action` still fits in a register.
+    public struct ErrorAnswer: Sendable, Equatable {
+        /// The JSON body's `error` and the metric it counts in; it fixes the status.
+        public var kind: UpstreamErrorKind
+        /// Set for gRPC clients, which read the status from `grpc-status`, not from a JSON body.
+        public var grpc: ErrorResponse.GRPCCode?
+        /// The client connection may carry another request afterwards.
+        public var keepAlive: Bool
+
+        /// 503 without a token, 504 for an upstream timeout, 502 for every other failure.
+        public var status: Int {
+            switch kind {
+            case .tokenUnavailable: 503
+            case .upstreamTimeout: 504
+            case .upstreamUnreachable, .upstreamTLS, .upstreamInvalidResponse: 502
+            }
+        }
+
+        public init(kind: UpstreamErrorKind, grpc: ErrorResponse.GRPCCode?, keepAlive: Bool) {
+            self.kind = kind
+            self.grpc = grpc
+            self.keepAlive = keepAlive
+        }
+
+        /// An upstream failure: 504 for a timeout (gRPC DEADLINE_EXCEEDED), 502 otherwise
+        /// (gRPC UNAVAILABLE).
+        public init(upstream failure: UpstreamFailure, grpc: Bool, keepAlive: Bool) {
+            let kind: UpstreamErrorKind
+            switch failure {
+            case .timeout: kind = .upstreamTimeout
+            case .tls: kind = .upstreamTLS
+            case .unreachable: kind = .upstreamUnreachable
+            case .invalidResponse, .upgradeNotSwitched, .unexpectedSwitch, .proofUnavailable: kind = .upstreamInvalidResponse
+            }
+            self.init(kind: kind, grpc: grpc ? (kind == .upstreamTimeout ? .deadlineExceeded : .unavailable) : nil, keepAlive: keepAlive)
+        }
+
+        /// No token (DESIGN §5 and §6): 503 with Retry-After (gRPC UNAVAILABLE); the upstream is not called.
+        public init(tokenUnavailableFor grpc: Bool, keepAlive: Bool) {
+            self.init(kind: .tokenUnavailable, grpc: grpc ? .unavailable : nil, keepAlive: keepAlive)
+        }
+    }
+
+    /// Which way tunnel bytes go.
+    public enum TunnelDirection: Sendable, Equatable { case toUpstream, toClient }
 
     public enum BackendDisposal: Sendable, Equatable {
         /// Back to the pool (request fully sent, response fully read).
@@ -722,34 +853,39 @@ extension ProxyExchange {
         case holdRejection
         case holdRejectionBody
         /// Write the held rejection (head and held body), then this chunk; relay the rest.
-        case releaseHeldRejection(reason: ReplayPolicy.Reason, closeClient: Bool)
+        case releaseHeldRejection(reason: ReplayPolicy.Reason, keepAlive: Bool)
         /// The held rejection ended. Dispose of the backend; `reportNow`: the client's body is
         /// complete, ask the session (`reportRejected`) for the token to replay with.
         case rejectionDrained(backend: BackendDisposal, reportNow: Bool)
         /// The client's body completed while the rejection was held: ask the session now.
         case reportRejection
         /// Write the whole held rejection to the client and finish. `reason` (when set) is counted;
-        /// `refreshOnly`: tell the session about the rejection without waiting.
-        case sendHeldRejection(reason: ReplayPolicy.Reason?, refreshOnly: Bool, closeClient: Bool)
-        /// Write the pending response head now.
-        case writeResponseHead(closeClient: Bool)
+        /// `refreshOnly`: tell the session about the rejection without waiting; `bodyless`: the
+        /// head alone is the whole response (no body bytes, no trailers).
+        case sendHeldRejection(reason: ReplayPolicy.Reason?, refreshOnly: Bool, keepAlive: Bool, bodyless: Bool)
+        /// Write the pending response head now (`keepAlive` as the head says it).
+        case writeResponseHead(keepAlive: Bool)
         /// Relay a response body chunk (after the pending head when `writeHeadFirst`).
-        case forwardResponseBody(writeHeadFirst: Bool, closeClient: Bool)
-        /// The response is complete: end it for the client, dispose of the backend, finish.
-        case finishResponse(writeHeadFirst: Bool, backend: BackendDisposal, closeClient: Bool)
-        /// 503 `token_unavailable` and finish.
-        case respondTokenUnavailable(closeClient: Bool)
+        case forwardResponseBody(writeHeadFirst: Bool, keepAlive: Bool)
+        /// The response is complete: end it for the client (its trailers), dispose of the backend,
+        /// finish; the client connection may carry another request when `keepAlive`.
+        case finishResponse(writeHeadFirst: Bool, backend: BackendDisposal, keepAlive: Bool)
+        /// 503 `token_unavailable` (the answer says how) and finish.
+        case respondTokenUnavailable(ErrorAnswer)
         /// The upstream's nonce demand drained (dispose of its connection as said): take the
         /// nonce from its `DPoP-Nonce` and acquire a connection for the retry (a fresh proof).
         case replayWithDPoPNonce(backend: BackendDisposal)
-        /// 502/504 JSON for the failure just reported, and finish (backend closed).
-        case respondUpstreamError(closeClient: Bool)
+        /// Answer `failure` as the core decided (502/504, JSON or gRPC), close the backend if one
+        /// is still held, and finish.
+        case respondUpstreamError(UpstreamFailure, ErrorAnswer)
         /// The response was already under way: close the client connection (truncated response).
         case abortClient
         /// The client is gone: close the backend, finish.
         case abortExchange
         /// Relay the 101 and join the two connections into a byte tunnel.
         case startTunnel
+        /// Tunnel bytes that just arrived: write them to the other side.
+        case relayTunnelBytes(TunnelDirection)
         /// The tunnel is over: close both sides once their output drained, finish.
         case finishTunnel
     }
