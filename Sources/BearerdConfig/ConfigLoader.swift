@@ -138,8 +138,9 @@ enum ConfigKeys {
         "authorization_url", "device_authorization_url", "redirect_uri",
         "assertion_file", "audience", "resource", "subject_token_file", "subject_session", "subject_token_type",
         "actor_token_file", "actor_token_type", "requested_token_type", "client_assertion_file",
-        "dpop", "dpop_key_file",
+        "dpop", "dpop_key_file", "sinks",
     ]
+    static let sink = ["path", "mode", "format"]
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [
         "match", "host", "strip_prefix", "upstream", "session", "tls", "timeouts", "replay_body_limit",
@@ -152,6 +153,7 @@ enum ConfigKeys {
     static let sections: [(section: String, keys: [String])] = [
         ("(top level)", top), ("listen[N]", listener), ("listen[N].tls", listenerTLS), ("log", log), ("limits", limits), ("timeouts", frontendTimeouts), ("sessions.NAME", session),
         ("sessions.NAME.tls", tls), ("routes[N]", route), ("routes[N].tls", tls), ("routes[N].timeouts", routeTimeouts), ("routes[N].inject", inject),
+        ("sessions.NAME.sinks[N]", sink),
     ]
 
     /// Form parameters bearerd sets itself; `params` may not override them.

@@ -294,6 +294,8 @@ public struct SessionConfig: Sendable, Equatable {
     /// nil: a P-256 key generated once and kept in `state_dir` as `<session>.dpop.pem`.
     public var dpop: Bool = false
     public var dpopKeyFile: String?
+    /// `sinks:` files rewritten with every new token (not part of `==`: they change no token).
+    public var sinks: [SinkConfig] = []
     /// Source line of the session's key, for messages.
     public var line: Int
 

@@ -195,8 +195,11 @@ extension ConfigBuilder {
 
         let grant = choice(f, "grant", GrantType.self)
         if f["grant"] == nil { missing(f, "grant", "client_credentials, refresh_token, password, exec, authorization_code, device_code, jwt_bearer or token_exchange") }
+        let sinks = self.sinks(f)
         if grant == .exec {
-            return execSession(item, f)
+            var s = execSession(item, f)
+            s?.sinks = sinks
+            return s
         }
         for k in ["command", "timeout"] {
             if let e = f[k] { fail(e.keyLine, f.key(k), "only used with grant exec (this session has grant \(grant?.rawValue ?? "?"))") }
@@ -348,6 +351,7 @@ extension ConfigBuilder {
         session.resources = workload.resources
         session.exchange = workload.exchange
         (session.dpop, session.dpopKeyFile) = dpopSettings(f)
+        session.sinks = sinks
         if grant == .tokenExchange, workload.exchange == nil { return nil }
         return session
     }
