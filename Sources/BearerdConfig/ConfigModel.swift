@@ -33,6 +33,8 @@ public struct BearerdConfig: Sendable {
     public var sessions: [SessionConfig]
     /// Routes in file order; first match wins.
     public var routes: [RouteConfig]
+    /// `token_api:` (DESIGN §4), if configured.
+    public var tokenAPI: TokenAPIConfig?
 
     public init(file: String, listen: [ListenAddress], admin: ListenAddress? = nil, stateDir: String? = nil,
                 loops: Int? = nil, limits: HTTP1Limits = HTTP1Limits(), frontendTimeouts: FrontendTimeouts = FrontendTimeouts(),

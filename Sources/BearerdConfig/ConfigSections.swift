@@ -103,12 +103,14 @@ extension ConfigBuilder {
             fail(reference.line, "routes[\(reference.index)].session", message)
         }
         checkChains(sessions, allNames: sessionNames)
+        let api = top["token_api"].flatMap { self.tokenAPI($0, sessionNames: sessionNames, listeners: listeners, admin: admin) }
         checkShadowedRoutes(Array(zip(routeIndices, routes)))
 
         var config = BearerdConfig(file: file, listen: [], admin: admin, stateDir: stateDir, loops: loops,
                                    limits: limits, frontendTimeouts: timeouts, sessions: sessions, routes: routes)
         config.listeners = listeners
         config.ioMode = ioMode
+        config.tokenAPI = api
         if let log { config.log = log }
         if let startupTimeout { config.startupTimeout = startupTimeout }
         if let e = top["outbound_proxy"], let raw = text(e, in: top, expected: "env, none or a proxy URL such as http://proxy.internal:3128") {

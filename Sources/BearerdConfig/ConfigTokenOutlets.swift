@@ -1,3 +1,4 @@
+import BearerdProxyCore
 import Yams
 
 /// What a sink file holds (DESIGN §4 `sinks:`): the token alone, the header line the proxy
@@ -26,6 +27,34 @@ public struct SinkConfig: Sendable, Equatable {
 
     public static func == (a: SinkConfig, b: SinkConfig) -> Bool {
         a.path == b.path && a.mode == b.mode && a.format == b.format
+    }
+}
+
+/// `token_api:` (DESIGN §4): `GET /v1/token/NAME` for local programs, on a unix socket
+/// (SO_PEERCRED against `allowed_uids`) or a loopback TCP port (requests carry
+/// `Bearerd-Token-Request: 1`; browser requests are refused).
+public struct TokenAPIConfig: Sendable, Equatable {
+    public var listen: ListenAddress
+    /// The only sessions served, in file order.
+    public var sessions: [String]
+    /// unix: the peer uids admitted; nil means only the uid bearerd runs as.
+    public var allowedUIDs: [UInt32]?
+    public var line: Int
+
+    public init(listen: ListenAddress, sessions: [String], allowedUIDs: [UInt32]? = nil, line: Int = 0) {
+        self.listen = listen
+        self.sessions = sessions
+        self.allowedUIDs = allowedUIDs
+        self.line = line
+    }
+
+    public static func == (a: TokenAPIConfig, b: TokenAPIConfig) -> Bool {
+        a.listen == b.listen && a.sessions == b.sessions && a.allowedUIDs == b.allowedUIDs
+    }
+
+    public var isUnix: Bool {
+        if case .unix = listen { return true }
+        return false
     }
 }
 
@@ -87,5 +116,64 @@ extension ConfigBuilder {
             out.append(sink)
         }
         return out
+    }
+
+    /// `token_api:` — `listen` (unix:/path or a loopback host:port), `sessions` (names defined
+    /// under `sessions:`), `allowed_uids` (unix only).
+    func tokenAPI(_ entry: Entry, sessionNames: [String], listeners: [ListenerConfig], admin: ListenAddress?) -> TokenAPIConfig? {
+        guard let f = fields(entry.value, path: "token_api", line: entry.keyLine, known: ConfigKeys.tokenAPI,
+                             expected: "a mapping (listen, sessions, allowed_uids)") else { return nil }
+        var listen: ListenAddress?
+        if let e = f["listen"] {
+            listen = address(e.value, key: f.key("listen"))
+            if case .tcp(let host, _)? = listen, !HostAllowlist.isBuiltInLoopbackName(Substring(host)) || host.lowercased().hasSuffix("localhost") {
+                fail(e.valueLine, f.key("listen"), "\(listen!) is not a loopback address: the token API hands out tokens, so it listens only on "
+                     + "127.0.0.1, [::1] (a numeric loopback address) or a unix: socket")
+                listen = nil
+            }
+            if let l = listen, listeners.contains(where: { $0.address == l }) || l == admin {
+                fail(e.valueLine, f.key("listen"), "\(l) is also a listen or admin address; the token API needs its own")
+                listen = nil
+            }
+        } else {
+            missing(f, "listen", "e.g. unix:/run/bearerd/token.sock or 127.0.0.1:9902")
+        }
+        var names: [String] = []
+        if let e = f["sessions"] {
+            if let items = listItems(e, key: f.key("sessions"), expected: "a list of session names") {
+                for (i, item) in items.enumerated() {
+                    let k = "\(f.key("sessions"))[\(i)]"
+                    guard case .scalar(let s) = item, !Self.isNull(item), !s.string.isEmpty else {
+                        fail(Self.line(item), k, "expected a session name, got \(Self.describe(item))")
+                        continue
+                    }
+                    let n = s.string
+                    guard sessionNames.contains(n) else {
+                        var message = "no session named '\(n)'"
+                        if let guess = ConfigValues.suggestion(for: n, among: sessionNames) {
+                            message += " (did you mean \(guess)?)"
+                        } else if !sessionNames.isEmpty {
+                            message += " (defined: \(sessionNames.joined(separator: ", ")))"
+                        }
+                        fail(Self.line(item), k, message)
+                        continue
+                    }
+                    if !names.contains(n) { names.append(n) }
+                }
+                if items.isEmpty { fail(e.valueLine, f.key("sessions"), "expected at least one session name") }
+            }
+        } else {
+            missing(f, "sessions", "the sessions whose tokens it hands out, e.g. [partner]")
+        }
+        var uids: [UInt32]?
+        if let e = f["allowed_uids"] {
+            if case .tcp? = listen {
+                fail(e.keyLine, f.key("allowed_uids"), "applies to a unix: listen only (a TCP peer's uid cannot be checked)")
+            } else {
+                uids = idList(e, in: f, kind: .user)
+            }
+        }
+        guard let listen else { return nil }
+        return TokenAPIConfig(listen: listen, sessions: names, allowedUIDs: uids, line: entry.keyLine)
     }
 }

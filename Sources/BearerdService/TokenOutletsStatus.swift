@@ -1,7 +1,8 @@
 import BearerdProxyCore
 import BearerdSessions
 
-/// How sink files show on the admin endpoints (DESIGN §4 `sinks:`). Stateless.
+/// How sink files and the token API show on the admin endpoints (DESIGN §4 `sinks:`,
+/// `token_api:`). Stateless.
 ///
 /// A sink that cannot be written makes `/readyz` report it under `degraded` but does not fail
 /// readiness: the proxy still serves every request with a valid token, and taking a replica out
@@ -22,7 +23,8 @@ public enum TokenSinkReadiness {
     }
 
     /// `bearerd_sink_writes_total`, `bearerd_sink_write_failures_total` (by session and path),
-    /// `bearerd_sinks_failing` (by session, sessions with sinks).
+    /// `bearerd_sinks_failing` (by session, sessions with sinks) and
+    /// `bearerd_token_api_handouts_total` (by session).
     static func renderMetrics(into w: inout PrometheusText, sessions: [SessionSnapshot]) {
         let withSinks = sessions.filter { !$0.sinks.isEmpty }
         if !withSinks.isEmpty {
@@ -40,5 +42,7 @@ public enum TokenSinkReadiness {
                 w.sample("bearerd_sinks_failing", [("session", s.name)], UInt64(s.sinks.filter { $0.failure != nil }.count))
             }
         }
+        w.family("bearerd_token_api_handouts_total", .counter, help: "Tokens handed out by the token API (GET /v1/token/NAME), by session.")
+        for s in sessions { w.sample("bearerd_token_api_handouts_total", [("session", s.name)], s.apiHandouts) }
     }
 }

@@ -219,6 +219,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         }
         if let dpop { s.dpopNonceRetries = (dpop.nonceRetries(.tokenEndpoint), dpop.nonceRetries(.upstream)) }
         s.sinks = outlets.sinkStatuses
+        s.apiHandouts = outlets.apiHandouts
         return s
     }
 

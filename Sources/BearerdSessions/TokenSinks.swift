@@ -74,7 +74,8 @@ struct SinkWriteError: Error, Sendable, CustomStringConvertible {
 }
 
 /// A session's outlets for other programs (DESIGN §4): its sink files, rewritten atomically on
-/// every new token (temp file in the same directory, fsync, rename, fsync of the directory).
+/// every new token (temp file in the same directory, fsync, rename, fsync of the directory), and
+/// the count of tokens the token API handed out.
 ///
 /// Owns, on `queue` (a private serial queue: file writes never run on an event loop or the
 /// session's queue): the plan, the newest token, and each sink's phase. Publishes under `lock`
@@ -112,6 +113,7 @@ public final class TokenOutlets: @unchecked Sendable {  // @unchecked: state con
 
     private let lock = Lock()
     private var statuses: [SinkStatus] = []
+    private let handouts = Atomic<UInt64>(0)
 
     init(plan: TokenSinkPlan, logger: Logger) {
         self.plan = plan
@@ -123,6 +125,12 @@ public final class TokenOutlets: @unchecked Sendable {  // @unchecked: state con
 
     /// Every sink's status, in configuration order. Any thread.
     public var sinkStatuses: [SinkStatus] { lock.withLock { statuses } }
+
+    /// Tokens handed out by the token API. Any thread.
+    public var apiHandouts: UInt64 { handouts.load(ordering: .relaxed) }
+
+    /// Counts one token API hand-out. Any thread.
+    public func noteHandout() { handouts.wrappingAdd(1, ordering: .relaxed) }
 
     /// A new token was published: every sink is rewritten with it.
     func tokenPublished(_ t: SinkToken) {

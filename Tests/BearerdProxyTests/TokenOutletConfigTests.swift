@@ -2,8 +2,9 @@ import Foundation
 import Testing
 @testable import BearerdConfig
 @testable import BearerdSessions
+@testable import BearerdService
 
-/// `sinks:` (DESIGN §4): what the loader accepts and how it reports
+/// `sinks:` and `token_api:` (DESIGN §4): what the loader accepts and how it reports
 /// `FILE:LINE: key: what is wrong`; the header decision shared with `bearerd token`; the sink
 /// writer's file handling and backoff.
 @Suite struct TokenOutletConfigTests {
@@ -71,6 +72,47 @@ import Testing
         #expect(configErrors(Self.yaml(session: "    sinks: /run/x/a")).contains { $0.contains("sessions.partner.sinks: expected a list of sinks") })
     }
 
+    @Test func tokenAPIParsesUnixAndLoopbackTCP() throws {
+        let unix = try parseConfig(Self.yaml(top: """
+            token_api:
+              listen: unix:/run/bearerd/token.sock
+              sessions: [partner]
+              allowed_uids: [1000, 0]
+            """))
+        #expect(unix.tokenAPI == TokenAPIConfig(listen: .unix(path: "/run/bearerd/token.sock"), sessions: ["partner"], allowedUIDs: [1000, 0]))
+        for listen in ["127.0.0.1:9902", "127.0.0.2:9902", "\"[::1]:9902\""] {
+            let tcp = try parseConfig(Self.yaml(top: "token_api: { listen: \(listen), sessions: [partner, other] }"))
+            #expect(tcp.tokenAPI?.sessions == ["partner", "other"])
+            #expect(tcp.tokenAPI?.allowedUIDs == nil)
+        }
+    }
+
+    @Test func tokenAPIRefusesNonLoopbackUnknownSessionsAndUidsOnTCP() {
+        for listen in ["0.0.0.0:9902", "10.0.0.1:9902", "localhost:9902", "\"[::]:9902\""] {
+            let errors = configErrors(Self.yaml(top: """
+                token_api:
+                  listen: \(listen)
+                  sessions: [partner]
+                """))
+            #expect(errors.contains { $0.hasPrefix("bearerd.yaml:16: token_api.listen: ") && $0.contains("not a loopback address") }, "\(listen): \(errors)")
+        }
+        let errors = configErrors(Self.yaml(top: """
+            token_api:
+              listen: 127.0.0.1:9902
+              sessions: [partner, partnr]
+              allowed_uids: [1000]
+              mode: 0600
+            """))
+        #expect(errors.contains("bearerd.yaml:17: token_api.sessions[1]: no session named 'partnr' (did you mean 'partner'?)"), "\(errors)")
+        #expect(errors.contains("bearerd.yaml:18: token_api.allowed_uids: applies to a unix: listen only (a TCP peer's uid cannot be checked)"), "\(errors)")
+        #expect(errors.contains { $0.hasPrefix("bearerd.yaml:19: token_api.mode: unknown key") }, "\(errors)")
+        let missing = configErrors(Self.yaml(top: "token_api: { sessions: [] }"))
+        #expect(missing.contains { $0.contains("token_api.listen: missing required key") }, "\(missing)")
+        #expect(missing.contains { $0.contains("token_api.sessions: expected at least one session name") }, "\(missing)")
+        let clash = configErrors("listen: [127.0.0.1:8080]\n" + Self.yaml(top: "token_api: { listen: 127.0.0.1:8080, sessions: [partner] }"))
+        #expect(clash.contains { $0.contains("token_api.listen: 127.0.0.1:8080 is also a listen or admin address") }, "\(clash)")
+    }
+
     @Test func theHeaderDecisionIsSharedWithBearerdToken() throws {
         let c = try parseConfig(Self.yaml())
         let partner = try #require(c.session(named: "partner"))
@@ -113,5 +155,14 @@ import Testing
         #expect(TokenOutlets.retryDelay(attempt: Int.max, random: 1.2) == 36_000_000_000)
         #expect(TokenOutlets.retryDelay(attempt: 0, random: 0.8) == 800_000_000)
         #expect(TokenOutlets.retryDelay(attempt: 2, random: 5) == 2_400_000_000)
+    }
+
+    @Test func browserFieldsAreRecognised() {
+        for n in ["Origin", "origin", "Sec-Fetch-Site", "sec-fetch-mode", "SEC-FETCH-DEST", "Sec-Fetch-User"] {
+            #expect(TokenAPIResponder.isBrowserField(n))
+        }
+        for n in ["Bearerd-Token-Request", "Referer", "Host", "Sec-WebSocket-Key"] {
+            #expect(!TokenAPIResponder.isBrowserField(n))
+        }
     }
 }
