@@ -126,8 +126,9 @@ extension ConfigBuilder {
         var listen: ListenAddress?
         if let e = f["listen"] {
             listen = address(e.value, key: f.key("listen"))
-            if case .tcp(let host, _)? = listen, !HostAllowlist.isBuiltInLoopbackName(Substring(host)) || host.lowercased().hasSuffix("localhost") {
-                fail(e.valueLine, f.key("listen"), "\(listen!) is not a loopback address: the token API hands out tokens, so it listens only on "
+            if let l = listen, case .tcp(let host, _) = l,
+               !HostAllowlist.isBuiltInLoopbackName(Substring(host)) || host.lowercased().hasSuffix("localhost") {
+                fail(e.valueLine, f.key("listen"), "\(l) is not a loopback address: the token API hands out tokens, so it listens only on "
                      + "127.0.0.1, [::1] (a numeric loopback address) or a unix: socket")
                 listen = nil
             }

@@ -88,6 +88,8 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
     /// when a retry is scheduled, and `detail` (the last token endpoint failure as in the 503
     /// bodies, scrubbed of secrets, else why there is no token yet); and one entry with state
     /// `state_not_persisted` per session whose rotated refresh token could not be written.
+    /// Sink files that cannot be written are listed under `degraded` without failing readiness
+    /// (`TokenSinkReadiness`).
     static func readiness(phase: ServerLifecycle.Phase, sessions: [SessionSnapshot], now: UInt64) -> (status: Int, body: String) {
         switch phase {
         case .starting: return (503, "{\"status\":\"starting\"}\n")

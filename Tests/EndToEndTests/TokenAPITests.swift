@@ -231,6 +231,43 @@ struct TokenAPITests {
         #expect(!b.logs.contains(token))
     }
 
+    @Test func sighupMovesTheListenerAndChangesTheSessionsServed() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("token-api-reload")
+        #expect(chmod(dir, 0o755) == 0)
+        let port = try RunningBearerd.freePort()
+        let admin = try RunningBearerd.freePort()
+        let first = try RunningBearerd.freePort()
+        let socket = dir + "/token.sock"
+        let b = try RunningBearerd(config: Self.config(auth: auth, port: port, admin: admin, tokenAPI: """
+              listen: 127.0.0.1:\(first)
+              sessions: [partner]
+            """), dir: dir)
+        defer { _ = b.stop() }
+        #expect(b.waitServing(port: first, path: "/v1/token/partner") != nil, "\(b.logs)")
+        #expect(try Self.tcp(first, "/v1/token/partner", [("Bearerd-Token-Request", "1")]).status == 200)
+
+        try b.rewrite(Self.config(auth: auth, port: port, admin: admin, tokenAPI: """
+              listen: unix:\(socket)
+              sessions: [other]
+            """))
+        b.signal(SIGHUP)
+        #expect(b.waitLog("token API listener moved"), "\(b.logs)")
+        // The old port no longer accepts; the socket serves the newly listed session only.
+        #expect(TokenSinkTests.wait(seconds: 5) { (try? Self.tcp(first, "/v1/token/partner", [("Bearerd-Token-Request", "1")])) == nil })
+        let other = try Self.unixRequest(socket, Self.get("/v1/token/other"))
+        #expect(other.status == 200, "\(other.body) \(b.logs)")
+        #expect(other.json["session"] as? String == "other")
+        #expect(try Self.unixRequest(socket, Self.get("/v1/token/partner")).status == 404)
+
+        // A reload that removes token_api: the socket stops answering.
+        try b.rewrite(Self.config(auth: auth, port: port, admin: admin, tokenAPI: "").replacingOccurrences(of: "token_api:\n", with: ""))
+        b.signal(SIGHUP)
+        #expect(TokenSinkTests.wait(seconds: 10) { b.logs.components(separatedBy: "token API listener moved").count == 3 }, "\(b.logs)")
+        #expect(TokenSinkTests.wait(seconds: 5) { !FileManager.default.fileExists(atPath: socket) }, "the socket file is removed")
+    }
+
     @Test func checkRefusesANonLoopbackTCPListenAndUnknownSessions() throws {
         let auth = try AuthServerFixture.start()
         defer { auth.stop() }
