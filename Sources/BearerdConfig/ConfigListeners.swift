@@ -224,7 +224,7 @@ extension ConfigBuilder {
         return nil
     }
 
-    private func idList(_ entry: Entry, in f: Fields, kind: IDKind) -> [UInt32]? {
+    func idList(_ entry: Entry, in f: Fields, kind: IDKind) -> [UInt32]? {
         let key = f.key(entry.name)
         guard let items = listItems(entry, key: key, expected: "a list of \(kind == .user ? "user names or uids" : "group names or gids")") else { return nil }
         var ids: [UInt32] = []

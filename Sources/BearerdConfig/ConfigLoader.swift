@@ -123,7 +123,7 @@ public enum ConfigLoader {
 /// that every key listed here is documented in `config.example.yaml`.
 enum ConfigKeys {
     static let top = ["listen", "admin", "allow_remote", "allowed_hosts", "allowed_origins", "state_dir", "loops", "io", "limits", "timeouts",
-                      "shutdown_grace", "startup_timeout", "log", "sessions", "routes", "outbound_proxy"]
+                      "shutdown_grace", "startup_timeout", "log", "sessions", "routes", "outbound_proxy", "token_api"]
     static let listener = ["address", "unix", "name", "mode", "owner", "group", "allow_uids", "allow_gids", "allow_remote", "allowed_hosts", "allowed_origins", "tls"]
     static let listenerTLS = ["cert", "key"]
     static let log = ["format", "level", "access"]
@@ -137,8 +137,10 @@ enum ConfigKeys {
         "authorization_url", "device_authorization_url", "redirect_uri",
         "assertion_file", "audience", "resource", "subject_token_file", "subject_session", "subject_token_type",
         "actor_token_file", "actor_token_type", "requested_token_type", "client_assertion_file",
-        "dpop", "dpop_key_file",
+        "dpop", "dpop_key_file", "sinks",
     ]
+    static let sink = ["path", "mode", "format"]
+    static let tokenAPI = ["listen", "sessions", "allowed_uids"]
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [
         "match", "host", "strip_prefix", "upstream", "session", "tls", "timeouts", "replay_body_limit",
@@ -151,6 +153,7 @@ enum ConfigKeys {
     static let sections: [(section: String, keys: [String])] = [
         ("(top level)", top), ("listen[N]", listener), ("listen[N].tls", listenerTLS), ("log", log), ("limits", limits), ("timeouts", frontendTimeouts), ("sessions.NAME", session),
         ("sessions.NAME.tls", tls), ("routes[N]", route), ("routes[N].tls", tls), ("routes[N].timeouts", routeTimeouts), ("routes[N].inject", inject),
+        ("sessions.NAME.sinks[N]", sink), ("token_api", tokenAPI),
     ]
 
     /// Form parameters bearerd sets itself; `params` may not override them.

@@ -33,6 +33,8 @@ public struct BearerdConfig: Sendable {
     public var sessions: [SessionConfig]
     /// Routes in file order; first match wins.
     public var routes: [RouteConfig]
+    /// `token_api:` (DESIGN §4), if configured.
+    public var tokenAPI: TokenAPIConfig?
 
     public init(file: String, listen: [ListenAddress], admin: ListenAddress? = nil, stateDir: String? = nil,
                 loops: Int? = nil, limits: HTTP1Limits = HTTP1Limits(), frontendTimeouts: FrontendTimeouts = FrontendTimeouts(),
@@ -279,6 +281,8 @@ public struct SessionConfig: Sendable, Equatable {
     /// nil: a P-256 key generated once and kept in `state_dir` as `<session>.dpop.pem`.
     public var dpop: Bool = false
     public var dpopKeyFile: String?
+    /// `sinks:` files rewritten with every new token (not part of `==`: they change no token).
+    public var sinks: [SinkConfig] = []
     /// Source line of the session's key, for messages.
     public var line: Int
 

@@ -103,12 +103,14 @@ extension ConfigBuilder {
             fail(reference.line, "routes[\(reference.index)].session", message)
         }
         checkChains(sessions, allNames: sessionNames)
+        let api = top["token_api"].flatMap { self.tokenAPI($0, sessionNames: sessionNames, listeners: listeners, admin: admin) }
         checkShadowedRoutes(Array(zip(routeIndices, routes)))
 
         var config = BearerdConfig(file: file, listen: [], admin: admin, stateDir: stateDir, loops: loops,
                                    limits: limits, frontendTimeouts: timeouts, sessions: sessions, routes: routes)
         config.listeners = listeners
         config.ioMode = ioMode
+        config.tokenAPI = api
         if let log { config.log = log }
         if let startupTimeout { config.startupTimeout = startupTimeout }
         if let e = top["outbound_proxy"], let raw = text(e, in: top, expected: "env, none or a proxy URL such as http://proxy.internal:3128") {
@@ -195,8 +197,11 @@ extension ConfigBuilder {
 
         let grant = choice(f, "grant", GrantType.self)
         if f["grant"] == nil { missing(f, "grant", "client_credentials, refresh_token, password, exec, authorization_code, device_code, jwt_bearer or token_exchange") }
+        let sinks = self.sinks(f)
         if grant == .exec {
-            return execSession(item, f)
+            var s = execSession(item, f)
+            s?.sinks = sinks
+            return s
         }
         for k in ["command", "timeout"] {
             if let e = f[k] { fail(e.keyLine, f.key(k), "only used with grant exec (this session has grant \(grant?.rawValue ?? "?"))") }
@@ -348,6 +353,7 @@ extension ConfigBuilder {
         session.resources = workload.resources
         session.exchange = workload.exchange
         (session.dpop, session.dpopKeyFile) = dpopSettings(f)
+        session.sinks = sinks
         if grant == .tokenExchange, workload.exchange == nil { return nil }
         return session
     }

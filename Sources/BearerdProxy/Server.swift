@@ -25,6 +25,10 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     /// The proxy listeners in force, in `runtime.config.listeners` order.
     private var running: [RunningListener] = []
     private var adminListener: Listener?
+    /// `token_api:` (TokenAPIListener.swift).
+    let tokenAPI = TokenAPIHost()
+    /// Where the token API listens (nil without `token_api:`).
+    public var tokenAPIAddress: SocketAddress? { tokenAPI.localAddress }
     public private(set) var boundAddresses: [SocketAddress] = []
     public private(set) var adminAddress: SocketAddress?
     private let logger: Logger
@@ -75,6 +79,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             adminListener = l
             adminAddress = l.localAddress
         }
+        try tokenAPI.start(runtime.config, server: self)
         publishListeners()
         lifecycle.phase = .serving
         logger.info("bearerd started", metadata: [
@@ -160,6 +165,13 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
                 throw ConfigErrors([ConfigError(file: config.file, line: 0, key: "admin", message: "cannot listen on \(admin): \(error)")])
             }
         }
+        do throws(IOError) {
+            try tokenAPI.prepare(config, server: self)
+        } catch {
+            undo()
+            newAdmin?.stop()
+            throw ConfigErrors([ConfigError(file: config.file, line: config.tokenAPI?.line ?? 0, key: "token_api.listen", message: "cannot listen: \(error)")])
+        }
         // 2. Sessions and the runtime.
         let next: ProxyRuntime
         do throws(ConfigErrors) {
@@ -168,6 +180,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         } catch {
             undo()
             newAdmin?.stop()
+            tokenAPI.abandon()
             throw error
         }
         runtime = next
@@ -215,6 +228,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             adminAddress = newAdmin?.localAddress
             logger.info("admin listener moved", metadata: ["admin": "\(adminAddress.map { "\($0)" } ?? "none")"])
         }
+        tokenAPI.commit(config, logger: logger)
         publishListeners()
         logger.info("configuration reloaded", metadata: ["routes": "\(config.routes.count)", "listeners": "\(running.count)"])
     }
@@ -225,6 +239,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         lifecycle.phase = .shuttingDown
         for r in running { r.listener.stop() }
         adminListener?.stop()
+        tokenAPI.stop()
         let deadline = monotonicNanos() + grace.nanoseconds
         for ctx in contexts {
             ctx.loop.execute {

@@ -88,6 +88,8 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
     /// when a retry is scheduled, and `detail` (the last token endpoint failure as in the 503
     /// bodies, scrubbed of secrets, else why there is no token yet); and one entry with state
     /// `state_not_persisted` per session whose rotated refresh token could not be written.
+    /// Sink files that cannot be written are listed under `degraded` without failing readiness
+    /// (`TokenSinkReadiness`).
     static func readiness(phase: ServerLifecycle.Phase, sessions: [SessionSnapshot], now: UInt64) -> (status: Int, body: String) {
         switch phase {
         case .starting: return (503, "{\"status\":\"starting\"}\n")
@@ -122,8 +124,12 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
             missing.append("{\"session\":" + ErrorResponse.jsonString(s.name) + ",\"state\":\"state_not_persisted\",\"detail\":"
                            + ErrorResponse.jsonString("the rotated refresh token is only in memory: " + why + " (retrying)") + "}")
         }
-        if missing.isEmpty { return (200, "{\"status\":\"ready\"}\n") }
-        return (503, "{\"status\":\"not_ready\",\"missing\":[" + missing.joined(separator: ",") + "]}\n")
+        // Sink files that cannot be written (DESIGN §4 `sinks:`): degraded, still ready (see
+        // `TokenSinkReadiness`).
+        let degraded = TokenSinkReadiness.degraded(sessions)
+        let extra = degraded.isEmpty ? "" : ",\"degraded\":[" + degraded.joined(separator: ",") + "]"
+        if missing.isEmpty { return (200, "{\"status\":\"ready\"" + extra + "}\n") }
+        return (503, "{\"status\":\"not_ready\",\"missing\":[" + missing.joined(separator: ",") + "]" + extra + "}\n")
     }
 
     // MARK: /metrics
@@ -227,6 +233,7 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         }
         perSession("bearerd_token_state_persist_failures_total", .counter,
                    "Failed writes of a session's state file (rotated refresh token kept in memory and retried).") { $0.counters.statePersistFailures }
+        TokenSinkReadiness.renderMetrics(into: &w, sessions: sessions)
         perSession("bearerd_token_waits_total", .counter, "Callers that waited for a shared token fetch.") { $0.counters.waits }
         w.family("bearerd_token_waiters", .gauge, help: "Callers waiting for a shared token fetch now.")
         for s in sessions { w.sample("bearerd_token_waiters", [("session", s.name)], s.waiters) }

@@ -32,6 +32,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     /// The token and the facts other threads read (any thread; written on `queue` only).
     private let publication = TokenPublication()
+    /// Sink files and token API hand-outs (DESIGN §4); writes run on its own queue.
+    public let outlets: TokenOutlets
 
     // Session queue only.
     private var settings: SessionSettings
@@ -86,6 +88,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         var l = logger
         l[metadataKey: "session"] = "\(settings.config.name)"
         self.logger = l
+        outlets = TokenOutlets(plan: settings.sinkPlan ?? TokenSinkPlan(session: settings.config.name, sinks: settings.config.sinks), logger: l)
         queue = EventLoop(index: queueIndex, readBufferSize: 64 * 1024)
         if grant.usesRefreshToken {
             // Read once without the lock: the state is replaced by rename, never torn.
@@ -214,6 +217,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                             persistFailure: p.persistFailure)
         }
         if let dpop { s.dpopNonceRetries = (dpop.nonceRetries(.tokenEndpoint), dpop.nonceRetries(.upstream)) }
+        s.sinks = outlets.sinkStatuses
+        s.apiHandouts = outlets.apiHandouts
         return s
     }
 
@@ -239,6 +244,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             let reissue = newSettings.identityDiffers(from: settings)
             let operatorChanged = newSettings.operatorFingerprint != settings.operatorFingerprint
             settings = newSettings
+            outlets.configure(newSettings.sinkPlan ?? TokenSinkPlan(session: name, sinks: newSettings.config.sinks))
             if grant.usesRefreshToken, operatorChanged {
                 // A refresh in flight keeps the lock and finishes with the old lineage; the
                 // next one starts from the new file (its fingerprint differs from the state's).
@@ -257,6 +263,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         queue.execute { [self] in
             guard !stopped else { return }
             stopped = true
+            outlets.stop()
             timerSerial &+= 1
             let pending = waiters
             waiters = [:]
@@ -367,6 +374,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         let p = token.map(convert)
         let expiresAt = token?.expiresAt.nanoseconds
         publication.publish(p, expiresAt: expiresAt)
+        if let token, let p { outlets.tokenPublished(token, published: p) }
     }
 
     /// The published token, usable or not (loops cache it per version).

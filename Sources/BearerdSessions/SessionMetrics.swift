@@ -118,6 +118,10 @@ public struct SessionSnapshot: Sendable {
     public var persistFailure: String?
     /// `dpop: true` sessions: DPoP nonce retries (RFC 9449 §8 at the token endpoint, §9 upstream).
     public var dpopNonceRetries: (tokenEndpoint: UInt64, upstream: UInt64)?
+    /// `sinks:` files and whether each holds the current token (DESIGN §4).
+    public var sinks: [SinkStatus] = []
+    /// Tokens handed out by the token API.
+    public var apiHandouts: UInt64 = 0
 
     public init(name: String, counters: SessionMetrics = SessionMetrics(), status: TokenSession.Status = .idle,
                 generation: UInt64 = 0, expiresAt: UInt64? = nil, waiters: Int = 0, lastFailure: String? = nil,

@@ -30,6 +30,8 @@ struct SessionSettings {
     var dpop: DPoPProofer?
     /// The skew observed from the token endpoint's `Date` (kept across reloads by the driver).
     var clockSkew = ClockSkew()
+    /// `sinks:` with the header and token type they are written with (nil: the session's sinks, Bearer).
+    var sinkPlan: TokenSinkPlan?
 
     var operatorFingerprint: String? { operatorRefreshToken?.fingerprint }
 
@@ -185,6 +187,7 @@ struct SessionSettings {
         settings.routesInject = config.routes.allSatisfy { $0.session != session.name || $0.injectConfigured }
         settings.dpop = dpop
         settings.clockSkew = clockSkew
+        settings.sinkPlan = TokenSinkPlan(session, in: config)
         return settings
     }
 }

@@ -137,22 +137,15 @@ extension Token {
         case .token:
             return token
         case .header:
-            let inject = Self.inject(for: sessionConfig, routes: config.routes)
+            let inject = config.tokenHeader(for: sessionConfig)
             return TokenFormat.header(name: inject.header, prefix: inject.prefix, token: token, suffix: inject.suffix)
         case .json:
-            return TokenFormat.json(token: token, tokenType: sessionConfig.dpop ? "DPoP" : "Bearer", expiresAt: expiresAt, session: sessionConfig.name)
+            return TokenFormat.json(token: token, tokenType: BearerdConfig.tokenType(for: sessionConfig), expiresAt: expiresAt, session: sessionConfig.name)
         case .execCredential:
             return TokenFormat.execCredential(token: token, expiresAt: expiresAt)
         }
     }
 
-    /// Where the proxy puts the session's token: `Authorization: DPoP` for a DPoP session
-    /// (RFC 9449 §7.1; `inject:` does not apply there), else the `inject:` of the first route
-    /// using the session (routes may disagree; the first decides), else `Authorization: Bearer`.
-    static func inject(for session: SessionConfig, routes: [RouteConfig]) -> InjectConfig {
-        if session.dpop { return InjectConfig(header: "Authorization", prefix: "DPoP ", suffix: "") }
-        return routes.first(where: { $0.session == session.name })?.inject ?? .bearer
-    }
 }
 
 /// Hands the completion's result from the event loop to the waiting main thread.

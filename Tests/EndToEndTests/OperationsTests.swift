@@ -12,13 +12,14 @@ final class RunningBearerd {
     let logPath: String
     let configPath: String
 
-    init(config: String, dir: String, env: [String: String] = [:], args: [String] = []) throws {
+    /// `wrapper`: a command that runs bearerd (e.g. `setpriv --reuid=65534 …`), its last argument the binary.
+    init(config: String, dir: String, env: [String: String] = [:], args: [String] = [], wrapper: [String] = []) throws {
         configPath = dir + "/bearerd.yaml"
         try config.write(toFile: configPath, atomically: true, encoding: .utf8)
         logPath = dir + "/stderr.log"
         FileManager.default.createFile(atPath: logPath, contents: nil)
-        process.executableURL = URL(fileURLWithPath: CommandLineTests.binary)
-        process.arguments = ["run", "-c", configPath] + args
+        process.executableURL = URL(fileURLWithPath: wrapper.first ?? CommandLineTests.binary)
+        process.arguments = Array(wrapper.dropFirst()) + (wrapper.isEmpty ? [] : [CommandLineTests.binary]) + ["run", "-c", configPath] + args
         var e = ProcessInfo.processInfo.environment
         for (k, v) in env { e[k] = v }
         process.environment = e

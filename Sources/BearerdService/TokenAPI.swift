@@ -1,0 +1,163 @@
+import BearerdConfig
+import BearerdHTTP
+import BearerdIO
+import BearerdOAuth
+import BearerdProxyCore
+import BearerdSessions
+import Logging
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Who is asking the token API: a unix peer's uid (SO_PEERCRED, read at accept), or a TCP
+/// peer's address. For logs and the uid check.
+public struct TokenAPICaller: Sendable, CustomStringConvertible {
+    public enum Identity: Sendable, Equatable {
+        /// A unix socket peer; nil when its credentials could not be read (never admitted).
+        case unix(uid: UInt32?, pid: Int32?)
+        /// A TCP peer (`host:port`).
+        case tcp(address: String)
+    }
+    public var identity: Identity
+
+    public init(_ identity: Identity) { self.identity = identity }
+
+    public var description: String {
+        switch identity {
+        case .unix(let uid?, let pid?): "uid \(uid) pid \(pid)"
+        case .unix: "uid unknown"
+        case .tcp(let address): address
+        }
+    }
+}
+
+/// The current `token_api:` settings, swapped whole on reload and read by every request (any
+/// loop). Owns one optional `TokenAPIConfig` guarded by `lock`.
+public final class TokenAPISettings: @unchecked Sendable {  // @unchecked: `value` guarded by `lock`
+    private let lock = Lock()
+    private var value: TokenAPIConfig?
+    public init(_ config: TokenAPIConfig?) { value = config }
+    public var config: TokenAPIConfig? {
+        get { lock.withLock { value } }
+        set { lock.withLock { value = newValue } }
+    }
+}
+
+/// `GET /v1/token/NAME` for local programs (DESIGN §4 `token_api:`): the JSON form of
+/// `bearerd token --format json` (`access_token`, `token_type`, `expires_at` RFC 3339,
+/// `session`), with the token obtained exactly as the proxy obtains it (the published token, else
+/// coalesced through the session driver).
+///
+/// One per connection (it carries the caller); holds no mutable state. Checks, in order:
+/// the unix peer's uid against `allowed_uids` (default: bearerd's own uid) → 403; any `Origin`
+/// or `Sec-Fetch-*` field (a browser is asking: the SSRF and DNS-rebinding guard) → 403; on TCP
+/// a missing `Bearerd-Token-Request: 1` → 403; a method other than GET/HEAD → 405; a path
+/// other than `/v1/token/NAME` or a NAME not in `sessions` → 404; no token to be had → 503 with
+/// Retry-After (DESIGN §5). Every hand-out is counted per session and logged with the caller
+/// and the token's fingerprint, never the token.
+public final class TokenAPIResponder: LocalResponder, @unchecked Sendable {  // @unchecked: immutable after init
+    public static let requestHeader = "Bearerd-Token-Request"
+    public static let pathPrefix = "/v1/token/"
+
+    let caller: TokenAPICaller
+    let settings: TokenAPISettings
+    let sessions: SessionManager
+    let logger: Logger
+    let ownUID: UInt32
+
+    public init(caller: TokenAPICaller, settings: TokenAPISettings, sessions: SessionManager, logger: Logger) {
+        self.caller = caller
+        self.settings = settings
+        self.sessions = sessions
+        self.logger = logger
+        ownUID = getuid()
+    }
+
+    public func respond(to head: HTTPRequestHead, body: [UInt8], loop: EventLoop, reply: @escaping (HTTPResponseHead, [UInt8]) -> Void) {
+        func refuse(_ status: Int, _ code: String, _ detail: String, extra: [(String, String)] = [], session: String? = nil) {
+            let (h, b) = ErrorResponse.parts(status: status, error: code, detail: detail, extra: extra,
+                                            fields: session.map { [("session", $0)] } ?? [])
+            if status == 403 || status == 404 {
+                logger.warning("token API request refused", metadata: [
+                    "caller": "\(caller)", "status": "\(status)", "error": "\(code)", "session": "\(session ?? "-")",
+                ])
+            }
+            reply(h, b)
+        }
+        guard let api = settings.config else {
+            refuse(404, "not_found", "the token API is not configured")
+            return
+        }
+        switch caller.identity {
+        case .unix(let uid, _):
+            let allowed = api.allowedUIDs ?? [ownUID]
+            guard let uid, allowed.contains(uid) else {
+                refuse(403, "peer_not_allowed", uid.map { "uid \($0) is not in token_api.allowed_uids" } ?? "the peer's credentials could not be read")
+                return
+            }
+        case .tcp:
+            break
+        }
+        if let browser = head.headers.fields.first(where: { Self.isBrowserField($0.name) }) {
+            refuse(403, "browser_request_refused", "the token API does not answer requests carrying \(browser.name) (browsers send it; local programs do not)")
+            return
+        }
+        if case .tcp = caller.identity, head.headers.values(Self.requestHeader) != ["1"] {
+            refuse(403, "token_request_header_required", "requests to the token API over TCP need the header \(Self.requestHeader): 1")
+            return
+        }
+        guard head.method == "GET" || head.method == "HEAD" else {
+            let (h, b) = ErrorResponse.parts(status: 405, error: "method_not_allowed", detail: "the token API answers GET only", extra: [("Allow", "GET, HEAD")])
+            reply(h, b)
+            return
+        }
+        let path = head.target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.target
+        guard path.hasPrefix(Self.pathPrefix) else {
+            refuse(404, "not_found", "the token API serves GET \(Self.pathPrefix)NAME")
+            return
+        }
+        let name = String(path.dropFirst(Self.pathPrefix.count))
+        // Only the sessions listed, by exact name; never one it is not configured for.
+        guard api.sessions.contains(name), let driver = sessions.session(named: name) else {
+            refuse(404, "unknown_session", "no session by that name is served by the token API")
+            return
+        }
+        if let token = driver.usableToken(now: monotonicNanos()) {
+            handOut(token, driver: driver, reply: reply)
+            return
+        }
+        driver.requestToken(on: loop) { [self] result in
+            switch result {
+            case .success(let token):
+                handOut(token, driver: driver, reply: reply)
+            case .failure(let u):
+                logger.warning("token API: no token to hand out", metadata: ["caller": "\(caller)", "session": "\(name)", "detail": "\(u.detail)"])
+                refuse(503, "token_unavailable", u.detail, extra: [("Retry-After", String(u.retryAfterSeconds))], session: u.session)
+            }
+        }
+    }
+
+    private func handOut(_ token: PublishedToken, driver: TokenSessionDriver, reply: (HTTPResponseHead, [UInt8]) -> Void) {
+        let snapshot = driver.snapshot
+        let monotonicNow = monotonicNanos()
+        // The token's own expiry when it is still the published one, else the end of its use.
+        let expiry = snapshot.generation == token.generation ? (snapshot.expiresAt ?? token.usableUntil) : token.usableUntil
+        let expiresAt = TokenCache.wallClock(ofMonotonic: expiry, monotonicNow: monotonicNow, wallClockNow: wallClockSeconds())
+        let body = TokenFormat.json(token: token.value, tokenType: driver.dpop == nil ? "Bearer" : "DPoP", expiresAt: expiresAt, session: driver.name) + "\n"
+        driver.outlets.noteHandout()
+        logger.info("token handed out", metadata: [
+            "caller": "\(caller)", "session": "\(driver.name)", "token.fingerprint": "\(token.fingerprint)",
+            "token.generation": "\(token.generation)",
+        ])
+        var headers = HTTPHeaders()
+        headers.add("Content-Type", "application/json")
+        headers.add("Cache-Control", "no-store")
+        reply(HTTPResponseHead(status: 200, reason: "OK", headers: headers), Array(body.utf8))
+    }
+
+    /// `Origin` or any `Sec-Fetch-*` field (Fetch Metadata): only browsers send them.
+    static func isBrowserField(_ name: String) -> Bool {
+        let n = name.lowercased()
+        return n == "origin" || n.hasPrefix("sec-fetch-")
+    }
+}
