@@ -2,11 +2,10 @@ import Foundation
 import Testing
 @testable import BearerdConfig
 @testable import BearerdSessions
-@testable import BearerdService
 
 /// `sinks:` and `token_api:` (DESIGN §4): what the loader accepts and how it reports
 /// `FILE:LINE: key: what is wrong`; the header decision shared with `bearerd token`; the sink
-/// writer's file handling and backoff.
+/// writer's files and backoff are tested in BearerdSessionsTests/TokenSinkFileTests.
 @Suite struct TokenOutletConfigTests {
     static func yaml(session extra: String = "", top: String = "", dpop: Bool = false) -> String {
         """
@@ -128,41 +127,5 @@ import Testing
         #expect(plan.render(.token, token: "T", expiresAt: 0) == Array("T\n".utf8))
         #expect(String(decoding: plan.render(.json, token: "T", expiresAt: 0), as: UTF8.self)
                 == "{\"access_token\":\"T\",\"token_type\":\"DPoP\",\"expires_at\":\"1970-01-01T00:00:00Z\",\"session\":\"partner\"}\n")
-    }
-
-    @Test func sinkFilesAreReplacedWithTheExactModeInANew0750Directory() throws {
-        let root = NSTemporaryDirectory() + "bearerd-sink-\(UUID().uuidString)"
-        defer { try? FileManager.default.removeItem(atPath: root) }
-        let path = root + "/a/b/t.token"
-        let old = umask(0o077)
-        defer { umask(old) }
-        try TokenOutlets.replaceAtomically(path, with: Array("one\n".utf8), mode: 0o644)
-        try TokenOutlets.replaceAtomically(path, with: Array("two\n".utf8), mode: 0o644)
-        #expect(try String(contentsOfFile: path, encoding: .utf8) == "two\n")
-        func mode(_ p: String) throws -> Int { try FileManager.default.attributesOfItem(atPath: p)[.posixPermissions] as? Int ?? -1 }
-        #expect(try mode(path) == 0o644, "fchmod, not the umask")
-        #expect(try mode(root + "/a") == 0o750)
-        #expect(try mode(root + "/a/b") == 0o750)
-        #expect(try FileManager.default.contentsOfDirectory(atPath: root + "/a/b") == ["t.token"])
-        // A path whose directory is a file: a clear error, nothing written.
-        #expect(throws: SinkWriteError.self) { try TokenOutlets.replaceAtomically(path + "/x", with: [1], mode: 0o600) }
-    }
-
-    @Test func sinkRetryBackoffIsBoundedAndJittered() {
-        #expect(TokenOutlets.retryDelay(attempt: 1, random: 1) == 1_000_000_000)
-        #expect(TokenOutlets.retryDelay(attempt: 3, random: 1) == 4_000_000_000)
-        #expect(TokenOutlets.retryDelay(attempt: 6, random: 1) == 30_000_000_000)
-        #expect(TokenOutlets.retryDelay(attempt: Int.max, random: 1.2) == 36_000_000_000)
-        #expect(TokenOutlets.retryDelay(attempt: 0, random: 0.8) == 800_000_000)
-        #expect(TokenOutlets.retryDelay(attempt: 2, random: 5) == 2_400_000_000)
-    }
-
-    @Test func browserFieldsAreRecognised() {
-        for n in ["Origin", "origin", "Sec-Fetch-Site", "sec-fetch-mode", "SEC-FETCH-DEST", "Sec-Fetch-User"] {
-            #expect(TokenAPIResponder.isBrowserField(n))
-        }
-        for n in ["Bearerd-Token-Request", "Referer", "Host", "Sec-WebSocket-Key"] {
-            #expect(!TokenAPIResponder.isBrowserField(n))
-        }
     }
 }

@@ -1,0 +1,33 @@
+import Foundation
+import Testing
+@testable import BearerdSessions
+
+/// The sink writer's file handling (atomic replace, exact mode, 0750 directories) and its retry backoff.
+@Suite struct TokenSinkFileTests {
+    @Test func sinkFilesAreReplacedWithTheExactModeInANew0750Directory() throws {
+        let root = NSTemporaryDirectory() + "bearerd-sink-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let path = root + "/a/b/t.token"
+        let old = umask(0o077)
+        defer { umask(old) }
+        try TokenOutlets.replaceAtomically(path, with: Array("one\n".utf8), mode: 0o644)
+        try TokenOutlets.replaceAtomically(path, with: Array("two\n".utf8), mode: 0o644)
+        #expect(try String(contentsOfFile: path, encoding: .utf8) == "two\n")
+        func mode(_ p: String) throws -> Int { try FileManager.default.attributesOfItem(atPath: p)[.posixPermissions] as? Int ?? -1 }
+        #expect(try mode(path) == 0o644, "fchmod, not the umask")
+        #expect(try mode(root + "/a") == 0o750)
+        #expect(try mode(root + "/a/b") == 0o750)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: root + "/a/b") == ["t.token"])
+        // A path whose directory is a file: a clear error, nothing written.
+        #expect(throws: SinkWriteError.self) { try TokenOutlets.replaceAtomically(path + "/x", with: [1], mode: 0o600) }
+    }
+
+    @Test func sinkRetryBackoffIsBoundedAndJittered() {
+        #expect(TokenOutlets.retryDelay(attempt: 1, random: 1) == 1_000_000_000)
+        #expect(TokenOutlets.retryDelay(attempt: 3, random: 1) == 4_000_000_000)
+        #expect(TokenOutlets.retryDelay(attempt: 6, random: 1) == 30_000_000_000)
+        #expect(TokenOutlets.retryDelay(attempt: Int.max, random: 1.2) == 36_000_000_000)
+        #expect(TokenOutlets.retryDelay(attempt: 0, random: 0.8) == 800_000_000)
+        #expect(TokenOutlets.retryDelay(attempt: 2, random: 5) == 2_400_000_000)
+    }
+}
