@@ -302,6 +302,11 @@ final class BackendH2Stream: UpstreamStream {
         self.reused = reused
     }
 
+    deinit {
+        // Dropped without `release` or `close`: its slot on the connection is given back.
+        if case .unopened = phase { connection.unopenedStreamDone() }
+    }
+
     private var session: HTTP2Session { connection.session }
 
     /// The stream's id on the wire (nil: never opened).
