@@ -937,4 +937,10 @@ final class BackendPool {
 
     /// Open HTTP/2 connections (for tests and metrics).
     var http2ConnectionCount: Int { slots.reduce(0) { $0 + ($1?.machine.http2Count ?? 0) } }
+
+    /// Connection attempts in flight and requests waiting for `target` (for tests).
+    func pending(_ target: UpstreamTarget) -> (attempts: Int, waiting: Int) {
+        guard let slot = existingSlot(target.poolID) else { return (0, 0) }
+        return (slot.machine.attemptCount, slot.machine.waitingCount)
+    }
 }
