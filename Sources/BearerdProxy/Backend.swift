@@ -690,13 +690,14 @@ final class BackendPool {
     }
 
     /// A stream on the machine's HTTP/2 connection `id`; nil (and the machine told) when the
-    /// connection can take none after all (closed, or refusing requests, before it reported so).
+    /// connection takes no requests after all (closed, or GOAWAY, before it reported so). The
+    /// machine counts the streams against the server's limit.
     private func newStream(_ slot: Slot, _ id: ConnectionID, reused: Bool) -> BackendH2Stream? {
         guard case .http2(let conn) = slot[id] else {
-            slot.machine.streamClosed(id)
+            slot.machine.connectionClosed(id)
             return nil
         }
-        guard conn.canOpenStream else {
+        guard conn.acceptsRequests else {
             slot.machine.streamClosed(id)
             slot.machine.goingAway(id)
             return nil

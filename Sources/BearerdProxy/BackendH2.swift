@@ -60,8 +60,8 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
     /// The server's SETTINGS_MAX_CONCURRENT_STREAMS as known now (RFC 9113 §6.5.2).
     var maxConcurrentStreams: Int { Int(clamping: session.remoteMaxConcurrentStreams) }
 
-    /// Room for another stream now: open, below the server's limit.
-    var canOpenStream: Bool { phase == .open && !channel.isClosed && session.canOpenStream }
+    /// Takes new requests at all (open, no GOAWAY); the concurrency limit is the pool machine's.
+    var acceptsRequests: Bool { phase == .open && !channel.isClosed && session.acceptsRequests }
 
     func newStream(reused: Bool) -> BackendH2Stream {
         BackendH2Stream(connection: self, reused: reused)

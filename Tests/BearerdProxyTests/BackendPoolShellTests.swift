@@ -51,10 +51,10 @@ struct BackendPoolShellTests {
         return false
     }
 
-    func target(port: UInt16, idle: Duration = .seconds(60), maxIdle: Int = 64) throws -> UpstreamTarget {
+    func target(host: String = "127.0.0.1", port: UInt16, idle: Duration = .seconds(60), maxIdle: Int = 64) throws -> UpstreamTarget {
         var timeouts = RouteTimeouts()
         timeouts.idle = idle
-        let t = try UpstreamTarget(url: UpstreamURL(scheme: "http", host: "127.0.0.1", port: port, basePath: ""), tls: nil,
+        let t = try UpstreamTarget(url: UpstreamURL(scheme: "http", host: host, port: port, basePath: ""), tls: nil,
                                    timeouts: timeouts, http2: .off)
         t.maxIdle = maxIdle
         return t
@@ -154,7 +154,9 @@ struct BackendPoolShellTests {
         let o = try origin()
         defer { o.stop() }
         let pool = onLoop { BackendPool(loop: loop) }
-        let t = try target(port: o.port)
+        // A name (not in the resolver's cache: the port is new), so it resolves off the loop and
+        // the cancel comes first; a numeric address resolves at once.
+        let t = try target(host: "localhost", port: o.port)
         nonisolated(unsafe) var resumed = 0
         onLoop {
             let ticket = pool.acquire(t) { result in
