@@ -30,6 +30,27 @@ struct BackendPoolScriptTests {
         #expect(m.connectionCount == 0)
     }
 
+    @Test func aFreshRequestOpensItsOwnConnectionBesideAnIdleOne() {
+        var m = PoolMachine(configuration: poolConfig())
+        _ = m.request(r1, http1Only: false)
+        _ = m.connected(c0, .http1, now: 0)
+        _ = m.released(c0, reusable: true, now: 1)
+        do { let v = m.request(r2, http1Only: false, fresh: true); #expect(v == [.connect(c1, http1Only: false)]) }
+        #expect(m.idleCount == 1)
+        do { let v = m.connected(c1, .http1, now: 2); #expect(v == [.lease(c1, to: r2, reused: false)]) }
+    }
+
+    @Test func idsOfClosedConnectionsAreReused() {
+        var m = PoolMachine(configuration: poolConfig())
+        _ = m.request(r1, http1Only: false)
+        _ = m.connected(c0, .http1, now: 0)
+        m.connectionClosed(c0)
+        // A late report about the old c0 changes nothing.
+        do { let v = m.released(c0, reusable: true, now: 1); #expect(v == .close) }
+        do { let v = m.request(r2, http1Only: false); #expect(v == [.connect(c0, http1Only: false)]) }
+        #expect(m.idleCount == 0 && m.waitingCount == 1)
+    }
+
     @Test func idleConnectionsAreReusedWarmestFirst() {
         var m = PoolMachine(configuration: poolConfig())
         _ = m.request(r1, http1Only: false)
