@@ -758,7 +758,10 @@ final class BackendPool {
                     }
                     ticket.resume(.success(conn))
                 } else {
-                    guard case .http1(let conn) = slot[id] else { continue }
+                    guard case .http1(let conn) = slot[id] else {
+                        ticket.resume(.failure(.protocolError("upstream connection closed")))
+                        continue
+                    }
                     conn.reused = false
                     ticket.resume(.success(conn))
                 }
