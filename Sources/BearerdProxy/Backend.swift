@@ -874,8 +874,8 @@ final class BackendPool {
         // connection's framing cannot be trusted: close it, never pool it (DESIGN §5).
         let reusable = conn.isReusable && !conn.hasBufferedInput && !(conn.channel?.isClosed ?? true)
         switch slot.machine.released(conn.poolID, reusable: reusable, now: loop.now) {
-        case .park:
-            conn.parkIdle(deadline: slot.machine.idleDeadline(conn.poolID) ?? loop.now)
+        case .park(let deadline):
+            conn.parkIdle(deadline: deadline)
         case .close:
             slot[conn.poolID] = .none
             conn.close()

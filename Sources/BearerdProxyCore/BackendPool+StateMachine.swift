@@ -85,8 +85,8 @@ extension BackendPool {
         case close(ConnectionID)
     }
 
-    /// A released HTTP/1.1 connection's fate.
-    public enum Release: Sendable, Equatable { case park, close }
+    /// A released HTTP/1.1 connection's fate: idle until `deadline` (the idle timeout), or closed.
+    public enum Release: Sendable, Equatable { case park(deadline: UInt64), close }
 }
 
 extension BackendPool {
@@ -255,7 +255,7 @@ extension BackendPool {
             }
             connections[id.raw] = .idle(since: now)
             idle.append(id)
-            return .park
+            return .park(deadline: now &+ configuration.idleTimeout)
         }
 
         /// When the idle connection `id` is to close (nil: not idle).

@@ -22,7 +22,7 @@ struct BackendPoolScriptTests {
         do { let v = m.request(r1, http1Only: false); #expect(v == [.connect(c0, http1Only: false)]) }
         do { let v = m.resolved(c0); #expect(v) }
         do { let v = m.connected(c0, .http1, now: 10); #expect(v == [.lease(c0, to: r1, reused: false)]) }
-        do { let v = m.released(c0, reusable: true, now: 20); #expect(v == .park) }
+        do { let v = m.released(c0, reusable: true, now: 20); #expect(v == .park(deadline: 1_020)) }
         #expect(m.idleCount == 1)
         do { let v = m.takeReady(http1Only: false); #expect(v == .idleConnection(c0, idleSince: 20)) }
         do { let v = m.takeReady(http1Only: false); #expect(v == nil) }
@@ -57,8 +57,8 @@ struct BackendPoolScriptTests {
         _ = m.request(r2, http1Only: false)
         _ = m.connected(c0, .http1, now: 0)
         _ = m.connected(c1, .http1, now: 0)
-        do { let v = m.released(c0, reusable: true, now: 1); #expect(v == .park) }
-        do { let v = m.released(c1, reusable: true, now: 2); #expect(v == .park) }
+        do { let v = m.released(c0, reusable: true, now: 1); #expect(v == .park(deadline: 1_001)) }
+        do { let v = m.released(c1, reusable: true, now: 2); #expect(v == .park(deadline: 1_002)) }
         do { let v = m.takeReady(http1Only: true); #expect(v == .idleConnection(c1, idleSince: 2)) }
     }
 
@@ -68,7 +68,7 @@ struct BackendPoolScriptTests {
         do { let v = m.request(r2, http1Only: false); #expect(v == [.connect(c1, http1Only: false)]) }
         _ = m.connected(c0, .http1, now: 0)
         _ = m.connected(c1, .http1, now: 0)
-        do { let v = m.released(c0, reusable: true, now: 1); #expect(v == .park) }
+        do { let v = m.released(c0, reusable: true, now: 1); #expect(v == .park(deadline: 1_001)) }
         do { let v = m.released(c1, reusable: true, now: 1); #expect(v == .close) }
         #expect(m.idleCount == 1)
         #expect(m.connectionCount == 1)
