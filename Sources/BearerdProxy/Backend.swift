@@ -376,6 +376,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         if target.http2 == .priorKnowledge && !http1Only {
             // ALPN did not select h2 on a route that requires HTTP/2.
             pool.loop.unregister(self)
+            self.channel = nil  // closed here: its close is not the connection's to report
             channel.close()
             finishConnect(.failure(.protocolError("the upstream did not select h2 in ALPN (route http2: prior_knowledge)")))
             return
@@ -449,6 +450,12 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
 
     func channelClosed(_ channel: SocketChannel) {
         if self.channel !== channel { return }  // an abandoned attempt
+        if case .connecting = phase {
+            // Closed before it connected: the attempt fails (its completion runs once).
+            finishConnect(.failure(.protocolError("upstream connection closed while connecting")))
+            pool.forget(self)
+            return
+        }
         let was = phase
         phase = .closed
         deadline = 0

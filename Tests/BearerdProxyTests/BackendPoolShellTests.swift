@@ -150,6 +150,22 @@ struct BackendPoolShellTests {
         onLoop { pool.closeAll() }
     }
 
+    /// `http2: prior_knowledge` on https and a server whose ALPN picks HTTP/1.1: the request
+    /// fails at once (it must not wait forever for a connection that closed while connecting).
+    @Test func aPriorKnowledgeRouteWhoseServerRefusesH2FailsTheRequest() throws {
+        let pki = try TestPKI.generate()
+        defer { pki.remove() }
+        let o = try TestOrigin(tls: try pki.serverContext(alpn: ["http/1.1"])) { _ in .response(status: 200, headers: [], body: []) }
+        defer { o.stop() }
+        let pool = onLoop { BackendPool(loop: loop) }
+        let t = try UpstreamTarget(url: UpstreamURL(scheme: "https", host: "127.0.0.1", port: o.port, basePath: ""),
+                                   tls: TLSSettings(caFile: pki.caFile), timeouts: RouteTimeouts(), http2: .priorKnowledge)
+        let (stream, ex) = exchange(pool, t)
+        #expect(stream == nil)
+        #expect("\(ex.failure.map { "\($0)" } ?? "none")".contains("did not select h2"))
+        #expect(onLoop { pool.pending(t) } == (0, 0))
+    }
+
     @Test func aCancelledWaiterOpensNothingAndIsNeverResumed() throws {
         let o = try origin()
         defer { o.stop() }
