@@ -320,7 +320,19 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     func resumeReading() { channel?.resumeReading(.peerBackpressure) }
 
     func close() {
-        if case .closed = phase { return }
+        switch phase {
+        case .closed:
+            return
+        case .connecting:
+            // The attempt fails (its completion runs once); the channel's close is not reported.
+            let c = channel
+            channel = nil
+            c?.close()
+            finishConnect(.failure(.protocolError("upstream connection closed while connecting")))
+            return
+        case .idle, .busy, .tunnelling:
+            break
+        }
         phase = .closed
         delegate = nil
         pool.forget(self)
