@@ -409,6 +409,13 @@ public final class HTTP2Session {
     /// Streams we opened (client role) that are not closed yet.
     public var openStreamCount: Int { opened.count }
 
+    /// Whether the session accepts new requests at all (client role): no GOAWAY received or
+    /// sent, not closing. The peer's concurrency limit is not counted here.
+    public var acceptsRequests: Bool {
+        guard let session else { return false }
+        return nghttp2_session_check_request_allowed(session) != 0
+    }
+
     /// Whether another request can be submitted now (client role): below the peer's limit and
     /// no GOAWAY received.
     public var canOpenStream: Bool {

@@ -113,19 +113,34 @@ protocol BackendConnectionDelegate: AnyObject {
 /// Lives on its loop; owned by the exchange while busy and by the pool while idle.
 /// Invariant: `delegate` is non-nil exactly while busy or tunnelling; an idle connection that
 /// receives bytes or EOF is closed and leaves the pool. A tunnelling connection (after a 101)
-/// never goes back to the pool.
+/// never goes back to the pool. The connect completion exists only while connecting, and
+/// what a response taught (bytes seen, reusable) only while busy: `Phase`.
 final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream {
-    enum State { case connecting, idle, busy, tunnelling, closed }
+    typealias ConnectCompletion = (Result<ConnectOutcome, ChannelError>) -> Void
+    enum Phase {
+        /// Resolving, connecting, handshaking; `completion` runs once with the outcome.
+        case connecting(completion: ConnectCompletion)
+        /// In the pool, between exchanges.
+        case idle
+        /// Carrying one exchange. `responseSeen`: a byte of its response arrived (a failure is
+        /// then no clean retry); `reusable`: the response head allows another request after it.
+        case busy(responseSeen: Bool, reusable: Bool)
+        /// After a 101: a byte pipe.
+        case tunnelling
+        case closed
+    }
 
     let target: UpstreamTarget
     /// Strong: the loop's pool outlives its connections (no `unowned` check per access).
     let pool: BackendPool
+    /// Its id in the pool's machine (set when the connection is handed to the pool).
+    var poolID = BearerdProxyCore.BackendPool.ConnectionID(-1)
     var channel: SocketChannel?
-    @exclusivity(unchecked) private(set) var state: State = .connecting
+    @exclusivity(unchecked) private(set) var phase: Phase = .closed
     private var parser: HTTP1Parser
     /// Strong, and cleared whenever the connection goes idle or closes (the invariant above), so
     /// the exchange lives as long as it uses the connection; no weak reference on the request
-    /// path (a weak one moves the exchange's reference count to a side table: issue 10). Safe
+    /// path (a weak one moves the exchange's reference count to a side table, measured in bench/RESULTS.md). Safe
     /// because nothing an exchange reaches is `unowned`: its client (an HTTP/1.1 connection, or
     /// an HTTP/2 stream holding its connection strongly) outlives it.
     var delegate: BackendConnectionDelegate?
@@ -135,16 +150,11 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         case http1(BackendConnection)
         case http2(BackendH2Connection)
     }
-    private var connectCompletion: ((Result<ConnectOutcome, ChannelError>) -> Void)?
     /// Speak HTTP/1.1 whatever the route's `http2:` (a WebSocket upgrade).
     @exclusivity(unchecked) private var http1Only = false
     /// Taken from the pool (not fresh): a failure before any response byte may be retried.
     @exclusivity(unchecked) var reused = false
-    @exclusivity(unchecked) var receivedResponseBytes = false
-    /// The response ended and the connection can carry another request.
-    @exclusivity(unchecked) private(set) var reusable = false
     @exclusivity(unchecked) var deadline: UInt64 = 0
-    @exclusivity(unchecked) var idleSince: UInt64 = 0
     /// The request body in flight is chunked (RFC 9112 §7.1): `writeBody` frames each piece.
     @exclusivity(unchecked) private var requestChunked = false
     /// Scratch for chunk framing, reused.
@@ -158,7 +168,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     }
 
     func connect(addresses: [SocketAddress], http1Only: Bool, completion: @escaping (Result<ConnectOutcome, ChannelError>) -> Void) {
-        connectCompletion = completion
+        phase = .connecting(completion: completion)
         self.http1Only = http1Only
         deadline = monotonicNanos() + target.connectTimeout
         pool.loop.register(self)
@@ -178,7 +188,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     /// open: only TLS (and the protocol) remain, on the same channel.
     func connectThroughTunnel(_ tunnel: ProxyTunnel.Established, http1Only: Bool,
                               completion: @escaping (Result<ConnectOutcome, ChannelError>) -> Void) {
-        connectCompletion = completion
+        phase = .connecting(completion: completion)
         self.http1Only = http1Only
         deadline = monotonicNanos() + target.connectTimeout
         pool.loop.register(self)
@@ -216,10 +226,9 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     }
 
     private func finishConnect(_ result: Result<ConnectOutcome, ChannelError>) {
-        guard let c = connectCompletion else { return }
-        connectCompletion = nil
+        guard case .connecting(let c) = phase else { return }
+        phase = .closed
         if case .failure = result {
-            state = .closed
             deadline = 0
             pool.loop.unregister(self)
         }
@@ -227,12 +236,10 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     }
 
     /// Hands the connection to an exchange. Every read pause of the previous exchange is lifted: a
-    /// connection parked while its client was slow must not stay deaf (issue 8 item 8).
+    /// connection parked while its client was slow must not stay deaf (DESIGN §2.2 backpressure).
     func assign(to delegate: BackendConnectionDelegate) {
         self.delegate = delegate
-        state = .busy
-        receivedResponseBytes = false
-        reusable = false
+        phase = .busy(responseSeen: false, reusable: false)
         channel?.resumeReading(.owner)
         channel?.resumeReading(.peerBackpressure)
     }
@@ -278,7 +285,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     /// After a 101 (RFC 9110 §15.2.2): the connection is a byte pipe from now on; no deadline
     /// (WebSockets idle for long), never pooled.
     func switchProtocols() -> [UInt8] {
-        state = .tunnelling
+        phase = .tunnelling
         deadline = 0
         return parser.switchProtocols()
     }
@@ -286,9 +293,10 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     func tunnelWrite(_ raw: UnsafeRawBufferPointer) { channel?.write(raw) }
 
     func endTunnel() {
-        guard state != .closed else { return }
-        state = .closed
+        if case .closed = phase { return }
+        phase = .closed
         delegate = nil
+        pool.forget(self)
         channel?.closeAfterFlush()
     }
 
@@ -306,10 +314,51 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     func resumeReading() { channel?.resumeReading(.peerBackpressure) }
 
     func close() {
-        guard state != .closed else { return }
-        state = .closed
+        switch phase {
+        case .closed:
+            return
+        case .connecting:
+            // The attempt fails (its completion runs once); the channel's close is not reported.
+            let c = channel
+            channel = nil
+            c?.close()
+            finishConnect(.failure(.protocolError("upstream connection closed while connecting")))
+            return
+        case .idle, .busy, .tunnelling:
+            break
+        }
+        phase = .closed
         delegate = nil
+        pool.forget(self)
         channel?.close()
+    }
+
+    /// In the pool, between exchanges.
+    var isIdle: Bool {
+        if case .idle = phase { return true }
+        return false
+    }
+
+    /// Busy, and its response allows another request on the connection.
+    var isReusable: Bool {
+        if case .busy(_, true) = phase { return true }
+        return false
+    }
+
+    /// Busy, and a byte of the response arrived.
+    private var responseSeen: Bool {
+        if case .busy(true, _) = phase { return true }
+        return false
+    }
+
+    private var isBusy: Bool {
+        if case .busy = phase { return true }
+        return false
+    }
+
+    private var isTunnelling: Bool {
+        if case .tunnelling = phase { return true }
+        return false
     }
 
     // MARK: ChannelDelegate
@@ -319,7 +368,6 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         let h2 = !http1Only && (channel.negotiatedALPN == "h2" || (target.http2 == .priorKnowledge && !target.url.isTLS))
         if h2 {
             // The channel moves to an HTTP/2 connection; this object is done.
-            state = .closed
             pool.loop.unregister(self)
             self.channel = nil
             do {
@@ -333,53 +381,55 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         }
         if target.http2 == .priorKnowledge && !http1Only {
             // ALPN did not select h2 on a route that requires HTTP/2.
-            state = .closed
             pool.loop.unregister(self)
+            self.channel = nil  // closed here: its close is not the connection's to report
             channel.close()
             finishConnect(.failure(.protocolError("the upstream did not select h2 in ALPN (route http2: prior_knowledge)")))
             return
         }
-        state = .idle
-        finishConnect(.success(.http1(self)))
+        guard case .connecting(let completion) = phase else { return }
+        phase = .idle
+        completion(.success(.http1(self)))
     }
 
     func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
-        if state == .tunnelling {
+        switch phase {
+        case .busy(_, let reusable):
+            phase = .busy(responseSeen: true, reusable: reusable)
+        case .tunnelling:
             delegate?.backendTunnelBytes(bytes)
             return
-        }
-        guard state == .busy else {
+        default:
             // Bytes on an idle connection: the upstream is misbehaving or closing; drop it.
             close()
             return
         }
-        receivedResponseBytes = true
         touch()
         parser.feed(bytes)
         drive()
-        if state == .busy { delegate?.backendReadComplete() }
+        if isBusy { delegate?.backendReadComplete() }
     }
 
     func channelEOF(_ channel: SocketChannel) {
-        if state == .tunnelling {
+        if isTunnelling {
             let d = delegate
             delegate = nil
             d?.backendTunnelEnded()
             return
         }
-        guard state == .busy else {
+        guard isBusy else {
             close()
             return
         }
         parser.feedEOF()
         drive()
-        if state == .busy {
+        if isBusy {
             fail(.protocolError("upstream closed the connection before the response was complete"))
         }
     }
 
     func channelError(_ channel: SocketChannel, _ error: ChannelError) {
-        if connectCompletion != nil {
+        if case .connecting = phase {
             if case .connect = error, !remainingAddresses.isEmpty {
                 self.channel = nil
                 attempt(addresses: remainingAddresses)
@@ -388,10 +438,11 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
             finishConnect(.failure(error))
             return
         }
-        if state == .tunnelling {
+        if isTunnelling {
             let d = delegate
             delegate = nil
-            state = .closed
+            phase = .closed
+            pool.forget(self)
             channel.close()
             d?.backendTunnelEnded()
             return
@@ -405,23 +456,32 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
 
     func channelClosed(_ channel: SocketChannel) {
         if self.channel !== channel { return }  // an abandoned attempt
-        let was = state
-        state = .closed
+        if case .connecting = phase {
+            // Closed before it connected: the attempt fails (its completion runs once).
+            finishConnect(.failure(.protocolError("upstream connection closed while connecting")))
+            pool.forget(self)
+            return
+        }
+        let was = phase
+        phase = .closed
         deadline = 0
         pool.loop.unregister(self)
         pool.forget(self)
         if let d = delegate {
             delegate = nil
-            if was == .busy {
-                d.backendFailed(.protocolError("upstream connection closed"), reused: reused, responseBytesSeen: receivedResponseBytes, unprocessed: false)
-            } else if was == .tunnelling {
+            switch was {
+            case .busy(let responseSeen, _):
+                d.backendFailed(.protocolError("upstream connection closed"), reused: reused, responseBytesSeen: responseSeen, unprocessed: false)
+            case .tunnelling:
                 d.backendTunnelEnded()
+            case .connecting, .idle, .closed:
+                break
             }
         }
     }
 
     func deadlineExpired(now: UInt64) {
-        switch state {
+        switch phase {
         case .connecting:
             let c = channel
             channel = nil
@@ -430,24 +490,25 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         case .busy:
             fail(.timeout("upstream response"))
         case .idle:
-            close()
+            if pool.idleExpired(self, now: now) { close() }
         case .tunnelling, .closed:
             break
         }
     }
 
     private func fail(_ error: ChannelError) {
-        guard state == .busy else { close(); return }
+        guard case .busy(let responseSeen, _) = phase else { close(); return }
         let d = delegate
         delegate = nil
-        state = .closed
+        phase = .closed
+        pool.forget(self)
         channel?.close()
-        d?.backendFailed(error, reused: reused, responseBytesSeen: receivedResponseBytes, unprocessed: false)
+        d?.backendFailed(error, reused: reused, responseBytesSeen: responseSeen, unprocessed: false)
     }
 
     /// Pulls parser events and hands them to the exchange, stopping if it is detached.
     private func drive() {
-        while state == .busy, let d = delegate {
+        while isBusy, let d = delegate {
             let event: HTTP1Event?
             do {
                 event = try parser.next()
@@ -459,7 +520,8 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
             switch event {
             case .responseHead(let head, let framing):
                 if !head.isInformational {
-                    reusable = framing != .closeDelimited && HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers)
+                    let reusable = framing != .closeDelimited && HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers)
+                    phase = .busy(responseSeen: true, reusable: reusable)
                 }
                 d.backendResponseHead(head, framing: framing, endStream: false)
                 if head.status == 101 { return }  // the exchange switched (or refused) the connection
@@ -477,35 +539,45 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
 
     /// Called by the pool when the connection goes idle. Reads stay on, so a close or stray bytes
     /// while idle are noticed (and the connection dropped).
-    func parkIdle() {
+    func parkIdle(deadline: UInt64) {
         channel?.resumeReading(.peerBackpressure)
         delegate = nil
-        state = .idle
-        idleSince = pool.loop.now
-        deadline = idleSince &+ target.idleTimeout
+        phase = .idle
+        self.deadline = deadline
     }
 }
 
 /// One request waiting for an upstream connection (`BackendPool.acquire`). Lives on the pool's
 /// loop. Invariant: `completion` runs at most once, and never once `cancel()` was called (the
-/// exchange went away: its client reset the stream or closed), so the pool opens nothing and
-/// opens no stream for it.
+/// exchange went away: its client reset the stream or closed): the pool's machine forgets the
+/// request, so no stream is opened for it and a connection still resolving is not opened.
 final class AcquireTicket {
     let http1Only: Bool
+    let id: BearerdProxyCore.BackendPool.RequestID
     private var completion: BackendPool.Completion?
+    /// The slot the request waits in (cleared once resumed or cancelled).
+    fileprivate var slot: BackendPool.Slot?
     private(set) var isCancelled = false
 
-    init(http1Only: Bool, completion: @escaping BackendPool.Completion) {
+    fileprivate init(id: BearerdProxyCore.BackendPool.RequestID, http1Only: Bool, completion: @escaping BackendPool.Completion) {
+        self.id = id
         self.http1Only = http1Only
         self.completion = completion
     }
 
     func cancel() {
+        guard !isCancelled else { return }
         isCancelled = true
         completion = nil
+        if let slot {
+            self.slot = nil
+            slot.tickets.removeValue(forKey: id.raw)
+            slot.machine.cancel(id)
+        }
     }
 
     fileprivate func resume(_ result: Result<UpstreamStream, ChannelError>) {
+        slot = nil
         guard let c = completion else {
             if case .success(let s) = result { s.close() }
             return
@@ -515,53 +587,66 @@ final class AcquireTicket {
     }
 }
 
-/// An HTTP/1.1 connection being opened and the request it is for (nil or cancelled: taken over
-/// by the next request that needs one). Lives on the pool's loop.
-final class PendingConnect {
-    var ticket: AcquireTicket?
-    let http1Only: Bool
-    init(ticket: AcquireTicket, http1Only: Bool) {
-        self.ticket = ticket
-        self.http1Only = http1Only
-    }
-}
-
 /// Keep-alive pools of upstream connections, one per loop, keyed by (scheme, host, port, TLS
 /// settings, http2 mode). Lives on `loop`; no locking.
 ///
-/// HTTP/1.1: at most `maxIdle` idle connections per key (LIFO, so the warmest connection is
-/// reused first). HTTP/2: every open connection of a key multiplexes streams up to the server's
-/// SETTINGS_MAX_CONCURRENT_STREAMS; a new connection opens only when all are full or going away.
-/// While a connection that may turn out to speak HTTP/2 is being opened, other requests for the
-/// same key wait for it (`connecting`) instead of opening their own, so a burst of requests to
-/// an h2 upstream shares one connection. Once a key is known to answer HTTP/1.1 (`knownHTTP1`),
-/// requests no longer wait. A waiting request that goes away cancels its `AcquireTicket`: no
-/// stream is opened for it, a connection still being resolved is not opened, and an HTTP/1.1
-/// connection already on its way serves the next request (or idles in the pool).
+/// The shell of `BearerdProxyCore.BackendPool.StateMachine` (one per key), which decides which
+/// connection a request gets, when one is opened, what a key is known to speak, who waits, and
+/// which idle connections are kept; this class resolves, connects, checks an idle connection
+/// for stray input before reuse, and resumes the waiting requests as the machine says.
+/// Invariant: `Slot.members[id]` holds the object of every connection the machine knows as
+/// connected, and nothing for one it forgot; an object reports its close only while it is the
+/// member of its id (so a reused id never receives a stale report).
 final class BackendPool {
     let loop: EventLoop
     typealias Completion = (Result<UpstreamStream, ChannelError>) -> Void
+    typealias Machine = BearerdProxyCore.BackendPool.StateMachine
+    typealias ConnectionID = BearerdProxyCore.BackendPool.ConnectionID
 
-    /// The connections of one key. Mutated in place through its reference, so taking or
-    /// returning a connection never copies a list (a copy per request retained every pooled
-    /// connection: a third of the request path's user time at 64 connections, issue 10).
-    private final class Slot {
-        /// Idle HTTP/1.1 connections, the most recently used last.
-        var idle: [BackendConnection] = []
-        /// Open HTTP/2 connections.
-        var http2: [BackendH2Connection] = []
-        /// Requests waiting for a connection being opened that may speak HTTP/2; nil when none
-        /// is being opened.
-        var connecting: [AcquireTicket]?
-        /// HTTP/1.1 connections being opened, one per waiting request (or none, once that
-        /// request went away: a new request then takes the attempt over).
-        var pendingHTTP1: [PendingConnect] = []
-        /// The key answered HTTP/1.1 on an `auto` route: requests no longer wait for it.
-        var knownHTTP1 = false
+    /// A connection object of a key, by the machine's id.
+    enum Member {
+        case none
+        case http1(BackendConnection)
+        case http2(BackendH2Connection)
+    }
+
+    /// One key's machine and the objects its ids stand for. Mutated in place through its
+    /// reference, so taking or returning a connection never copies a list (a copy per request
+    /// retained every pooled connection: a third of the request path's user time at 64
+    /// connections).
+    final class Slot {
+        var machine: Machine
+        /// The target whose settings (`maxIdle`, idle timeout) the machine was configured with.
+        var target: UpstreamTarget
+        /// Indexed by `ConnectionID.raw`.
+        var members: [Member] = []
+        /// Waiting requests by `RequestID.raw`.
+        var tickets: [Int: AcquireTicket] = [:]
+
+        init(target: UpstreamTarget) {
+            self.target = target
+            machine = Machine(configuration: Slot.configuration(target))
+        }
+
+        static func configuration(_ target: UpstreamTarget) -> BearerdProxyCore.BackendPool.Configuration {
+            .init(maxIdle: target.maxIdle, idleTimeout: target.idleTimeout, mayUseHTTP2: target.mayUseHTTP2,
+                  remembersHTTP1: target.http2 == .auto,
+                  http1Impossible: target.http2 == .priorKnowledge && !target.url.isTLS)
+        }
+
+        subscript(id: ConnectionID) -> Member {
+            get { id.raw >= 0 && id.raw < members.count ? members[id.raw] : .none }
+            set {
+                guard id.raw >= 0 else { return }
+                if id.raw >= members.count { members.append(contentsOf: repeatElement(.none, count: id.raw - members.count + 1)) }
+                members[id.raw] = newValue
+            }
+        }
     }
     /// Indexed by `UpstreamTarget.poolID` (interned keys are small dense integers from 0): an
     /// array index per request instead of hashing (nil: no connection to that key yet).
     private var slots: [Slot?] = []
+    private var nextRequest = 0
 
     init(loop: EventLoop) {
         self.loop = loop
@@ -569,9 +654,16 @@ final class BackendPool {
 
     private func slot(_ target: UpstreamTarget) -> Slot {
         let id = target.poolID
-        if id < slots.count, let s = slots[id] { return s }
+        if id < slots.count, let s = slots[id] {
+            if s.target !== target {
+                // A reload: equal key, possibly other limits.
+                s.target = target
+                s.machine.configuration = Slot.configuration(target)
+            }
+            return s
+        }
         if id >= slots.count { slots.append(contentsOf: repeatElement(nil, count: id - slots.count + 1)) }
-        let s = Slot()
+        let s = Slot(target: target)
         slots[id] = s
         return s
     }
@@ -591,9 +683,7 @@ final class BackendPool {
             completion(.success(stream))
             return nil
         }
-        let ticket = AcquireTicket(http1Only: http1Only, completion: completion)
-        wait(ticket, for: target)
-        return ticket
+        return wait(target, http1Only: http1Only, fresh: false, completion: completion)
     }
 
     /// The synchronous part of `acquire`: a stream on an open HTTP/2 connection with room, or an
@@ -601,75 +691,133 @@ final class BackendPool {
     /// or open one (then call `acquire`). Lets the common case skip the completion closure.
     func takeReady(_ target: UpstreamTarget, http1Only: Bool = false) -> UpstreamStream? {
         let slot = slot(target)
-        if !http1Only {
-            if !slot.http2.isEmpty, let conn = slot.http2.first(where: { $0.canOpenStream }) {
-                return conn.newStream(reused: true)
+        while let ready = slot.machine.takeReady(http1Only: http1Only) {
+            switch ready {
+            case .stream(let id):
+                if let stream = newStream(slot, id, reused: true) { return stream }
+            case .idleConnection(let id, let idleSince):
+                if let conn = reuse(slot, id, idleSince: idleSince) { return conn }
             }
-            if slot.connecting != nil { return nil }
-        }
-        while let conn = slot.idle.popLast() {
-            guard conn.state == .idle, let ch = conn.channel, !ch.isClosed else { continue }
-            // Stray bytes or a close that the loop has not read yet: never reuse (issue 8 item 7).
-            if ch.hasUnreadInput(recentlyActive: loop.now &- conn.idleSince < 1_000_000_000) {
-                conn.close()
-                continue
-            }
-            conn.reused = true
-            return conn
         }
         return nil
+    }
+
+    /// A stream on the machine's HTTP/2 connection `id`; nil (and the machine told) when the
+    /// connection takes no requests after all (closed, or GOAWAY, before it reported so). The
+    /// machine counts the streams against the server's limit.
+    private func newStream(_ slot: Slot, _ id: ConnectionID, reused: Bool) -> BackendH2Stream? {
+        guard case .http2(let conn) = slot[id] else {
+            slot.machine.connectionClosed(id)
+            return nil
+        }
+        guard conn.acceptsRequests else {
+            slot.machine.streamClosed(id)
+            slot.machine.goingAway(id)
+            return nil
+        }
+        return conn.newStream(reused: reused)
+    }
+
+    /// The idle connection `id`, leased by the machine, unless it must not be reused (then it is
+    /// closed and the machine told).
+    private func reuse(_ slot: Slot, _ id: ConnectionID, idleSince: UInt64) -> BackendConnection? {
+        guard case .http1(let conn) = slot[id] else {
+            slot.machine.connectionClosed(id)
+            return nil
+        }
+        // Stray bytes or a close that the loop has not read yet: never reuse (DESIGN §5).
+        guard conn.isIdle, let ch = conn.channel, !ch.isClosed,
+              !ch.hasUnreadInput(recentlyActive: loop.now &- idleSince < 1_000_000_000) else {
+            drop(slot, id)
+            conn.close()
+            return nil
+        }
+        conn.reused = true
+        return conn
     }
 
     /// A new connection for `target`, never a pooled one (an HTTP/1.1 connection opened for a
     /// request that went away meanwhile counts as new: it never carried a request).
     @discardableResult
     func connectNew(_ target: UpstreamTarget, http1Only: Bool = false, completion: @escaping Completion) -> AcquireTicket {
-        let ticket = AcquireTicket(http1Only: http1Only, completion: completion)
-        wait(ticket, for: target)
+        wait(target, http1Only: http1Only, fresh: true, completion: completion)
+    }
+
+    private func wait(_ target: UpstreamTarget, http1Only: Bool, fresh: Bool, completion: @escaping Completion) -> AcquireTicket {
+        let slot = slot(target)
+        nextRequest &+= 1
+        let ticket = AcquireTicket(id: .init(nextRequest), http1Only: http1Only, completion: completion)
+        ticket.slot = slot
+        slot.tickets[ticket.id.raw] = ticket
+        execute(slot.machine.request(ticket.id, http1Only: http1Only, fresh: fresh), slot, target)
         return ticket
     }
 
-    /// Queues `ticket` for a connection being opened, opening one only when none in flight can
-    /// serve it.
-    private func wait(_ ticket: AcquireTicket, for target: UpstreamTarget) {
-        let http1Only = ticket.http1Only
-        if http1Only && target.http2 == .priorKnowledge && !target.url.isTLS {
-            ticket.resume(.failure(.protocolError("a WebSocket upgrade needs HTTP/1.1 towards the upstream; this route has http2: prior_knowledge")))
-            return
-        }
-        let slot = slot(target)
-        if !http1Only && target.mayUseHTTP2 && !slot.knownHTTP1 {
-            // One connection that may speak HTTP/2 for every request that arrives meanwhile: this
-            // request takes a stream on it, or opens its own if it turns out full or HTTP/1.1.
-            if slot.connecting != nil {
-                slot.connecting?.append(ticket)
-                return
+    /// Carries out the machine's actions in order. `error`: why an attempt failed (`fail`).
+    private func execute(_ actions: [BearerdProxyCore.BackendPool.Action], _ slot: Slot, _ target: UpstreamTarget, error: ChannelError? = nil) {
+        for action in actions {
+            switch action {
+            case .connect(let id, let http1Only):
+                open(target, http1Only: http1Only, stillWanted: { slot.machine.resolved(id) }, abandoned: {},
+                     done: { [self] result in connected(slot, target, id, result) })
+            case .lease(let id, let request, let reused, let idleSince):
+                guard let ticket = slot.tickets.removeValue(forKey: request.raw) else { continue }
+                if reused {
+                    guard let conn = reuse(slot, id, idleSince: idleSince) else {
+                        // Not reusable after all: the request tries again.
+                        slot.tickets[request.raw] = ticket
+                        execute(slot.machine.request(request, http1Only: ticket.http1Only), slot, target, error: error)
+                        continue
+                    }
+                    ticket.resume(.success(conn))
+                } else {
+                    guard case .http1(let conn) = slot[id] else {
+                        ticket.resume(.failure(.protocolError("upstream connection closed")))
+                        continue
+                    }
+                    conn.reused = false
+                    ticket.resume(.success(conn))
+                }
+            case .openStream(let id, let request, let reused):
+                guard let ticket = slot.tickets.removeValue(forKey: request.raw) else { continue }
+                guard let stream = newStream(slot, id, reused: reused) else {
+                    slot.tickets[request.raw] = ticket
+                    execute(slot.machine.request(request, http1Only: ticket.http1Only), slot, target, error: error)
+                    continue
+                }
+                ticket.resume(.success(stream))
+            case .fail(let request, let failure):
+                guard let ticket = slot.tickets.removeValue(forKey: request.raw) else { continue }
+                switch failure {
+                case .connectFailed:
+                    ticket.resume(.failure(error ?? .protocolError("the upstream connection could not be opened")))
+                case .http1Impossible:
+                    ticket.resume(.failure(.protocolError("a WebSocket upgrade needs HTTP/1.1 towards the upstream; this route has http2: prior_knowledge")))
+                }
+            case .park(let id):
+                guard case .http1(let conn) = slot[id] else { continue }
+                guard conn.isIdle, let ch = conn.channel, !ch.isClosed else {
+                    drop(slot, id)
+                    conn.close()
+                    continue
+                }
+                conn.parkIdle(deadline: slot.machine.idleDeadline(id) ?? loop.now)
+            case .close(let id):
+                let member = slot[id]
+                slot[id] = .none
+                switch member {
+                case .http1(let c): c.close()
+                case .http2(let c): c.close()
+                case .none: break
+                }
             }
-            slot.connecting = [ticket]
-            open(target, http1Only: false, stillWanted: { [weak slot] in
-                slot?.connecting?.contains { !$0.isCancelled } ?? false
-            }, abandoned: { [weak slot] in
-                // Nobody waits any more: forget the attempt (a later request opens its own).
-                slot?.connecting = nil
-            }, done: { [self] result in finishShared(target, result) })
-            return
         }
-        // HTTP/1.1: one connection per request, but an attempt in flight whose request went away
-        // is taken over instead of opening another (RFC 9113 §10.5: resets must not multiply
-        // upstream connections).
-        let equivalent: (PendingConnect) -> Bool = { $0.http1Only == http1Only || !target.mayUseHTTP2 }
-        if let orphan = slot.pendingHTTP1.first(where: { equivalent($0) && ($0.ticket?.isCancelled ?? true) }) {
-            orphan.ticket = ticket
-            return
-        }
-        let attempt = PendingConnect(ticket: ticket, http1Only: http1Only)
-        slot.pendingHTTP1.append(attempt)
-        open(target, http1Only: http1Only, stillWanted: { [weak attempt] in
-            attempt?.ticket.map { !$0.isCancelled } ?? false
-        }, abandoned: { [weak slot, weak attempt] in
-            guard let slot, let attempt else { return }
-            slot.pendingHTTP1.removeAll { $0 === attempt }
-        }, done: { [self] result in finishHTTP1(target, attempt, result) })
+    }
+
+    /// The machine forgets `id` and the slot its object.
+    private func drop(_ slot: Slot, _ id: ConnectionID) {
+        slot[id] = .none
+        slot.machine.connectionClosed(id)
     }
 
     /// Resolves and connects. `stillWanted` is asked once the address is known: when no request
@@ -710,125 +858,105 @@ final class BackendPool {
         }
     }
 
-    /// The shared attempt (that may speak HTTP/2) ended: streams on it, or the connection, for
-    /// the requests that still wait.
-    private func finishShared(_ target: UpstreamTarget, _ result: Result<BackendConnection.ConnectOutcome, ChannelError>) {
-        let slot = slot(target)
-        let waiters = (slot.connecting ?? []).filter { !$0.isCancelled }
-        slot.connecting = nil
+    /// An attempt ended: the machine hands the connection (or streams on it) to the requests
+    /// that wait, parks it, or fails them.
+    private func connected(_ slot: Slot, _ target: UpstreamTarget, _ id: ConnectionID,
+                           _ result: Result<BackendConnection.ConnectOutcome, ChannelError>) {
         switch result {
         case .failure(let e):
-            for w in waiters { w.resume(.failure(e)) }
+            execute(slot.machine.connectFailed(id), slot, target, error: e)
         case .success(.http1(let c)):
-            if target.http2 == .auto { slot.knownHTTP1 = true }
-            guard let first = waiters.first else {
-                parkFresh(c)
-                return
-            }
-            first.resume(.success(c))
-            // The others open (or reuse) HTTP/1.1 connections of their own.
-            for w in waiters.dropFirst() { retry(w, target) }
+            c.poolID = id
+            slot[id] = .http1(c)
+            execute(slot.machine.connected(id, .http1, now: loop.now), slot, target)
         case .success(.http2(let h2)):
-            slot.http2.append(h2)
-            var rest = waiters[...]
-            while let w = rest.first, h2.canOpenStream {
-                rest = rest.dropFirst()
-                w.resume(.success(h2.newStream(reused: false)))
-            }
-            // Over the server's limit: another connection for the rest.
-            for w in rest { retry(w, target) }
+            h2.poolID = id
+            slot[id] = .http2(h2)
+            execute(slot.machine.connected(id, .http2(maxConcurrentStreams: h2.maxConcurrentStreams), now: loop.now), slot, target)
         }
-    }
-
-    /// An HTTP/1.1 attempt ended: the connection goes to the request that waits for it, or to the
-    /// idle pool when that request went away (it is new and carried nothing).
-    private func finishHTTP1(_ target: UpstreamTarget, _ attempt: PendingConnect, _ result: Result<BackendConnection.ConnectOutcome, ChannelError>) {
-        let slot = slot(target)
-        slot.pendingHTTP1.removeAll { $0 === attempt }
-        let waiter = attempt.ticket.flatMap { $0.isCancelled ? nil : $0 }
-        attempt.ticket = nil
-        switch result {
-        case .failure(let e):
-            waiter?.resume(.failure(e))
-        case .success(.http1(let c)):
-            guard let waiter else {
-                parkFresh(c)
-                return
-            }
-            waiter.resume(.success(c))
-        case .success(.http2(let h2)):
-            // A key known to answer HTTP/1.1 negotiated h2 after all.
-            slot.http2.append(h2)
-            guard let waiter else { return }
-            if !waiter.http1Only && h2.canOpenStream {
-                waiter.resume(.success(h2.newStream(reused: false)))
-            } else {
-                retry(waiter, target)
-            }
-        }
-    }
-
-    /// A waiting request whose attempt could not serve it tries again.
-    private func retry(_ ticket: AcquireTicket, _ target: UpstreamTarget) {
-        if let stream = takeReady(target, http1Only: ticket.http1Only) {
-            ticket.resume(.success(stream))
-            return
-        }
-        wait(ticket, for: target)
-    }
-
-    /// A new HTTP/1.1 connection whose request went away: idle in the pool (it carried nothing),
-    /// or closed when the pool is full.
-    private func parkFresh(_ conn: BackendConnection) {
-        let slot = slot(conn.target)
-        guard conn.state == .idle, let ch = conn.channel, !ch.isClosed, slot.idle.count < conn.target.maxIdle else {
-            conn.close()
-            return
-        }
-        conn.parkIdle()
-        slot.idle.append(conn)
     }
 
     /// Returns a connection after a complete exchange; closes it when not reusable or the pool is full.
     func release(_ conn: BackendConnection) {
+        guard let slot = existingSlot(conn.target.poolID), case .http1(let member) = slot[conn.poolID], member === conn else {
+            conn.close()
+            return
+        }
         // Bytes after a complete response (a second response, a body on 204/304/HEAD) mean the
         // connection's framing cannot be trusted: close it, never pool it (DESIGN §5).
-        guard conn.state == .busy, conn.reusable, !conn.hasBufferedInput, let ch = conn.channel, !ch.isClosed else {
+        let reusable = conn.isReusable && !conn.hasBufferedInput && !(conn.channel?.isClosed ?? true)
+        switch slot.machine.released(conn.poolID, reusable: reusable, now: loop.now) {
+        case .park(let deadline):
+            conn.parkIdle(deadline: deadline)
+        case .close:
+            slot[conn.poolID] = .none
             conn.close()
-            return
         }
-        let slot = slot(conn.target)
-        if slot.idle.count >= conn.target.maxIdle {
-            conn.close()
-            return
-        }
-        conn.parkIdle()
-        slot.idle.append(conn)
     }
 
+    /// The idle connection's deadline passed: true when it is to close (the machine forgot it).
+    func idleExpired(_ conn: BackendConnection, now: UInt64) -> Bool {
+        guard let slot = existingSlot(conn.target.poolID), case .http1(let member) = slot[conn.poolID], member === conn else { return true }
+        guard slot.machine.idleTimerFired(conn.poolID, now: now) else {
+            if let d = slot.machine.idleDeadline(conn.poolID) { conn.deadline = d }
+            return false
+        }
+        slot[conn.poolID] = .none
+        return true
+    }
+
+    /// The connection closed (or became a tunnel that closed): the machine forgets it.
     func forget(_ conn: BackendConnection) {
-        guard let slot = existingSlot(conn.target.poolID), let i = slot.idle.firstIndex(where: { $0 === conn }) else { return }
-        slot.idle.remove(at: i)
+        guard let slot = existingSlot(conn.target.poolID), case .http1(let member) = slot[conn.poolID], member === conn else { return }
+        drop(slot, conn.poolID)
     }
 
     /// An HTTP/2 connection closed: it takes no more streams.
     func forget(_ conn: BackendH2Connection) {
-        guard let slot = existingSlot(conn.target.poolID), let i = slot.http2.firstIndex(where: { $0 === conn }) else { return }
-        slot.http2.remove(at: i)
+        guard let slot = existingSlot(conn.target.poolID), case .http2(let member) = slot[conn.poolID], member === conn else { return }
+        drop(slot, conn.poolID)
+    }
+
+    /// GOAWAY on an HTTP/2 connection: no new streams on it.
+    func goingAway(_ conn: BackendH2Connection) {
+        guard let slot = existingSlot(conn.target.poolID), case .http2(let member) = slot[conn.poolID], member === conn else { return }
+        slot.machine.goingAway(conn.poolID)
+    }
+
+    /// A stream handed out on `conn` is done (closed on the wire, or given back unopened).
+    func streamClosed(_ conn: BackendH2Connection) {
+        guard let slot = existingSlot(conn.target.poolID), case .http2(let member) = slot[conn.poolID], member === conn else { return }
+        slot.machine.streamClosed(conn.poolID)
+    }
+
+    /// The server's SETTINGS_MAX_CONCURRENT_STREAMS changed (RFC 9113 §6.5.2).
+    func settingsChanged(_ conn: BackendH2Connection) {
+        guard let slot = existingSlot(conn.target.poolID), case .http2(let member) = slot[conn.poolID], member === conn else { return }
+        slot.machine.settingsChanged(conn.poolID, maxConcurrentStreams: conn.maxConcurrentStreams)
     }
 
     func closeAll() {
         for case let slot? in slots {
-            let idle = slot.idle, h2 = slot.http2
-            slot.idle.removeAll()
-            slot.http2.removeAll()
-            for c in idle { c.close() }
-            for c in h2 { c.close() }
+            for id in slot.machine.closeAll() {
+                let member = slot[id]
+                slot[id] = .none
+                switch member {
+                case .http1(let c): c.close()
+                case .http2(let c): c.close()
+                case .none: break
+                }
+            }
         }
     }
 
-    var idleCount: Int { slots.reduce(0) { $0 + ($1.map { $0.idle.count + $0.http2.filter(\.isIdle).count } ?? 0) } }
+    var idleCount: Int { slots.reduce(0) { $0 + ($1.map { $0.machine.idleCount + $0.machine.idleHTTP2Count } ?? 0) } }
 
     /// Open HTTP/2 connections (for tests and metrics).
-    var http2ConnectionCount: Int { slots.reduce(0) { $0 + ($1?.http2.count ?? 0) } }
+    var http2ConnectionCount: Int { slots.reduce(0) { $0 + ($1?.machine.http2Count ?? 0) } }
+
+    /// Connection attempts in flight and requests waiting for `target` (for tests).
+    func pending(_ target: UpstreamTarget) -> (attempts: Int, waiting: Int) {
+        guard let slot = existingSlot(target.poolID) else { return (0, 0) }
+        return (slot.machine.attemptCount, slot.machine.waitingCount)
+    }
 }

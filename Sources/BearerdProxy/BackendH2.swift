@@ -22,6 +22,8 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
     let target: UpstreamTarget
     /// Strong: the loop's pool outlives its connections (no `unowned` check per access).
     let pool: BackendPool
+    /// Its id in the pool's machine (set when the connection is handed to the pool).
+    var poolID = BearerdProxyCore.BackendPool.ConnectionID(-1)
     let channel: SocketChannel
     let session: HTTP2Session
     private(set) var streams: [Int32: BackendH2Stream] = [:]
@@ -55,8 +57,11 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
 
     var isIdle: Bool { streams.isEmpty && phase == .open }
 
-    /// Room for another stream now: open, below the server's limit.
-    var canOpenStream: Bool { phase == .open && !channel.isClosed && session.canOpenStream }
+    /// The server's SETTINGS_MAX_CONCURRENT_STREAMS as known now (RFC 9113 §6.5.2).
+    var maxConcurrentStreams: Int { Int(clamping: session.remoteMaxConcurrentStreams) }
+
+    /// Takes new requests at all (open, no GOAWAY); the concurrency limit is the pool machine's.
+    var acceptsRequests: Bool { phase == .open && !channel.isClosed && session.acceptsRequests }
 
     func newStream(reused: Bool) -> BackendH2Stream {
         BackendH2Stream(connection: self, reused: reused)
@@ -79,7 +84,7 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
     }
 
     func streamDone(_ id: Int32) {
-        streams.removeValue(forKey: id)
+        if streams.removeValue(forKey: id) != nil { pool.streamClosed(self) }
         if streams.isEmpty {
             idleSince = monotonicNanos()
             if phase == .goingAway { close() }
@@ -118,6 +123,11 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
         deadline = d
     }
 
+    /// A stream handed out never opened on the wire and is given back.
+    func unopenedStreamDone() {
+        pool.streamClosed(self)
+    }
+
     func streamTouched(_ s: BackendH2Stream) {
         if deadline == 0 || s.deadline < deadline { deadline = s.deadline }
     }
@@ -146,7 +156,7 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
                 case .goAway(let last, let code):
                     goingAway(lastStreamID: last, code: code)
                 case .remoteSettings:
-                    break
+                    pool.settingsChanged(self)
                 case .requestHeadRefused:
                     break  // server role only
                 case .pingAck:
@@ -167,7 +177,7 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
     private func goingAway(lastStreamID: Int32, code: UInt32) {
         guard phase == .open else { return }
         phase = .goingAway
-        pool.forget(self)
+        pool.goingAway(self)
         if streams.isEmpty { close() }
     }
 
@@ -257,21 +267,32 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
 
 /// One request on a `BackendH2Connection`: the `UpstreamStream` of one exchange attempt.
 /// Lives on the loop. Invariant: `delegate` is set while the exchange uses it; a stream never
-/// carries a second request.
+/// carries a second request; a stream that never opened on the wire is given back to the pool
+/// exactly once (`unopened` → `failed(nil)`), one that opened through the connection's
+/// stream close (RFC 9113 §5.1).
 final class BackendH2Stream: UpstreamStream {
+    enum Phase {
+        /// Handed out, its HEADERS not yet submitted.
+        case unopened
+        /// The request is on the wire as stream `id`; no response byte yet.
+        case open(id: Int32)
+        /// A response head or body arrived (a failure is no longer a clean retry).
+        case responding(id: Int32)
+        /// The response ended.
+        case ended(id: Int32)
+        /// Failed or reset before the response ended (nil: never opened).
+        case failed(id: Int32?)
+    }
     /// Strong: an exchange may hold its stream after the connection closed (and left the pool);
     /// calls then reach a closed connection, which ignores them, never a freed one. The cycle
     /// with `BackendH2Connection.streams` is broken when the stream leaves that table.
     let connection: BackendH2Connection
     let reused: Bool
-    private(set) var id: Int32 = 0
+    private(set) var phase: Phase = .unopened
     /// Strong, as `BackendConnection.delegate`: cleared when the exchange releases or closes the
     /// stream, or the stream fails or closes.
     var delegate: BackendConnectionDelegate?
     var deadline: UInt64 = 0
-    /// The response (head or body) has begun: a failure is no longer a clean retry.
-    private var responseSeen = false
-    private var responseEnded = false
     /// Received DATA not yet returned to the server's window (the client is slow).
     private var unconsumed = 0
     private var paused = false
@@ -281,8 +302,40 @@ final class BackendH2Stream: UpstreamStream {
         self.reused = reused
     }
 
+    deinit {
+        // Dropped without `release` or `close`: its slot on the connection is given back.
+        if case .unopened = phase { connection.unopenedStreamDone() }
+    }
+
     private var session: HTTP2Session { connection.session }
 
+    /// The stream's id on the wire (nil: never opened).
+    var streamID: Int32? {
+        switch phase {
+        case .unopened: return nil
+        case .open(let id), .responding(let id), .ended(let id): return id
+        case .failed(let id): return id
+        }
+    }
+
+    /// The response ended, or the stream failed.
+    private var isFinished: Bool {
+        switch phase {
+        case .ended, .failed: return true
+        case .unopened, .open, .responding: return false
+        }
+    }
+
+    private var responseSeen: Bool {
+        if case .responding = phase { return true }
+        return false
+    }
+
+    /// Moves to `phase` as the stream finishes; an unopened stream is given back to the pool.
+    private func finish(_ next: Phase) {
+        if case .unopened = phase { connection.unopenedStreamDone() }
+        phase = next
+    }
     var protocolName: String { "h2" }
 
     func assign(to delegate: BackendConnectionDelegate) {
@@ -295,29 +348,32 @@ final class BackendH2Stream: UpstreamStream {
         let authority = head.headers["Host"] ?? connection.target.url.authority
         var fields = HTTP2HeaderMapping.requestFields(head, scheme: connection.target.url.scheme, authority: authority)
         if teTrailers { fields.append(HTTPField(name: "te", value: "trailers")) }
+        guard case .unopened = phase else { return }
         guard let id = connection.open(self, fields: fields, endStream: body == .none, sensitive: credential?.name) else {
             // The connection went away between acquire and send: nothing was processed.
+            finish(.failed(id: nil))
             failLater(.protocolError("the upstream's HTTP/2 connection is going away"))
             return
         }
-        self.id = id
+        phase = .open(id: id)
         touch()
     }
 
     func writeBody(_ raw: UnsafeRawBufferPointer) {
-        guard id > 0 else { return }
+        guard let id = streamID else { return }
         session.sendData(stream: id, raw)
         connection.scheduleFlush()
     }
 
     func endBody(trailers: HTTPHeaders?) {
-        guard id > 0 else { return }
+        guard let id = streamID else { return }
         session.endStream(stream: id, trailers: trailers.map(HTTP2HeaderMapping.trailerFields))
         connection.scheduleFlush()
     }
 
     var isOverHighWater: Bool {
-        id > 0 && (session.outboundBuffered(stream: id) >= HTTP2Session.highWater || connection.channel.isOverHighWater)
+        guard let id = streamID else { return false }
+        return session.outboundBuffered(stream: id) >= HTTP2Session.highWater || connection.channel.isOverHighWater
     }
 
     func touch() {
@@ -329,7 +385,7 @@ final class BackendH2Stream: UpstreamStream {
 
     func resumeReading() {
         paused = false
-        if unconsumed > 0, id > 0 {
+        if unconsumed > 0, let id = streamID {
             session.consumed(stream: id, count: unconsumed)
             unconsumed = 0
             connection.scheduleFlush()
@@ -338,7 +394,7 @@ final class BackendH2Stream: UpstreamStream {
 
     /// Gives back the connection window held for a paused reader (the stream is done with it).
     private func returnWindow() {
-        guard unconsumed > 0, id > 0 else { return }
+        guard unconsumed > 0, let id = streamID else { return }
         session.consumed(stream: id, count: unconsumed)
         unconsumed = 0
         connection.scheduleFlush()
@@ -347,7 +403,11 @@ final class BackendH2Stream: UpstreamStream {
     func release() {
         returnWindow()
         delegate = nil
-        if id > 0 && !responseEnded {
+        guard let id = streamID else {
+            finish(.failed(id: nil))
+            return
+        }
+        if !isFinished {
             session.resetStream(id, error: .cancel)
             connection.scheduleFlush()
         }
@@ -356,8 +416,11 @@ final class BackendH2Stream: UpstreamStream {
     func close() {
         returnWindow()
         delegate = nil
-        guard id > 0 else { return }
-        if !responseEnded || session.outboundBuffered(stream: id) > 0 {
+        guard let id = streamID else {
+            finish(.failed(id: nil))
+            return
+        }
+        if !isFinished || session.outboundBuffered(stream: id) > 0 {
             session.resetStream(id, error: .cancel)
             connection.scheduleFlush()
         }
@@ -380,7 +443,7 @@ final class BackendH2Stream: UpstreamStream {
                 failNow(.protocolError("invalid upstream response: \(error)"))
                 return
             }
-            responseSeen = true
+            if case .open(let id) = phase { phase = .responding(id: id) }
             touch()
             if head.isInformational {
                 d.backendResponseHead(head, framing: .none, endStream: false)
@@ -405,12 +468,12 @@ final class BackendH2Stream: UpstreamStream {
     }
 
     func received(data: [UInt8], endStream: Bool) {
-        guard let d = delegate else {
-            session.consumed(stream: id, count: data.count)
+        guard let d = delegate, let id = streamID else {
+            if let id = streamID { session.consumed(stream: id, count: data.count) }
             return
         }
         if !data.isEmpty {
-            responseSeen = true
+            if case .open = phase { phase = .responding(id: id) }
             touch()
             d.backendBody(data[...])
             if paused {
@@ -423,8 +486,8 @@ final class BackendH2Stream: UpstreamStream {
     }
 
     private func end(trailers: HTTPHeaders?) {
-        guard !responseEnded else { return }
-        responseEnded = true
+        guard !isFinished, let id = streamID else { return }
+        phase = .ended(id: id)
         deadline = 0
         delegate?.backendEnd(trailers: trailers)
     }
@@ -441,23 +504,27 @@ final class BackendH2Stream: UpstreamStream {
     /// not processed, safe to retry on another connection).
     func closed(errorCode: UInt32) {
         deadline = 0
-        guard !responseEnded, let d = delegate else { return }
+        guard !isFinished, let d = delegate else { return }
         delegate = nil
+        let seen = responseSeen
+        finish(.failed(id: streamID))
         let refused = errorCode == HTTP2ErrorCode.refusedStream.rawValue
         d.backendFailed(.protocolError("the upstream reset the HTTP/2 stream (error \(errorCode))"),
-                        reused: reused || refused, responseBytesSeen: refused ? false : responseSeen, unprocessed: refused)
+                        reused: reused || refused, responseBytesSeen: refused ? false : seen, unprocessed: refused)
     }
 
     func connectionFailed(_ error: ChannelError) {
         deadline = 0
-        guard !responseEnded, let d = delegate else { return }
+        guard !isFinished, let d = delegate else { return }
         delegate = nil
-        d.backendFailed(error, reused: reused, responseBytesSeen: responseSeen, unprocessed: false)
+        let seen = responseSeen
+        finish(.failed(id: streamID))
+        d.backendFailed(error, reused: reused, responseBytesSeen: seen, unprocessed: false)
     }
 
     func timedOut() {
         deadline = 0
-        if id > 0 {
+        if let id = streamID {
             session.resetStream(id, error: .cancel)
             connection.scheduleFlush()
         }
@@ -467,12 +534,13 @@ final class BackendH2Stream: UpstreamStream {
     private func failNow(_ error: ChannelError) {
         guard let d = delegate else { return }
         delegate = nil
-        if id > 0 && !responseEnded {
+        let seen = responseSeen
+        if let id = streamID, !isFinished {
             session.resetStream(id, error: .protocolError)
             connection.scheduleFlush()
         }
-        responseEnded = true
-        d.backendFailed(error, reused: reused, responseBytesSeen: responseSeen, unprocessed: false)
+        finish(.failed(id: streamID))
+        d.backendFailed(error, reused: reused, responseBytesSeen: seen, unprocessed: false)
     }
 
     /// Reported after the current call returns (the exchange is in the middle of sending).

@@ -392,8 +392,23 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
 /// One request stream of a `FrontendH2Connection`, the `ExchangeClient` of its exchange: writes
 /// the response as HTTP/2 frames through the connection's session. Lives on the loop.
 /// Invariant: `exchange` is set while the exchange runs and cleared when it finished or the
-/// stream closed (which breaks the exchange ↔ stream reference cycle).
+/// stream closed (which breaks the exchange ↔ stream reference cycle). Its `Phase` says which
+/// side still carries bytes: the request's body (`receiving`), the response alone
+/// (`responding`), a WebSocket tunnel (`tunnelling`, RFC 8441), or nothing (`closed`: the
+/// response ended and later writes are dropped).
 final class FrontendH2Stream: ExchangeClient {
+    enum Phase {
+        /// The request (its body) is still arriving; the response has not ended.
+        case receiving
+        /// The request is complete; the response has not ended.
+        case responding
+        /// An extended CONNECT's tunnel is open through `driver`; `paused`: the upstream side is
+        /// over its high-water mark, so received DATA is not given back to the client's window.
+        case tunnelling(ProxyExchangeDriver, paused: Bool)
+        /// The response ended (END_STREAM queued) or the stream closed.
+        case closed
+    }
+
     let id: Int32
     /// Strong: the exchange holds its stream, and an upstream may keep the exchange until it
     /// answers or fails, so the stream can outlive the connection's table; calls then reach a
@@ -403,16 +418,17 @@ final class FrontendH2Stream: ExchangeClient {
     var exchange: ProxyExchangeDriver?
     /// Received DATA bytes not yet given back to the client's window (the exchange is paused).
     private var unconsumed = 0
-    private var requestEnded = false
-    /// The response ended (END_STREAM queued): later writes are dropped.
-    private var responseEnded = false
+    private(set) var phase: Phase = .receiving
     /// An extended CONNECT for a WebSocket (RFC 8441): a 101 upstream becomes 200 here and the
     /// stream's DATA frames carry the tunnel.
     var websocket = false
-    private enum Tunnel { case none, early([UInt8]), open(ProxyExchangeDriver) }
     /// Tunnel bytes: DATA received before the tunnel opened is kept for it.
-    private var tunnel: Tunnel = .none
-    private var tunnelPaused = false
+    private var earlyTunnelBytes: [UInt8] = []
+
+    private var isClosed: Bool {
+        if case .closed = phase { return true }
+        return false
+    }
 
     init(id: Int32, connection: FrontendH2Connection) {
         self.id = id
@@ -429,19 +445,16 @@ final class FrontendH2Stream: ExchangeClient {
             return
         }
         if websocket {
-            switch tunnel {
-            case .open(let t):
+            switch phase {
+            case .tunnelling(let t, let paused):
                 if !bytes.isEmpty {
                     bytes.withUnsafeBytes { t.clientTunnelBytes($0) }
-                    if tunnelPaused { unconsumed = unconsumed &+ bytes.count } else { session.consumed(stream: id, count: bytes.count) }
+                    if paused { unconsumed = unconsumed &+ bytes.count } else { session.consumed(stream: id, count: bytes.count) }
                 }
                 if endStream { t.clientTunnelEnded() }
-            case .none, .early:
-                var early: [UInt8] = []
-                if case .early(let e) = tunnel { early = e }
-                early += bytes
+            case .receiving, .responding, .closed:
+                earlyTunnelBytes += bytes
                 unconsumed = unconsumed &+ bytes.count
-                tunnel = .early(early)
                 if endStream { abortExchange() }
             }
             return
@@ -466,9 +479,13 @@ final class FrontendH2Stream: ExchangeClient {
         endRequest(trailers: trailers.count > 0 ? trailers : nil)
     }
 
+    /// The client ended the request (once: RFC 9113 §5.1 allows no frame after END_STREAM).
     private func endRequest(trailers: HTTPHeaders?) {
-        guard !requestEnded else { return }
-        requestEnded = true
+        switch phase {
+        case .responding: return
+        case .receiving: phase = .responding
+        case .tunnelling, .closed: break
+        }
         exchange?.requestEnd(trailers: trailers)
     }
 
@@ -479,8 +496,8 @@ final class FrontendH2Stream: ExchangeClient {
             session.consumed(stream: id, count: unconsumed)
             unconsumed = 0
         }
-        if case .open(let t) = tunnel {
-            tunnel = .none
+        if case .tunnelling(let t, _) = phase {
+            phase = .closed
             t.abort()
         }
         if let ex = exchange {
@@ -495,7 +512,8 @@ final class FrontendH2Stream: ExchangeClient {
 
     /// The exchange waits for request body bytes the client has not sent.
     var owesBody: Bool {
-        guard let ex = exchange, !requestEnded else { return false }
+        if case .responding = phase { return false }
+        guard let ex = exchange else { return false }
         return !ex.requestComplete && ex.wantsBody
     }
 
@@ -544,7 +562,7 @@ final class FrontendH2Stream: ExchangeClient {
         if upstream.status == 101 {
             // No protocol switch in HTTP/2 (RFC 9113 §8.6): an extended CONNECT is answered 200
             // (RFC 8441 §5), with what the upstream's handshake negotiated.
-            guard websocket, case .open = tunnel else { return }
+            guard websocket, case .tunnelling = phase else { return }
             var h = upstream.headers
             for name in ["Upgrade", "Connection", "Sec-WebSocket-Accept"] { h.remove(name) }
             let ok = ProxyHeaders.h2ClientResponse(upstream: HTTPResponseHead(status: 200, reason: "OK", headers: h))
@@ -559,7 +577,7 @@ final class FrontendH2Stream: ExchangeClient {
 
     func sendResponseHead(_ upstream: HTTPResponseHead, framing: HTTP1BodyFraming, request: HTTPRequestHead,
                           keepAlive: Bool, endStream: Bool) -> Bool {
-        guard !responseEnded else { return true }
+        guard !isClosed else { return true }
         let h = ProxyHeaders.h2ClientResponse(upstream: upstream)
         let bodyless = request.method == "HEAD" || upstream.status == 204 || upstream.status == 304
         let end = endStream || bodyless
@@ -569,27 +587,27 @@ final class FrontendH2Stream: ExchangeClient {
             abortExchange()
             return true
         }
-        if end { responseEnded = true }
+        if end { phase = .closed }
         connection.scheduleFlush()
         return true
     }
 
     func sendResponseBody(_ raw: UnsafeRawBufferPointer) {
-        guard !responseEnded else { return }
+        guard !isClosed else { return }
         session.sendData(stream: id, raw)
         connection.scheduleFlush()
     }
 
     func finishResponse(trailers: HTTPHeaders?) {
-        guard !responseEnded else { return }
-        responseEnded = true
+        guard !isClosed else { return }
+        phase = .closed
         session.endStream(stream: id, trailers: trailers.map(HTTP2HeaderMapping.trailerFields))
         connection.scheduleFlush()
     }
 
     func sendLocalResponse(_ head: HTTPResponseHead, body: [UInt8], keepAlive: Bool) {
-        guard !responseEnded else { return }
-        responseEnded = true
+        guard !isClosed else { return }
+        phase = .closed
         let noBody = body.isEmpty || exchange?.head.method == "HEAD"
         do {
             try session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(head), endStream: noBody)
@@ -623,10 +641,10 @@ final class FrontendH2Stream: ExchangeClient {
     }
 
     func startTunnel(_ ex: ProxyExchangeDriver) -> [UInt8]? {
-        guard websocket, exchange === ex else { return nil }
-        var early: [UInt8] = []
-        if case .early(let e) = tunnel { early = e }
-        tunnel = .open(ex)
+        guard websocket, exchange === ex, !isClosed else { return nil }
+        let early = earlyTunnelBytes
+        earlyTunnelBytes = []
+        phase = .tunnelling(ex, paused: false)
         if unconsumed > 0 {
             session.consumed(stream: id, count: unconsumed)
             unconsumed = 0
@@ -635,20 +653,21 @@ final class FrontendH2Stream: ExchangeClient {
     }
 
     func tunnelWrite(_ raw: UnsafeRawBufferPointer) {
-        guard !responseEnded else { return }
+        guard !isClosed else { return }
         session.sendData(stream: id, raw)
         connection.scheduleFlush()
     }
 
-    func pauseTunnelReading() { tunnelPaused = true }
+    func pauseTunnelReading() {
+        if case .tunnelling(let t, _) = phase { phase = .tunnelling(t, paused: true) }
+    }
 
     func resumeTunnelReading() {
-        tunnelPaused = false
+        if case .tunnelling(let t, _) = phase { phase = .tunnelling(t, paused: false) }
         exchangeWantsBody()
     }
 
     func endTunnel() {
-        tunnel = .none
         finishResponse(trailers: nil)
     }
 }
