@@ -122,7 +122,13 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
             missing.append("{\"session\":" + ErrorResponse.jsonString(s.name) + ",\"state\":\"state_not_persisted\",\"detail\":"
                            + ErrorResponse.jsonString("the rotated refresh token is only in memory: " + why + " (retrying)") + "}")
         }
-        if missing.isEmpty { return (200, "{\"status\":\"ready\"}\n") }
+        if missing.isEmpty {
+            // DESIGN §6 "Shared cache": Redis is never required, so its trouble is shown, not failed on.
+            if sessions.contains(where: \.sharedCacheDegraded) {
+                return (200, "{\"status\":\"ready\",\"degraded\":[\"shared_cache_degraded\"]}\n")
+            }
+            return (200, "{\"status\":\"ready\"}\n")
+        }
         return (503, "{\"status\":\"not_ready\",\"missing\":[" + missing.joined(separator: ",") + "]}\n")
     }
 
@@ -227,6 +233,14 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         }
         perSession("bearerd_token_state_persist_failures_total", .counter,
                    "Failed writes of a session's state file (rotated refresh token kept in memory and retried).") { $0.counters.statePersistFailures }
+        perSession("bearerd_shared_cache_hits_total", .counter,
+                   "Token fetches answered by a fresh record in the shared cache (no token request).") { $0.counters.sharedCacheHits }
+        perSession("bearerd_shared_cache_misses_total", .counter,
+                   "Token fetches this replica made under the shared cache's lock.") { $0.counters.sharedCacheMisses }
+        perSession("bearerd_shared_cache_lock_waits_total", .counter,
+                   "Token fetches that waited for another replica holding the shared cache's lock.") { $0.counters.sharedCacheLockWaits }
+        perSession("bearerd_shared_cache_fallbacks_total", .counter,
+                   "Token fetches made locally because the shared cache failed or the wait for another replica ran out.") { $0.counters.sharedCacheFallbacks }
         perSession("bearerd_token_waits_total", .counter, "Callers that waited for a shared token fetch.") { $0.counters.waits }
         w.family("bearerd_token_waiters", .gauge, help: "Callers waiting for a shared token fetch now.")
         for s in sessions { w.sample("bearerd_token_waiters", [("session", s.name)], s.waiters) }
