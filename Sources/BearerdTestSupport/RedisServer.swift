@@ -33,6 +33,9 @@ public final class RedisServer: @unchecked Sendable {  // @unchecked: `process` 
         try? FileManager.default.removeItem(atPath: directory)
     }
 
+    /// Whether something accepts TCP connections on 127.0.0.1:`port` now.
+    public static func accepts(_ port: UInt16) -> Bool { NginxOrigin.accepts(port) }
+
     /// `redis://127.0.0.1:PORT/0`
     public var url: String { "redis://127.0.0.1:\(port)/0" }
 
