@@ -440,7 +440,9 @@ final class SharedTokenSession {
     func publish(accessToken: String, tokenType: String, lifetime: Duration, refreshToken: String?) {
         let now = wallClockSeconds()
         let seconds = Int64(clamping: lifetime.components.seconds)
-        let generation = highestGenerationSeen &+ 1
+        // Above every generation seen, and (through the wall clock in ms) unlikely to repeat one
+        // another replica published without this one reading it.
+        let generation = max(highestGenerationSeen &+ 1, UInt64(clamping: now.multipliedSaturating(1000)))
         highestGenerationSeen = generation
         currentGeneration = generation
         let record = SharedTokenRecord(accessToken: accessToken, tokenType: tokenType, expiresAt: now.addingSaturating(seconds),
