@@ -17,14 +17,20 @@ public final class RedisServer: @unchecked Sendable {  // @unchecked: `process` 
     public let directory: String
     public var socketPath: String { directory + "/redis.sock" }
     public let password: String?
+    /// With `tls:`: a TLS port too (certificate, key, and the CA that client certificates must
+    /// chain to; `requireClientCert` demands one).
+    public let tlsPort: UInt16?
+    private let tls: (cert: String, key: String, ca: String, requireClientCert: Bool)?
     private let lock = NSLock()
     private var process: Process?
 
-    public init(password: String? = nil) throws {
+    public init(password: String? = nil, tls: (cert: String, key: String, ca: String, requireClientCert: Bool)? = nil) throws {
         directory = NSTemporaryDirectory() + "bearerd-redis-\(UUID().uuidString.prefix(8))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         port = NginxOrigin.freePort()
         self.password = password
+        self.tls = tls
+        tlsPort = tls == nil ? nil : NginxOrigin.freePort()
         try start()
     }
 
@@ -43,6 +49,10 @@ public final class RedisServer: @unchecked Sendable {  // @unchecked: `process` 
         var args = ["--port", "\(port)", "--bind", "127.0.0.1", "--unixsocket", socketPath, "--unixsocketperm", "700",
                     "--save", "", "--appendonly", "no", "--dir", directory, "--daemonize", "no", "--loglevel", "warning", "--enable-debug-command", "local"]
         if let password { args += ["--requirepass", password] }
+        if let tls, let tlsPort {
+            args += ["--tls-port", "\(tlsPort)", "--tls-cert-file", tls.cert, "--tls-key-file", tls.key,
+                     "--tls-ca-cert-file", tls.ca, "--tls-auth-clients", tls.requireClientCert ? "yes" : "no"]
+        }
         let p = Process()
         p.executableURL = URL(fileURLWithPath: Self.binary)
         p.arguments = args

@@ -7,6 +7,7 @@ import BearerdTestSupport
 import BearerdProxyCore
 import BearerdConfig
 import BearerdIO
+import BearerdTLS
 @testable import BearerdSessions
 
 @Suite(.serialized) struct RedisConnectionTests {
@@ -93,5 +94,26 @@ import BearerdIO
         }
         #expect(answered, "reconnects after the backoff once the server is back")
         loop.execute { c.shutdown() }
+    }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func redissVerifiesTheServerAndSendsAClientCertificate() async throws {
+        let pki = try TestPKI.generate()
+        defer { pki.remove() }
+        let redis = try RedisServer(tls: (pki.serverCertFile, pki.serverKeyFile, pki.caFile, true))
+        let tlsPort = try #require(redis.tlsPort)
+        // mTLS: the CA verifies the server (host 127.0.0.1 in its SANs), the client certificate is sent.
+        var options = RedisOptions(endpoint: .tcp(host: "127.0.0.1", port: tlsPort, tls: true), database: 0,
+                                   tlsContext: try TLSContext.client(caFile: pki.caFile, clientCert: pki.clientCertFile,
+                                                                     clientKey: pki.clientKeyFile, alpn: []))
+        options.commandTimeout = .seconds(2)
+        let c = RedisConnection(options: options, loop: loop)
+        #expect(try await send(c, ["PING"]).get() == .simple("PONG"))
+        loop.execute { c.shutdown() }
+        // Without the CA (system trust store only) the server is not trusted.
+        var untrusted = options
+        untrusted.tlsContext = try TLSContext.client(caFile: nil, clientCert: pki.clientCertFile, clientKey: pki.clientKeyFile, alpn: [])
+        let u = RedisConnection(options: untrusted, loop: loop)
+        guard case .failure = await send(u, ["PING"]) else { Issue.record("an unverified server must fail"); return }
+        loop.execute { u.shutdown() }
     }
 }
