@@ -50,6 +50,8 @@ final class RedisConnection: ChannelDelegate {
         case connecting
         /// Connected; AUTH/SELECT sent with the first commands.
         case connected
+        /// `shutdown()`: every command fails at once, nothing reconnects.
+        case shutDown
     }
 
     private struct Pending {
@@ -74,7 +76,8 @@ final class RedisConnection: ChannelDelegate {
     private var connectionSerial: UInt64 = 0
     private var backoffUntil: UInt64 = 0
     private var backoffStep = 0
-    private var closedForGood = false
+    /// Most commands pending at once (queued and in flight); more fail at once (`overload`).
+    static let maxPending = 256
 
     init(options: RedisOptions, loop: EventLoop) {
         self.options = options
@@ -84,8 +87,12 @@ final class RedisConnection: ChannelDelegate {
     /// Sends `arguments`; `completion` runs once on `loop` with the reply (a `-ERR` reply is a
     /// `.success(.error)`: the caller decides) or a failure. Call on `loop`.
     func send(_ arguments: [[UInt8]], timeout: Duration? = nil, completion: @escaping Completion) {
-        guard !closedForGood else {
+        if case .shutDown = phase {
             completion(.failure(RedisFailure(kind: "closed", detail: "the shared cache is shut down")))
+            return
+        }
+        guard inFlight.count + queued.count < Self.maxPending else {
+            completion(.failure(RedisFailure(kind: "overload", detail: "\(Self.maxPending) commands already wait for \(options.endpoint)")))
             return
         }
         if case .disconnected = phase {
@@ -106,7 +113,7 @@ final class RedisConnection: ChannelDelegate {
         case .connected:
             inFlight.append(p)
             channel?.write(p.bytes)
-        case .connecting, .disconnected:
+        case .connecting, .disconnected, .shutDown:
             queued.append(p)
         }
         loop.schedule(after: limit) { [weak self] in
@@ -124,8 +131,8 @@ final class RedisConnection: ChannelDelegate {
 
     /// Closes the connection for good; pending commands fail. Call on `loop`.
     func shutdown() {
-        closedForGood = true
         fail(RedisFailure(kind: "closed", detail: "the shared cache is shut down"), backoff: false)
+        phase = .shutDown
     }
 
     // MARK: Connecting
@@ -193,7 +200,7 @@ final class RedisConnection: ChannelDelegate {
         inFlight = []
         queued = []
         connectionSerial &+= 1
-        phase = .disconnected
+        if case .shutDown = phase {} else { phase = .disconnected }
         let ch = channel
         channel = nil
         ch?.delegate = nil

@@ -350,7 +350,7 @@ final class SharedTokenSession {
                 }
             case .success(.bulk(nil)):
                 // Another replica fetches: wait for its record.
-                poll(current: current, deadline: deadline, finish: finish)
+                poll(current: current, deadline: deadline, lastRecord: lastRecord, finish: finish)
             case .success:
                 // An error reply (e.g. OOM, read-only replica): fall back.
                 cache.noteFailure(RedisFailure(kind: "server_error", detail: "SET NX refused"), session: sessionName)
@@ -359,17 +359,18 @@ final class SharedTokenSession {
         }
     }
 
-    private func poll(current: String?, deadline: UInt64, finish: @escaping (Decision, Outcome) -> Void) {
+    /// `lastRecord`: the newest record read (its refresh token is the lineage's newest known).
+    private func poll(current: String?, deadline: UInt64, lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
         guard monotonicNanos() < deadline else {
             // Waited long enough: fetch anyway (the lock holder may be stuck).
-            finish(.fetch(record: nil), .fallback)
+            finish(.fetch(record: lastRecord), .fallback)
             return
         }
         queue.schedule(after: pollInterval) { [self] in
             connection.send(["MGET", recordKey, rejectedKey, lockKey]) { [self] r in
                 observe(r)
                 guard case .success(.array(let items?)) = r, items.count == 3 else {
-                    finish(.fetch(record: nil), .fallback)
+                    finish(.fetch(record: lastRecord), .fallback)
                     return
                 }
                 let record = decodeRecord(items[0])
@@ -380,10 +381,10 @@ final class SharedTokenSession {
                 }
                 if case .bulk(nil) = items[2] {
                     // The holder released (or died and its lock expired) without a usable record.
-                    tryLock(current: current, deadline: deadline, waited: true, lastRecord: record, finish: finish)
+                    tryLock(current: current, deadline: deadline, waited: true, lastRecord: record ?? lastRecord, finish: finish)
                     return
                 }
-                poll(current: current, deadline: deadline, finish: finish)
+                poll(current: current, deadline: deadline, lastRecord: record ?? lastRecord, finish: finish)
             }
         }
     }

@@ -158,7 +158,8 @@ import BearerdTLS
         await onLoop { s.onOutcome = { outcomes.append($0) } }
         let started = ContinuousClock.now
         guard case .fetch(nil) = await before(s) else { Issue.record("fallback"); return }
-        #expect(ContinuousClock.now - started < .seconds(1))
+        // Refused at once: no wait for the command timeout chain (bound generous for a loaded machine).
+        #expect(ContinuousClock.now - started < .seconds(2))
         #expect(c.isDegraded)
         await onLoop { #expect(outcomes == [.fallback]) }
         try redis.start()
