@@ -171,4 +171,21 @@ import BearerdTLS
         }
         #expect(recovered)
     }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func aFullRedisMeansALocalFetch() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        // Full: every write is refused with an OOM error.
+        try redis.cli(["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        try redis.cli(["CONFIG", "SET", "maxmemory", "1"])
+        let s = session(c)
+        var outcomes: [SharedTokenSession.Outcome] = []
+        await onLoop { s.onOutcome = { outcomes.append($0) } }
+        guard case .fetch(nil) = await before(s) else { Issue.record("fallback"); return }
+        await onLoop { #expect(outcomes == [.fallback]) }
+        #expect(c.isDegraded)
+        try redis.cli(["CONFIG", "SET", "maxmemory", "0"])
+        guard case .fetch = await before(session(c)) else { Issue.record("fetch under the lock"); return }
+        #expect(!c.isDegraded)
+    }
 }
