@@ -1082,7 +1082,7 @@ extension TokenSessionDriver {
             case .adopt(let record):
                 let remaining = record.remaining(wallClockNow: wallClockSeconds())
                 let grant = TokenGrant(accessToken: OAuthSecret(record.accessToken), tokenType: record.tokenType,
-                                       lifetime: .seconds(remaining), lifetimeSource: .expiresIn,
+                                       lifetime: min(.seconds(remaining), TokenGrant.maximumLifetime), lifetimeSource: .expiresIn,
                                        refreshToken: record.refreshToken.map(OAuthSecret.init))
                 shared.adopted(record)
                 if self.grant.usesRefreshToken, let rt = record.refreshToken, rt != own?.refreshToken.exposedValue {

@@ -201,6 +201,9 @@ struct SharedTokenRecord: Equatable {
             return nil
         }
         guard i == b.count else { return nil }
+        // Tokens go into header fields and forms: visible ASCII only (RFC 6750 §2.1 b64token and more), never CR/LF.
+        func visible(_ t: String) -> Bool { t.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F } }
+        guard visible(access), visible(type), refresh.map(visible) ?? true else { return nil }
         return SharedTokenRecord(accessToken: access, tokenType: type, expiresAt: Int64(bitPattern: expires),
                                  lifetimeSeconds: Int64(bitPattern: lifetime), generation: generation, refreshToken: refresh)
     }

@@ -64,6 +64,10 @@ import BearerdTLS
         var huge = bytes
         for i in 25..<33 { huge[i] = 0xFF }
         #expect(SharedTokenRecord.decode(huge) == nil)
+        // A token that would break a header field is refused.
+        var crlf = r
+        crlf.accessToken = "at\r\nX-Injected: 1"
+        #expect(SharedTokenRecord.decode(crlf.encoded()) == nil)
         // Freshness: outside the hard margin min(60 s, L/4); saturating at extremes.
         #expect(r.isFresh(wallClockNow: 1_900_000_000 - 61))
         #expect(!r.isFresh(wallClockNow: 1_900_000_000 - 59))
