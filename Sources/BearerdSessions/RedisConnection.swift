@@ -76,6 +76,10 @@ final class RedisConnection: ChannelDelegate {
     private var connectionSerial: UInt64 = 0
     private var backoffUntil: UInt64 = 0
     private var backoffStep = 0
+    /// A subscriber connection's published messages (RESP2 `message` arrays arrive unasked).
+    var onPush: ((RESPValue) -> Void)?
+    /// Called when the connection fails (its subscriptions, if any, are gone).
+    var onFailure: (() -> Void)?
     /// Most commands pending at once (queued and in flight); more fail at once (`overload`).
     static let maxPending = 256
 
@@ -212,6 +216,7 @@ final class RedisConnection: ChannelDelegate {
             backoffUntil = monotonicNanos() &+ ms * 1_000_000
         }
         for p in pending { p.completion?(.failure(failure)) }
+        onFailure?()
     }
 
     // MARK: ChannelDelegate
@@ -237,6 +242,11 @@ final class RedisConnection: ChannelDelegate {
             } catch {
                 fail(RedisFailure(kind: "protocol", detail: "malformed reply from \(options.endpoint): \(error.reason)"))
                 return
+            }
+            if let onPush, case .array(let items?) = value, let kind = items.first?.bytes,
+               kind == Array("message".utf8) || kind == Array("pmessage".utf8) {
+                onPush(value)
+                continue
             }
             guard !inFlight.isEmpty else {
                 fail(RedisFailure(kind: "protocol", detail: "an unrequested reply from \(options.endpoint)"))

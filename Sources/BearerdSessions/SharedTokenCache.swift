@@ -227,14 +227,16 @@ struct SharedTokenRecord: Equatable {
 ///
 /// Before a token request: read the record (adopt a fresh one: no IdP call); else take the
 /// lock (`SET NX PX` with a random value), read again, and fetch; or, when another replica
-/// holds it, poll the record every 50 ms until it is published, the lock is freed (take it),
-/// or the wait bound passes (fetch anyway). After the request: publish the sealed record only
+/// holds it, wait until its record is published (woken by the publish notification on the
+/// record's channel, or a poll every 50 ms), the lock is freed (take it), or the wait bound
+/// passes (fetch anyway). After the request: publish the sealed record only
 /// while still the lock holder (a Lua compare of the lock value: fencing), release the lock
 /// with compare-and-delete. A rejection marks the record's generation as rejected so no replica
 /// adopts it again.
 ///
-/// Owns, on `queue`: the Redis connection, the lock value held (nil: none), the generation of
-/// the record the session's current token came from. Invariants: every `beforeFetch`
+/// Owns, on `queue`: the Redis connection and the subscriber connection, the lock value held
+/// (nil: none), the wait in progress, the generation of the record the session's current
+/// token came from. Invariants: every `beforeFetch`
 /// completion runs exactly once, on `queue`; any Redis failure means a local fetch (counted as
 /// a fallback) and never a failed request.
 final class SharedTokenSession {
@@ -266,6 +268,12 @@ final class SharedTokenSession {
     private(set) var currentGeneration: UInt64?
     private var highestGenerationSeen: UInt64 = 0
     private var loggedCorrupt = false
+    /// The wait in progress for another replica's record, if any.
+    private var wait: Wait?
+    /// The connection subscribed to the record's channel (RESP2: it can do nothing else).
+    private var subscriber: RedisConnection?
+    private enum Subscription { case unsubscribed, subscribing, subscribed }
+    private var subscription: Subscription = .unsubscribed
     private var serial: UInt64 = 0
     /// Counts each outcome (the driver adds them to its metrics).
     var onOutcome: ((Outcome) -> Void)?
@@ -362,33 +370,104 @@ final class SharedTokenSession {
         }
     }
 
-    /// `lastRecord`: the newest record read (its refresh token is the lineage's newest known).
+    /// One wait for another replica's record: woken by its publish notification (SUBSCRIBE on
+    /// the record's channel) or, as a fallback, every `pollInterval`.
+    private final class Wait {
+        enum Step {
+            /// A poll is scheduled; `serial` tells the current schedule from older ones.
+            case sleeping(serial: UInt64)
+            /// An MGET is in flight (a wake-up then changes nothing).
+            case reading
+        }
+        let current: String?
+        let deadline: UInt64
+        /// The newest record read (its refresh token is the lineage's newest known).
+        var lastRecord: SharedTokenRecord?
+        let finish: (Decision, Outcome) -> Void
+        var step: Step = .sleeping(serial: 0)
+        var serial: UInt64 = 0
+        init(current: String?, deadline: UInt64, lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
+            self.current = current
+            self.deadline = deadline
+            self.lastRecord = lastRecord
+            self.finish = finish
+        }
+    }
+
     private func poll(current: String?, deadline: UInt64, lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
-        guard monotonicNanos() < deadline else {
+        let w = Wait(current: current, deadline: deadline, lastRecord: lastRecord, finish: finish)
+        wait = w
+        subscribe()
+        sleep(w)
+    }
+
+    private func sleep(_ w: Wait) {
+        guard monotonicNanos() < w.deadline else {
             // Waited long enough: fetch anyway (the lock holder may be stuck).
-            finish(.fetch(record: lastRecord), .fallback)
+            if wait === w { wait = nil }
+            w.finish(.fetch(record: w.lastRecord), .fallback)
             return
         }
-        queue.schedule(after: pollInterval) { [self] in
-            connection.send(["MGET", recordKey, rejectedKey, lockKey]) { [self] r in
-                observe(r)
-                guard case .success(.array(let items?)) = r, items.count == 3 else {
-                    finish(.fetch(record: lastRecord), .fallback)
-                    return
-                }
-                let record = decodeRecord(items[0])
-                let rejectedGeneration = items[1].bytes.flatMap { UInt64(String(decoding: $0, as: UTF8.self)) }
-                if let record, adoptable(record, current: current, rejectedGeneration: rejectedGeneration) {
-                    finish(.adopt(record), .lockWait)
-                    return
-                }
-                if case .bulk(nil) = items[2] {
-                    // The holder released (or died and its lock expired) without a usable record.
-                    tryLock(current: current, deadline: deadline, waited: true, lastRecord: record ?? lastRecord, finish: finish)
-                    return
-                }
-                poll(current: current, deadline: deadline, lastRecord: record ?? lastRecord, finish: finish)
+        w.serial &+= 1
+        let serial = w.serial
+        w.step = .sleeping(serial: serial)
+        queue.schedule(after: pollInterval) { [weak self, weak w] in
+            guard let self, let w, self.wait === w, case .sleeping(let s) = w.step, s == serial else { return }
+            self.readOnce(w)
+        }
+    }
+
+    /// A publish notification: read now instead of at the next poll.
+    private func wake() {
+        guard let w = wait, case .sleeping = w.step else { return }
+        readOnce(w)
+    }
+
+    private func readOnce(_ w: Wait) {
+        w.step = .reading
+        connection.send(["MGET", recordKey, rejectedKey, lockKey]) { [self] r in
+            guard wait === w else { return }
+            observe(r)
+            guard case .success(.array(let items?)) = r, items.count == 3 else {
+                wait = nil
+                w.finish(.fetch(record: w.lastRecord), .fallback)
+                return
             }
+            let record = decodeRecord(items[0])
+            if let record { w.lastRecord = record }
+            let rejectedGeneration = items[1].bytes.flatMap { UInt64(String(decoding: $0, as: UTF8.self)) }
+            if let record, adoptable(record, current: w.current, rejectedGeneration: rejectedGeneration) {
+                wait = nil
+                w.finish(.adopt(record), .lockWait)
+                return
+            }
+            if case .bulk(nil) = items[2] {
+                // The holder released (or died and its lock expired) without a usable record.
+                wait = nil
+                tryLock(current: w.current, deadline: w.deadline, waited: true, lastRecord: w.lastRecord, finish: w.finish)
+                return
+            }
+            sleep(w)
+        }
+    }
+
+    /// Subscribes (once per subscriber connection) to the record's channel, where the lock
+    /// holder's publish script announces a new record. Best effort: the poll covers a lost one.
+    private func subscribe() {
+        guard case .unsubscribed = subscription else { return }
+        let subscriber = self.subscriber ?? {
+            let c = RedisConnection(options: cache.options, loop: queue)
+            c.onPush = { [weak self] value in
+                if case .array(let items?) = value, items.first?.bytes == Array("message".utf8) { self?.wake() }
+            }
+            c.onFailure = { [weak self] in self?.subscription = .unsubscribed }
+            self.subscriber = c
+            return c
+        }()
+        subscription = .subscribing
+        subscriber.send(["SUBSCRIBE", recordKey], timeout: .milliseconds(200)) { [weak self] r in
+            guard let self else { return }
+            if case .success(.array) = r { self.subscription = .subscribed } else { self.subscription = .unsubscribed }
         }
     }
 
@@ -463,11 +542,11 @@ final class SharedTokenSession {
         var args: [[UInt8]]
         if let held = heldLock {
             // Fencing: only the lock holder publishes, and releases in the same step.
-            script = "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('set', KEYS[2], ARGV[2], 'PX', ARGV[3]); redis.call('del', KEYS[1]); return 1 else return 0 end"
+            script = "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('set', KEYS[2], ARGV[2], 'PX', ARGV[3]); redis.call('del', KEYS[1]); redis.call('publish', KEYS[2], '1'); return 1 else return 0 end"
             args = [Array(held.utf8)]
         } else {
             // Without the lock (Redis was down when the fetch began): only when nobody holds it.
-            script = "if redis.call('exists', KEYS[1]) == 0 then redis.call('set', KEYS[2], ARGV[2], 'PX', ARGV[3]); return 1 else return 0 end"
+            script = "if redis.call('exists', KEYS[1]) == 0 then redis.call('set', KEYS[2], ARGV[2], 'PX', ARGV[3]); redis.call('publish', KEYS[2], '1'); return 1 else return 0 end"
             args = [Array("-".utf8)]
         }
         args.append(sealed)
@@ -494,6 +573,8 @@ final class SharedTokenSession {
 
     func shutdown() {
         release()
+        wait = nil
+        subscriber?.shutdown()
         queue.schedule(after: .milliseconds(250)) { [connection] in connection.shutdown() }
     }
 }

@@ -192,4 +192,21 @@ import BearerdTLS
         guard case .fetch = await before(session(c)) else { Issue.record("fetch under the lock"); return }
         #expect(!c.isDegraded)
     }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func aWaiterIsWokenByThePublishNotNextPoll() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        let a = session(c), b = session(c)
+        // No poll within the test's time: only the publish notification can wake b.
+        await onLoop { b.pollInterval = .seconds(30) }
+        guard case .fetch = await before(a) else { Issue.record("a fetches"); return }
+        let started = ContinuousClock.now
+        async let waited = before(b, bound: .seconds(60))
+        // Once b is subscribed (its SUBSCRIBE shows in PUBSUB NUMSUB), a publishes.
+        #expect(try eventually { try redis.cli(["PUBSUB", "NUMSUB", "t:id"]).hasSuffix("1") })
+        await onLoop { a.publish(accessToken: "AT1", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: nil) }
+        guard case .adopt(let record) = await waited else { Issue.record("b adopts"); return }
+        #expect(record.accessToken == "AT1")
+        #expect(ContinuousClock.now - started < .seconds(20), "woken by the notification, not the 30 s poll")
+    }
 }
