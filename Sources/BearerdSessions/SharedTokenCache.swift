@@ -637,16 +637,18 @@ extension SharedTokenCache {
                     return
                 }
                 connection.send(["GET", probeKey]) { r in
-                    connection.send(["DEL", probeKey]) { _ in }
-                    guard case .success(.bulk(let back?)) = r else {
-                        finish(.failure(ConfigValueError(Self.describe(r))))
-                        return
+                    // The probe is deleted before the answer (it also expires in 10 s).
+                    connection.send(["DEL", probeKey]) { _ in
+                        guard case .success(.bulk(let back?)) = r else {
+                            finish(.failure(ConfigValueError(Self.describe(r))))
+                            return
+                        }
+                        guard cache.sealer.open(back, aad: Array(probeKey.utf8)) == probe else {
+                            finish(.failure(ConfigValueError("the probe record read back does not open with key_file")))
+                            return
+                        }
+                        finish(.success("\(cache.options.endpoint) answers; key_file seals and opens records (prefix \(cache.prefix))"))
                     }
-                    guard cache.sealer.open(back, aad: Array(probeKey.utf8)) == probe else {
-                        finish(.failure(ConfigValueError("the probe record read back does not open with key_file")))
-                        return
-                    }
-                    finish(.success("\(cache.options.endpoint) answers; key_file seals and opens records (prefix \(cache.prefix))"))
                 }
             }
         }
