@@ -758,7 +758,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             if self.grant.usesRefreshToken { store?.clearNeedsReauthentication() }
             // Logged before the actions run, so the line precedes the token's delivery.
             let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
-            logger.info(adopted ? "token adopted from the state file" : "token obtained", metadata: [
+            logger.info(adopted ? (adoptingShared ? "token adopted from the shared cache" : "token adopted from the state file") : "token obtained", metadata: [
                 "token.reason": "\(request.reason.rawValue)",
                 "token.fingerprint": "\(grant.accessToken.fingerprint)",
                 "token.generation": "\(machine.currentGeneration)",

@@ -145,6 +145,7 @@ struct SharedCacheTests {
         let metrics = replicas.map { $0.adminGet("/metrics") }.joined()
         #expect(metrics.contains("bearerd_shared_cache_hits_total") || metrics.contains("bearerd_shared_cache_lock_waits_total"))
         for r in replicas { #expect(!r.log.contains("svc-secret")) }
+        #expect(replicas.filter { $0.log.contains("token adopted from the shared cache") }.count == 4, "\(replicas.map(\.log))")
     }
 
     @Test func revocationSeenByOneReplicaRefreshesOnceInTotal() throws {
