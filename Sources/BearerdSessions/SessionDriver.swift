@@ -75,8 +75,9 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// `shared_cache:` (DESIGN §6 "Shared cache"): set once by the `SessionManager` before
     /// `start()`; used on the session queue (see the extension at the end of this file).
     var shared: SharedTokenSession?
-    /// Session queue: the token being handed to `finishFetch` came from the shared cache.
-    private var adoptingShared = false
+    /// Session queue: where an adopted token handed to `finishFetch` comes from.
+    private enum AdoptionSource { case stateFile, sharedCache }
+    private var adoptionSource: AdoptionSource = .stateFile
 
     /// Session queue: the routes whose rejections were already logged while the breaker is
     /// open (one error line per breaker streak and route; the rest only counted).
@@ -758,7 +759,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             if self.grant.usesRefreshToken { store?.clearNeedsReauthentication() }
             // Logged before the actions run, so the line precedes the token's delivery.
             let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
-            logger.info(adopted ? (adoptingShared ? "token adopted from the shared cache" : "token adopted from the state file") : "token obtained", metadata: [
+            logger.info(adopted ? (adoptionSource == .sharedCache ? "token adopted from the shared cache" : "token adopted from the state file") : "token obtained", metadata: [
                 "token.reason": "\(request.reason.rawValue)",
                 "token.fingerprint": "\(grant.accessToken.fingerprint)",
                 "token.generation": "\(machine.currentGeneration)",
@@ -1089,15 +1090,15 @@ extension TokenSessionDriver {
                     // The lineage moved on elsewhere: persist its refresh token before handing the token out.
                     let state = sharedLineage(record, refreshToken: rt)
                     persistAdoptedLineage(state) { [self] in
-                        adoptingShared = true
+                        adoptionSource = .sharedCache
                         finishFetch(request, startedAt: startedAt, sentAt: now(), result: .success(grant), requestSent: false, adopted: true)
-                        adoptingShared = false
+                        adoptionSource = .stateFile
                     }
                     return
                 }
-                adoptingShared = true
+                adoptionSource = .sharedCache
                 finishFetch(request, startedAt: startedAt, sentAt: now(), result: .success(grant), requestSent: false, adopted: true)
-                adoptingShared = false
+                adoptionSource = .stateFile
             case .fetch(let record):
                 if self.grant.usesRefreshToken, let record, let rt = record.refreshToken, rt != own?.refreshToken.exposedValue {
                     // Refresh from the shared lineage's newest refresh token (persisted after the refresh).
@@ -1154,7 +1155,7 @@ extension TokenSessionDriver {
             shared.publish(accessToken: g.accessToken.exposedValue, tokenType: g.tokenType, lifetime: g.lifetime,
                            refreshToken: grant.usesRefreshToken ? (g.refreshToken ?? own?.refreshToken)?.exposedValue : nil)
         case .success:
-            if !adoptingShared {
+            if adoptionSource == .stateFile {
                 // Adopted from the state file: not a record of the cache.
                 shared.forgetGeneration()
                 shared.release()
