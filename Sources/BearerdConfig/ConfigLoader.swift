@@ -123,7 +123,7 @@ public enum ConfigLoader {
 /// that every key listed here is documented in `config.example.yaml`.
 enum ConfigKeys {
     static let top = ["listen", "admin", "allow_remote", "allowed_hosts", "allowed_origins", "state_dir", "loops", "io", "limits", "timeouts",
-                      "shutdown_grace", "startup_timeout", "log", "sessions", "routes", "outbound_proxy", "token_api"]
+                      "shutdown_grace", "startup_timeout", "log", "sessions", "routes", "outbound_proxy", "token_api", "shared_cache"]
     static let listener = ["address", "unix", "name", "mode", "owner", "group", "allow_uids", "allow_gids", "allow_remote", "allowed_hosts", "allowed_origins", "tls"]
     static let listenerTLS = ["cert", "key"]
     static let log = ["format", "level", "access"]
@@ -148,12 +148,14 @@ enum ConfigKeys {
     ]
     static let inject = ["header", "format"]
     static let routeTimeouts = ["connect", "response", "idle"]
+    static let sharedCache = ["url", "key_file", "prefix", "password_file", "tls"]
 
     /// Every section with its dotted location pattern, for documentation checks.
     static let sections: [(section: String, keys: [String])] = [
         ("(top level)", top), ("listen[N]", listener), ("listen[N].tls", listenerTLS), ("log", log), ("limits", limits), ("timeouts", frontendTimeouts), ("sessions.NAME", session),
         ("sessions.NAME.tls", tls), ("routes[N]", route), ("routes[N].tls", tls), ("routes[N].timeouts", routeTimeouts), ("routes[N].inject", inject),
         ("sessions.NAME.sinks[N]", sink), ("token_api", tokenAPI),
+        ("shared_cache", sharedCache), ("shared_cache.tls", tls),
     ]
 
     /// Form parameters bearerd sets itself; `params` may not override them.

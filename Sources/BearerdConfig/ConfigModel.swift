@@ -29,6 +29,8 @@ public struct BearerdConfig: Sendable {
     public var startupTimeout: Duration = .seconds(30)
     /// `outbound_proxy:` resolved (for `env`, from the environment at load).
     public var outboundProxy: OutboundProxy = .direct
+    /// `shared_cache:` (DESIGN §6 "Shared cache"), nil when replicas do not share tokens.
+    public var sharedCache: SharedCacheConfig?
     /// Sessions by name, in file order.
     public var sessions: [SessionConfig]
     /// Routes in file order; first match wins.

@@ -129,6 +129,7 @@ extension ConfigBuilder {
                 }
             }
         }
+        if let e = top["shared_cache"] { config.sharedCache = sharedCacheSection(e) }
         return config
     }
 
@@ -494,7 +495,7 @@ extension ConfigBuilder {
     }
 
     /// `tls:` of a session or route: CA file, client certificate and key (both or neither).
-    private func tlsSettings(_ owner: Fields) -> TLSSettings? {
+    func tlsSettings(_ owner: Fields) -> TLSSettings? {
         guard let entry = owner["tls"],
               let f = fields(entry.value, path: owner.key("tls"), line: entry.keyLine, known: ConfigKeys.tls,
                              expected: "a mapping (ca_file, client_cert, client_key)") else { return nil }

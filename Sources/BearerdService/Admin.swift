@@ -124,9 +124,11 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
             missing.append("{\"session\":" + ErrorResponse.jsonString(s.name) + ",\"state\":\"state_not_persisted\",\"detail\":"
                            + ErrorResponse.jsonString("the rotated refresh token is only in memory: " + why + " (retrying)") + "}")
         }
-        // Sink files that cannot be written (DESIGN §4 `sinks:`): degraded, still ready (see
-        // `TokenSinkReadiness`).
-        let degraded = TokenSinkReadiness.degraded(sessions)
+        // Degraded, still ready: sink files that cannot be written (DESIGN §4 `sinks:`, see
+        // `TokenSinkReadiness`) and a shared cache in trouble (DESIGN §6 "Shared cache": Redis is
+        // never required, so its trouble is shown, not failed on).
+        var degraded = TokenSinkReadiness.degraded(sessions)
+        if sessions.contains(where: \.sharedCacheDegraded) { degraded.insert("\"shared_cache_degraded\"", at: 0) }
         let extra = degraded.isEmpty ? "" : ",\"degraded\":[" + degraded.joined(separator: ",") + "]"
         if missing.isEmpty { return (200, "{\"status\":\"ready\"" + extra + "}\n") }
         return (503, "{\"status\":\"not_ready\",\"missing\":[" + missing.joined(separator: ",") + "]" + extra + "}\n")
@@ -234,6 +236,14 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         perSession("bearerd_token_state_persist_failures_total", .counter,
                    "Failed writes of a session's state file (rotated refresh token kept in memory and retried).") { $0.counters.statePersistFailures }
         TokenSinkReadiness.renderMetrics(into: &w, sessions: sessions)
+        perSession("bearerd_shared_cache_hits_total", .counter,
+                   "Token fetches answered by a fresh record in the shared cache (no token request).") { $0.counters.sharedCacheHits }
+        perSession("bearerd_shared_cache_misses_total", .counter,
+                   "Token fetches this replica made under the shared cache's lock.") { $0.counters.sharedCacheMisses }
+        perSession("bearerd_shared_cache_lock_waits_total", .counter,
+                   "Token fetches that waited for another replica holding the shared cache's lock.") { $0.counters.sharedCacheLockWaits }
+        perSession("bearerd_shared_cache_fallbacks_total", .counter,
+                   "Token fetches made locally because the shared cache failed or the wait for another replica ran out.") { $0.counters.sharedCacheFallbacks }
         perSession("bearerd_token_waits_total", .counter, "Callers that waited for a shared token fetch.") { $0.counters.waits }
         w.family("bearerd_token_waiters", .gauge, help: "Callers waiting for a shared token fetch now.")
         for s in sessions { w.sample("bearerd_token_waiters", [("session", s.name)], s.waiters) }

@@ -73,6 +73,13 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// `SessionManager` before `start()`, read on the session queue.
     var sessionLookup: (@Sendable (String) -> TokenSessionDriver?)?
 
+    /// `shared_cache:` (DESIGN §6 "Shared cache"): set once by the `SessionManager` before
+    /// `start()`; used on the session queue (see the extension at the end of this file).
+    var shared: SharedTokenSession?
+    /// Session queue: where an adopted token handed to `finishFetch` comes from.
+    private enum AdoptionSource { case stateFile, sharedCache }
+    private var adoptionSource: AdoptionSource = .stateFile
+
     /// Session queue: the routes whose rejections were already logged while the breaker is
     /// open (one error line per breaker streak and route; the rest only counted).
     private var breakerLoggedRoutes: Set<String> = []
@@ -219,6 +226,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         if let dpop { s.dpopNonceRetries = (dpop.nonceRetries(.tokenEndpoint), dpop.nonceRetries(.upstream)) }
         s.sinks = outlets.sinkStatuses
         s.apiHandouts = outlets.apiHandouts
+        if let shared { s.sharedCacheDegraded = shared.cache.isDegraded }
         return s
     }
 
@@ -270,6 +278,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             publication.update { $0.waiters = 0 }
             inFlight?.cancel(detail: "session stopped")
             inFlight = nil
+            shared?.shutdown()
             store?.unlock()
             for (_, w) in pending {
                 switch w {
@@ -464,6 +473,15 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         if request.reason == .rejected && request.attempt == 1 && request.round == 1 && !request.isSameTokenRetry {
             count { $0.forcedRefreshes += 1 }
         }
+        if let shared, !request.isSameTokenRetry {
+            fetchThroughSharedCache(shared, request, startedAt: startedAt)
+            return
+        }
+        performLocalFetch(request, startedAt: startedAt)
+    }
+
+    /// The fetch itself (no shared cache, or the cache said to fetch).
+    private func performLocalFetch(_ request: TokenSession.FetchRequest, startedAt: UInt64) {
         if grant.usesRefreshToken {
             performRefreshFetch(request, startedAt: startedAt)
             return
@@ -731,6 +749,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private func finishFetch(_ request: TokenSession.FetchRequest, startedAt: UInt64, sentAt: MonotonicInstant,
                              result: Result<TokenGrant, TokenEndpointFailure>, requestSent: Bool, adopted: Bool) {
         guard !stopped else { return }
+        sharedCacheAfterFetch(result, adopted: adopted)
         if grant == .tokenExchange {
             let outcome: String
             if case .success = result { outcome = "success" } else { outcome = "failure" }
@@ -747,7 +766,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             if self.grant.usesRefreshToken { store?.clearNeedsReauthentication() }
             // Logged before the actions run, so the line precedes the token's delivery.
             let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
-            logger.info(adopted ? "token adopted from the state file" : "token obtained", metadata: [
+            logger.info(adopted ? (adoptionSource == .sharedCache ? "token adopted from the shared cache" : "token adopted from the state file") : "token obtained", metadata: [
                 "token.reason": "\(request.reason.rawValue)",
                 "token.fingerprint": "\(grant.accessToken.fingerprint)",
                 "token.generation": "\(machine.currentGeneration)",
@@ -1046,5 +1065,121 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             return
         }
         persist(own, rotated: false)
+    }
+}
+
+// MARK: - Shared cache (DESIGN §6 "Shared cache"; session queue)
+
+extension TokenSessionDriver {
+    /// Asks the shared cache first: a fresh record another replica published is adopted (no
+    /// token request); else this replica fetches under the lock (or after waiting for it), and
+    /// `sharedCacheAfterFetch` publishes. Redis trouble always ends in a local fetch.
+    private func fetchThroughSharedCache(_ shared: SharedTokenSession, _ request: TokenSession.FetchRequest, startedAt: UInt64) {
+        fetchSerial &+= 1
+        let serial = fetchSerial
+        // refresh_token lineages: wait out a holder's lock (presenting the refresh token it may be rotating would be refused).
+        var bound = settings.config.waitTimeout
+        if grant.usesRefreshToken { bound = max(bound, shared.lockTTL + .seconds(1)) }
+        shared.beforeFetch(current: machine.currentToken?.accessToken.exposedValue, rejected: request.reason == .rejected,
+                           waitBound: bound) { [self] decision in
+            guard !stopped, fetchSerial == serial else {
+                shared.release()
+                return
+            }
+            switch decision {
+            case .adopt(let record):
+                let remaining = record.remaining(wallClockNow: wallClockSeconds())
+                let grant = TokenGrant(accessToken: OAuthSecret(record.accessToken), tokenType: record.tokenType,
+                                       lifetime: min(.seconds(remaining), TokenGrant.maximumLifetime), lifetimeSource: .expiresIn,
+                                       refreshToken: record.refreshToken.map(OAuthSecret.init))
+                shared.adopted(record)
+                if self.grant.usesRefreshToken, let rt = record.refreshToken, rt != own?.refreshToken.exposedValue {
+                    // The lineage moved on elsewhere: persist its refresh token before handing the token out.
+                    let state = sharedLineage(record, refreshToken: rt)
+                    persistAdoptedLineage(state) { [self] in
+                        adoptionSource = .sharedCache
+                        finishFetch(request, startedAt: startedAt, sentAt: now(), result: .success(grant), requestSent: false, adopted: true)
+                        adoptionSource = .stateFile
+                    }
+                    return
+                }
+                adoptionSource = .sharedCache
+                finishFetch(request, startedAt: startedAt, sentAt: now(), result: .success(grant), requestSent: false, adopted: true)
+                adoptionSource = .stateFile
+            case .fetch(let record):
+                if self.grant.usesRefreshToken, let record, let rt = record.refreshToken, rt != own?.refreshToken.exposedValue {
+                    // Refresh from the shared lineage's newest refresh token (persisted after the refresh).
+                    logger.info("using the refresh token another replica rotated", metadata: ["refresh_token.fingerprint": "\(OAuthSecret(rt).fingerprint)"])
+                    own = sharedLineage(record, refreshToken: rt)
+                }
+                performLocalFetch(request, startedAt: startedAt)
+            }
+        }
+    }
+
+    private func sharedLineage(_ record: SharedTokenRecord, refreshToken: String) -> PersistedSessionState {
+        PersistedSessionState(refreshToken: OAuthSecret(refreshToken),
+                              accessToken: .init(token: OAuthSecret(record.accessToken), expiresAt: record.expiresAt,
+                                                 generation: machine.currentGeneration &+ 1),
+                              updatedAt: max(wallClockSeconds(), (own?.updatedAt ?? 0) &+ 1),
+                              sourceFingerprint: own?.sourceFingerprint ?? settings.operatorFingerprint)
+    }
+
+    /// Writes an adopted lineage under the state file's `flock` (taken off the session queue), then `then` on the queue.
+    private func persistAdoptedLineage(_ state: PersistedSessionState, then: @escaping () -> Void) {
+        own = state
+        guard let store else {
+            then()
+            return
+        }
+        stateQueue.async { [self] in
+            let locked: Bool
+            do throws(StateStoreError) {
+                try store.lock()
+                locked = true
+            } catch {
+                locked = false
+            }
+            queue.execute { [self] in
+                guard !stopped else {
+                    if locked { store.unlock() }
+                    return
+                }
+                if locked {
+                    persist(state, rotated: true)
+                    store.unlock()
+                }
+                then()
+            }
+        }
+    }
+
+    /// After a fetch: a token obtained here is published (by the lock holder), a failure frees the lock.
+    private func sharedCacheAfterFetch(_ result: Result<TokenGrant, TokenEndpointFailure>, adopted: Bool) {
+        guard let shared else { return }
+        switch result {
+        case .success(let g) where !adopted:
+            shared.publish(accessToken: g.accessToken.exposedValue, tokenType: g.tokenType, lifetime: g.lifetime,
+                           refreshToken: grant.usesRefreshToken ? (g.refreshToken ?? own?.refreshToken)?.exposedValue : nil)
+        case .success:
+            if adoptionSource == .stateFile {
+                // Adopted from the state file: not a record of the cache.
+                shared.forgetGeneration()
+                shared.release()
+            }
+        case .failure:
+            shared.release()
+        }
+    }
+
+    func countSharedCache(_ outcome: SharedTokenSession.Outcome) {
+        count {
+            switch outcome {
+            case .hit: $0.sharedCacheHits &+= 1
+            case .miss: $0.sharedCacheMisses &+= 1
+            case .lockWait: $0.sharedCacheLockWaits &+= 1
+            case .fallback: $0.sharedCacheFallbacks &+= 1
+            }
+        }
     }
 }

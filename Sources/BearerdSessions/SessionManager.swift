@@ -18,6 +18,8 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
     private let logger: Logger
     private let tunePolicy: (@Sendable (inout TokenSession.Policy) -> Void)?
     private var nextQueueIndex = 0
+    /// `shared_cache:` (DESIGN §6), built once at start-up (a change needs a restart).
+    private var sharedCache: SharedTokenCache?
 
     /// Resolves every session's secrets, builds its TLS context and opens the state store of
     /// refresh_token sessions (`state_dir` created 0700). Throws every problem found.
@@ -33,6 +35,13 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         self.tunePolicy = tunePolicy
         var errors: [ConfigError] = []
         var built: [String: TokenSessionDriver] = [:]
+        if let shared = config.sharedCache {
+            do throws(ConfigErrors) {
+                sharedCache = try SharedTokenCache.make(shared, file: config.file, environment: environment, logger: logger)
+            } catch {
+                errors += error.errors
+            }
+        }
         for session in config.sessions {
             do throws(ConfigErrors) {
                 built[session.name] = try makeDriver(session, in: config, environment: environment)
@@ -66,6 +75,13 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
                                         queueIndex: 10_000 + nextQueueIndex)
         // `subject_session:` chains: the subject is looked up at each exchange (a reload may replace it).
         driver.sessionLookup = { [weak self] name in self?.session(named: name) }
+        if let sharedCache {
+            let identity = SharedTokenCache.identity(of: session, dpopThumbprint: settings.dpop?.thumbprint)
+            let shared = SharedTokenSession(cache: sharedCache, identity: identity, sessionName: session.name, queue: driver.queue,
+                                            keepsRefreshToken: session.grant.usesRefreshToken, requestTimeout: session.requestTimeout)
+            shared.onOutcome = { [weak driver] outcome in driver?.countSharedCache(outcome) }
+            driver.shared = shared
+        }
         return driver
     }
 

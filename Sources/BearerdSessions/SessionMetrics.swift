@@ -32,6 +32,12 @@ public struct SessionMetrics: Sendable, Equatable {
     public var tokenExchanges: [String: UInt64] = [:]
     /// Failed writes of the state file (DESIGN §6 "Rotation durability").
     public var statePersistFailures: UInt64 = 0
+    /// Shared cache (DESIGN §6): records adopted at once, fetches this replica made under the
+    /// lock, fetches that waited for another replica's lock, and local fetches because Redis failed.
+    public var sharedCacheHits: UInt64 = 0
+    public var sharedCacheMisses: UInt64 = 0
+    public var sharedCacheLockWaits: UInt64 = 0
+    public var sharedCacheFallbacks: UInt64 = 0
     /// Every finished token fetch attempt, by what triggered it, how it ended and why.
     public var refreshes: [TokenRefreshKey: UInt64] = [:]
     /// Callers (requests, or rejected requests waiting to replay) that waited for a shared fetch.
@@ -116,6 +122,8 @@ public struct SessionSnapshot: Sendable {
     public var lastFailure: String?
     /// Why the newest refresh token is only in memory (its state file write failed); nil when on disk.
     public var persistFailure: String?
+    /// `shared_cache:` configured and its last operation failed (`/readyz`: `shared_cache_degraded`).
+    public var sharedCacheDegraded = false
     /// `dpop: true` sessions: DPoP nonce retries (RFC 9449 §8 at the token endpoint, §9 upstream).
     public var dpopNonceRetries: (tokenEndpoint: UInt64, upstream: UInt64)?
     /// `sinks:` files and whether each holds the current token (DESIGN §4).

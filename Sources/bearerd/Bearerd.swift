@@ -229,6 +229,15 @@ struct Check: ParsableCommand {
             case nil: break
             }
         }
+        // shared_cache: the connection (AUTH, SELECT) and the key (a sealed probe written, read back and opened).
+        var sharedCacheNote: String?
+        if let shared = config.sharedCache, !example {
+            let logger = Logger(label: "bearerd.check") { BearerdLogHandler(label: $0, level: .critical, format: .text) }
+            switch SharedTokenCache.check(shared, file: config.file, environment: ProcessInfo.processInfo.environment, logger: logger) {
+            case .success(let note): sharedCacheNote = note
+            case .failure(let e): problems += e.errors
+            }
+        }
         if example {
             // The same missing files again, from the TLS set-up: already noted.
             problems.removeAll()
@@ -238,6 +247,7 @@ struct Check: ParsableCommand {
             throw ExitCode(1)
         }
         print("\(configOption.path): OK (\(config.listen.count) listener(s), \(config.sessions.count) session(s), \(config.routes.count) route(s))")
+        if let sharedCacheNote { print("shared_cache: \(sharedCacheNote)") }
         // private_key_jwt: the kid bearerd sends and the public key to register with the server.
         for s in config.sessions {
             guard case .success(let key)? = ClientKeyDescription.of(s) else { continue }

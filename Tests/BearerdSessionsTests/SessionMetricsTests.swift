@@ -18,7 +18,14 @@ struct SessionMetricsTests {
     }
 
     @Test func coalescedWaitersAreCountedAndVisibleWhileWaiting() async throws {
-        let endpoint = try ScriptedTokenEndpoint { _, n in .delayed(3, ScriptedTokenEndpoint.token("access-M-\(n)")) }
+        // The token endpoint answers only once the five waiters were seen (a gate, not a delay: a
+        // loaded machine may take longer than any fixed delay to start five requests), or after
+        // 9 s, within the session's 10 s wait and 15 s request timeouts.
+        let gate = DispatchSemaphore(value: 0)
+        let endpoint = try ScriptedTokenEndpoint { _, n in
+            _ = gate.wait(timeout: .now() + 9)
+            return ScriptedTokenEndpoint.token("access-M-\(n)")
+        }
         defer { endpoint.stop() }
         let manager = try SessionManager(config: sessionConfig(session(endpoint.url)), logger: CapturedLogs().logger, environment: [:])
         defer { manager.stop() }
@@ -30,7 +37,8 @@ struct SessionMetricsTests {
             for await r in group where r { ok += 1 }
             return ok
         }
-        let sawFive = await eventually(5) { driver.snapshot.waiters == 5 }
+        let sawFive = await eventually(8) { driver.snapshot.waiters == 5 }
+        gate.signal()
         #expect(sawFive)
         #expect(await all == 5)
         let s = driver.snapshot

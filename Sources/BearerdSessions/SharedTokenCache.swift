@@ -1,0 +1,675 @@
+import BearerdIO
+import BearerdOAuth
+import BearerdProxyCore
+import BearerdTLS
+import BearerdConfig
+import Logging
+import Dispatch
+
+/// The shared token cache of a configuration (DESIGN §4 `shared_cache:`, §6 "Shared cache"):
+/// replicas share one token per session through Redis (or Valkey). Never a dependency: every
+/// failure falls back to the session's own token requests.
+///
+/// Owns the resolved connection options, the record sealer (AES-256-GCM, key from `key_file`),
+/// the key prefix, and the health shared by all sessions (`degraded`, guarded by `lock`; read
+/// by `/readyz` from any thread). Each session gets its own `SharedTokenSession` (and Redis
+/// connection) on its own queue.
+public final class SharedTokenCache: @unchecked Sendable {  // @unchecked: immutable after init except `lock`-guarded health
+    let options: RedisOptions
+    let sealer: RecordSealer
+    let prefix: String
+    let logger: Logger
+    private let lock = Lock()
+    /// Failures in the current streak (0: healthy).
+    private var failureStreak: UInt64 = 0
+
+    init(options: RedisOptions, sealer: RecordSealer, prefix: String, logger: Logger) {
+        self.options = options
+        self.sealer = sealer
+        self.prefix = prefix
+        self.logger = logger
+    }
+
+    /// Reads the key file and the password, builds the TLS context of `rediss://`. Errors are
+    /// `FILE:LINE: shared_cache.KEY: …`, never showing a secret.
+    public static func make(_ config: SharedCacheConfig, file: String, environment: [String: String],
+                            logger: Logger) throws(ConfigErrors) -> SharedTokenCache {
+        var errors: [ConfigError] = []
+        func problem(_ key: String, _ message: String) {
+            errors.append(ConfigError(file: file, line: config.line, key: "shared_cache." + key, message: message))
+        }
+        var sealer: RecordSealer?
+        switch config.readKeyFile() {
+        case .success(let bytes):
+            do throws(RecordSealer.KeyError) {
+                sealer = try RecordSealer(key: RecordSealer.key(fromFile: bytes))
+            } catch {
+                problem("key_file", "\(config.keyFile): \(error.description)")
+            }
+        case .failure(let f):
+            problem("key_file", f.message)
+        }
+        var password: String?
+        if let source = config.password {
+            do throws(ConfigError) {
+                password = try ConfigLoader.resolveSecret(source, environment: environment, file: file, line: config.line,
+                                                          key: "shared_cache.password_file").value
+            } catch let e {
+                errors.append(e)
+            }
+        }
+        var tlsContext: TLSContext?
+        if case .tcp(_, _, true) = config.endpoint {
+            do throws(TLSError) {
+                tlsContext = try TLSContext.client(caFile: config.tls?.caFile, clientCert: config.tls?.clientCert,
+                                                   clientKey: config.tls?.clientKey, alpn: [])
+            } catch {
+                problem("tls", error.message)
+            }
+        }
+        guard errors.isEmpty, let sealer else { throw ConfigErrors(errors) }
+        let options = RedisOptions(endpoint: config.endpoint, database: config.database, username: config.username,
+                                   password: password, tlsContext: tlsContext)
+        return SharedTokenCache(options: options, sealer: sealer, prefix: config.prefix, logger: logger)
+    }
+
+    /// Whether the last Redis operation of any session failed (`/readyz` says
+    /// `shared_cache_degraded`; readiness is not affected). Thread-safe.
+    public var isDegraded: Bool { lock.withLock { failureStreak > 0 } }
+
+    /// A failure: the first of a streak is logged (warning), the rest only counted.
+    func noteFailure(_ failure: RedisFailure, session: String) {
+        let first: Bool = lock.withLock {
+            failureStreak &+= 1
+            return failureStreak == 1
+        }
+        if first {
+            logger.warning("shared cache unavailable: sessions use their own token requests until it answers again", metadata: [
+                "shared_cache": "\(options.endpoint)", "error.kind": "\(failure.kind)", "error": "\(failure.detail)", "session": "\(session)",
+            ])
+        }
+    }
+
+    /// An answer: ends a failure streak (logged once).
+    func noteSuccess() {
+        let streak: UInt64 = lock.withLock {
+            let s = failureStreak
+            failureStreak = 0
+            return s
+        }
+        if streak > 0 {
+            logger.notice("shared cache answers again", metadata: ["shared_cache": "\(options.endpoint)", "failures": "\(streak)"])
+        }
+    }
+
+    /// The Redis key stem of a session: the prefix and the hex SHA-256 of its identity (what
+    /// makes two sessions interchangeable: endpoint, client, grant, scope, audience, resource,
+    /// parameters), so a differently configured session never reads it and no name shows.
+    static func identity(of session: SessionConfig, dpopThumbprint: String?) -> String {
+        var parts: [String] = []
+        parts.append("v1")
+        parts.append("grant=" + session.grant.rawValue)
+        parts.append("token_url=" + (session.issuer.map { "issuer:" + $0.description } ?? session.tokenURL.description))
+        parts.append("client_id=" + session.clientID)
+        parts.append("client_auth=" + session.clientAuth.rawValue)
+        parts.append("scope=" + (session.scope ?? ""))
+        parts.append("username=" + (session.username ?? ""))
+        for a in session.audiences { parts.append("audience=" + a) }
+        for r in session.resources { parts.append("resource=" + r) }
+        for (k, v) in session.params { parts.append("param:" + k + "=" + v) }
+        if let command = session.command { parts.append("command=" + command.joined(separator: "\u{0}")) }
+        if let e = session.exchange { parts.append("exchange=\(e)") }
+        // DPoP-bound tokens are usable only with their key: replicas share them only when they share the key.
+        if let dpopThumbprint { parts.append("dpop_jkt=" + dpopThumbprint) }
+        // Length-prefixed, so no choice of values makes two identities collide.
+        var bytes: [UInt8] = []
+        for p in parts {
+            bytes.append(contentsOf: Array(String(p.utf8.count).utf8))
+            bytes.append(0x3A)
+            bytes.append(contentsOf: Array(p.utf8))
+        }
+        return BearerdOAuth.hex(SHA256.hash(bytes))
+    }
+}
+
+/// What one shared record holds (sealed with AES-256-GCM under the record's key).
+struct SharedTokenRecord: Equatable {
+    var accessToken: String
+    var tokenType: String
+    /// Wall clock (Unix seconds) when the access token expires.
+    var expiresAt: Int64
+    /// Its lifetime as issued, in seconds (for the adoption margin).
+    var lifetimeSeconds: Int64
+    /// Increases with every record published; a rejection marks one (the fencing of DESIGN §6).
+    var generation: UInt64
+    /// refresh_token sessions: the current refresh token of the shared lineage.
+    var refreshToken: String?
+
+    static let version: UInt8 = 1
+    /// Largest field accepted when decoding (a record is a few KiB at most).
+    static let maxField = 256 * 1024
+
+    func encoded() -> [UInt8] {
+        var out: [UInt8] = [Self.version]
+        func u64(_ v: UInt64) { for i in (0..<8).reversed() { out.append(UInt8(truncatingIfNeeded: v >> (UInt64(i) * 8))) } }
+        func field(_ s: String) {
+            let b = Array(s.utf8)
+            u64(UInt64(b.count))
+            out.append(contentsOf: b)
+        }
+        u64(generation)
+        u64(UInt64(bitPattern: expiresAt))
+        u64(UInt64(bitPattern: lifetimeSeconds))
+        field(accessToken)
+        field(tokenType)
+        if let refreshToken {
+            out.append(1)
+            field(refreshToken)
+        } else {
+            out.append(0)
+        }
+        return out
+    }
+
+    /// Nil for anything but a well-formed record of this version (bounds-checked throughout).
+    static func decode(_ b: [UInt8]) -> SharedTokenRecord? {
+        var i = 0
+        func u64() -> UInt64? {
+            guard b.count - i >= 8 else { return nil }
+            var v: UInt64 = 0
+            for _ in 0..<8 { v = v << 8 | UInt64(b[i]); i += 1 }
+            return v
+        }
+        func field() -> String? {
+            guard let n = u64(), n <= UInt64(maxField), b.count - i >= Int(n) else { return nil }
+            let s = String(decoding: b[i..<(i + Int(n))], as: UTF8.self)
+            i += Int(n)
+            return s
+        }
+        guard b.first == version else { return nil }
+        i = 1
+        guard let generation = u64(), let expires = u64(), let lifetime = u64(),
+              let access = field(), !access.isEmpty, let type = field() else { return nil }
+        guard i < b.count else { return nil }
+        let hasRefresh = b[i]
+        i += 1
+        var refresh: String?
+        if hasRefresh == 1 {
+            guard let r = field(), !r.isEmpty else { return nil }
+            refresh = r
+        } else if hasRefresh != 0 {
+            return nil
+        }
+        guard i == b.count else { return nil }
+        // Tokens go into header fields and forms: visible ASCII only (RFC 6750 §2.1 b64token and more), never CR/LF.
+        func visible(_ t: String) -> Bool { t.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F } }
+        guard visible(access), visible(type), refresh.map(visible) ?? true else { return nil }
+        return SharedTokenRecord(accessToken: access, tokenType: type, expiresAt: Int64(bitPattern: expires),
+                                 lifetimeSeconds: Int64(bitPattern: lifetime), generation: generation, refreshToken: refresh)
+    }
+
+    /// Seconds of life left at `now` (saturating), 0 when expired.
+    func remaining(wallClockNow now: Int64) -> Int64 {
+        let (d, o) = expiresAt.subtractingReportingOverflow(now)
+        return o ? (expiresAt > now ? .max : 0) : max(d, 0)
+    }
+
+    /// Worth adopting instead of asking the IdP: outside its hard margin `min(60 s, L/4)`
+    /// (DESIGN §6), so the adopter does not have to refresh at once.
+    func isFresh(wallClockNow now: Int64) -> Bool {
+        let lifetime = max(lifetimeSeconds, 1)
+        let hard = min(60, lifetime / 4)
+        return remaining(wallClockNow: now) > max(hard, 1)
+    }
+}
+
+/// One session's use of the shared cache, on the session's queue (DESIGN §6 "Shared cache").
+///
+/// Before a token request: read the record (adopt a fresh one: no IdP call); else take the
+/// lock (`SET NX PX` with a random value), read again, and fetch; or, when another replica
+/// holds it, wait until its record is published (woken by the publish notification on the
+/// record's channel, or a poll every 50 ms), the lock is freed (take it), or the wait bound
+/// passes (fetch anyway). After the request: publish the sealed record only
+/// while still the lock holder (a Lua compare of the lock value: fencing), release the lock
+/// with compare-and-delete. A rejection marks the record's generation as rejected so no replica
+/// adopts it again.
+///
+/// Owns, on `queue`: the Redis connection and the subscriber connection, the lock value held
+/// (nil: none), the wait in progress, the generation of the record the session's current
+/// token came from. Invariants: every `beforeFetch`
+/// completion runs exactly once, on `queue`; any Redis failure means a local fetch (counted as
+/// a fallback) and never a failed request.
+final class SharedTokenSession {
+    enum Decision {
+        /// A fresh record another replica published: use it, no token request.
+        case adopt(SharedTokenRecord)
+        /// Fetch locally; `record`: the current record (its refresh token is the lineage's newest).
+        case fetch(record: SharedTokenRecord?)
+    }
+
+    /// How the `beforeFetch` went, for the session's counters.
+    enum Outcome: Equatable { case hit, miss, lockWait, fallback }
+
+    let cache: SharedTokenCache
+    let sessionName: String
+    let queue: EventLoop
+    let connection: RedisConnection
+    let recordKey: String
+    let lockKey: String
+    let rejectedKey: String
+    /// Keeps refresh-token lineages this long after the access token expired.
+    let keepsRefreshToken: Bool
+    /// Poll interval while another replica holds the lock.
+    var pollInterval: Duration = .milliseconds(50)
+    /// How long the lock is held at most (a holder that dies frees it then).
+    var lockTTL: Duration
+    private var heldLock: String?
+    /// The generation of the record the current token came from (adopted or published).
+    private(set) var currentGeneration: UInt64?
+    private var highestGenerationSeen: UInt64 = 0
+    private var loggedCorrupt = false
+    /// The wait in progress for another replica's record, if any.
+    private var wait: Wait?
+    /// The connection subscribed to the record's channel (RESP2: it can do nothing else).
+    private var subscriber: RedisConnection?
+    private enum Subscription { case unsubscribed, subscribing, subscribed }
+    private var subscription: Subscription = .unsubscribed
+    private var serial: UInt64 = 0
+    /// Counts each outcome (the driver adds them to its metrics).
+    var onOutcome: ((Outcome) -> Void)?
+
+    init(cache: SharedTokenCache, identity: String, sessionName: String, queue: EventLoop, keepsRefreshToken: Bool,
+         requestTimeout: Duration) {
+        self.cache = cache
+        self.sessionName = sessionName
+        self.queue = queue
+        self.connection = RedisConnection(options: cache.options, loop: queue)
+        recordKey = cache.prefix + identity
+        lockKey = recordKey + ":lock"
+        rejectedKey = recordKey + ":rejected"
+        self.keepsRefreshToken = keepsRefreshToken
+        lockTTL = requestTimeout + .seconds(1)
+    }
+
+    // MARK: Before a token request
+
+    /// Decides between adopting a published record and fetching locally; `done` runs once on `queue`.
+    /// - Parameters:
+    ///   - current: the session's current access token (a record holding it is not "new").
+    ///   - rejected: the fetch is for a rejection of the current token (DESIGN §6 CAS rule).
+    ///   - waitBound: how long to wait for another replica's fetch before fetching anyway.
+    func beforeFetch(current: String?, rejected: Bool, waitBound: Duration, done: @escaping (Decision) -> Void) {
+        serial &+= 1
+        if rejected, let generation = currentGeneration {
+            // Others must not adopt the token we were refused: mark its generation.
+            let ttl = max(lockTTL, .seconds(600))
+            connection.send(["SET", rejectedKey, String(generation), "PX", String(ttl.wholeMilliseconds)]) { [weak self] r in
+                self?.observe(r)
+            }
+        }
+        let deadline = monotonicNanos() &+ UInt64(max(0, waitBound.nanosecondsClamped))
+        var finished = false
+        let finish: (Decision, Outcome) -> Void = { [weak self] decision, outcome in
+            guard !finished else { return }
+            finished = true
+            self?.onOutcome?(outcome)
+            done(decision)
+        }
+        read { [self] result in
+            switch result {
+            case .failure:
+                finish(.fetch(record: nil), .fallback)
+            case .success(let (record, rejectedGeneration)):
+                if let record, adoptable(record, current: current, rejectedGeneration: rejectedGeneration) {
+                    finish(.adopt(record), .hit)
+                    return
+                }
+                tryLock(current: current, deadline: deadline, waited: false, lastRecord: record, finish: finish)
+            }
+        }
+    }
+
+    private func adoptable(_ record: SharedTokenRecord, current: String?, rejectedGeneration: UInt64?) -> Bool {
+        if record.generation == rejectedGeneration { return false }
+        if let current, record.accessToken == current { return false }
+        return record.isFresh(wallClockNow: wallClockSeconds())
+    }
+
+    private func tryLock(current: String?, deadline: UInt64, waited: Bool, lastRecord: SharedTokenRecord?,
+                         finish: @escaping (Decision, Outcome) -> Void) {
+        let value = BearerdOAuth.hex((0..<16).map { _ in UInt8.random(in: 0...255) })
+        connection.send(["SET", lockKey, value, "NX", "PX", String(lockTTL.wholeMilliseconds)]) { [self] r in
+            observe(r)
+            switch r {
+            case .failure:
+                finish(.fetch(record: lastRecord), .fallback)
+            case .success(.simple("OK")):
+                heldLock = value
+                // Read again under the lock: a record may have been published since the first read.
+                read { [self] result in
+                    switch result {
+                    case .failure:
+                        finish(.fetch(record: lastRecord), .fallback)
+                    case .success(let (record, rejectedGeneration)):
+                        if let record, adoptable(record, current: current, rejectedGeneration: rejectedGeneration) {
+                            release()
+                            finish(.adopt(record), waited ? .lockWait : .hit)
+                        } else {
+                            finish(.fetch(record: record), waited ? .lockWait : .miss)
+                        }
+                    }
+                }
+            case .success(.bulk(nil)):
+                // Another replica fetches: wait for its record.
+                poll(current: current, deadline: deadline, lastRecord: lastRecord, finish: finish)
+            case .success:
+                // An error reply (e.g. OOM, read-only replica): fall back.
+                cache.noteFailure(RedisFailure(kind: "server_error", detail: "SET NX refused"), session: sessionName)
+                finish(.fetch(record: lastRecord), .fallback)
+            }
+        }
+    }
+
+    /// One wait for another replica's record: woken by its publish notification (SUBSCRIBE on
+    /// the record's channel) or, as a fallback, every `pollInterval`.
+    private final class Wait {
+        enum Step {
+            /// A poll is scheduled; `serial` tells the current schedule from older ones.
+            case sleeping(serial: UInt64)
+            /// An MGET is in flight (a wake-up then changes nothing).
+            case reading
+        }
+        let current: String?
+        let deadline: UInt64
+        /// The newest record read (its refresh token is the lineage's newest known).
+        var lastRecord: SharedTokenRecord?
+        let finish: (Decision, Outcome) -> Void
+        var step: Step = .sleeping(serial: 0)
+        var serial: UInt64 = 0
+        init(current: String?, deadline: UInt64, lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
+            self.current = current
+            self.deadline = deadline
+            self.lastRecord = lastRecord
+            self.finish = finish
+        }
+    }
+
+    private func poll(current: String?, deadline: UInt64, lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
+        let w = Wait(current: current, deadline: deadline, lastRecord: lastRecord, finish: finish)
+        wait = w
+        subscribe()
+        sleep(w)
+    }
+
+    private func sleep(_ w: Wait) {
+        guard monotonicNanos() < w.deadline else {
+            // Waited long enough: fetch anyway (the lock holder may be stuck).
+            if wait === w { wait = nil }
+            w.finish(.fetch(record: w.lastRecord), .fallback)
+            return
+        }
+        w.serial &+= 1
+        let serial = w.serial
+        w.step = .sleeping(serial: serial)
+        queue.schedule(after: pollInterval) { [weak self, weak w] in
+            guard let self, let w, self.wait === w, case .sleeping(let s) = w.step, s == serial else { return }
+            self.readOnce(w)
+        }
+    }
+
+    /// A publish notification: read now instead of at the next poll.
+    private func wake() {
+        guard let w = wait, case .sleeping = w.step else { return }
+        readOnce(w)
+    }
+
+    private func readOnce(_ w: Wait) {
+        w.step = .reading
+        connection.send(["MGET", recordKey, rejectedKey, lockKey]) { [self] r in
+            guard wait === w else { return }
+            observe(r)
+            guard case .success(.array(let items?)) = r, items.count == 3 else {
+                wait = nil
+                w.finish(.fetch(record: w.lastRecord), .fallback)
+                return
+            }
+            let record = decodeRecord(items[0])
+            if let record { w.lastRecord = record }
+            let rejectedGeneration = items[1].bytes.flatMap { UInt64(String(decoding: $0, as: UTF8.self)) }
+            if let record, adoptable(record, current: w.current, rejectedGeneration: rejectedGeneration) {
+                wait = nil
+                w.finish(.adopt(record), .lockWait)
+                return
+            }
+            if case .bulk(nil) = items[2] {
+                // The holder released (or died and its lock expired) without a usable record.
+                wait = nil
+                tryLock(current: w.current, deadline: w.deadline, waited: true, lastRecord: w.lastRecord, finish: w.finish)
+                return
+            }
+            sleep(w)
+        }
+    }
+
+    /// Subscribes (once per subscriber connection) to the record's channel, where the lock
+    /// holder's publish script announces a new record. Best effort: the poll covers a lost one.
+    private func subscribe() {
+        guard case .unsubscribed = subscription else { return }
+        let subscriber = self.subscriber ?? {
+            let c = RedisConnection(options: cache.options, loop: queue)
+            c.onPush = { [weak self] value in
+                if case .array(let items?) = value, items.first?.bytes == Array("message".utf8) { self?.wake() }
+            }
+            c.onFailure = { [weak self] in self?.subscription = .unsubscribed }
+            self.subscriber = c
+            return c
+        }()
+        subscription = .subscribing
+        subscriber.send(["SUBSCRIBE", recordKey], timeout: .milliseconds(200)) { [weak self] r in
+            guard let self else { return }
+            if case .success(.array) = r { self.subscription = .subscribed } else { self.subscription = .unsubscribed }
+        }
+    }
+
+    /// MGET record, rejection mark.
+    private func read(_ done: @escaping (Result<(SharedTokenRecord?, UInt64?), RedisFailure>) -> Void) {
+        connection.send(["MGET", recordKey, rejectedKey]) { [self] r in
+            observe(r)
+            switch r {
+            case .failure(let f):
+                done(.failure(f))
+            case .success(.array(let items?)) where items.count == 2:
+                let rejectedGeneration = items[1].bytes.flatMap { UInt64(String(decoding: $0, as: UTF8.self)) }
+                done(.success((decodeRecord(items[0]), rejectedGeneration)))
+            case .success:
+                done(.failure(RedisFailure(kind: "server_error", detail: "unexpected reply to MGET")))
+            }
+        }
+    }
+
+    private func decodeRecord(_ value: RESPValue) -> SharedTokenRecord? {
+        guard case .bulk(let sealed?) = value else { return nil }
+        guard let plain = cache.sealer.open(sealed, aad: Array(recordKey.utf8)), let record = SharedTokenRecord.decode(plain) else {
+            // Another key, tampering, or garbage: ignored, and overwritten by our next publish.
+            if !loggedCorrupt {
+                loggedCorrupt = true
+                cache.logger.warning("shared cache record does not open with key_file (another key, or corrupt): ignored and overwritten",
+                                     metadata: ["session": "\(sessionName)"])
+            }
+            return nil
+        }
+        highestGenerationSeen = max(highestGenerationSeen, record.generation)
+        return record
+    }
+
+    private func observe(_ r: Result<RESPValue, RedisFailure>) {
+        switch r {
+        case .failure(let f): cache.noteFailure(f, session: sessionName)
+        case .success(.error(let message)):
+            cache.noteFailure(RedisFailure(kind: "server_error", detail: String(message.prefix(80))), session: sessionName)
+        case .success: cache.noteSuccess()
+        }
+    }
+
+    // MARK: After a token request
+
+    /// A token was adopted from `record`: its generation is the current one.
+    func adopted(_ record: SharedTokenRecord) {
+        currentGeneration = record.generation
+    }
+
+    /// A token obtained locally: publish it (as lock holder, or when nobody holds the lock),
+    /// then release the lock.
+    func publish(accessToken: String, tokenType: String, lifetime: Duration, refreshToken: String?) {
+        let now = wallClockSeconds()
+        let seconds = Int64(clamping: lifetime.components.seconds)
+        // Above every generation seen, and (through the wall clock in ms) unlikely to repeat one
+        // another replica published without this one reading it.
+        let generation = max(highestGenerationSeen &+ 1, UInt64(clamping: now.multipliedSaturating(1000)))
+        highestGenerationSeen = generation
+        currentGeneration = generation
+        let record = SharedTokenRecord(accessToken: accessToken, tokenType: tokenType, expiresAt: now.addingSaturating(seconds),
+                                       lifetimeSeconds: seconds, generation: generation,
+                                       refreshToken: keepsRefreshToken ? refreshToken : nil)
+        guard let sealed = cache.sealer.seal(record.encoded(), aad: Array(recordKey.utf8)) else {
+            release()
+            return
+        }
+        // The record lives until its token expires; a refresh-token lineage a week longer.
+        var ttlMs = max(seconds, 1).multipliedSaturating(1000)
+        if keepsRefreshToken { ttlMs = ttlMs.addingSaturating(7 * 86_400_000) }
+        let script: String
+        var args: [[UInt8]]
+        if let held = heldLock {
+            // Fencing: only the lock holder publishes, and releases in the same step.
+            script = "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('set', KEYS[2], ARGV[2], 'PX', ARGV[3]); redis.call('del', KEYS[1]); redis.call('publish', KEYS[2], '1'); return 1 else return 0 end"
+            args = [Array(held.utf8)]
+        } else {
+            // Without the lock (Redis was down when the fetch began): only when nobody holds it.
+            script = "if redis.call('exists', KEYS[1]) == 0 then redis.call('set', KEYS[2], ARGV[2], 'PX', ARGV[3]); redis.call('publish', KEYS[2], '1'); return 1 else return 0 end"
+            args = [Array("-".utf8)]
+        }
+        args.append(sealed)
+        args.append(Array(String(ttlMs).utf8))
+        heldLock = nil
+        connection.send([Array("EVAL".utf8), Array(script.utf8), Array("2".utf8), Array(lockKey.utf8), Array(recordKey.utf8)] + args,
+                        timeout: .milliseconds(200)) { [weak self] r in
+            self?.observe(r)
+        }
+    }
+
+    /// A token request failed (or a record was adopted under the lock): free the lock if we hold it.
+    func release() {
+        guard let held = heldLock else { return }
+        heldLock = nil
+        let script = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+        connection.send(["EVAL", script, "1", lockKey, held], timeout: .milliseconds(200)) { [weak self] r in
+            self?.observe(r)
+        }
+    }
+
+    /// A token that did not come through the cache (no record names it).
+    func forgetGeneration() { currentGeneration = nil }
+
+    func shutdown() {
+        release()
+        wait = nil
+        subscriber?.shutdown()
+        queue.schedule(after: .milliseconds(250)) { [connection] in connection.shutdown() }
+    }
+}
+
+extension Duration {
+    /// Whole milliseconds, saturating, never negative.
+    var wholeMilliseconds: Int64 {
+        let (s, a) = components
+        guard s >= 0 else { return 0 }
+        return s.multipliedSaturating(1000).addingSaturating(a / 1_000_000_000_000_000)
+    }
+}
+
+extension Int64 {
+    func addingSaturating(_ o: Int64) -> Int64 {
+        let (r, v) = addingReportingOverflow(o)
+        return v ? (o > 0 ? .max : .min) : r
+    }
+    func multipliedSaturating(_ o: Int64) -> Int64 {
+        let (r, v) = multipliedReportingOverflow(by: o)
+        return v ? ((self < 0) != (o < 0) ? .min : .max) : r
+    }
+}
+
+extension SharedTokenCache {
+    /// `bearerd check`: reads the key file and the password, connects (AUTH, SELECT), and writes,
+    /// reads back, opens and deletes a sealed probe record under the prefix. Blocks (at most
+    /// about 5 s): for the command line, never a loop. The answer names the server, never a secret.
+    public static func check(_ config: SharedCacheConfig, file: String, environment: [String: String],
+                             logger: Logger) -> Result<String, ConfigErrors> {
+        let cache: SharedTokenCache
+        do throws(ConfigErrors) {
+            cache = try make(config, file: file, environment: environment, logger: logger)
+        } catch {
+            return .failure(error)
+        }
+        var options = cache.options
+        options.commandTimeout = .seconds(2)
+        options.connectTimeout = .seconds(2)
+        let loop = EventLoop(index: 0, readBufferSize: 16 * 1024)
+        let connection = RedisConnection(options: options, loop: loop)
+        final class Box: @unchecked Sendable { var outcome: Result<String, ConfigValueError>? }  // @unchecked: written before `done` signals
+        let box = Box()
+        let done = DispatchSemaphore(value: 0)
+        let probeKey = cache.prefix + "check:" + BearerdOAuth.hex((0..<8).map { _ in UInt8.random(in: 0...255) })
+        let probe = Array("bearerd check".utf8)
+        func finish(_ r: Result<String, ConfigValueError>) {
+            box.outcome = r
+            connection.shutdown()
+            done.signal()
+        }
+        loop.execute {
+            guard let sealed = cache.sealer.seal(probe, aad: Array(probeKey.utf8)) else {
+                finish(.failure(ConfigValueError("cannot seal with key_file")))
+                return
+            }
+            connection.send([Array("SET".utf8), Array(probeKey.utf8), sealed, Array("PX".utf8), Array("10000".utf8)]) { r in
+                guard case .success(.simple("OK")) = r else {
+                    finish(.failure(ConfigValueError(Self.describe(r))))
+                    return
+                }
+                connection.send(["GET", probeKey]) { r in
+                    // The probe is deleted before the answer (it also expires in 10 s).
+                    connection.send(["DEL", probeKey]) { _ in
+                        guard case .success(.bulk(let back?)) = r else {
+                            finish(.failure(ConfigValueError(Self.describe(r))))
+                            return
+                        }
+                        guard cache.sealer.open(back, aad: Array(probeKey.utf8)) == probe else {
+                            finish(.failure(ConfigValueError("the probe record read back does not open with key_file")))
+                            return
+                        }
+                        finish(.success("\(cache.options.endpoint) answers; key_file seals and opens records (prefix \(cache.prefix))"))
+                    }
+                }
+            }
+        }
+        if done.wait(timeout: .now() + .seconds(5)) == .timedOut {
+            return .failure(ConfigErrors([ConfigError(file: file, line: config.line, key: "shared_cache.url",
+                                                      message: "\(config.endpoint): no answer within 5 s")]))
+        }
+        switch box.outcome {
+        case .success(let s)?: return .success(s)
+        case .failure(let why)?:
+            return .failure(ConfigErrors([ConfigError(file: file, line: config.line, key: "shared_cache.url", message: "\(config.endpoint): \(why.message)")]))
+        case nil:
+            return .failure(ConfigErrors([ConfigError(file: file, line: config.line, key: "shared_cache.url", message: "no answer")]))
+        }
+    }
+
+    private static func describe(_ r: Result<RESPValue, RedisFailure>) -> String {
+        switch r {
+        case .failure(let f): return f.description
+        case .success(.error(let m)): return "the server answered an error (\(m.prefix(80)))"
+        case .success(let v): return "unexpected reply \(v)"
+        }
+    }
+}

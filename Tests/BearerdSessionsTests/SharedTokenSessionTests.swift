@@ -1,0 +1,212 @@
+// The shared cache's per-session protocol (DESIGN §6 "Shared cache") against a real redis-server:
+// adopt, lock and wait, fencing, rejection marks, corrupt records, Redis down.
+
+import Foundation
+import Testing
+import Logging
+import BearerdTestSupport
+import BearerdProxyCore
+import BearerdConfig
+import BearerdIO
+import BearerdTLS
+@testable import BearerdSessions
+
+@Suite(.serialized) struct SharedTokenSessionTests {
+    let loop = EventLoop(index: 961, readBufferSize: 4096)
+
+    func cache(port: UInt16, key: [UInt8] = [UInt8](repeating: 7, count: 32)) throws -> SharedTokenCache {
+        let options = RedisOptions(endpoint: .tcp(host: "127.0.0.1", port: port, tls: false), database: 0,
+                                   commandTimeout: .seconds(1))
+        return SharedTokenCache(options: options, sealer: try RecordSealer(key: key), prefix: "t:", logger: Logger(label: "test"))
+    }
+
+    func session(_ cache: SharedTokenCache, identity: String = "id") -> SharedTokenSession {
+        let s = SharedTokenSession(cache: cache, identity: identity, sessionName: "s", queue: loop, keepsRefreshToken: true,
+                                   requestTimeout: .seconds(2))
+        s.pollInterval = .milliseconds(20)
+        return s
+    }
+
+    func before(_ s: SharedTokenSession, current: String? = nil, rejected: Bool = false,
+                bound: Duration = .seconds(3)) async -> SharedTokenSession.Decision {
+        await withCheckedContinuation { k in
+            loop.execute { s.beforeFetch(current: current, rejected: rejected, waitBound: bound) { k.resume(returning: $0) } }
+        }
+    }
+
+    func onLoop(_ body: @escaping () -> Void) async {
+        await withCheckedContinuation { (k: CheckedContinuation<Void, Never>) in loop.execute { body(); k.resume() } }
+    }
+
+    /// Until `condition` holds (bounded: 2 s).
+    func eventually(_ condition: () throws -> Bool) throws -> Bool {
+        for _ in 0..<200 {
+            if try condition() { return true }
+            usleep(10_000)
+        }
+        return false
+    }
+
+    @Test func recordCodecRoundTripAndRejectsMalformed() {
+        let r = SharedTokenRecord(accessToken: "at", tokenType: "Bearer", expiresAt: 1_900_000_000, lifetimeSeconds: 3600,
+                                  generation: 42, refreshToken: "rt")
+        #expect(SharedTokenRecord.decode(r.encoded()) == r)
+        var noRT = r
+        noRT.refreshToken = nil
+        #expect(SharedTokenRecord.decode(noRT.encoded()) == noRT)
+        let bytes = r.encoded()
+        for cut in [0, 1, 9, bytes.count - 1] { #expect(SharedTokenRecord.decode(Array(bytes.prefix(cut))) == nil) }
+        #expect(SharedTokenRecord.decode(bytes + [0]) == nil)
+        var v2 = bytes
+        v2[0] = 2
+        #expect(SharedTokenRecord.decode(v2) == nil)
+        // A huge length field is refused, not allocated.
+        var huge = bytes
+        for i in 25..<33 { huge[i] = 0xFF }
+        #expect(SharedTokenRecord.decode(huge) == nil)
+        // A token that would break a header field is refused.
+        var crlf = r
+        crlf.accessToken = "at\r\nX-Injected: 1"
+        #expect(SharedTokenRecord.decode(crlf.encoded()) == nil)
+        // Freshness: outside the hard margin min(60 s, L/4); saturating at extremes.
+        #expect(r.isFresh(wallClockNow: 1_900_000_000 - 61))
+        #expect(!r.isFresh(wallClockNow: 1_900_000_000 - 59))
+        #expect(!r.isFresh(wallClockNow: .max))
+        #expect(r.remaining(wallClockNow: .min) == .max)
+    }
+
+    @Test func identityDependsOnWhatMakesSessionsInterchangeable() {
+        let base = SessionConfig(name: "a", grant: .clientCredentials, tokenURL: EndpointURL(scheme: "https", host: "idp", port: 443, path: "/token"),
+                                 clientID: "svc", clientAuth: .clientSecretBasic, scope: "read")
+        var renamed = base
+        renamed.name = "b"
+        var scoped = base
+        scoped.scope = "write"
+        var audience = base
+        audience.audiences = ["api"]
+        let id = SharedTokenCache.identity(of: base, dpopThumbprint: nil)
+        #expect(id.count == 64 && id.allSatisfy(\.isHexDigit))
+        #expect(SharedTokenCache.identity(of: renamed, dpopThumbprint: nil) == id, "the session's name is not part of it")
+        #expect(SharedTokenCache.identity(of: scoped, dpopThumbprint: nil) != id)
+        #expect(SharedTokenCache.identity(of: audience, dpopThumbprint: nil) != id)
+        #expect(SharedTokenCache.identity(of: base, dpopThumbprint: "jkt") != id)
+    }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func oneFetchesUnderTheLockTheOtherAdoptsItsRecord() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        let a = session(c), b = session(c)
+        guard case .fetch(nil) = await before(a) else { Issue.record("a fetches"); return }
+        #expect(try redis.cli(["EXISTS", "t:id:lock"]) == "1")
+        async let waited = before(b)
+        try await Task.sleep(for: .milliseconds(100))
+        await onLoop { a.publish(accessToken: "AT1", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: "RT1") }
+        guard case .adopt(let record) = await waited else { Issue.record("b adopts"); return }
+        #expect(record.accessToken == "AT1" && record.refreshToken == "RT1")
+        // Released, sealed, with a TTL; no plaintext token in Redis.
+        #expect(try eventually { try redis.cli(["EXISTS", "t:id:lock"]) == "0" })
+        #expect(try !redis.cli(["GET", "t:id"]).contains("AT1"))
+        #expect(try Int(redis.cli(["PTTL", "t:id"])) ?? 0 > 3_600_000)
+        // A third finds the record at once; the holder of that token does not re-adopt it.
+        guard case .adopt = await before(session(c)) else { Issue.record("hit"); return }
+        guard case .fetch = await before(session(c), current: "AT1", bound: .milliseconds(200)) else { Issue.record("own token is not new"); return }
+    }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func aHolderThatLostTheLockDoesNotPublish() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        let a = session(c)
+        guard case .fetch = await before(a) else { Issue.record("a fetches"); return }
+        // Its lock expired and another replica holds it now.
+        try redis.cli(["SET", "t:id:lock", "someone-else"])
+        await onLoop { a.publish(accessToken: "AT-late", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: nil) }
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(try redis.cli(["EXISTS", "t:id"]) == "0", "fencing: no record from a former holder")
+        #expect(try redis.cli(["GET", "t:id:lock"]) == "someone-else", "and the other's lock is untouched")
+    }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func aRejectedGenerationIsNotAdopted() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        let a = session(c)
+        guard case .fetch = await before(a) else { Issue.record("a fetches"); return }
+        await onLoop { a.publish(accessToken: "AT1", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: nil) }
+        #expect(try eventually { try redis.cli(["EXISTS", "t:id"]) == "1" })
+        // a's token is rejected: it marks the generation, then fetches under the lock.
+        guard case .fetch = await before(a, current: "AT1", rejected: true) else { Issue.record("a refreshes"); return }
+        #expect(try redis.cli(["EXISTS", "t:id:rejected"]) == "1")
+        await onLoop { a.release() }
+        // b never saw AT1 as rejected itself, but does not adopt it.
+        guard case .fetch = await before(session(c), bound: .milliseconds(300)) else { Issue.record("b must not adopt"); return }
+    }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func corruptOrForeignRecordsAreIgnored() async throws {
+        let redis = try RedisServer()
+        let other = session(try cache(port: redis.port, key: [UInt8](repeating: 9, count: 32)))
+        guard case .fetch = await before(other) else { Issue.record("fetch"); return }
+        await onLoop { other.publish(accessToken: "AT-other", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: nil) }
+        #expect(try eventually { try redis.cli(["EXISTS", "t:id"]) == "1" })
+        let c = try cache(port: redis.port)
+        guard case .fetch(nil) = await before(session(c)) else { Issue.record("another key's record is not adopted"); return }
+        try redis.cli(["DEL", "t:id:lock"])
+        try redis.cli(["SET", "t:id", "garbage"])
+        guard case .fetch(nil) = await before(session(c)) else { Issue.record("garbage is not adopted"); return }
+    }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func redisDownMeansAnImmediateLocalFetch() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        redis.stop()
+        let s = session(c)
+        var outcomes: [SharedTokenSession.Outcome] = []
+        await onLoop { s.onOutcome = { outcomes.append($0) } }
+        let started = ContinuousClock.now
+        guard case .fetch(nil) = await before(s) else { Issue.record("fallback"); return }
+        // Refused at once: no wait for the command timeout chain (bound generous for a loaded machine).
+        #expect(ContinuousClock.now - started < .seconds(2))
+        #expect(c.isDegraded)
+        await onLoop { #expect(outcomes == [.fallback]) }
+        try redis.start()
+        var recovered = false
+        for _ in 0..<100 where !recovered {
+            _ = await before(session(c), bound: .milliseconds(50))
+            recovered = !c.isDegraded
+            if !recovered { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(recovered)
+    }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func aFullRedisMeansALocalFetch() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        // Full: every write is refused with an OOM error.
+        try redis.cli(["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        try redis.cli(["CONFIG", "SET", "maxmemory", "1"])
+        let s = session(c)
+        var outcomes: [SharedTokenSession.Outcome] = []
+        await onLoop { s.onOutcome = { outcomes.append($0) } }
+        guard case .fetch(nil) = await before(s) else { Issue.record("fallback"); return }
+        await onLoop { #expect(outcomes == [.fallback]) }
+        #expect(c.isDegraded)
+        try redis.cli(["CONFIG", "SET", "maxmemory", "0"])
+        guard case .fetch = await before(session(c)) else { Issue.record("fetch under the lock"); return }
+        #expect(!c.isDegraded)
+    }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func aWaiterIsWokenByThePublishNotNextPoll() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        let a = session(c), b = session(c)
+        // No poll within the test's time: only the publish notification can wake b.
+        await onLoop { b.pollInterval = .seconds(30) }
+        guard case .fetch = await before(a) else { Issue.record("a fetches"); return }
+        let started = ContinuousClock.now
+        async let waited = before(b, bound: .seconds(60))
+        // Once b is subscribed (its SUBSCRIBE shows in PUBSUB NUMSUB), a publishes.
+        #expect(try eventually { try redis.cli(["PUBSUB", "NUMSUB", "t:id"]).hasSuffix("1") })
+        await onLoop { a.publish(accessToken: "AT1", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: nil) }
+        guard case .adopt(let record) = await waited else { Issue.record("b adopts"); return }
+        #expect(record.accessToken == "AT1")
+        #expect(ContinuousClock.now - started < .seconds(20), "woken by the notification, not the 30 s poll")
+    }
+}
