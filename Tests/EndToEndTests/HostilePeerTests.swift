@@ -513,9 +513,9 @@ struct HostilePeerTests {
         #expect((try? r.get())?.status == 200, "\(Hostile.describe(r))")
         let stored = origin.requests.last { token.isValid($0.bearerToken) && $0.head.target == "/api/upload" }
         #expect(stored?.bodyComplete == true && stored?.bodyBytes == size)
-        // When the replay went out on a fresh connection the close path was not exercised;
-        // record which one happened for the reader.
-        if !closedOnce.wait(timeoutMs: 0) { print("item6 retry case: the replay used a fresh connection (close path not exercised)") }
+        // The case is about the pooled connection the origin closed: a replay that went out on a
+        // fresh connection did not exercise it, and that is a failure, not a pass.
+        #expect(closedOnce.wait(timeoutMs: 0), "the replay used a fresh connection: the close-then-retry path was not exercised")
     }
 
     // MARK: Item 7: response queue poisoning
