@@ -1,7 +1,9 @@
 import BearerdIO
 import BearerdOAuth
 import Foundation
+import BearerdTestSupport
 import Testing
+@testable import BearerdConfig
 @testable import BearerdSessions
 
 /// The session clocks (STYLE "Three rings": time is an argument): the real one's timers run on
@@ -68,6 +70,37 @@ struct SessionClockTests {
         #expect(fired.items.map(\.1) == [.seconds(1), .seconds(2)])
         #expect(clock.now() - t0 == .milliseconds(4999))
         #expect(clock.pendingDeadlines == [t0 + .seconds(9)])
+    }
+
+    /// One session timer (DESIGN §6): each new token re-arms the refresh and the previous timer
+    /// is cancelled, not left to fire as a no-op; `stop()` cancels the armed one.
+    @Test func aNewRefreshScheduleCancelsThePreviousTimer() async throws {
+        let endpoint = try ScriptedTokenEndpoint { _, n in ScriptedTokenEndpoint.token("access-AAA-\(n)", expiresIn: 3600) }
+        defer { endpoint.stop() }
+        let clock = FakeSessionClock()
+        let t0 = clock.now()
+        let session = SessionConfig(name: "partner", grant: .clientCredentials, tokenURL: endpoint.url, clientID: "svc",
+                                    clientSecret: .literal(Secret("not-a-real-secret")))
+        let manager = try SessionManager(config: sessionConfig(session), logger: CapturedLogs().logger, environment: [:],
+                                         tunePolicy: nil, clock: clock)
+        defer { manager.stop() }
+        let driver = try #require(manager.session(named: "partner"))
+        /// Refresh timers: past every request and waiter timeout (at most 15 s out).
+        func refreshTimers() -> Int { clock.pendingDeadlines.filter { $0 - t0 > .seconds(60) }.count }
+        var generation = try await requestToken(driver).get().generation
+        await FakeSessionClock.settle(driver.queue)
+        #expect(refreshTimers() == 1)
+        for _ in 0..<3 {
+            await clock.advance(by: .seconds(2))  // forced refreshes are paced at one a second
+            guard case .replay(let t, _) = await reportRejected(driver, generation: generation) else { Issue.record("expected replay"); return }
+            generation = t.generation
+            await FakeSessionClock.settle(driver.queue)
+            #expect(refreshTimers() == 1, "the previous refresh timer was cancelled")
+        }
+        #expect(generation == 4)
+        manager.stop()
+        await FakeSessionClock.settle(driver.queue)
+        #expect(refreshTimers() == 0, "stop cancels the armed timer")
     }
 }
 
