@@ -37,6 +37,9 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
 
     /// For tests: where accepting is now. Read on `acceptLoop`.
     var acceptState: AcceptState { state }
+    /// For tests: how many retries after a pause have run (also those that found the listener
+    /// stopped). Read on `acceptLoop`.
+    private(set) var pauseRetriesRun = 0
 
     /// How long accepting pauses after running out of descriptors before trying again.
     static let outOfDescriptorsRetry: Duration = .milliseconds(100)
@@ -278,6 +281,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
     }
 
     private func retryAfterOutOfDescriptors() {
+        pauseRetriesRun &+= 1
         guard state == .pausedOutOfDescriptors else { return }  // stopped meanwhile
         state = .accepting
         if let source {

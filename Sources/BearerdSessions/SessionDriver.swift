@@ -16,6 +16,9 @@ import BearerdConfig
 /// Publishes, through `TokenPublication`: the current token for the loops' lock-free fast path,
 /// and what the admin endpoints read: status, expiry, waiter count, last failure, counters.
 ///
+/// Time is an argument (STYLE "Three rings"): every reading of the monotonic or the wall clock
+/// and every timer goes through `clock` (`SystemSessionClock` but in tests).
+///
 /// Invariants: every waiter handed to the machine is completed exactly once, with
 /// `loop.execute` on its own loop; at most one token request in flight (the machine's rule);
 /// a rotated refresh token is persisted before `fetchSucceeded` hands the access token out;
@@ -28,6 +31,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     public let dpop: DPoPProofer?
     let stateDirectory: String?
     let queue: EventLoop
+    /// Every reading of time and every timer of the session (the real clocks but in tests).
+    let clock: any SessionClock
     private let logger: Logger
 
     /// The token and the facts other threads read (any thread; written on `queue` only).
@@ -45,6 +50,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private var waiters: [TokenSession.WaiterID: Waiter] = [:]
     private var nextWaiterID: UInt64 = 0
     private var timerSerial: UInt64 = 0
+    /// The one session timer (refresh or retry) while armed.
+    private var sessionTimer: SessionTimer?
     private var inFlight: TokenEndpointClient?
     private var fetchSerial: UInt64 = 0
     private var stopped = false
@@ -84,8 +91,10 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// open (one error line per breaker streak and route; the rest only counted).
     private var breakerLoggedRoutes: Set<String> = []
 
-    init(settings: SessionSettings, policy: TokenSession.Policy, store: StateStore?, logger: Logger, queueIndex: Int) {
+    init(settings: SessionSettings, policy: TokenSession.Policy, store: StateStore?, logger: Logger, queueIndex: Int,
+         clock: any SessionClock = SystemSessionClock()) {
         name = settings.config.name
+        self.clock = clock
         grant = settings.config.grant
         dpop = settings.dpop
         stateDirectory = store?.directory
@@ -134,7 +143,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private var lastSignInCheck: UInt64 = 0
     private func adoptNewSignInIfAny(throttled: Bool) {
         guard grant.isPersonal, machine.status == .needsReauthentication || own == nil else { return }
-        let t = monotonicNanos()
+        let t = now().nanoseconds
         if throttled && t &- lastSignInCheck < 1_000_000_000 && lastSignInCheck != 0 { return }
         lastSignInCheck = t
         guard let stored = readStoredState(), stored.refreshToken != own?.refreshToken else { return }
@@ -151,7 +160,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// breaker is open, `.unavailable` when no newer token could be had within the wait bound.
     public func reportRejected(generation: UInt64, route: String = "", on loop: EventLoop,
                                completion: @escaping (RejectionOutcome) -> Void) {
-        if let current = publication.token, generation < current.generation, monotonicNanos() < current.usableUntil {
+        if let current = publication.token, generation < current.generation, now().nanoseconds < current.usableUntil {
             loop.execute { completion(.replay(current, refreshed: false)) }
             return
         }
@@ -272,7 +281,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             guard !stopped else { return }
             stopped = true
             outlets.stop()
-            timerSerial &+= 1
+            cancelSessionTimer()
             let pending = waiters
             waiters = [:]
             publication.update { $0.waiters = 0 }
@@ -294,7 +303,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     // MARK: Carrying out actions (session queue)
 
-    private func now() -> MonotonicInstant { MonotonicInstant(nanoseconds: monotonicNanos()) }
+    private func now() -> MonotonicInstant { clock.now() }
 
     private func allocateWaiter(_ w: Waiter) -> TokenSession.WaiterID {
         nextWaiterID &+= 1
@@ -329,7 +338,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             case .scheduleWaiterTimeout(let id, let at):
                 // Only a waiter that is kept waiting gets a timeout: one who waits for the shared fetch.
                 count { $0.waits += 1 }
-                queue.schedule(after: max(.zero, at - now())) { [weak self] in
+                clock.schedule(at: at, on: queue) { [weak self] in
                     guard let self, !self.stopped, self.waiters[id] != nil else { return }
                     self.run(self.machine.waiterTimedOut(waiter: id, now: self.now()), afterWaiterTimeout: true)
                 }
@@ -338,7 +347,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             case .scheduleRetry(let at):
                 armTimer(at: at, retry: true)
             case .cancelTimer:
-                timerSerial &+= 1
+                cancelSessionTimer()
             case .publish(let token):
                 publish(token)
             case .reportBreakerTripped(let until):
@@ -366,12 +375,18 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// One session timer: a new schedule replaces the old (a serial number makes older firings
     /// no-ops). A firing that comes early (clock rounding) re-arms for the rest.
     private func armTimer(at: MonotonicInstant, retry: Bool) {
-        timerSerial &+= 1
+        cancelSessionTimer()
         arm(serial: timerSerial, at: at, retry: retry)
     }
 
+    private func cancelSessionTimer() {
+        timerSerial &+= 1
+        sessionTimer?.cancel()
+        sessionTimer = nil
+    }
+
     private func arm(serial: UInt64, at: MonotonicInstant, retry: Bool) {
-        queue.schedule(after: max(.zero, at - now())) { [weak self] in
+        sessionTimer = clock.schedule(at: at, on: queue) { [weak self] in
             guard let self, !self.stopped, self.timerSerial == serial else { return }
             let n = self.now()
             if n < at { self.arm(serial: serial, at: at, retry: retry); return }
@@ -469,7 +484,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     // MARK: Fetching (session queue)
 
     private func performFetch(_ request: TokenSession.FetchRequest) {
-        let startedAt = monotonicNanos()
+        let startedAt = now().nanoseconds
         if request.reason == .rejected && request.attempt == 1 && request.round == 1 && !request.isSameTokenRetry {
             count { $0.forcedRefreshes += 1 }
         }
@@ -604,7 +619,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                         result = .failure(TokenEndpointFailure(classification: .retryable, reason: "token.exec_exit",
                                                                errorDescription: "\(program) \(how)"))
                     } else {
-                        result = parser.parse(status: 200, headers: [], body: o.stdout, wallClockNow: wallClockSeconds())
+                        result = parser.parse(status: 200, headers: [], body: o.stdout, wallClockNow: clock.wallClockSeconds())
                     }
                 }
                 finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: true, adopted: false)
@@ -682,7 +697,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                     send(.success(settings.resigned(tokenRequest)), request, resent: resent.union([.dpopNonce]), done: done)
                     return
                 }
-                var result = checkedGrant(parser.parse(status: status, headers: headers, body: body, wallClockNow: wallClockSeconds()))
+                var result = checkedGrant(parser.parse(status: status, headers: headers, body: body, wallClockNow: clock.wallClockSeconds()))
                 if case .failure(let f) = result, skew.seconds != skewBefore, !resent.contains(.clockSkew),
                    dpop != nil || tokenRequest.clientAssertion != nil && settings.signer != nil,
                    f.oauthError == "invalid_client" || f.oauthError == "invalid_dpop_proof" {
@@ -705,7 +720,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             }
         }
         inFlight = client
-        queue.schedule(after: timeout) { [weak client] in
+        clock.schedule(after: timeout, on: queue) { [weak client] in
             client?.cancel(detail: "token request timed out after \(timeout)")
         }
     }
@@ -731,7 +746,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// 5 s is logged once at warning level and applied to the `iat` of what bearerd signs.
     private func observeClock(_ headers: [(name: String, value: String)], _ skew: ClockSkew) {
         let date = headers.first { $0.name.lowercased() == "date" }?.value
-        if let measured = skew.observe(dateHeader: date, localNow: wallClockSeconds()) {
+        if let measured = skew.observe(dateHeader: date, localNow: clock.wallClockSeconds()) {
             logger.warning("clock skew against the token endpoint; signed assertions and DPoP proofs use the server's time",
                            metadata: ["clock_skew_s": "\(measured)", "token_url": "\(settings.config.tokenURL)"])
         }
@@ -755,7 +770,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             if case .success = result { outcome = "success" } else { outcome = "failure" }
             count { $0.tokenExchanges[outcome, default: 0] &+= 1 }
         }
-        let durationMs = (monotonicNanos() &- startedAt) / 1_000_000
+        let durationMs = (now().nanoseconds &- startedAt) / 1_000_000
         switch result {
         case .success(let grant):
             count {
@@ -924,7 +939,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     /// The state's access token, if it is not the one we already have and has enough life left.
     private func adoptableGrant(_ state: PersistedSessionState) -> TokenGrant? {
-        guard let grant = state.adoptableGrant(wallClockNow: wallClockSeconds()) else { return nil }
+        guard let grant = state.adoptableGrant(wallClockNow: clock.wallClockSeconds()) else { return nil }
         if let current = machine.currentToken, current.accessToken == grant.accessToken { return nil }
         return grant
     }
@@ -942,7 +957,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private func sendRefresh(using state: PersistedSessionState, _ request: TokenSession.FetchRequest,
                              startedAt: UInt64, rereadOnInvalidGrant: Bool) {
         let usedRefreshToken = state.refreshToken
-        let wallAtSend = wallClockSeconds()
+        let wallAtSend = clock.wallClockSeconds()
         send(settings.preparedRequest(refreshToken: usedRefreshToken), request) { [self] sentAt, result, requestSent in
             switch result {
             case .success(var grant):
@@ -952,7 +967,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                     refreshToken: grant.refreshToken ?? usedRefreshToken,
                     accessToken: .init(token: grant.accessToken, expiresAt: wallAtSend + lifetimeSeconds,
                                        generation: machine.currentGeneration + 1),
-                    updatedAt: max(wallClockSeconds(), (own?.updatedAt ?? 0) + 1),
+                    updatedAt: max(clock.wallClockSeconds(), (own?.updatedAt ?? 0) + 1),
                     sourceFingerprint: state.sourceFingerprint)
                 persist(newState, rotated: grant.refreshToken != usedRefreshToken)
                 own = newState
@@ -1034,7 +1049,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             $0.persistFailure = error.description
         }
         let delay = Self.persistRetryDelay(attempt: attempt)
-        queue.schedule(after: delay) { [weak self] in self?.retryPersist(serial: serial) }
+        clock.schedule(after: delay, on: queue) { [weak self] in self?.retryPersist(serial: serial) }
     }
 
     /// 1 s, 2 s, 4 s … capped at 60 s.
@@ -1048,7 +1063,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         if machine.status == .fetching {
             // A refresh holds (or is waiting for) the lock and will persist its own result; this
             // retry must not take or release that lock underneath it.
-            queue.schedule(after: .seconds(1)) { [weak self] in self?.retryPersist(serial: serial) }
+            clock.schedule(after: .seconds(1), on: queue) { [weak self] in self?.retryPersist(serial: serial) }
             return
         }
         do throws(StateStoreError) {

@@ -17,6 +17,8 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
     private var started = false
     private let logger: Logger
     private let tunePolicy: (@Sendable (inout TokenSession.Policy) -> Void)?
+    /// The clocks and timers of every session (tests pass one they advance).
+    private let clock: any SessionClock
     private var nextQueueIndex = 0
     /// `shared_cache:` (DESIGN §6), built once at start-up (a change needs a restart).
     private var sharedCache: SharedTokenCache?
@@ -27,12 +29,15 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         try self.init(config: config, logger: logger, environment: environment, tunePolicy: nil)
     }
 
-    /// `tunePolicy` adjusts the DESIGN §6 defaults (tests use shorter delays).
+    /// `tunePolicy` adjusts the DESIGN §6 defaults (tests use shorter delays); `clock` is what
+    /// the sessions read time from and arm their timers with (tests advance their own).
     init(config: BearerdConfig, logger: Logger, environment: [String: String],
-         tunePolicy: (@Sendable (inout TokenSession.Policy) -> Void)?) throws(ConfigErrors) {
+         tunePolicy: (@Sendable (inout TokenSession.Policy) -> Void)?,
+         clock: any SessionClock = SystemSessionClock()) throws(ConfigErrors) {
         self.config = config
         self.logger = logger
         self.tunePolicy = tunePolicy
+        self.clock = clock
         var errors: [ConfigError] = []
         var built: [String: TokenSessionDriver] = [:]
         if let shared = config.sharedCache {
@@ -72,7 +77,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         tunePolicy?(&policy)
         nextQueueIndex += 1
         let driver = TokenSessionDriver(settings: settings, policy: policy, store: store, logger: logger,
-                                        queueIndex: 10_000 + nextQueueIndex)
+                                        queueIndex: 10_000 + nextQueueIndex, clock: clock)
         // `subject_session:` chains: the subject is looked up at each exchange (a reload may replace it).
         driver.sessionLookup = { [weak self] name in self?.session(named: name) }
         if let sharedCache {

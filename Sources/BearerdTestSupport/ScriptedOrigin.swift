@@ -26,6 +26,8 @@ public final class ScriptedOrigin: @unchecked Sendable {  // @unchecked: mutable
         case wait(ms: Int)
         /// Wait until the test opens `gate` (at most `timeoutMs`).
         case await(Gate, timeoutMs: Int)
+        /// Open `gate`: tells a test waiting on it that the script got here.
+        case open(Gate)
         /// Read the rest of the current request's body (recorded); no-op when already read.
         case readBody
         /// Close the connection (FIN). Ends the script and the connection.
@@ -307,6 +309,8 @@ public final class ScriptedOrigin: @unchecked Sendable {  // @unchecked: mutable
                 Thread.sleep(forTimeInterval: Double(max(0, ms)) / 1000)
             case .await(let gate, let timeoutMs):
                 _ = gate.wait(timeoutMs: timeoutMs)
+            case .open(let gate):
+                gate.open()
             case .readBody:
                 if !conn.currentBodyDone, !readBody(conn) { return false }
             case .close:

@@ -66,8 +66,8 @@ struct ListenerShellTests {
         l.stop()
         #expect(s.eventually { l.acceptState == .stopped })
         #expect(s.eventually { s.kernel.closed.count == 1 }, "the cancel handler ran and closed the socket")
-        // The retry scheduled at the pause finds the listener stopped and does nothing.
-        usleep(150_000)
+        // The retry scheduled at the pause runs, finds the listener stopped and does nothing.
+        #expect(s.eventually { l.pauseRetriesRun == 1 }, "the retry ran")
         #expect(s.kernel.count("accept") == 1)
         #expect(accepted.fds.isEmpty)
     }

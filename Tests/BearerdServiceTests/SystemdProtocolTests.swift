@@ -323,7 +323,7 @@ struct SocketActivationTests {
         #expect(rc == 0)
         #expect(accepted.wait(timeout: .now() + 5) == .success)
         listener.stop()
-        Thread.sleep(forTimeInterval: 0.2)
+        for loop in group.loops { loop.queue.sync {} }  // `stop` ran (it is queued on the accepting loop)
         var info = stat()
         #expect(lstat(path, &info) == 0, "the socket file of an inherited socket stays")
     }

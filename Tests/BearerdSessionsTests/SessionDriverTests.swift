@@ -101,14 +101,19 @@ struct SessionDriverTests {
     }
 
     @Test func concurrentRequestsFromSeveralLoopsShareOneTokenRequest() async throws {
-        let endpoint = try ScriptedTokenEndpoint { _, n in .delayed(0.3, ScriptedTokenEndpoint.token("access-AAA-\(n)")) }
+        // The endpoint holds its answer until every caller waits (a gate, bounded at 10 s).
+        let release = OneAnswer<Bool>()
+        let endpoint = try ScriptedTokenEndpoint { _, n in
+            _ = release.wait(seconds: 10)
+            return ScriptedTokenEndpoint.token("access-AAA-\(n)")
+        }
         defer { endpoint.stop() }
         let logs = CapturedLogs()
         let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "partner"))
 
-        let results = await withTaskGroup(of: Result<PublishedToken, TokenUnavailable>.self) { group in
+        async let gathered = withTaskGroup(of: Result<PublishedToken, TokenUnavailable>.self) { group in
             for i in 0..<200 {
                 group.addTask { await requestToken(driver, on: testLoops[i % testLoops.count]) }
             }
@@ -116,6 +121,10 @@ struct SessionDriverTests {
             for await r in group { all.append(r) }
             return all
         }
+        #expect(await eventually(8) { driver.snapshot.waiters == 200 }, "all 200 callers wait for the one request")
+        #expect(await eventually(8) { endpoint.count == 1 }, "the one request reached the endpoint")
+        release.put(true)
+        let results = await gathered
         #expect(results.count == 200)
         #expect(results.allSatisfy { (try? $0.get().value) == "access-AAA-1" })
         #expect(endpoint.count == 1)
@@ -134,11 +143,13 @@ struct SessionDriverTests {
         }
         defer { endpoint.stop() }
         let logs = CapturedLogs()
+        let clock = FakeSessionClock()
         let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url, waitTimeout: .milliseconds(500))),
-                                         logger: logs.logger, environment: [:])
+                                         logger: logs.logger, environment: [:], tunePolicy: nil, clock: clock)
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "partner"))
 
+        // Answered at once: the retry (after Retry-After, 2 s) is past the wait bound (0.5 s).
         let first = await requestToken(driver)
         guard case .failure(let unavailable) = first else {
             Issue.record("expected TokenUnavailable, got \(first)")
@@ -152,13 +163,16 @@ struct SessionDriverTests {
         #expect(logs.lines.contains { $0.contains("[warning] token request failed") && $0.contains("oauth.error=temporarily_unavailable")
             && $0.contains("oauth.error_description=down for maintenance") && $0.contains("http.status=503") })
 
-        // The endpoint comes back: the retry (after Retry-After) gets a token.
+        // The endpoint comes back: nothing is sent before Retry-After (2 s, over the 1 s backoff),
+        // then the retry gets a token.
         endpoint.handler = Self.numbered
-        let recovered = await eventually(8) {
-            if case .success(let t) = await requestToken(driver) { return t.value.hasPrefix("access-AAA-") }
-            return false
-        }
-        #expect(recovered)
+        await clock.advance(by: .milliseconds(1999))
+        #expect(driver.metrics.tokenRequests == 1, "no retry before Retry-After")
+        await clock.advance(by: .milliseconds(1))
+        #expect(driver.metrics.tokenRequests == 2, "the retry at Retry-After")
+        #expect(await eventually(5) { driver.currentGeneration == 1 }, "the retry got a token")
+        #expect(try await requestToken(driver).get().value == "access-AAA-2")
+        #expect(endpoint.count == 2)
         #expect(logs.lines(containingAnyOf: [Self.secret, "access-AAA-"]).isEmpty)
     }
 
@@ -166,8 +180,9 @@ struct SessionDriverTests {
         let port = unusedPort()
         let url = EndpointURL(scheme: "http", host: "127.0.0.1", port: port, path: "/oauth/token")
         let logs = CapturedLogs()
+        let clock = FakeSessionClock()
         let manager = try SessionManager(config: sessionConfig(clientCredentials(url, waitTimeout: .milliseconds(500))),
-                                         logger: logs.logger, environment: [:])
+                                         logger: logs.logger, environment: [:], tunePolicy: nil, clock: clock)
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "partner"))
         manager.start()
@@ -179,15 +194,16 @@ struct SessionDriverTests {
         }
         #expect(unavailable.retryAfterSeconds >= 1 && unavailable.retryAfterSeconds <= 30)
         #expect(unavailable.detail.hasPrefix("token."))
-        #expect(driver.usableToken(now: monotonicNanos()) == nil)
+        #expect(driver.usableToken(now: clock.now().nanoseconds) == nil)
 
+        // The endpoint comes back; the first retry (1 s ± 10 % after the failure) gets a token.
         let endpoint = try ScriptedTokenEndpoint(port: port, handler: Self.numbered)
         defer { endpoint.stop() }
-        let recovered = await eventually(12) {
-            if case .success = await requestToken(driver) { return true }
-            return false
-        }
-        #expect(recovered)
+        #expect(driver.metrics.tokenRequests == 1)
+        await clock.advance(by: .milliseconds(1100))
+        #expect(driver.metrics.tokenRequests == 2, "the first retry")
+        #expect(await eventually(5) { driver.currentGeneration == 1 })
+        #expect(try await requestToken(driver).get().value == "access-AAA-1")
         #expect(endpoint.count == 1)
         #expect(logs.lines.contains { $0.contains("error.reason=token.transport") && $0.contains("request_sent=false") })
     }
@@ -213,7 +229,9 @@ struct SessionDriverTests {
         let endpoint = try ScriptedTokenEndpoint { _, _ in .json(status: 200, body: "{\"access_token\":\"\(big)\"}") }
         defer { endpoint.stop() }
         let logs = CapturedLogs()
-        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
+        // A wait bound under the 1 s backoff: the caller gets the failure at once, not at its timeout.
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url, waitTimeout: .milliseconds(500))),
+                                         logger: logs.logger, environment: [:])
         defer { manager.stop() }
         guard case .failure(let u) = await requestToken(try #require(manager.session(named: "partner"))) else {
             Issue.record("expected a failure")
@@ -223,22 +241,32 @@ struct SessionDriverTests {
     }
 
     @Test func backgroundRefreshBeforeExpiryWithoutAnyCaller() async throws {
-        // L = 8 s: soft margin ≈ 4 s (min(300 s, L/2) × [0.9, 1]), hard margin 2 s (L/4). (A 4 s
-        // lifetime left too little slack for a loaded 2-core CI run between fetch and check.)
-        let endpoint = try ScriptedTokenEndpoint { _, n in ScriptedTokenEndpoint.token("access-AAA-\(n)", expiresIn: 8) }
+        // L = 1 h, sent at t0 (the test clock does not move meanwhile): soft point at
+        // t0 + L − min(300 s, L/2) × [0.9, 1] = t0 + 3300…3330 s; hard point t0 + L − min(60 s, L/4).
+        let endpoint = try ScriptedTokenEndpoint { _, n in ScriptedTokenEndpoint.token("access-AAA-\(n)", expiresIn: 3600) }
         defer { endpoint.stop() }
         let logs = CapturedLogs()
-        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger, environment: [:])
+        let clock = FakeSessionClock()
+        let t0 = clock.now()
+        let manager = try SessionManager(config: sessionConfig(clientCredentials(endpoint.url)), logger: logs.logger,
+                                         environment: [:], tunePolicy: nil, clock: clock)
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "partner"))
         manager.start()
-        #expect(await eventually(3) { driver.currentGeneration == 1 })
-        let first = try #require(driver.usableToken(now: monotonicNanos()))
+        #expect(await eventually(5) { driver.currentGeneration == 1 })
+        let first = try #require(driver.usableToken(now: clock.now().nanoseconds))
         #expect(first.value == "access-AAA-1")
-        // Usable without asking until the hard point (≈ 6 s after the request was sent).
-        #expect(first.usableUntil > monotonicNanos() + 3_000_000_000)
-        #expect(await eventually(8) { driver.currentGeneration == 2 })
-        #expect(driver.usableToken(now: monotonicNanos())?.value == "access-AAA-2")
+        #expect(first.usableUntil == (t0 + .seconds(3540)).nanoseconds, "usable without asking until the hard point")
+        await clock.advance(by: .seconds(3299))
+        #expect(driver.metrics.tokenRequests == 1, "no refresh before the soft point")
+        #expect(driver.usableToken(now: clock.now().nanoseconds)?.value == "access-AAA-1")
+        // The next timer is the refresh (the request's timeout went by harmlessly): only that
+        // one, so the new request's own timeout (15 s) cannot come due while it is on the wire.
+        let refreshAt = try #require(await clock.advanceToNextTimer())
+        #expect(refreshAt - t0 >= .seconds(3300) && refreshAt - t0 <= .seconds(3330), "soft point \(refreshAt - t0)")
+        #expect(driver.metrics.tokenRequests == 2, "the refresh at the soft point, without any caller")
+        #expect(await eventually(5) { driver.currentGeneration == 2 })
+        #expect(driver.usableToken(now: clock.now().nanoseconds)?.value == "access-AAA-2")
         #expect(logs.lines.contains { $0.contains("token.reason=soft") && $0.contains("token.generation=2") })
     }
 
@@ -317,8 +345,11 @@ struct SessionDriverTests {
     }
 
     @Test func fiftyConcurrentRejectionsOfTheCurrentGenerationShareOneRefresh() async throws {
+        // The refresh's answer is held until every rejection waits (a gate, bounded at 10 s).
+        let release = OneAnswer<Bool>()
         let endpoint = try ScriptedTokenEndpoint { _, n in
-            n == 1 ? ScriptedTokenEndpoint.token("access-AAA-1") : .delayed(0.3, ScriptedTokenEndpoint.token("access-AAA-\(n)"))
+            if n > 1 { _ = release.wait(seconds: 10) }
+            return ScriptedTokenEndpoint.token("access-AAA-\(n)")
         }
         defer { endpoint.stop() }
         let logs = CapturedLogs()
@@ -327,7 +358,7 @@ struct SessionDriverTests {
         let driver = try #require(manager.session(named: "partner"))
         let first = try await requestToken(driver).get()
 
-        let outcomes = await withTaskGroup(of: RejectionOutcome.self) { group in
+        async let gathered = withTaskGroup(of: RejectionOutcome.self) { group in
             for i in 0..<50 {
                 group.addTask { await reportRejected(driver, generation: first.generation, on: testLoops[i % testLoops.count]) }
             }
@@ -335,6 +366,9 @@ struct SessionDriverTests {
             for await o in group { all.append(o) }
             return all
         }
+        #expect(await eventually(8) { driver.snapshot.waiters == 50 }, "all 50 rejections wait for the one refresh")
+        release.put(true)
+        let outcomes = await gathered
         #expect(outcomes.count == 50)
         #expect(endpoint.count == 2)
         for o in outcomes {

@@ -187,28 +187,33 @@ struct SessionRefreshTokenTests {
         let lockFD = open(f.stateDir + "/me.lock", O_RDWR | O_CREAT, 0o600)
         #expect(flock(lockFD, LOCK_EX) == 0)
         // A bound for the case this test guards against (a session queue blocked in flock would
-        // otherwise wait forever): the "other process" gives the lock up after 5 s at the latest.
-        DispatchQueue.global().asyncAfter(deadline: .now() + 5) { flock(lockFD, LOCK_UN); close(lockFD) }
-        let manager = try SessionManager(config: f.config, logger: CapturedLogs().logger, environment: [:])
+        // otherwise wait forever): the "other process" gives the lock up after 5 s at the latest,
+        // and says so.
+        let held = Latch()
+        DispatchQueue.global().asyncAfter(deadline: .now() + 5) {
+            held.open()
+            flock(lockFD, LOCK_UN)
+            close(lockFD)
+        }
+        let clock = FakeSessionClock()
+        let manager = try SessionManager(config: f.config, logger: CapturedLogs().logger, environment: [:],
+                                         tunePolicy: nil, clock: clock)
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "me"))
-        // Timed where the session answers (on the loop), not where this task resumes: a busy
-        // test run can keep an async task waiting for a thread long after the answer came.
-        let started = ContinuousClock.now
-        let (result, waited) = await withCheckedContinuation { c in
-            driver.requestToken(on: testLoops[0]) { r in c.resume(returning: (r, ContinuousClock.now - started)) }
-        }
+        let answer = OneAnswer<Result<PublishedToken, TokenUnavailable>>()
+        driver.requestToken(on: testLoops[0]) { answer.put($0) }
+        await FakeSessionClock.settle(driver.queue)  // the waiter is in, its timeout armed
+        #expect(driver.snapshot.waiters == 1)
+        // The waiter's timeout comes due: it must run on the session queue while the lock is held.
+        await clock.advance(by: .milliseconds(300))
+        let result = try #require(answer.wait(seconds: 5))
+        #expect(!held.isOpen, "the waiter's timeout fired while the lock was held")
         guard case .failure(let u) = result else { Issue.record("expected a wait timeout, got \(result)"); return }
         #expect(u.detail.contains("wait_timeout"), "\(u.detail)")
-        #expect(waited < .seconds(3), "the waiter's timeout fired while the lock was held")
         // The other process finishes: the refresh goes on and later callers get a token.
         flock(lockFD, LOCK_UN)
-        var token: PublishedToken?
-        for _ in 0..<50 where token == nil {
-            token = try? await requestToken(driver).get()
-            if token == nil { try await Task.sleep(for: .milliseconds(100)) }
-        }
-        #expect(token?.value == "access-AAA-1")
+        #expect(await eventually(5) { driver.currentGeneration == 1 }, "the refresh went on once the lock was free")
+        #expect(try await requestToken(driver).get().value == "access-AAA-1")
     }
 
     /// DESIGN §6 "Rotation durability": a rotated refresh token that cannot be written (here the state file's
@@ -221,7 +226,8 @@ struct SessionRefreshTokenTests {
         let f = Fixture(endpoint: endpoint)
         defer { removeTree(f.root) }
         let logs = CapturedLogs()
-        let manager = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        let clock = FakeSessionClock()
+        let manager = try SessionManager(config: f.config, logger: logs.logger, environment: [:], tunePolicy: nil, clock: clock)
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "me"))
         let first = try await requestToken(driver).get()
@@ -237,21 +243,21 @@ struct SessionRefreshTokenTests {
         let failing = driver.snapshot
         #expect(failing.persistFailure != nil)
         #expect(failing.counters.statePersistFailures >= 1)
-        let ready = AdminResponder.readiness(phase: .serving, sessions: [failing], now: monotonicNanos())
+        let ready = AdminResponder.readiness(phase: .serving, sessions: [failing], now: clock.now().nanoseconds)
         #expect(ready.status == 503)
         #expect(ready.body.contains("\"state\":\"state_not_persisted\""))
         #expect(logs.lines.contains { $0.contains("cannot persist the session state") })
 
         // The next refresh must use the rotated token kept in memory, not the one on disk.
         try FileManager.default.removeItem(atPath: f.statePath)
-        var recovered = false
-        for _ in 0..<60 where !recovered {
-            try await Task.sleep(for: .milliseconds(100))
-            recovered = driver.snapshot.persistFailure == nil
-        }
-        #expect(recovered, "the write was retried and succeeded")
+        // The first retry is 1 s after the failure; nothing is written before it.
+        await clock.advance(by: .milliseconds(999))
+        #expect(driver.snapshot.persistFailure != nil, "no write before the retry")
+        #expect(!FileManager.default.fileExists(atPath: f.statePath))
+        await clock.advance(by: .milliseconds(1))
+        #expect(driver.snapshot.persistFailure == nil, "the write was retried and succeeded")
         #expect(try f.stored().refreshToken.exposedValue == "refresh-RRR-2")
-        #expect(AdminResponder.readiness(phase: .serving, sessions: [driver.snapshot], now: monotonicNanos()).status == 200)
+        #expect(AdminResponder.readiness(phase: .serving, sessions: [driver.snapshot], now: clock.now().nanoseconds).status == 200)
         #expect(logs.lines(containingAnyOf: Self.secrets).isEmpty)
     }
 
@@ -342,7 +348,8 @@ struct SessionRefreshTokenTests {
         let f = Fixture(endpoint: endpoint, initialRefreshToken: "refresh-RRR-dead")
         defer { removeTree(f.root) }
         let logs = CapturedLogs()
-        let manager = try SessionManager(config: f.config, logger: logs.logger, environment: [:])
+        let clock = FakeSessionClock()
+        let manager = try SessionManager(config: f.config, logger: logs.logger, environment: [:], tunePolicy: nil, clock: clock)
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "me"))
         manager.start()
@@ -357,7 +364,10 @@ struct SessionRefreshTokenTests {
         #expect(driver.status == .needsReauthentication)
         #expect(driver.metrics.failuresInvalidGrant == 1)
         #expect(driver.metrics.tokenRequests == 1)
-        try await Task.sleep(nanoseconds: 300_000_000)
+        // No timer revives a dead refresh token, however long the session waits.
+        await clock.advance(by: .seconds(3 * 3600))
+        #expect(driver.status == .needsReauthentication)
+        #expect(driver.metrics.tokenRequests == 1)
         #expect(endpoint.count == 1)
         #expect(logs.lines.contains { $0.hasPrefix("[error]") && $0.contains("session me needs a new refresh token: put one in \(f.refreshFile) and send SIGHUP") })
 
@@ -367,7 +377,9 @@ struct SessionRefreshTokenTests {
 
         // A SIGHUP with the file unchanged sends nothing.
         try manager.reload(f.config, environment: [:])
-        try await Task.sleep(nanoseconds: 300_000_000)
+        await clock.advance(by: .seconds(3 * 3600))  // also settles the reload on the session queue
+        #expect(driver.status == .needsReauthentication)
+        #expect(driver.metrics.tokenRequests == 1)
         #expect(endpoint.count == 1)
 
         // The operator puts a new refresh token in the file and sends SIGHUP.

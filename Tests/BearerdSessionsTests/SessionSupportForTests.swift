@@ -136,17 +136,44 @@ func unusedPort() -> UInt16 {
 let testLoops: [EventLoop] = (0..<4).map { EventLoop(index: 900 + $0, readBufferSize: 4096) }
 
 func requestToken(_ driver: TokenSessionDriver, on loop: EventLoop = testLoops[0]) async -> Result<PublishedToken, TokenUnavailable> {
-    await withCheckedContinuation { c in
+    await boundedAnswer(or: .failure(TokenUnavailable(session: driver.name, retryAfterSeconds: 0, detail: noAnswer))) { answer in
         driver.requestToken(on: loop) { result in
             loop.assertInEventLoop()
-            c.resume(returning: result)
+            answer(result)
         }
     }
 }
 
 func reportRejected(_ driver: TokenSessionDriver, generation: UInt64, on loop: EventLoop = testLoops[0]) async -> RejectionOutcome {
-    await withCheckedContinuation { c in
-        driver.reportRejected(generation: generation, on: loop) { c.resume(returning: $0) }
+    await boundedAnswer(or: .passThrough(reason: noAnswer)) { answer in
+        driver.reportRejected(generation: generation, on: loop) { answer($0) }
+    }
+}
+
+/// What the helpers above return when the session never answers (a waiter nobody times out,
+/// e.g. under a `FakeSessionClock` the test did not advance): the test fails instead of hanging.
+let noAnswer = "test: the session did not answer within 30 s"
+
+/// The first of the answer `start` delivers and `fallback` after 30 s (each resumes once).
+private func boundedAnswer<T: Sendable>(or fallback: T, _ start: (@escaping @Sendable (T) -> Void) -> Void) async -> T {
+    await withCheckedContinuation { (c: CheckedContinuation<T, Never>) in
+        let once = ResumeOnce(c)
+        DispatchQueue.global().asyncAfter(deadline: .now() + 30) { once.resume(fallback) }
+        start { once.resume($0) }
+    }
+}
+
+/// A continuation resumed at most once, from any thread.
+private final class ResumeOnce<T: Sendable>: @unchecked Sendable {  // @unchecked: `continuation` guarded by `lock`
+    private let lock = NSLock()
+    private var continuation: CheckedContinuation<T, Never>?
+    init(_ c: CheckedContinuation<T, Never>) { continuation = c }
+    func resume(_ value: T) {
+        let c: CheckedContinuation<T, Never>? = lock.withLock {
+            defer { continuation = nil }
+            return continuation
+        }
+        c?.resume(returning: value)
     }
 }
 
