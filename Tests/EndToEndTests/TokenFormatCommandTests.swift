@@ -47,10 +47,16 @@ struct TokenFormatCommandTests {
         let state = NSTemporaryDirectory() + "bearerd-format-\(UUID().uuidString)"
         let cfg = try Self.config(tokens: tokens, stateDir: state)
         var expiries: [Int64] = []
+        // The token is issued during the first command; the second one prints it from the cache,
+        // so both expiries lie in the first command's window (the second may run seconds later
+        // on a loaded machine).
+        var issued: (before: Int64, after: Int64)?
         for _ in 0..<2 {  // fetched, then from the cache
-            let before = Self.now
+            let start = Self.now
             let out = try CommandLineTests.run(["token", "-c", cfg, "--format", "json", "svc"])
-            let after = Self.now
+            let window = issued ?? (start, Self.now)
+            issued = window
+            let (before, after) = window
             #expect(out.status == 0, "\(out.stderr)")
             #expect(out.stderr.isEmpty)
             let o = try Self.object(out.stdout)
