@@ -50,6 +50,8 @@ public struct PeerCredentials: Sendable, Equatable {
 public final class Syscalls: Sendable {
     public typealias Read = @Sendable (_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) -> Int
     public typealias Send = @Sendable (_ fd: Int32, _ buffer: UnsafeRawBufferPointer) -> Int
+    /// A gathered send of two buffers in order (`first`, then `second`): bytes taken, or `-errno`.
+    public typealias SendPair = @Sendable (_ fd: Int32, _ first: UnsafeRawBufferPointer, _ second: UnsafeRawBufferPointer) -> Int
     /// The new fd (non-blocking, close-on-exec) with the peer written to `address`/`length`.
     public typealias Accept = @Sendable (_ fd: Int32, _ address: UnsafeMutablePointer<sockaddr>, _ length: UnsafeMutablePointer<socklen_t>) -> Int
     public typealias Socket = @Sendable (_ family: Int32) -> Int
@@ -68,6 +70,9 @@ public final class Syscalls: Sendable {
 
     public let read: Read
     public let send: Send
+    /// nil: `write(_:_:then:)` sends `first` alone with `send` (a partial write, which the caller continues),
+    /// so a test that plays `send` sees every byte; `.system` uses sendmsg(2) with two iovecs.
+    public let sendPairCall: SendPair?
     public let accept: Accept
     public let socket: Socket
     public let connect: AddressCall
@@ -97,9 +102,11 @@ public final class Syscalls: Sendable {
                 setOption: @escaping SetOption = System.setOption, getOption: @escaping GetOption = System.getOption,
                 localName: @escaping SockName = System.localName, epollCreate: @escaping EpollCreate = System.epollCreate,
                 epollAdd: @escaping EpollControl = System.epollAdd, epollDelete: @escaping EpollControl = System.epollDelete,
-                epollWait: @escaping EpollWait = System.epollWait, peek: @escaping FDCall = System.peek) {
+                epollWait: @escaping EpollWait = System.epollWait, peek: @escaping FDCall = System.peek,
+                sendPair: SendPair? = nil) {
         self.read = read
         self.send = send
+        self.sendPairCall = sendPair
         self.accept = accept
         self.socket = socket
         self.connect = connect
@@ -120,7 +127,7 @@ public final class Syscalls: Sendable {
     }
 
     /// The kernel's.
-    public static let system = Syscalls()
+    public static let system = Syscalls(sendPair: System.sendPair)
 
     /// The libc calls behind `Syscalls.system`: a result, or `-errno`.
     public enum System {
@@ -130,6 +137,9 @@ public final class Syscalls: Sendable {
         @Sendable public static func read(_ fd: Int32, _ b: UnsafeMutableRawBufferPointer) -> Int { result(Glibc.read(fd, b.baseAddress, b.count)) }
         @Sendable public static func send(_ fd: Int32, _ b: UnsafeRawBufferPointer) -> Int {
             result(Glibc.send(fd, b.baseAddress, b.count, Int32(MSG_NOSIGNAL)))
+        }
+        @Sendable public static func sendPair(_ fd: Int32, _ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) -> Int {
+            result(bearerd_send2(fd, a.baseAddress, a.count, b.baseAddress, b.count))
         }
         @Sendable public static func accept(_ fd: Int32, _ a: UnsafeMutablePointer<sockaddr>, _ l: UnsafeMutablePointer<socklen_t>) -> Int {
             result(bearerd_accept4(fd, a, l, bearerd_accept_flags()))
@@ -207,6 +217,19 @@ public final class Syscalls: Sendable {
     public func write(_ fd: Int32, from buffer: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
         while true {
             let n = send(fd, buffer)
+            if n >= 0 { return .bytes(n) }
+            let e = Int32(-n)
+            if e == EINTR { continue }
+            if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
+            throw IOError("send", e)
+        }
+    }
+
+    /// `first` then `second` in one gathered send (or `first` alone, see `sendPairCall`); EINTR retried.
+    @inline(__always)
+    public func write(_ fd: Int32, _ first: UnsafeRawBufferPointer, then second: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
+        while true {
+            let n = sendPairCall.map { $0(fd, first, second) } ?? send(fd, first)
             if n >= 0 { return .bytes(n) }
             let e = Int32(-n)
             if e == EINTR { continue }
