@@ -16,4 +16,8 @@ int bearerd_affinity_cpu_count(void);
 /* sendmsg(2) of two buffers in order, MSG_NOSIGNAL (a gathered write: queued output, then the
    caller's bytes, in one system call). Bytes sent, or -1 with errno. */
 ssize_t bearerd_send2(int fd, const void *first, size_t first_len, const void *second, size_t second_len);
+/* Unmaps the pages of every loaded object's read-only code segments (madvise MADV_DONTNEED; the
+   file stays in the page cache, a later call faults its page back in). Bytes of address space
+   released. Objects with text relocations and writable segments are left alone. */
+long bearerd_release_code_pages(void);
 #endif
