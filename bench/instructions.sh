@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
-# Instructions per proxied request, counted by valgrind (callgrind), for one or more bearerd
-# binaries: a measure of bearerd's own work that the shared machine's noise does not move
-# (repeat runs agree within ~0.1 %), for A/B comparisons of a change before the wall-clock
-# bench (run.sh). It counts user-space instructions only: system calls, wake-ups and cache
-# misses are not in it, so it complements run.sh, never replaces it.
+# Instructions per proxied request, per new connection and per 1 MiB response, counted by
+# valgrind (callgrind), for one or more bearerd binaries (and nginx doing the same job): a
+# measure of the proxy's own work that the shared machine's noise does not move (repeat runs
+# agree within ~0.1 %), for A/B comparisons of a change before the wall-clock bench (run.sh).
+# It counts user-space instructions only: system calls, wake-ups and cache misses are not in
+# it, so it complements run.sh, never replaces it.
 #
 #   bash bench/instructions.sh [BINARY ...]     default: .build/release/bearerd
 #   DURATION=8 CONNS=16 bash bench/instructions.sh old/bearerd new/bearerd
+#   bash bench/instructions.sh nginx .build/release/bearerd    # nginx as the reference row
+#   SCENARIOS=keepalive bash bench/instructions.sh             # the per-request column only
+#
+# Scenarios (SCENARIOS, default "keepalive newconn big"), each a wrk run of DURATION seconds:
+#   keepalive  GET /small over CONNS keep-alive connections       -> instructions per request
+#   newconn    GET /small, `Connection: close`, CONNS connections  -> instructions per connection
+#   big        GET /big (1 MiB body), BIG_CONNS connections        -> instructions per MiB
 #
 # For each binary: a copy without debug information (valgrind cannot read the static
 # binary's DWARF) runs under callgrind against a local nginx origin with a client_credentials
-# session, once with no load (start-up) and once under `wrk -c$CONNS -d$DURATION`; the
-# difference of the instruction totals over the requests served is printed, with the ratio
-# to the first binary. Under valgrind bearerd is ~50x slower, so batches are smaller than in
-# run.sh and the per-request figure includes more per-event overhead; compare binaries, not
-# this number with run.sh's CPU time. The callgrind profiles are kept in the temp directory
-# (KEEP=1) for `callgrind_annotate`.
+# session, once with no load (start-up) and once per scenario; the difference of the
+# instruction totals over the responses served is printed, with the ratio to the first row.
+# The word `nginx` in place of a binary measures nginx as the proxy the same way (one process,
+# `master_process off`; a keep-alive pool to the origin and a static Authorization header, as
+# in run.sh). Under valgrind a proxy is ~50x slower, so batches are smaller than in run.sh and
+# the figures include more per-event overhead; compare rows, not these numbers with run.sh's
+# CPU time. KEEP=1 keeps the callgrind profiles (cg.<row>.<scenario>.<pid> in the temp
+# directory) for `callgrind_annotate`.
 set -euo pipefail
 
 DURATION=${DURATION:-8}
 CONNS=${CONNS:-16}
+BIG_CONNS=${BIG_CONNS:-4}
+SCENARIOS=${SCENARIOS:-keepalive newconn big}
 KEEP=${KEEP:-0}
 PORT=18180
 ORIGIN_PORT=18181
@@ -30,8 +42,15 @@ die() { printf '[instructions] error: %s\n' "$*" >&2; exit 1; }
 
 case "$DURATION" in ''|*[!0-9]*|0) die "DURATION must be a positive integer (seconds)" ;; esac
 case "$CONNS" in ''|*[!0-9]*|0) die "CONNS must be a positive integer" ;; esac
+case "$BIG_CONNS" in ''|*[!0-9]*|0) die "BIG_CONNS must be a positive integer" ;; esac
+[ -n "$SCENARIOS" ] || die "SCENARIOS is empty"
+for sc in $SCENARIOS; do
+    case "$sc" in keepalive|newconn|big) ;; *) die "unknown scenario '$sc' (keepalive, newconn, big)" ;; esac
+done
 if [ "$#" -eq 0 ]; then set -- "$REPO/.build/release/bearerd"; fi
-for b in "$@"; do [ -x "$b" ] || die "not an executable: $b (build with: swift build -c release --static-swift-stdlib --product bearerd)"; done
+for b in "$@"; do
+    [ "$b" = nginx ] || [ -x "$b" ] || die "not an executable: $b (build with: swift build -c release --static-swift-stdlib --product bearerd)"
+done
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()
@@ -51,15 +70,19 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 WORK=$(mktemp -d /tmp/bearerd-instructions.XXXXXX)
-BEARERD_PID=""
+PROXY_PID=""
 cleanup() {
-    [ -n "$BEARERD_PID" ] && kill -INT "$BEARERD_PID" 2>/dev/null || true
+    [ -n "$PROXY_PID" ] && kill -INT "$PROXY_PID" 2>/dev/null || true
     [ -f "$WORK/origin/nginx.pid" ] && kill "$(cat "$WORK/origin/nginx.pid")" 2>/dev/null || true
     if [ "$KEEP" = 1 ]; then log "kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT INT TERM
 
-mkdir -p "$WORK/origin/tmp" "$WORK/state"
+mkdir -p "$WORK/origin/tmp" "$WORK/origin/www" "$WORK/proxy/tmp" "$WORK/state"
+chmod 0755 "$WORK"  # an nginx worker started as root reads the origin's files as nobody
+head -c $((1024 * 1024)) /dev/urandom >"$WORK/origin/www/big"
+chmod 0755 "$WORK/origin" "$WORK/origin/www"
+chmod 0644 "$WORK/origin/www/big"
 cat >"$WORK/origin/nginx.conf" <<EOF
 pid $WORK/origin/nginx.pid;
 error_log $WORK/origin/error.log warn;
@@ -67,11 +90,13 @@ worker_processes 1;
 events { worker_connections 1024; }
 http {
     access_log off; keepalive_requests 10000000; keepalive_timeout 300s;
+    sendfile on; tcp_nopush on; tcp_nodelay on;
     client_body_temp_path $WORK/origin/tmp/b; proxy_temp_path $WORK/origin/tmp/p;
     fastcgi_temp_path $WORK/origin/tmp/f; uwsgi_temp_path $WORK/origin/tmp/u; scgi_temp_path $WORK/origin/tmp/s;
     server {
-        listen 127.0.0.1:$ORIGIN_PORT;
+        listen 127.0.0.1:$ORIGIN_PORT backlog=4096;
         location = /small { default_type text/plain; return 200 "$(printf 'x%.0s' $(seq 100))"; }
+        location = /big { root $WORK/origin/www; default_type application/octet-stream; }
         location = /token { default_type application/json; return 200 '{"access_token":"instructions-token","token_type":"Bearer","expires_in":3600}'; }
     }
 }
@@ -91,42 +116,108 @@ routes:
     upstream: http://127.0.0.1:$ORIGIN_PORT
     session: bench
 EOF
+# nginx as the proxy (the `nginx` row): one process doing the work, like run.sh's single worker.
+cat >"$WORK/proxy/nginx.conf" <<EOF
+daemon off;
+master_process off;
+pid $WORK/proxy/nginx.pid;
+error_log $WORK/proxy/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off; keepalive_requests 10000000; keepalive_timeout 300s; tcp_nodelay on;
+    client_body_temp_path $WORK/proxy/tmp/b; proxy_temp_path $WORK/proxy/tmp/p;
+    fastcgi_temp_path $WORK/proxy/tmp/f; uwsgi_temp_path $WORK/proxy/tmp/u; scgi_temp_path $WORK/proxy/tmp/s;
+    upstream origin { server 127.0.0.1:$ORIGIN_PORT; keepalive 128; keepalive_requests 10000000; keepalive_timeout 300s; }
+    server {
+        listen 127.0.0.1:$PORT backlog=4096;
+        location / {
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Authorization "Bearer bench-static-token";
+            proxy_buffers 8 64k;
+            proxy_max_temp_file_size 0;
+        }
+    }
+}
+EOF
 
-# count BINARY idle|load N: sets REQUESTS and INSTRUCTIONS for one callgrind run.
+# count BINARY idle|SCENARIO ROW: sets REQUESTS and INSTRUCTIONS for one callgrind run.
 count() {
     local bin=$1 load=$2 out="$WORK/cg.$3.$2"
-    valgrind --tool=callgrind --callgrind-out-file="$out.%p" "$bin" run -c "$WORK/bearerd.yaml" --no-access-log \
-        >"$WORK/valgrind.log" 2>&1 &
-    BEARERD_PID=$!
+    if [ "$bin" = nginx ]; then
+        valgrind --tool=callgrind --callgrind-out-file="$out.%p" "$NGINX" -p "$WORK/proxy" -e "$WORK/proxy/error.log" \
+            -c "$WORK/proxy/nginx.conf" >"$WORK/valgrind.log" 2>&1 &
+    else
+        valgrind --tool=callgrind --callgrind-out-file="$out.%p" "$bin" run -c "$WORK/bearerd.yaml" --no-access-log \
+            >"$WORK/valgrind.log" 2>&1 &
+    fi
+    PROXY_PID=$!
     local i
     for i in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$PORT/small" && break; sleep 0.2; done
-    curl -sf -o /dev/null "http://127.0.0.1:$PORT/small" || die "bearerd did not answer under valgrind (see $WORK/valgrind.log; KEEP=1)"
-    local requests=0
-    if [ "$load" = load ]; then
-        requests=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$PORT/small" | awk '/requests in/ {print $1}')
+    curl -sf -o /dev/null "http://127.0.0.1:$PORT/small" || die "$bin did not answer under valgrind (see $WORK/valgrind.log; KEEP=1)"
+    local requests=0 wrk_args=()
+    case "$load" in
+        keepalive) wrk_args=(-c"$CONNS" "http://127.0.0.1:$PORT/small") ;;
+        newconn) wrk_args=(-c"$CONNS" -H "Connection: close" "http://127.0.0.1:$PORT/small") ;;
+        big) wrk_args=(-c"$BIG_CONNS" --timeout 30s "http://127.0.0.1:$PORT/big") ;;
+    esac
+    if [ "$load" != idle ]; then
+        local res
+        res=$(wrk -t1 -d"${DURATION}s" "${wrk_args[@]}")
+        requests=$(awk '/requests in/ {print $1}' <<<"$res")
+        if grep -q 'Socket errors\|Non-2xx' <<<"$res"; then log "warning: $bin $load: $(grep 'Socket errors\|Non-2xx' <<<"$res" | tr -s ' ')"; fi
     fi
-    kill -INT "$BEARERD_PID"
-    wait "$BEARERD_PID" 2>/dev/null || true
-    BEARERD_PID=""
+    if [ "$bin" = nginx ]; then kill -QUIT "$PROXY_PID"; else kill -INT "$PROXY_PID"; fi
+    wait "$PROXY_PID" 2>/dev/null || true
+    PROXY_PID=""
     REQUESTS=$requests
-    INSTRUCTIONS=$(grep -h '^totals:\|^summary:' "$out".* | head -1 | awk '{print $2}')
+    # One profile per process (a file has both a summary: and a totals: line; take one).
+    local f total=0 t
+    for f in "$out".*; do
+        t=$(grep -h '^totals:\|^summary:' "$f" | head -1 | awk '{print $2}')
+        [ -n "$t" ] && total=$((total + t))
+    done
+    INSTRUCTIONS=$total
+    [ "$INSTRUCTIONS" -gt 0 ] || INSTRUCTIONS=""
     [ -n "$INSTRUCTIONS" ] || die "no callgrind totals for $bin (see $WORK/valgrind.log; KEEP=1)"
 }
 
-first=""
+header() {
+    printf '%-40s' binary
+    local sc
+    for sc in $SCENARIOS; do
+        case "$sc" in
+            keepalive) printf ' %10s %14s %8s' requests "instr/request" ratio ;;
+            newconn) printf ' %10s %14s %8s' conns "instr/conn" ratio ;;
+            big) printf ' %10s %14s %8s' MiB "instr/MiB" ratio ;;
+        esac
+    done
+    printf '\n'
+}
+
+declare -A FIRST=()
 n=0
-printf '%-40s %10s %14s %8s\n' binary requests "instr/request" ratio
+header
 for b in "$@"; do
     n=$((n + 1))
-    mkdir -p "$WORK/bin.$n"
-    s="$WORK/bin.$n/bearerd"  # named bearerd: the process shows as `bearerd run`
-    strip --strip-debug -o "$s" "$b"
+    if [ "$b" = nginx ]; then
+        s=nginx
+    else
+        mkdir -p "$WORK/bin.$n"
+        s="$WORK/bin.$n/bearerd"  # named bearerd: the process shows as `bearerd run`
+        strip --strip-debug -o "$s" "$b"
+    fi
     count "$s" idle "$n"
     base=$INSTRUCTIONS
-    count "$s" load "$n"
-    requests=$REQUESTS loaded=$INSTRUCTIONS
-    [ "${requests:-0}" -gt 0 ] || die "no requests served under load for $b"
-    per=$(( (loaded - base) / requests ))
-    [ -n "$first" ] || first=$per
-    printf '%-40s %10d %14d %7.3fx\n' "$b" "$requests" "$per" "$(awk -v a="$per" -v b="$first" 'BEGIN{print a/b}')"
+    row=$(printf '%-40s' "$b")
+    for sc in $SCENARIOS; do
+        count "$s" "$sc" "$n"
+        requests=$REQUESTS loaded=$INSTRUCTIONS
+        [ "${requests:-0}" -gt 0 ] || die "no responses under load ($sc) for $b"
+        per=$(( (loaded - base) / requests ))
+        [ -n "${FIRST[$sc]:-}" ] || FIRST[$sc]=$per
+        row+=$(printf ' %10d %14d %7.3fx' "$requests" "$per" "$(awk -v a="$per" -v b="${FIRST[$sc]}" 'BEGIN{print a/b}')")
+    done
+    printf '%s\n' "$row"
 done

@@ -15,6 +15,8 @@
 #   big_c8     GET /big (1 MiB body), 8 connections        -> MiB/s (bytes read / duration)
 #   newconn_c16  GET /small with `Connection: close`, 16 connections: a new TCP connection
 #              per request -> requests/s
+#   newconn_c64t2  the same with 64 connections from two wrk threads (`-t2`, NEWCONN_LOAD_CPUS):
+#              a load generator with CPU to spare, so the proxy, not wrk, is the bottleneck
 #   h2c_c4m16  GET /small over prior-knowledge HTTP/2 (h2load -c4 -m16: 4 connections, 16
 #              streams each) -> requests/s. nginx takes it on an h2c listener (127.0.0.1:18083)
 #              proxying to the same origin over HTTP/1.1; bearerd on its usual port (every
@@ -46,6 +48,8 @@
 #   BEARERD_LOOPS=N   set bearerd's `loops:` (default: unset, one per CPU it may use: 1 when
 #                     pinned to one core)
 #   PROXY_CPUS, LOAD_CPUS   taskset CPU lists (default 0 and 1-(N-1))
+#   NEWCONN_LOAD_CPUS  where wrk runs for newconn_c64t2 (default LOAD_CPUS; on a machine with
+#                     4+ cores e.g. PROXY_CPUS=0 LOAD_CPUS=1 NEWCONN_LOAD_CPUS=2-3)
 #   KEEP=1            keep the temporary directory (configs, logs, raw wrk output)
 #
 # Besides requests/s and latency, each run records the proxy's CPU time per request (utime +
@@ -80,7 +84,7 @@ NGINX_H2C_PORT=18083
 ORIGIN_H2C_PORT=18084
 BEARERD_LOG_PORT=18085
 HAPROXY_PORT=18086
-SCENARIOS=(small_c64 small_c1 big_c8 newconn_c16 h2c_c4m16)
+SCENARIOS=(small_c64 small_c1 big_c8 newconn_c16 newconn_c64t2 h2c_c4m16)
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT_DIR=$REPO/bench/out
@@ -196,6 +200,8 @@ if [ "$NCPU" -ge 2 ]; then
     if [ "$NCPU" -eq 2 ]; then LOAD_CPUS=${LOAD_CPUS:-1}; else LOAD_CPUS=${LOAD_CPUS:-1-$((NCPU - 1))}; fi
     PIN_PROXY=(taskset -c "$PROXY_CPUS")
     PIN_LOAD=(taskset -c "$LOAD_CPUS")
+    NEWCONN_LOAD_CPUS=${NEWCONN_LOAD_CPUS:-$LOAD_CPUS}
+    PIN_NEWCONN_LOAD=(taskset -c "$NEWCONN_LOAD_CPUS")
     # Number of CPUs in LOAD_CPUS: the origin's worker count.
     ORIGIN_WORKERS=$(taskset -c "$LOAD_CPUS" nproc)
 else
@@ -204,6 +210,8 @@ else
     log "warning: 1 CPU, nothing pinned; proxy, origin and wrk compete for the same core"
     PIN_PROXY=()
     PIN_LOAD=()
+    NEWCONN_LOAD_CPUS=${NEWCONN_LOAD_CPUS:-unpinned}
+    PIN_NEWCONN_LOAD=()
     ORIGIN_WORKERS=1
 fi
 
@@ -508,12 +516,13 @@ run_wrk() {
         run_h2load "$round" "$target" "$secs"
         return
     fi
-    local extra=()
+    local extra=() threads=1 pin=("${PIN_LOAD[@]}")
     case "$scenario" in
         small_c64) conns=64 path=/small ;;
         small_c1) conns=1 path=/small ;;
         big_c8) conns=8 path=/big ;;
         newconn_c16) conns=16 path=/small extra=(-H "Connection: close") ;;
+        newconn_c64t2) conns=64 threads=2 path=/small extra=(-H "Connection: close") pin=("${PIN_NEWCONN_LOAD[@]}") ;;
     esac
     local out="$WORK/wrk/$round-$scenario-$target.txt"
     local wpid ticks0 ticks1 acc0 acc1
@@ -521,7 +530,7 @@ run_wrk() {
     ticks0=$(cpu_ticks "$wpid")
     acc0=$(origin_accepts)
     # In the background + wait, so a signal to this script interrupts at once (trap).
-    "${PIN_LOAD[@]}" wrk -t1 -c"$conns" -d"${secs}s" --timeout 10s -s "$WORK/report.lua" "${extra[@]}" \
+    "${pin[@]}" wrk -t"$threads" -c"$conns" -d"${secs}s" --timeout 10s -s "$WORK/report.lua" "${extra[@]}" \
         "http://127.0.0.1:$(port_of "$target")$path" >"$out" 2>&1 &
     WRK_PID=$!
     wait "$WRK_PID" || { cat "$out" >&2; die "wrk failed ($scenario, $target)"; }
@@ -645,7 +654,7 @@ fmt_row() { # LABEL METRIC COLUMN SCENARIO KIND(higher|lower|latency)
 SUMMARY=$OUT_DIR/bench-$STAMP.txt
 {
     echo "bearerd benchmark $STAMP  commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
-    echo "rounds=$ROUNDS duration=${DURATION}s cores=$NCPU proxy_cpus=$PROXY_CPUS load_cpus=$LOAD_CPUS bearerd_auth=$BEARERD_AUTH bearerd_io=${BEARERD_IO:-default} bearerd_loops=${BEARERD_LOOPS:-default}"
+    echo "rounds=$ROUNDS duration=${DURATION}s cores=$NCPU proxy_cpus=$PROXY_CPUS load_cpus=$LOAD_CPUS newconn_load_cpus=$NEWCONN_LOAD_CPUS bearerd_auth=$BEARERD_AUTH bearerd_io=${BEARERD_IO:-default} bearerd_loops=${BEARERD_LOOPS:-default}"
     echo "medians across rounds; ratios > 1 are better for req/s and MiB/s, < 1 for latency, CPU and memory"
     echo
     printf '%-24s %-9s %10s %10s %10s %10s   %-18s %s\n' scenario metric origin nginx haproxy bearerd bearerd/nginx bearerd/haproxy
@@ -654,6 +663,8 @@ SUMMARY=$OUT_DIR/bench-$STAMP.txt
     fmt_row "/small 64 conns" "orig.conn/1k" "$COL_CONNS" small_c64 lower
     fmt_row "new conn per request" "req/s" "$COL_RPS" newconn_c16 higher
     fmt_row "new conn per request" "CPU us/req" "$COL_CPU" newconn_c16 lower
+    fmt_row "new conn, wrk -t2 -c64" "req/s" "$COL_RPS" newconn_c64t2 higher
+    fmt_row "new conn, wrk -t2 -c64" "CPU us/req" "$COL_CPU" newconn_c64t2 lower
     fmt_row "/small 1 conn" "p50 us" "$COL_P50" small_c1 latency
     fmt_row "/small 1 conn" "p99 us" "$COL_P99" small_c1 latency
     fmt_row "/small 1 conn" "req/s" "$COL_RPS" small_c1 higher

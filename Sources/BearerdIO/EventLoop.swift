@@ -76,7 +76,13 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     public let syscalls: Syscalls
     @exclusivity(unchecked) private var epfd: Int32 = -1
     private var pollerSource: DispatchSourceRead?
-    private var pollables: [Int32: LoopPollable] = [:]
+    /// The poller's sockets by fd (nginx's connection table): `pollables[fd]` for
+    /// `0 <= fd < pollableCapacity`, nil where none is registered. A table owned by the loop
+    /// (grown by doubling, freed in `deinit`) instead of a dictionary: every readiness event
+    /// looks its socket up, and every connection registers and leaves, with no hashing and no
+    /// exclusivity check (fds are small integers the kernel hands out lowest first).
+    @exclusivity(unchecked) private var pollables: UnsafeMutablePointer<LoopPollable?>
+    @exclusivity(unchecked) private var pollableCapacity: Int
     /// epoll_wait's output (fds and flags of one batch): fixed buffers owned by the loop (freed
     /// in `deinit`), not arrays, so reading an event costs no exclusivity check.
     private let pollFDs: UnsafeMutableBufferPointer<Int32> = {
@@ -108,6 +114,9 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         self.syscalls = syscalls
         self.queue = DispatchQueue(label: "bearerd.loop.\(index)", qos: .userInitiated)
         self.readBuffer = .allocate(byteCount: readBufferSize, alignment: 16)
+        pollableCapacity = 1024
+        pollables = .allocate(capacity: pollableCapacity)
+        pollables.initialize(repeating: nil, count: pollableCapacity)
         queue.setSpecific(key: EventLoop.key, value: ObjectIdentifier(self))
         let timer = DispatchSource.makeTimerSource(queue: queue)
         timer.schedule(deadline: .now() + .milliseconds(100), repeating: .milliseconds(100), leeway: .milliseconds(20))
@@ -161,14 +170,37 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     /// Registers a socket with the loop poller (edge-triggered; read until EAGAIN).
     public func registerPollable(fd: Int32, _ p: LoopPollable) {
         assertInEventLoop()
-        pollables[fd] = p
+        let slot = Int(fd)
+        guard slot >= 0 else { return }  // never a valid descriptor
+        if slot >= pollableCapacity { growPollables(toHold: slot) }
+        pollables[slot] = p
         _ = syscalls.epollAdd(epfd, fd)
+    }
+
+    /// Doubles the table until it has a slot for `fd`.
+    private func growPollables(toHold fd: Int) {
+        var capacity = pollableCapacity
+        while capacity <= fd { capacity *= 2 }  // fd < 2^31: no overflow
+        let table = UnsafeMutablePointer<LoopPollable?>.allocate(capacity: capacity)
+        table.moveInitialize(from: pollables, count: pollableCapacity)
+        (table + pollableCapacity).initialize(repeating: nil, count: capacity - pollableCapacity)
+        pollables.deallocate()
+        pollables = table
+        pollableCapacity = capacity
+    }
+
+    /// The socket registered for `fd`, if any.
+    @inline(__always)
+    private func pollable(_ fd: Int32) -> LoopPollable? {
+        let slot = Int(fd)
+        return slot >= 0 && slot < pollableCapacity ? pollables[slot] : nil
     }
 
     /// Removes a socket before it is closed.
     public func unregisterPollable(fd: Int32) {
         assertInEventLoop()
-        pollables.removeValue(forKey: fd)
+        let slot = Int(fd)
+        if slot >= 0 && slot < pollableCapacity { pollables[slot] = nil }
         _ = syscalls.epollDelete(epfd, fd)
     }
 
@@ -201,7 +233,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
             for i in 0..<batchCount {
                 batchCursor = i
                 let f = pollFlags[i]
-                pollables[pollFDs[i]]?.pollerEvent(readable: f & 1 != 0, writable: f & 2 != 0, hangup: f & 4 != 0)
+                pollable(pollFDs[i])?.pollerEvent(readable: f & 1 != 0, writable: f & 2 != 0, hangup: f & 4 != 0)
             }
             if Int(n) < pollFDs.count { return served }
         }
@@ -212,6 +244,8 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         pollerSource?.cancel()
         tick?.cancel()
         readBuffer.deallocate()
+        pollables.deinitialize(count: pollableCapacity)
+        pollables.deallocate()
         pollFDs.deallocate()
         pollFlags.deallocate()
     }

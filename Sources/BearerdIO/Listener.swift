@@ -25,6 +25,11 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
     private let sys: Syscalls
     private var unixPath: String?
     private var state = AcceptState.accepting
+    /// TCP_NODELAY is set on the listening socket, and Linux copies it to every connection
+    /// accepted from it: no setsockopt per connection (one system call fewer per accept). False
+    /// for unix sockets (no such option) and where setting it on the listener failed (then each
+    /// accepted TCP connection gets it, as before).
+    private let acceptedHaveNoDelay: Bool
 
     /// Where accepting is. Exits: `accepting` → `pausedOutOfDescriptors` (accept failed with
     /// EMFILE/ENFILE: the source is suspended, a retry is scheduled) → `accepting` (the retry
@@ -139,7 +144,12 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         let nb = sys.setNonBlocking(fd)
         if nb < 0 { throw IOError("fcntl", Int32(-nb)) }
         _ = sys.setCloseOnExec(fd)
-        return Listener(fd: fd, local: local, unixPath: nil, group: group, onAccept: onAccept)
+        return Listener(fd: fd, local: local, unixPath: nil, noDelay: setNoDelay(fd, local, sys), group: group, onAccept: onAccept)
+    }
+
+    /// Sets TCP_NODELAY on a TCP listening socket, for the connections it accepts; whether it did.
+    private static func setNoDelay(_ fd: Int32, _ local: SocketAddress, _ sys: Syscalls) -> Bool {
+        local.family != AF_UNIX && sys.setOption(fd, Int32(IPPROTO_TCP), TCP_NODELAY, 1) == 0
     }
 
     /// The address a socket is bound to (getsockname), nil on error.
@@ -184,7 +194,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
             throw IOError("listen", Int32(truncatingIfNeeded: -listened))
         }
         let local = address.family == AF_UNIX ? address : (sys.boundAddress(fd) ?? address)
-        return Listener(fd: fd, local: local, unixPath: unixFile?.path, group: group, onAccept: onAccept)
+        return Listener(fd: fd, local: local, unixPath: unixFile?.path, noDelay: setNoDelay(fd, local, sys), group: group, onAccept: onAccept)
     }
 
     /// Gives a listening socket file a new owner, group and mode (a reload changed them).
@@ -213,9 +223,10 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         }
     }
 
-    private init(fd: Int32, local: SocketAddress, unixPath: String?, group: EventLoopGroup,
+    private init(fd: Int32, local: SocketAddress, unixPath: String?, noDelay: Bool, group: EventLoopGroup,
                  onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) {
         self.fd = fd
+        self.acceptedHaveNoDelay = noDelay
         self.localAddress = local
         self.unixPath = unixPath
         self.group = group
@@ -261,7 +272,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
                 pauseOutOfDescriptors()
                 return
             }
-            if peer.family != AF_UNIX { sys.setSocketOption(cfd, Int32(IPPROTO_TCP), TCP_NODELAY, 1) }
+            if peer.family != AF_UNIX && !acceptedHaveNoDelay { sys.setSocketOption(cfd, Int32(IPPROTO_TCP), TCP_NODELAY, 1) }
             let loop = group.next()
             if loop === acceptLoop {
                 onAccept(cfd, peer, loop)

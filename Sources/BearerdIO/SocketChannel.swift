@@ -461,16 +461,67 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     public var isOverHighWater: Bool { pendingOutputBytes >= highWaterMark }
 
     /// Queues `bytes`; they are written at the end of the current event (one syscall per event).
+    /// A large plaintext chunk (`writeThroughMinimum`, a relayed body) is written at once
+    /// instead, behind what is queued, in one gathered send: only what the kernel does not take
+    /// is copied into the output buffer.
     public func write(_ bytes: UnsafeRawBufferPointer) {
         guard phase != .closed else { return }
         if let tls {
             do { try tls.writePlaintext(bytes) } catch { fail(.tls(error)); return }
             compactIfNeeded()
             tls.drainCiphertext(into: &out)
+        } else if bytes.count >= Self.writeThroughMinimum && phase == .open && writeInterest == .none {
+            writeThrough(bytes)
+            return
         } else {
             compactIfNeeded()
             out.append(contentsOf: bytes)
         }
+        scheduleFlush()
+    }
+
+    /// Chunks at least this large skip the output buffer when the socket takes them (a copy of
+    /// each body byte saved); smaller ones are coalesced into one send at the end of the event.
+    static let writeThroughMinimum = 16 * 1024
+
+    /// Writes the queued output and then `bytes` now (one gathered send per round), until all is
+    /// written or the socket is full; the rest of `bytes` is queued. An error is not reported
+    /// here, inside the owner's call: the rest is queued and the flush at the end of the event
+    /// meets the error again and fails the channel as any write does.
+    private func writeThrough(_ bytes: UnsafeRawBufferPointer) {
+        var sent = 0
+        var full = false
+        while sent < bytes.count {
+            let queued = out.count - outOffset
+            let rest = UnsafeRawBufferPointer(rebasing: bytes[sent...])
+            let r: Syscalls.IOResult
+            do {
+                if queued > 0 {
+                    r = try out.withUnsafeBytes { o in
+                        try sys.write(fd, UnsafeRawBufferPointer(rebasing: o[outOffset...]), then: rest)
+                    }
+                } else {
+                    r = try sys.write(fd, from: rest)
+                }
+            } catch {
+                break
+            }
+            guard case .bytes(let n) = r else {
+                full = true
+                break
+            }
+            let fromQueued = min(n, queued)
+            outOffset += fromQueued
+            sent += min(n - fromQueued, bytes.count - sent)  // a kernel never reports more than asked
+        }
+        if outOffset == out.count {
+            out.removeAll(keepingCapacity: out.capacity <= 1 << 20)
+            outOffset = 0
+        }
+        guard sent < bytes.count else { return }
+        compactIfNeeded()
+        out.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[sent...]))
+        if full { armWrite() }  // the flush waits for writability instead of trying again now
         scheduleFlush()
     }
 

@@ -50,6 +50,8 @@ public struct PeerCredentials: Sendable, Equatable {
 public final class Syscalls: Sendable {
     public typealias Read = @Sendable (_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) -> Int
     public typealias Send = @Sendable (_ fd: Int32, _ buffer: UnsafeRawBufferPointer) -> Int
+    /// A gathered send of two buffers in order (`first`, then `second`): bytes taken, or `-errno`.
+    public typealias SendPair = @Sendable (_ fd: Int32, _ first: UnsafeRawBufferPointer, _ second: UnsafeRawBufferPointer) -> Int
     /// The new fd (non-blocking, close-on-exec) with the peer written to `address`/`length`.
     public typealias Accept = @Sendable (_ fd: Int32, _ address: UnsafeMutablePointer<sockaddr>, _ length: UnsafeMutablePointer<socklen_t>) -> Int
     public typealias Socket = @Sendable (_ family: Int32) -> Int
@@ -68,6 +70,9 @@ public final class Syscalls: Sendable {
 
     public let read: Read
     public let send: Send
+    /// nil: `write(_:_:then:)` sends `first` alone with `send` (a partial write, which the caller continues),
+    /// so a test that plays `send` sees every byte; `.system` uses sendmsg(2) with two iovecs.
+    public let sendPairCall: SendPair?
     public let accept: Accept
     public let socket: Socket
     public let connect: AddressCall
@@ -97,9 +102,11 @@ public final class Syscalls: Sendable {
                 setOption: @escaping SetOption = System.setOption, getOption: @escaping GetOption = System.getOption,
                 localName: @escaping SockName = System.localName, epollCreate: @escaping EpollCreate = System.epollCreate,
                 epollAdd: @escaping EpollControl = System.epollAdd, epollDelete: @escaping EpollControl = System.epollDelete,
-                epollWait: @escaping EpollWait = System.epollWait, peek: @escaping FDCall = System.peek) {
+                epollWait: @escaping EpollWait = System.epollWait, peek: @escaping FDCall = System.peek,
+                sendPair: SendPair? = nil) {
         self.read = read
         self.send = send
+        self.sendPairCall = sendPair
         self.accept = accept
         self.socket = socket
         self.connect = connect
@@ -120,7 +127,7 @@ public final class Syscalls: Sendable {
     }
 
     /// The kernel's.
-    public static let system = Syscalls()
+    public static let system = Syscalls(sendPair: System.sendPair)
 
     /// The libc calls behind `Syscalls.system`: a result, or `-errno`.
     public enum System {
@@ -130,6 +137,9 @@ public final class Syscalls: Sendable {
         @Sendable public static func read(_ fd: Int32, _ b: UnsafeMutableRawBufferPointer) -> Int { result(Glibc.read(fd, b.baseAddress, b.count)) }
         @Sendable public static func send(_ fd: Int32, _ b: UnsafeRawBufferPointer) -> Int {
             result(Glibc.send(fd, b.baseAddress, b.count, Int32(MSG_NOSIGNAL)))
+        }
+        @Sendable public static func sendPair(_ fd: Int32, _ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) -> Int {
+            result(bearerd_send2(fd, a.baseAddress, a.count, b.baseAddress, b.count))
         }
         @Sendable public static func accept(_ fd: Int32, _ a: UnsafeMutablePointer<sockaddr>, _ l: UnsafeMutablePointer<socklen_t>) -> Int {
             result(bearerd_accept4(fd, a, l, bearerd_accept_flags()))
@@ -207,6 +217,19 @@ public final class Syscalls: Sendable {
     public func write(_ fd: Int32, from buffer: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
         while true {
             let n = send(fd, buffer)
+            if n >= 0 { return .bytes(n) }
+            let e = Int32(-n)
+            if e == EINTR { continue }
+            if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
+            throw IOError("send", e)
+        }
+    }
+
+    /// `first` then `second` in one gathered send (or `first` alone, see `sendPairCall`); EINTR retried.
+    @inline(__always)
+    public func write(_ fd: Int32, _ first: UnsafeRawBufferPointer, then second: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
+        while true {
+            let n = sendPairCall.map { $0(fd, first, second) } ?? send(fd, first)
             if n >= 0 { return .bytes(n) }
             let e = Int32(-n)
             if e == EINTR { continue }
@@ -408,14 +431,13 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
         var s = storage
         switch Int32(storage.ss_family) {
         case AF_INET:
-            return withUnsafePointer(to: &s) { p in
-                p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
-                    var addr = sin.pointee.sin_addr
-                    var buf = [CChar](repeating: 0, count: Int(INET_ADDRSTRLEN))
-                    inet_ntop(AF_INET, &addr, &buf, socklen_t(buf.count))
-                    return String(cString: buf)
-                }
+            // Formatted here, not with inet_ntop (glibc's formats IPv4 with sprintf: about a
+            // twentieth of a new connection's instructions); at most 15 bytes, a small String
+            // with no allocation.
+            let addr = withUnsafePointer(to: &s) { p in
+                p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr }
             }
+            return withUnsafeBytes(of: addr) { octets in Self.dottedQuad(octets) }
         case AF_INET6:
             return withUnsafePointer(to: &s) { p in
                 p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
@@ -429,6 +451,31 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
             return "unix"
         default:
             return "?"
+        }
+    }
+
+    /// "a.b.c.d" of four octets in network order (RFC 791), as inet_ntop writes it.
+    static func dottedQuad(_ octets: UnsafeRawBufferPointer) -> String {
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 16) { buf in
+            var n = 0
+            for i in 0..<min(4, octets.count) {
+                if i > 0 {
+                    buf[n] = UInt8(ascii: ".")
+                    n += 1
+                }
+                let v = octets[i]
+                if v >= 100 {
+                    buf[n] = UInt8(ascii: "0") &+ v / 100
+                    n += 1
+                }
+                if v >= 10 {
+                    buf[n] = UInt8(ascii: "0") &+ v / 10 % 10
+                    n += 1
+                }
+                buf[n] = UInt8(ascii: "0") &+ v % 10
+                n += 1
+            }
+            return String(decoding: UnsafeBufferPointer(rebasing: buf[0..<n]), as: UTF8.self)
         }
     }
 

@@ -2,6 +2,7 @@
 #include <sys/socket.h>
 #include <errno.h>
 #include <sched.h>
+#include <sys/uio.h>
 #include "bearerd_sys.h"
 int bearerd_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) { return accept4(fd, addr, len, flags); }
 int bearerd_stream_socket(int family) { return socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0); }
@@ -23,4 +24,16 @@ int bearerd_affinity_cpu_count(void) {
     CPU_ZERO(&set);
     if (sched_getaffinity(0, sizeof(set), &set) != 0) return -1;
     return CPU_COUNT(&set);
+}
+
+ssize_t bearerd_send2(int fd, const void *first, size_t first_len, const void *second, size_t second_len) {
+    struct iovec iov[2];
+    iov[0].iov_base = (void *)first;
+    iov[0].iov_len = first_len;
+    iov[1].iov_base = (void *)second;
+    iov[1].iov_len = second_len;
+    struct msghdr msg = {0};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
+    return sendmsg(fd, &msg, MSG_NOSIGNAL);
 }

@@ -150,6 +150,7 @@ func serve(config: BearerdConfig, logger: Logger, logOptions: LogOptions, logSet
     }
     try before?()
     systemd?.started(probe: SystemdService.Probe(server: server), startupTimeout: config.startupTimeout)
+    ProcessMemory.releaseStartupCode()  // start-up's code pages leave the resident set (ProcessMemory)
     var phase = ServePhase.serving
     while true {
         let sig = ProcessSignals.next()

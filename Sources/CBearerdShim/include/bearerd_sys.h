@@ -1,6 +1,7 @@
 #ifndef BEARERD_SYS_H
 #define BEARERD_SYS_H
 #include <sys/socket.h>
+#include <sys/types.h>
 /* accept4(2) needs _GNU_SOURCE, which Swift's Glibc module does not define. */
 int bearerd_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags);
 /* A non-blocking, close-on-exec stream socket. (SOCK_STREAM and friends are an enum in glibc
@@ -12,4 +13,11 @@ int bearerd_accept_flags(void);
 int bearerd_peer_credentials(int fd, int *pid, unsigned int *uid, unsigned int *gid);
 /* CPUs this process may run on (sched_getaffinity: taskset, cpusets), or -1. */
 int bearerd_affinity_cpu_count(void);
+/* sendmsg(2) of two buffers in order, MSG_NOSIGNAL (a gathered write: queued output, then the
+   caller's bytes, in one system call). Bytes sent, or -1 with errno. */
+ssize_t bearerd_send2(int fd, const void *first, size_t first_len, const void *second, size_t second_len);
+/* Unmaps the pages of every loaded object's read-only code segments (madvise MADV_DONTNEED; the
+   file stays in the page cache, a later call faults its page back in). Bytes of address space
+   released. Objects with text relocations and writable segments are left alone. */
+long bearerd_release_code_pages(void);
 #endif
