@@ -96,8 +96,8 @@ public struct HostAllowlist: Sendable {
         return false
     }
 
-    /// Four decimal parts, each 0–255, the first 127 (bytes).
-    static func isIPv4Loopback(_ u: UnsafeBufferPointer<UInt8>) -> Bool {
+    /// Four decimal parts, each 0–255, the first 127 (the field's bytes or a host name's UTF-8).
+    static func isIPv4Loopback<Bytes: Sequence<UInt8>>(_ u: Bytes) -> Bool {
         var part = 0
         var value = 0
         var digits = 0
@@ -178,30 +178,6 @@ public struct HostAllowlist: Sendable {
             return isIPv4Loopback(u.dropFirst(mapped.count))
         }
         return false
-    }
-
-    /// Four decimal parts, each 0–255, the first 127.
-    static func isIPv4Loopback(_ u: Substring.UTF8View.SubSequence) -> Bool {
-        var part = 0
-        var value = 0
-        var digits = 0
-        var first = -1
-        for c in u {
-            if c == UInt8(ascii: ".") {
-                guard digits > 0, part < 3 else { return false }
-                if part == 0 { first = value }
-                part += 1
-                value = 0
-                digits = 0
-            } else if c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9") {
-                digits += 1
-                value = value * 10 + Int(c - UInt8(ascii: "0"))
-                guard digits <= 3, value <= 255 else { return false }
-            } else {
-                return false
-            }
-        }
-        return part == 3 && digits > 0 && first == 127
     }
 
     static func asciiLowerEquals(_ u: Substring.UTF8View.SubSequence, _ lower: StaticString) -> Bool {
