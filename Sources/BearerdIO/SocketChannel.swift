@@ -110,7 +110,8 @@ struct SourceGate {
 /// Lives on `loop` only. Invariants: `phase` is the one record of where the socket is (see
 /// `Phase`); with sources, each source's suspension is a `SourceGate`, so suspend/resume balance
 /// and close resumes before cancelling; the fd is closed exactly once, in the second cancel
-/// handler (sources) or right after leaving the epoll set (poller); output is written directly,
+/// handler (sources) or right after leaving the poller's table (poller; the close itself takes
+/// it out of the epoll set); output is written directly,
 /// and writability is awaited (`writeInterest`) only after EAGAIN or during connect; reads run
 /// only while `pauseReasons` is empty.
 ///
@@ -710,7 +711,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     }
 
     /// Closes now: cancels both sources (resuming them first where suspended); the fd is closed
-    /// in their cancel handlers (poller: right after leaving the epoll set).
+    /// in their cancel handlers (poller: at once; close(2) takes it out of the epoll set).
     public func close() {
         guard phase != .closed else { return }
         phase = .closed
@@ -722,7 +723,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             readGate?.cancel()
             writeGate?.cancel()
         } else {
-            loop.unregisterPollable(fd: fd)
+            loop.forgetPollable(fd: fd)  // close(2) leaves the epoll set: no EPOLL_CTL_DEL
             sys.closeFD(fd)
         }
         let d = delegate
