@@ -345,6 +345,15 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         }
     }
 
+    /// How the connection closes after its last answer (RFC 9112 §9.6): the client that sent its
+    /// request whole and nothing after it owes nothing more, so the socket may close at once
+    /// when nothing unread waits in it (nginx closes the same way); a client still sending a
+    /// body, or one that pipelined more, may have bytes in flight that a close would answer with
+    /// a reset destroying the response, so those connections linger.
+    static func closeMode(requestComplete: Bool, bufferedBytes: Int) -> SocketChannel.CloseMode {
+        requestComplete && bufferedBytes == 0 ? .lingerIfInputPending : .linger
+    }
+
     /// Called when an exchange can take body again after backpressure.
     func exchangeWantsBody() {
         channel.resumeReading(.peerBackpressure)
@@ -383,7 +392,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
             channel.write(ErrorResponse.make(status: 404, error: r.error, detail: r.detail, close: close))
             if close {
                 phase = .closing
-                channel.closeAfterFlush()
+                channel.closeAfterFlush(Self.closeMode(requestComplete: framing == .none, bufferedBytes: parser.bufferedByteCount))
             } else {
                 phase = .awaitingHead(.idle)
                 deadline = ctx.loop.now &+ ctx.runtime.idleTimeout
@@ -418,7 +427,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         }
         if !keepAlive || ctx.draining || parser.receivedEOF && parser.bufferedByteCount == 0 {
             phase = .closing
-            channel.closeAfterFlush()
+            channel.closeAfterFlush(Self.closeMode(requestComplete: ex.requestComplete, bufferedBytes: parser.bufferedByteCount))
             return
         }
         phase = .awaitingHead(.idle)

@@ -296,7 +296,7 @@ struct SocketChannelShellTests {
             ch.write(Array("bye!".utf8))
             ch.closeAfterFlush()
         }
-        #expect(s.event { ch.phase } == .flushingBeforeClose)
+        #expect(s.event { ch.phase } == .flushingBeforeClose(.linger))
         if mode == .loopPoller {
             s.kernel.script(sends: [.all])
             s.event { ch.pollerEvent(readable: false, writable: true, hangup: false) }
