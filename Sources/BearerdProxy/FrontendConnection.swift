@@ -61,6 +61,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     /// Requests started on this connection.
     @exclusivity(unchecked) private var requests = 0
     @exclusivity(unchecked) var deadline: UInt64 = 0
+    @exclusivity(unchecked) var frontendSlot = -1
 
     /// The running exchange, if any.
     private var exchange: FrontendExchange? {
@@ -93,8 +94,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     }
 
     func start() {
-        ctx.frontends[ObjectIdentifier(self)] = self
-        ctx.loop.register(self)
+        ctx.addFrontend(self)
         deadline = ctx.loop.now &+ ctx.runtime.headerReadTimeout
         phase = .awaitingHead(.headerRead)
         if let policy, policy.checksPeer { checkPeer(policy) }
@@ -218,8 +218,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         }
         phase = .closing
         deadline = 0
-        ctx.loop.unregister(self)
-        ctx.frontends.removeValue(forKey: ObjectIdentifier(self))
+        ctx.removeFrontend(self)
         h2.start(initial: initial)
     }
 
@@ -270,8 +269,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         exchange?.abort()
         phase = .closing
         deadline = 0
-        ctx.loop.unregister(self)
-        ctx.frontends.removeValue(forKey: ObjectIdentifier(self))
+        ctx.removeFrontend(self)
     }
 
     func deadlineExpired(now: UInt64) {
