@@ -196,12 +196,24 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         return slot >= 0 && slot < pollableCapacity ? pollables[slot] : nil
     }
 
-    /// Removes a socket before it is closed.
+    /// Removes a socket from the poller (EPOLL_CTL_DEL); it may stay open.
     public func unregisterPollable(fd: Int32) {
+        forgetPollable(fd: fd)
+        _ = syscalls.epollDelete(epfd, fd)
+    }
+
+    /// Removes a socket that is closed right after, without EPOLL_CTL_DEL: closing the last
+    /// descriptor of an open file description removes it from every epoll set (epoll(7)), and a
+    /// socket here is never shared (created close-on-exec, never duplicated), so the system call
+    /// would only repeat what close(2) does (nginx skips it the same way, `NGX_CLOSE_EVENT`). In
+    /// the instant a `posix_spawn` child (`grant: exec`) holds copies of the descriptors before
+    /// its exec, the closed socket may still report an event: it finds an empty slot, or the
+    /// new socket that reuses the number, as the stale events of a batch already fetched do
+    /// (a read that finds EAGAIN; at worst a hang-up makes a pooled connection look unusable).
+    public func forgetPollable(fd: Int32) {
         assertInEventLoop()
         let slot = Int(fd)
         if slot >= 0 && slot < pollableCapacity { pollables[slot] = nil }
-        _ = syscalls.epollDelete(epfd, fd)
     }
 
     /// The epoll fd is readable: serve every ready socket, flush, then linger in epoll_wait for

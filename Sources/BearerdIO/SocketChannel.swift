@@ -110,7 +110,8 @@ struct SourceGate {
 /// Lives on `loop` only. Invariants: `phase` is the one record of where the socket is (see
 /// `Phase`); with sources, each source's suspension is a `SourceGate`, so suspend/resume balance
 /// and close resumes before cancelling; the fd is closed exactly once, in the second cancel
-/// handler (sources) or right after leaving the epoll set (poller); output is written directly,
+/// handler (sources) or right after leaving the poller's table (poller; the close itself takes
+/// it out of the epoll set); output is written directly,
 /// and writability is awaited (`writeInterest`) only after EAGAIN or during connect; reads run
 /// only while `pauseReasons` is empty.
 ///
@@ -126,7 +127,9 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     /// - `connecting` → `handshaking` (TLS) | `open` | `closed` (connect failed)
     /// - `handshaking` → `open` | `closed`
     /// - `open` → `flushingBeforeClose` | `lingering` (nothing left to flush) | `closed`
+    ///   (nothing left to flush, and `finalStep` says nothing is left to linger for)
     /// - `flushingBeforeClose` → `lingering` | `flushingAfterPeerEOF` (the peer's EOF) | `closed`
+    ///   (output written, and `finalStep` says close)
     /// - `flushingAfterPeerEOF` → `closed` (output written, or an error)
     /// - `lingering` → `closed` (the peer's EOF, an error, or 2 s)
     /// - `connecting`/`handshaking` → `flushingBeforeClose`/`lingering` when the owner gives up early
@@ -137,8 +140,9 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         case handshaking
         /// Reading and writing.
         case open
-        /// `closeAfterFlush`: the queued output is written, then `lingering`.
-        case flushingBeforeClose
+        /// `closeAfterFlush(_:)`: the queued output is written, then `finalStep` decides
+        /// between `lingering` and `closed`.
+        case flushingBeforeClose(CloseMode)
         /// `closeAfterFlush`, and the peer's EOF arrived meanwhile: the queued output (the
         /// peer's answer, a 400 included) is still written, then the socket closes at once (the
         /// peer sends nothing more, so there is nothing to linger for). Reads are paused.
@@ -147,6 +151,53 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         case lingering
         /// Sources cancelled (or the poller left); no delegate call follows `channelClosed`.
         case closed
+    }
+
+    /// How `closeAfterFlush` ends the connection once its output is written. A close while
+    /// unread input sits in the socket makes the kernel answer with a reset, which can destroy
+    /// the output still in the peer's receive buffer (RFC 9112 §9.6), so the default lingers.
+    public enum CloseMode: Equatable, Sendable {
+        /// Half-close, then read and discard until the peer's EOF (at most 2 s), unless the
+        /// peer's EOF was read already.
+        case linger
+        /// The owner expects nothing more from the peer (its request was read whole, nothing
+        /// follows it): close at once when the socket holds no unread input; linger when it
+        /// does, or when the channel cannot tell (TLS: the peer may answer close_notify).
+        /// nginx's lingering_close `on` decides the same way.
+        case lingerIfInputPending
+    }
+
+    /// What the channel knows of the socket's unread input (poller mode keeps it from its
+    /// reads; with sources it comes from a peek).
+    enum InputKnowledge: Equatable {
+        /// Input may be waiting: nothing read yet, a full read, reads stopped by a pause or
+        /// the round bound, or readiness reported since the last read.
+        case unknown
+        /// The last read came back short or EAGAIN, and no readiness was reported since.
+        case drained
+        /// The peer's EOF was read: it sends nothing more.
+        case ended
+    }
+
+    /// The last step of a close once the output is written.
+    enum FinalStep: Equatable {
+        /// close(2) now: nothing unread can make the kernel reset the connection.
+        case close
+        /// shutdown(SHUT_WR), then `lingering` until the peer's EOF.
+        case halfCloseAndLinger
+    }
+
+    /// The close decision, pure: after the peer's EOF there is nothing to linger for; otherwise
+    /// only a plaintext channel whose owner expects nothing more, with no input waiting, closes
+    /// at once.
+    static func finalStep(mode: CloseMode, tls: Bool, input: InputKnowledge) -> FinalStep {
+        if input == .ended { return .close }
+        switch mode {
+        case .linger:
+            return .halfCloseAndLinger
+        case .lingerIfInputPending:
+            return !tls && input == .drained ? .close : .halfCloseAndLinger
+        }
     }
 
     /// Whether the channel waits for the socket to become writable (after EAGAIN, or connecting).
@@ -171,6 +222,8 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     /// Poller mode: the peer's FIN (or an error) arrived; a short read no longer means "nothing
     /// more", because edge-triggered polling will not report the EOF again.
     @exclusivity(unchecked) private var peerHungUp = false
+    /// Poller mode: what the reads so far say of the socket's unread input (`finalStep`).
+    @exclusivity(unchecked) private var input = InputKnowledge.unknown
     @exclusivity(unchecked) private(set) var phase: Phase = .open
     @exclusivity(unchecked) private(set) var writeInterest = WriteInterest.none
     @exclusivity(unchecked) private var pauseReasons: ReadPauseReasons = []
@@ -373,11 +426,13 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             }
             switch result {
             case .wouldBlock:
+                input = .drained
                 return
             case .eof:
+                input = .ended
                 if phase == .lingering {
                     close()
-                } else if phase == .flushingBeforeClose {
+                } else if case .flushingBeforeClose = phase {
                     // The owner is closing already: its last output still goes out, the EOF
                     // ends only the input (RFC 9112 §9.6; DESIGN §5). It stays readable, so stop reading.
                     phase = .flushingAfterPeerEOF
@@ -391,6 +446,9 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
                 }
                 return
             case .bytes(let n):
+                // A short read drained the socket (unless a hang-up is pending: read on to the EOF).
+                let drained = n < buf.count && !peerHungUp
+                input = drained ? .drained : .unknown
                 if phase == .lingering { continue }
                 let chunk = UnsafeRawBufferPointer(rebasing: buf[0..<min(n, buf.count)])
                 if let tls {
@@ -399,7 +457,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
                 } else {
                     delegate?.channelRead(self, chunk)
                 }
-                if n < buf.count && !peerHungUp { return }  // a short read means the socket is drained
+                if drained { return }
             }
         }
     }
@@ -603,8 +661,8 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         disarmWrite()
         notifyIfBelowLowWater()
         if pendingOutputBytes == 0 {
-            if phase == .flushingBeforeClose {
-                finishClose()
+            if case .flushingBeforeClose(let mode) = phase {
+                finishClose(mode)
             } else if phase == .flushingAfterPeerEOF {
                 close()
             }
@@ -635,6 +693,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     /// Loop poller readiness (edge-triggered).
     public func pollerEvent(readable: Bool, writable: Bool, hangup: Bool) {
         if hangup { peerHungUp = true }
+        if (readable || hangup) && input != .ended { input = .unknown }
         if writable && (phase == .connecting || writeInterest == .awaitingWritable) { handleWritable() }
         if readable && phase != .closed && pauseReasons.isEmpty { handleReadable() }
     }
@@ -675,10 +734,11 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     // MARK: closing
 
-    /// Flushes what is queued, sends TLS close_notify, half-closes, then closes once the peer's
-    /// EOF arrives (lingering close, so the peer reads our final response instead of a reset).
-    /// The owner's `deadline` handling should call `close()` if the peer lingers too long.
-    public func closeAfterFlush() {
+    /// Flushes what is queued, sends TLS close_notify, then ends the connection as `mode` and
+    /// the socket allow (`finalStep`): closes at once, or half-closes and closes once the peer's
+    /// EOF arrives (lingering close, so the peer reads our final response instead of a reset;
+    /// bounded by 2 s).
+    public func closeAfterFlush(_ mode: CloseMode = .linger) {
         switch phase {
         case .closed, .lingering, .flushingBeforeClose, .flushingAfterPeerEOF:
             return
@@ -690,14 +750,32 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             flushTLSOutput()
         }
         if pendingOutputBytes == 0 {
-            finishClose()
+            finishClose(mode)
         } else {
-            phase = .flushingBeforeClose
+            phase = .flushingBeforeClose(mode)
             scheduleFlush()
         }
     }
 
-    private func finishClose() {
+    /// What is known of the socket's unread input now: in poller mode from the reads (and
+    /// the batch being served: an event still to come there is input); with sources, where
+    /// an event may wait on the queue unseen, from a peek (only when it can change the step).
+    private func currentInput(for mode: CloseMode) -> InputKnowledge {
+        if input == .ended { return .ended }
+        if polled {
+            return input == .drained && !loop.hasUndeliveredInput(fd: fd) ? .drained : .unknown
+        }
+        guard mode == .lingerIfInputPending, tls == nil else { return .unknown }
+        let rc = sys.peek(fd)
+        if rc == 0 { return .ended }
+        return rc == -Int(EAGAIN) || rc == -Int(EWOULDBLOCK) ? .drained : .unknown
+    }
+
+    private func finishClose(_ mode: CloseMode) {
+        if Self.finalStep(mode: mode, tls: tls != nil, input: currentInput(for: mode)) == .close {
+            close()
+            return
+        }
         sys.shutdownWrite(fd)
         phase = .lingering
         let wasPaused = !pauseReasons.isEmpty
@@ -710,7 +788,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     }
 
     /// Closes now: cancels both sources (resuming them first where suspended); the fd is closed
-    /// in their cancel handlers (poller: right after leaving the epoll set).
+    /// in their cancel handlers (poller: at once; close(2) takes it out of the epoll set).
     public func close() {
         guard phase != .closed else { return }
         phase = .closed
@@ -722,7 +800,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             readGate?.cancel()
             writeGate?.cancel()
         } else {
-            loop.unregisterPollable(fd: fd)
+            loop.forgetPollable(fd: fd)  // close(2) leaves the epoll set: no EPOLL_CTL_DEL
             sys.closeFD(fd)
         }
         let d = delegate

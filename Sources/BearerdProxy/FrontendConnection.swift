@@ -61,6 +61,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     /// Requests started on this connection.
     @exclusivity(unchecked) private var requests = 0
     @exclusivity(unchecked) var deadline: UInt64 = 0
+    @exclusivity(unchecked) var frontendSlot = -1
 
     /// The running exchange, if any.
     private var exchange: FrontendExchange? {
@@ -93,8 +94,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     }
 
     func start() {
-        ctx.frontends[ObjectIdentifier(self)] = self
-        ctx.loop.register(self)
+        ctx.addFrontend(self)
         deadline = ctx.loop.now &+ ctx.runtime.headerReadTimeout
         phase = .awaitingHead(.headerRead)
         if let policy, policy.checksPeer { checkPeer(policy) }
@@ -218,8 +218,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         }
         phase = .closing
         deadline = 0
-        ctx.loop.unregister(self)
-        ctx.frontends.removeValue(forKey: ObjectIdentifier(self))
+        ctx.removeFrontend(self)
         h2.start(initial: initial)
     }
 
@@ -270,8 +269,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         exchange?.abort()
         phase = .closing
         deadline = 0
-        ctx.loop.unregister(self)
-        ctx.frontends.removeValue(forKey: ObjectIdentifier(self))
+        ctx.removeFrontend(self)
     }
 
     func deadlineExpired(now: UInt64) {
@@ -345,6 +343,15 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         }
     }
 
+    /// How the connection closes after its last answer (RFC 9112 §9.6): the client that sent its
+    /// request whole and nothing after it owes nothing more, so the socket may close at once
+    /// when nothing unread waits in it (nginx closes the same way); a client still sending a
+    /// body, or one that pipelined more, may have bytes in flight that a close would answer with
+    /// a reset destroying the response, so those connections linger.
+    static func closeMode(requestComplete: Bool, bufferedBytes: Int) -> SocketChannel.CloseMode {
+        requestComplete && bufferedBytes == 0 ? .lingerIfInputPending : .linger
+    }
+
     /// Called when an exchange can take body again after backpressure.
     func exchangeWantsBody() {
         channel.resumeReading(.peerBackpressure)
@@ -383,7 +390,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
             channel.write(ErrorResponse.make(status: 404, error: r.error, detail: r.detail, close: close))
             if close {
                 phase = .closing
-                channel.closeAfterFlush()
+                channel.closeAfterFlush(Self.closeMode(requestComplete: framing == .none, bufferedBytes: parser.bufferedByteCount))
             } else {
                 phase = .awaitingHead(.idle)
                 deadline = ctx.loop.now &+ ctx.runtime.idleTimeout
@@ -418,7 +425,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         }
         if !keepAlive || ctx.draining || parser.receivedEOF && parser.bufferedByteCount == 0 {
             phase = .closing
-            channel.closeAfterFlush()
+            channel.closeAfterFlush(Self.closeMode(requestComplete: ex.requestComplete, bufferedBytes: parser.bufferedByteCount))
             return
         }
         phase = .awaitingHead(.idle)

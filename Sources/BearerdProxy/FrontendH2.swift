@@ -7,8 +7,11 @@ import BearerdService
 import BearerdOAuth
 
 /// A client connection of the proxy listeners, whatever its protocol (for shutdown and metrics).
-protocol ClientConnection: AnyObject {
+protocol ClientConnection: LoopTimeoutable {
     var channel: SocketChannel { get }
+    /// Where the connection sits in its loop's `LoopContext.frontends` (-1: not there). Set only
+    /// by `LoopContext.addFrontend`/`removeFrontend`.
+    var frontendSlot: Int { get set }
     /// Counted in `bearerd_open_connections` (admin connections are not).
     var isProxyConnection: Bool { get }
     /// Shutdown: finish what runs, start nothing new, close.
@@ -62,6 +65,7 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
     enum Phase { case open, draining, closed }
     private var phase: Phase = .open
     var deadline: UInt64 = 0
+    @exclusivity(unchecked) var frontendSlot = -1
     private var flushScheduled = false
     private var out: [UInt8] = []
     /// When the client last sent anything (its streams that owe body bytes are timed out from here).
@@ -94,8 +98,7 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
     /// Takes over the channel from the HTTP/1.1 connection that detected HTTP/2; `initial`: the
     /// bytes already read (the preface and whatever followed).
     func start(initial: [UInt8]) {
-        ctx.frontends[ObjectIdentifier(self)] = self
-        ctx.loop.register(self)
+        ctx.addFrontend(self)
         channel.delegate = self
         armIdle()
         if !initial.isEmpty {
@@ -354,8 +357,7 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
         abortStreams()
         phase = .closed
         deadline = 0
-        ctx.loop.unregister(self)
-        ctx.frontends.removeValue(forKey: ObjectIdentifier(self))
+        ctx.removeFrontend(self)
     }
 
     func deadlineExpired(now: UInt64) {

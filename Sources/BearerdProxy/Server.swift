@@ -244,7 +244,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         for ctx in contexts {
             ctx.loop.execute {
                 ctx.draining = true
-                for (_, f) in ctx.frontends { f.drain() }
+                for f in ctx.frontends { f.drain() }
             }
         }
         let contexts = self.contexts
@@ -264,7 +264,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
                 if counter.value == 0 || monotonicNanos() >= deadline {
                     for ctx in contexts {
                         ctx.loop.execute {
-                            for (_, f) in ctx.frontends { f.channel.close() }
+                            for f in ctx.frontends { f.channel.close() }
                             ctx.pool.closeAll()
                         }
                     }

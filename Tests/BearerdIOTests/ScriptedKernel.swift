@@ -39,6 +39,8 @@ final class ScriptedKernel: @unchecked Sendable {  // @unchecked: all state unde
     private var _reads: [ReadStep] = []
     private var _sends: [SendStep] = []
     private var _accepts: [AcceptStep] = []
+    /// What the scripted peeks answer, one per call (then EAGAIN: nothing waiting).
+    private var _peeks: [Int] = []
     private var _written: [UInt8] = []
     private var _calls: [String] = []
     private var _closed: [Int32] = []
@@ -55,6 +57,8 @@ final class ScriptedKernel: @unchecked Sendable {  // @unchecked: all state unde
             _accepts += accepts
         }
     }
+
+    func script(peeks: [Int]) { lock.withLock { _peeks += peeks } }
 
     func scriptEpoll(_ batches: [[(fd: Int32, flags: UInt32)]]) {
         lock.withLock { _epollBatches += batches }
@@ -176,7 +180,7 @@ final class ScriptedKernel: @unchecked Sendable {  // @unchecked: all state unde
         },
         peek: { fd in
             self.record("peek \(fd)")
-            return -Int(EAGAIN)
+            return self.lock.withLock { self._peeks.isEmpty ? -Int(EAGAIN) : self._peeks.removeFirst() }
         }
     )
 }

@@ -17,13 +17,14 @@ struct FrontendPipeliningTests {
         let logs = CapturedLogs()
         var port: UInt16 { server.boundAddresses[0].port }
 
-        init(origin: UInt16) throws {
+        init(origin: UInt16, io: IOModeSetting? = nil) throws {
             let route = RouteConfig(match: "/", host: nil, stripPrefix: false,
                                     upstream: UpstreamURL(scheme: "http", host: "127.0.0.1", port: origin, basePath: ""),
                                     tls: nil, timeouts: RouteTimeouts())
             var config = BearerdConfig(file: "<test>", listen: [.tcp(host: "127.0.0.1", port: 0)], admin: nil, loops: 1,
                                        limits: HTTP1Limits(), frontendTimeouts: FrontendTimeouts(), sessions: [], routes: [route])
             config.listeners = [ListenerConfig(address: .tcp(host: "127.0.0.1", port: 0), allowedHosts: ["*"], allowedOrigins: [])]
+            config.ioMode = io
             server = try BearerdServer(config: config, logger: logs.logger)
             try server.start()
         }
