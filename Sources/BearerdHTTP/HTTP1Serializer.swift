@@ -19,7 +19,9 @@ public enum HTTP1Serializer {
             if let setting {
                 var written = false
                 for field in head.headers.fields {
-                    if asciiCaseInsensitiveEquals(field.name, setting.name) {
+                    // Equal names have equal kinds (`KnownField` ignores case): most fields
+                    // are told apart by one byte, not a name comparison.
+                    if field.known == setting.known && asciiCaseInsensitiveEquals(field.name, setting.name) {
                         if !written { putField(setting, into: &c) }
                         written = true
                     } else {
