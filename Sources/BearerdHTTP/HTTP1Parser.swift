@@ -501,7 +501,8 @@ public struct HTTP1Parser: Sendable {
             while i < end && HTTP1Syntax.isTchar(p[i]) { i += 1 }
             if i == start { return fail("http1.invalid_method", i, HTTP1Parser.methodNotToken) }
             if i == end || p[i] != asciiSP { return fail("http1.invalid_method", i, HTTP1Parser.methodNoSP) }
-            let method = String(decoding: UnsafeBufferPointer(rebasing: p[start..<i]), as: UTF8.self)
+            let methodBytes = UnsafeBufferPointer(rebasing: p[start..<i])
+            let method = CommonStrings.method(methodBytes) ?? String(decoding: methodBytes, as: UTF8.self)
             // request-target: visible ASCII only (RFC 9112 §3.2, RFC 3986 characters), and no
             // fragment: "#" cannot occur in any request-target form (RFC 9112 §3.2).
             let targetStart = i + 1
@@ -609,7 +610,8 @@ public struct HTTP1Parser: Sendable {
                     }
                     i += 1
                 }
-                reason = String(decoding: UnsafeBufferPointer(rebasing: p[reasonStart..<end]), as: UTF8.self)
+                let reasonBytes = UnsafeBufferPointer(rebasing: p[reasonStart..<end])
+                reason = CommonStrings.reason(reasonBytes) ?? String(decoding: reasonBytes, as: UTF8.self)
             }
             return .success((version, status, reason))
         }
@@ -694,9 +696,9 @@ public struct HTTP1Parser: Sendable {
                 }
                 value = v
             } else {
-                value = String(decoding: valueBytes, as: UTF8.self)
+                value = CommonStrings.fieldValue(valueBytes) ?? String(decoding: valueBytes, as: UTF8.self)
             }
-            let name = String(decoding: nameBytes, as: UTF8.self)
+            let name = CommonStrings.fieldName(nameBytes) ?? String(decoding: nameBytes, as: UTF8.self)
             let known = KnownField.classify(nameBytes)
             var kind = FieldKind.other
             var length: UInt64?

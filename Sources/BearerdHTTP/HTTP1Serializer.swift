@@ -16,19 +16,24 @@ public enum HTTP1Serializer {
             c.put(asciiSP)
             putVersion(head.version, into: &c)
             c.putCRLF()
-            if let setting {
-                var written = false
-                for field in head.headers.fields {
-                    if asciiCaseInsensitiveEquals(field.name, setting.name) {
-                        if !written { putField(setting, into: &c) }
-                        written = true
-                    } else {
-                        putField(field, into: &c)
+            // Fields by address, not copied out of the array (a copy retains and releases both strings).
+            head.headers.fields.withUnsafeBufferPointer { fields in
+                if let setting {
+                    var written = false
+                    for i in fields.indices {
+                        // Equal names have equal kinds (`KnownField` ignores case): most fields
+                        // are told apart by one byte, not a name comparison.
+                        if fields[i].known == setting.known && asciiCaseInsensitiveEquals(fields[i].name, setting.name) {
+                            if !written { putField(setting, into: &c) }
+                            written = true
+                        } else {
+                            putField(fields[i], into: &c)
+                        }
                     }
+                    if !written { putField(setting, into: &c) }
+                } else {
+                    for i in fields.indices { putField(fields[i], into: &c) }
                 }
-                if !written { putField(setting, into: &c) }
-            } else {
-                for field in head.headers.fields { putField(field, into: &c) }
             }
             c.putCRLF()
         }
@@ -39,7 +44,7 @@ public enum HTTP1Serializer {
     public static func writeResponseHead(_ head: HTTPResponseHead, into buffer: inout [UInt8]) {
         buffer.appendingHead(estimate: 15 + head.reason.utf8.count + fieldsSize(head.headers) + 2) { c in
             putStatusLine(status: head.status, reason: head.reason, version: head.version, into: &c)
-            for field in head.headers.fields { putField(field, into: &c) }
+            putFields(head.headers, into: &c)
             c.putCRLF()
         }
     }
@@ -96,18 +101,28 @@ public enum HTTP1Serializer {
         buffer.append(asciiLF)
         if let trailers {
             buffer.appendingHead(estimate: fieldsSize(trailers)) { c in
-                for field in trailers.fields { putField(field, into: &c) }
+                putFields(trailers, into: &c)
             }
         }
         buffer.append(asciiCR)
         buffer.append(asciiLF)
     }
 
+    /// `putField` for every field, in order, read in place (no copy of a field).
+    @inlinable
+    public static func putFields(_ headers: HTTPHeaders, into c: inout ByteCursor) {
+        headers.fields.withUnsafeBufferPointer { fields in
+            for i in fields.indices { putField(fields[i], into: &c) }
+        }
+    }
+
     /// Bytes `putField` writes for all of `headers`.
     public static func fieldsSize(_ headers: HTTPHeaders) -> Int {
-        var n = 0
-        for field in headers.fields { n += field.name.utf8.count + field.value.utf8.count + 4 }
-        return n
+        headers.fields.withUnsafeBufferPointer { fields in
+            var n = 0
+            for i in fields.indices { n += fields[i].name.utf8.count + fields[i].value.utf8.count + 4 }
+            return n
+        }
     }
 
     static func writeHex(_ value: UInt64, into buffer: inout [UInt8]) {
@@ -127,8 +142,8 @@ public enum HTTPHeaderRules {
     /// `Connection` field (RFC 9110 §7.6.1). Leaves `headers` untouched (no copy) when none is there.
     public static func removeHopByHop(_ headers: inout HTTPHeaders) {
         var hopByHop = false, connection = false
-        for field in headers.fields {
-            let kind = field.known
+        for i in headers.fields.indices {
+            let kind = headers.fields[i].known
             guard kind.isHopByHop else { continue }
             hopByHop = true
             if kind == .connection {
@@ -192,9 +207,10 @@ public enum HTTPHeaderRules {
     public static func connectionOptions(_ headers: HTTPHeaders) -> ConnectionOptions {
         var options = ConnectionOptions()
         guard headers.contains(.connection) else { return options }  // most messages: no copy of any field
-        for field in headers.fields where field.known == .connection {
+        // By index: only the `Connection` fields' values are copied out, not every field.
+        for i in headers.fields.indices where headers.fields[i].known == .connection {
             options.present = true
-            var value = field.value
+            var value = headers.fields[i].value
             value.withUTF8 { b in
                 var start = 0
                 var i = 0
