@@ -16,7 +16,8 @@ trap 'rm -rf "$out"' EXIT
 
 build() {  # name, sources...
     local name=$1; shift
-    swiftc -sanitize=fuzzer,address -parse-as-library -O -module-name "Fuzz_$name" "$@" -o "$out/$name" \
+    # -package-name: sources use `package` access (one package, as SwiftPM builds them).
+    swiftc -sanitize=fuzzer,address -parse-as-library -O -module-name "Fuzz_$name" -package-name bearerd "$@" -o "$out/$name" \
         2>"$out/build-$name.log" || { grep -v "ld.gold: warning" "$out/build-$name.log"; exit 1; }
 }
 
