@@ -99,7 +99,7 @@ let package = Package(
         ),
         .target(
             name: "BearerdTestSupport",
-            dependencies: ["BearerdIO", "BearerdTLS", "COpenSSL", "CBearerdShim", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["BearerdHTTP", "BearerdIO", "BearerdTLS", "COpenSSL", "CBearerdShim", .product(name: "Logging", package: "swift-log")],
             swiftSettings: shellSettings
         ),
         .testTarget(name: "BearerdHTTPTests", dependencies: ["BearerdHTTP"]),
