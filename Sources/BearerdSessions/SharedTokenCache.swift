@@ -471,6 +471,20 @@ final class SharedTokenSession {
         }
     }
 
+    /// After `invalid_grant` on a refresh (DESIGN §6 "Rotation durability"): the current record
+    /// (nil when there is none, it does not open, or Redis does not answer) and whether its access
+    /// token may be adopted (fresh, not rejected, not `current`). `done` runs once on `queue`.
+    func reread(current: String?, done: @escaping (SharedTokenRecord?, Bool) -> Void) {
+        read { [self] result in
+            switch result {
+            case .failure:
+                done(nil, false)
+            case .success(let (record, rejectedGeneration)):
+                done(record, record.map { adoptable($0, current: current, rejectedGeneration: rejectedGeneration) } ?? false)
+            }
+        }
+    }
+
     /// MGET record, rejection mark.
     private func read(_ done: @escaping (Result<(SharedTokenRecord?, UInt64?), RedisFailure>) -> Void) {
         connection.send(["MGET", recordKey, rejectedKey]) { [self] r in
