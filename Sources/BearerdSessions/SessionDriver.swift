@@ -104,7 +104,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         var l = logger
         l[metadataKey: "session"] = "\(settings.config.name)"
         self.logger = l
-        outlets = TokenOutlets(plan: settings.sinkPlan ?? TokenSinkPlan(session: settings.config.name, sinks: settings.config.sinks), logger: l)
+        outlets = TokenOutlets(plan: settings.sinkPlan ?? TokenSinkPlan(session: settings.config.name, sinks: settings.config.sinks), logger: l, clock: clock)
         queue = EventLoop(index: queueIndex, readBufferSize: 64 * 1024)
         if grant.usesRefreshToken {
             // Read once without the lock: the state is replaced by rename, never torn.
@@ -1185,7 +1185,7 @@ extension TokenSessionDriver {
         PersistedSessionState(refreshToken: OAuthSecret(refreshToken),
                               accessToken: .init(token: OAuthSecret(record.accessToken), expiresAt: record.expiresAt,
                                                  generation: machine.currentGeneration &+ 1),
-                              updatedAt: max(wallClockSeconds(), (own?.updatedAt ?? 0) &+ 1),
+                              updatedAt: max(clock.wallClockSeconds(), (own?.updatedAt ?? 0) &+ 1),
                               sourceFingerprint: own?.sourceFingerprint ?? settings.operatorFingerprint)
     }
 

@@ -20,9 +20,9 @@ import BearerdTLS
         return SharedTokenCache(options: options, sealer: try RecordSealer(key: key), prefix: "t:", logger: Logger(label: "test"))
     }
 
-    func session(_ cache: SharedTokenCache, identity: String = "id") -> SharedTokenSession {
+    func session(_ cache: SharedTokenCache, identity: String = "id", clock: any SessionClock = SystemSessionClock()) -> SharedTokenSession {
         let s = SharedTokenSession(cache: cache, identity: identity, sessionName: "s", queue: loop, keepsRefreshToken: true,
-                                   requestTimeout: .seconds(2))
+                                   requestTimeout: .seconds(2), clock: clock)
         s.pollInterval = .milliseconds(20)
         return s
     }
@@ -191,6 +191,23 @@ import BearerdTLS
         try redis.cli(["CONFIG", "SET", "maxmemory", "0"])
         guard case .fetch = await before(session(c)) else { Issue.record("fetch under the lock"); return }
         #expect(!c.isDegraded)
+    }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func aWaitersPollsAndBoundRunOnTheSessionClock() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        let clock = FakeSessionClock()
+        let a = session(c), b = session(c, clock: clock)
+        guard case .fetch = await before(a) else { Issue.record("a fetches"); return }
+        // b waits for a's record at most 10 minutes of its clock, polling on it.
+        let answer = OneAnswer<SharedTokenSession.Decision>()
+        loop.execute { b.beforeFetch(current: nil, rejected: false, waitBound: .seconds(600)) { answer.put($0) } }
+        #expect(try eventually { !clock.pendingDeadlines.isEmpty }, "b's poll is a timer of its clock")
+        await clock.advance(by: .seconds(601))
+        // The poll that came due reads the lock still held, past the bound: b fetches anyway.
+        for _ in 0..<100 where answer.wait(seconds: 0.05) == nil { await clock.advance(by: .seconds(1)) }
+        guard case .fetch = answer.wait(seconds: 1) else { Issue.record("b stops waiting at its clock's bound"); return }
+        #expect(try redis.cli(["GET", "t:id:lock"]).isEmpty == false, "a still holds the lock")
     }
 
     @Test(.enabled(if: RedisServer.isAvailable)) func aWaiterIsWokenByThePublishNotNextPoll() async throws {
