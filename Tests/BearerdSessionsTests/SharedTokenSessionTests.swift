@@ -223,11 +223,13 @@ import BearerdTLS
         await onLoop { b.pollInterval = .seconds(30) }
         guard case .fetch = await before(a) else { Issue.record("a fetches"); return }
         let started = ContinuousClock.now
-        async let waited = before(b, bound: .seconds(60))
+        // b asks from a callback (no child task, which may find no free cooperative thread).
+        let waited = OneAnswer<SharedTokenSession.Decision>()
+        loop.execute { b.beforeFetch(current: nil, rejected: false, waitBound: .seconds(60)) { waited.put($0) } }
         // Once b is subscribed (its SUBSCRIBE shows in PUBSUB NUMSUB), a publishes.
         #expect(try eventually { try redis.cli(["PUBSUB", "NUMSUB", "t:id"]).hasSuffix("1") })
         await onLoop { a.publish(accessToken: "AT1", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: nil) }
-        guard case .adopt(let record) = await waited else { Issue.record("b adopts"); return }
+        guard case .adopt(let record) = waited.wait(seconds: 30) else { Issue.record("b adopts"); return }
         #expect(record.accessToken == "AT1")
         #expect(ContinuousClock.now - started < .seconds(20), "woken by the notification, not the 30 s poll")
     }
