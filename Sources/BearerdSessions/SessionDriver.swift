@@ -104,7 +104,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         var l = logger
         l[metadataKey: "session"] = "\(settings.config.name)"
         self.logger = l
-        outlets = TokenOutlets(plan: settings.sinkPlan ?? TokenSinkPlan(session: settings.config.name, sinks: settings.config.sinks), logger: l)
+        outlets = TokenOutlets(plan: settings.sinkPlan ?? TokenSinkPlan(session: settings.config.name, sinks: settings.config.sinks), logger: l, clock: clock)
         queue = EventLoop(index: queueIndex, readBufferSize: 64 * 1024)
         if grant.usesRefreshToken {
             // Read once without the lock: the state is replaced by rename, never torn.
@@ -991,6 +991,14 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                     }
                     return
                 }
+                if let shared {
+                    // Or another replica rotated it and published the lineage's newest refresh token.
+                    rereadSharedLineage(shared, refused: usedRefreshToken, request, startedAt: startedAt) { [self] in
+                        store?.unlock()
+                        finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: requestSent, adopted: false)
+                    }
+                    return
+                }
                 store?.unlock()
                 finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: requestSent, adopted: false)
 
@@ -1103,10 +1111,7 @@ extension TokenSessionDriver {
             }
             switch decision {
             case .adopt(let record):
-                let remaining = record.remaining(wallClockNow: wallClockSeconds())
-                let grant = TokenGrant(accessToken: OAuthSecret(record.accessToken), tokenType: record.tokenType,
-                                       lifetime: min(.seconds(remaining), TokenGrant.maximumLifetime), lifetimeSource: .expiresIn,
-                                       refreshToken: record.refreshToken.map(OAuthSecret.init))
+                let grant = grant(from: record)
                 shared.adopted(record)
                 if self.grant.usesRefreshToken, let rt = record.refreshToken, rt != own?.refreshToken.exposedValue {
                     // The lineage moved on elsewhere: persist its refresh token before handing the token out.
@@ -1132,11 +1137,55 @@ extension TokenSessionDriver {
         }
     }
 
+    private func grant(from record: SharedTokenRecord) -> TokenGrant {
+        let remaining = record.remaining(wallClockNow: clock.wallClockSeconds())
+        return TokenGrant(accessToken: OAuthSecret(record.accessToken), tokenType: record.tokenType,
+                          lifetime: min(.seconds(remaining), TokenGrant.maximumLifetime), lifetimeSource: .expiresIn,
+                          refreshToken: record.refreshToken.map(OAuthSecret.init))
+    }
+
+    /// `invalid_grant` on a refresh with a shared cache (DESIGN §6 "Rotation durability"), the
+    /// state file holding nothing newer, the state file's lock held: re-read the shared record
+    /// once. When it holds another refresh token (another replica rotated the one this replica
+    /// presented), that lineage is persisted and adopted: its access token when it is fresh,
+    /// else one refresh with its refresh token (no further re-read). Else, or when Redis does not
+    /// answer, `refused` runs: the session needs a new refresh token.
+    private func rereadSharedLineage(_ shared: SharedTokenSession, refused usedRefreshToken: OAuthSecret,
+                                     _ request: TokenSession.FetchRequest, startedAt: UInt64, refused: @escaping () -> Void) {
+        shared.reread(current: machine.currentToken?.accessToken.exposedValue) { [self] record, adoptable in
+            guard !stopped else {
+                store?.unlock()
+                return
+            }
+            guard let record, let rt = record.refreshToken, rt != usedRefreshToken.exposedValue else {
+                refused()
+                return
+            }
+            logger.info("refresh token refused; adopting the newer one another replica published in the shared cache", metadata: [
+                "refresh_token.fingerprint": "\(OAuthSecret(rt).fingerprint)",
+            ])
+            let state = sharedLineage(record, refreshToken: rt)
+            own = state
+            // Before its access token is handed out (the state file's lock is still held).
+            persist(state, rotated: true)
+            guard adoptable else {
+                sendRefresh(using: state, request, startedAt: startedAt, rereadOnInvalidGrant: false)
+                return
+            }
+            store?.unlock()
+            shared.release()
+            shared.adopted(record)
+            adoptionSource = .sharedCache
+            finishFetch(request, startedAt: startedAt, sentAt: now(), result: .success(grant(from: record)), requestSent: false, adopted: true)
+            adoptionSource = .stateFile
+        }
+    }
+
     private func sharedLineage(_ record: SharedTokenRecord, refreshToken: String) -> PersistedSessionState {
         PersistedSessionState(refreshToken: OAuthSecret(refreshToken),
                               accessToken: .init(token: OAuthSecret(record.accessToken), expiresAt: record.expiresAt,
                                                  generation: machine.currentGeneration &+ 1),
-                              updatedAt: max(wallClockSeconds(), (own?.updatedAt ?? 0) &+ 1),
+                              updatedAt: max(clock.wallClockSeconds(), (own?.updatedAt ?? 0) &+ 1),
                               sourceFingerprint: own?.sourceFingerprint ?? settings.operatorFingerprint)
     }
 

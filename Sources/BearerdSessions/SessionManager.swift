@@ -83,7 +83,8 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         if let sharedCache {
             let identity = SharedTokenCache.identity(of: session, dpopThumbprint: settings.dpop?.thumbprint)
             let shared = SharedTokenSession(cache: sharedCache, identity: identity, sessionName: session.name, queue: driver.queue,
-                                            keepsRefreshToken: session.grant.usesRefreshToken, requestTimeout: session.requestTimeout)
+                                            keepsRefreshToken: session.grant.usesRefreshToken, requestTimeout: session.requestTimeout,
+                                            clock: driver.clock)
             shared.onOutcome = { [weak driver] outcome in driver?.countSharedCache(outcome) }
             driver.shared = shared
         }

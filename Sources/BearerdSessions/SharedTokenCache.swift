@@ -253,6 +253,8 @@ final class SharedTokenSession {
     let cache: SharedTokenCache
     let sessionName: String
     let queue: EventLoop
+    /// The session's clocks (the driver's `SessionClock`): wait deadlines, polls, record expiry.
+    let clock: any SessionClock
     let connection: RedisConnection
     let recordKey: String
     let lockKey: String
@@ -279,8 +281,9 @@ final class SharedTokenSession {
     var onOutcome: ((Outcome) -> Void)?
 
     init(cache: SharedTokenCache, identity: String, sessionName: String, queue: EventLoop, keepsRefreshToken: Bool,
-         requestTimeout: Duration) {
+         requestTimeout: Duration, clock: any SessionClock = SystemSessionClock()) {
         self.cache = cache
+        self.clock = clock
         self.sessionName = sessionName
         self.queue = queue
         self.connection = RedisConnection(options: cache.options, loop: queue)
@@ -307,7 +310,7 @@ final class SharedTokenSession {
                 self?.observe(r)
             }
         }
-        let deadline = monotonicNanos() &+ UInt64(max(0, waitBound.nanosecondsClamped))
+        let deadline = clock.now() + waitBound
         var finished = false
         let finish: (Decision, Outcome) -> Void = { [weak self] decision, outcome in
             guard !finished else { return }
@@ -332,10 +335,10 @@ final class SharedTokenSession {
     private func adoptable(_ record: SharedTokenRecord, current: String?, rejectedGeneration: UInt64?) -> Bool {
         if record.generation == rejectedGeneration { return false }
         if let current, record.accessToken == current { return false }
-        return record.isFresh(wallClockNow: wallClockSeconds())
+        return record.isFresh(wallClockNow: clock.wallClockSeconds())
     }
 
-    private func tryLock(current: String?, deadline: UInt64, waited: Bool, lastRecord: SharedTokenRecord?,
+    private func tryLock(current: String?, deadline: MonotonicInstant, waited: Bool, lastRecord: SharedTokenRecord?,
                          finish: @escaping (Decision, Outcome) -> Void) {
         let value = BearerdOAuth.hex((0..<16).map { _ in UInt8.random(in: 0...255) })
         connection.send(["SET", lockKey, value, "NX", "PX", String(lockTTL.wholeMilliseconds)]) { [self] r in
@@ -380,13 +383,13 @@ final class SharedTokenSession {
             case reading
         }
         let current: String?
-        let deadline: UInt64
+        let deadline: MonotonicInstant
         /// The newest record read (its refresh token is the lineage's newest known).
         var lastRecord: SharedTokenRecord?
         let finish: (Decision, Outcome) -> Void
         var step: Step = .sleeping(serial: 0)
         var serial: UInt64 = 0
-        init(current: String?, deadline: UInt64, lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
+        init(current: String?, deadline: MonotonicInstant, lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
             self.current = current
             self.deadline = deadline
             self.lastRecord = lastRecord
@@ -394,7 +397,7 @@ final class SharedTokenSession {
         }
     }
 
-    private func poll(current: String?, deadline: UInt64, lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
+    private func poll(current: String?, deadline: MonotonicInstant, lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
         let w = Wait(current: current, deadline: deadline, lastRecord: lastRecord, finish: finish)
         wait = w
         subscribe()
@@ -402,7 +405,7 @@ final class SharedTokenSession {
     }
 
     private func sleep(_ w: Wait) {
-        guard monotonicNanos() < w.deadline else {
+        guard clock.now() < w.deadline else {
             // Waited long enough: fetch anyway (the lock holder may be stuck).
             if wait === w { wait = nil }
             w.finish(.fetch(record: w.lastRecord), .fallback)
@@ -411,7 +414,7 @@ final class SharedTokenSession {
         w.serial &+= 1
         let serial = w.serial
         w.step = .sleeping(serial: serial)
-        queue.schedule(after: pollInterval) { [weak self, weak w] in
+        clock.schedule(after: pollInterval, on: queue) { [weak self, weak w] in
             guard let self, let w, self.wait === w, case .sleeping(let s) = w.step, s == serial else { return }
             self.readOnce(w)
         }
@@ -471,6 +474,20 @@ final class SharedTokenSession {
         }
     }
 
+    /// After `invalid_grant` on a refresh (DESIGN §6 "Rotation durability"): the current record
+    /// (nil when there is none, it does not open, or Redis does not answer) and whether its access
+    /// token may be adopted (fresh, not rejected, not `current`). `done` runs once on `queue`.
+    func reread(current: String?, done: @escaping (SharedTokenRecord?, Bool) -> Void) {
+        read { [self] result in
+            switch result {
+            case .failure:
+                done(nil, false)
+            case .success(let (record, rejectedGeneration)):
+                done(record, record.map { adoptable($0, current: current, rejectedGeneration: rejectedGeneration) } ?? false)
+            }
+        }
+    }
+
     /// MGET record, rejection mark.
     private func read(_ done: @escaping (Result<(SharedTokenRecord?, UInt64?), RedisFailure>) -> Void) {
         connection.send(["MGET", recordKey, rejectedKey]) { [self] r in
@@ -521,7 +538,7 @@ final class SharedTokenSession {
     /// A token obtained locally: publish it (as lock holder, or when nobody holds the lock),
     /// then release the lock.
     func publish(accessToken: String, tokenType: String, lifetime: Duration, refreshToken: String?) {
-        let now = wallClockSeconds()
+        let now = clock.wallClockSeconds()
         let seconds = Int64(clamping: lifetime.components.seconds)
         // Above every generation seen, and (through the wall clock in ms) unlikely to repeat one
         // another replica published without this one reading it.

@@ -88,6 +88,8 @@ struct SinkWriteError: Error, Sendable, CustomStringConvertible {
 public final class TokenOutlets: @unchecked Sendable {  // @unchecked: state confined to `queue`; `statuses` under `lock`
     private let queue: DispatchQueue
     private let logger: Logger
+    /// The session's clocks (the driver's `SessionClock`): a published token's expiry in wall-clock seconds.
+    let clock: any SessionClock
 
     /// What a sink has had written.
     private enum Phase {
@@ -115,9 +117,10 @@ public final class TokenOutlets: @unchecked Sendable {  // @unchecked: state con
     private var statuses: [SinkStatus] = []
     private let handouts = Atomic<UInt64>(0)
 
-    init(plan: TokenSinkPlan, logger: Logger) {
+    init(plan: TokenSinkPlan, logger: Logger, clock: any SessionClock = SystemSessionClock()) {
         self.plan = plan
         self.logger = logger
+        self.clock = clock
         queue = DispatchQueue(label: "bearerd.sinks." + plan.session)
         statuses = plan.sinks.map { SinkStatus(path: $0.path) }
         for s in plan.sinks { phases[s.path] = .pending }
@@ -311,8 +314,8 @@ extension TokenOutlets {
     /// The session driver's hook (`publish`): the published token with its real expiry, turned
     /// into wall-clock seconds now (monotonic distance added to the wall clock).
     func tokenPublished(_ token: TokenSession.CurrentToken, published p: PublishedToken) {
-        let expiresAt = TokenCache.wallClock(ofMonotonic: token.expiresAt.nanoseconds, monotonicNow: monotonicNanos(),
-                                             wallClockNow: wallClockSeconds())
+        let expiresAt = TokenCache.wallClock(ofMonotonic: token.expiresAt.nanoseconds, monotonicNow: clock.now().nanoseconds,
+                                             wallClockNow: clock.wallClockSeconds())
         tokenPublished(SinkToken(value: p.value, generation: p.generation, fingerprint: p.fingerprint, expiresAt: expiresAt))
     }
 }

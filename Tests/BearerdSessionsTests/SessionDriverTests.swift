@@ -104,7 +104,7 @@ struct SessionDriverTests {
         // The endpoint holds its answer until every caller waits (a gate, bounded at 10 s).
         let release = OneAnswer<Bool>()
         let endpoint = try ScriptedTokenEndpoint { _, n in
-            _ = release.wait(seconds: 10)
+            _ = release.wait(seconds: 30)
             return ScriptedTokenEndpoint.token("access-AAA-\(n)")
         }
         defer { endpoint.stop() }
@@ -113,18 +113,13 @@ struct SessionDriverTests {
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "partner"))
 
-        async let gathered = withTaskGroup(of: Result<PublishedToken, TokenUnavailable>.self) { group in
-            for i in 0..<200 {
-                group.addTask { await requestToken(driver, on: testLoops[i % testLoops.count]) }
-            }
-            var all: [Result<PublishedToken, TokenUnavailable>] = []
-            for await r in group { all.append(r) }
-            return all
-        }
-        #expect(await eventually(8) { driver.snapshot.waiters == 200 }, "all 200 callers wait for the one request")
-        #expect(await eventually(8) { endpoint.count == 1 }, "the one request reached the endpoint")
+        // Through the completion API from this thread: no child tasks that need free cooperative threads.
+        let answers = (0..<200).map { _ in OneAnswer<Result<PublishedToken, TokenUnavailable>>() }
+        for (i, answer) in answers.enumerated() { driver.requestToken(on: testLoops[i % testLoops.count]) { answer.put($0) } }
+        #expect(await eventually(20) { driver.snapshot.waiters == 200 }, "all 200 callers wait for the one request")
+        #expect(await eventually(20) { endpoint.count == 1 }, "the one request reached the endpoint")
         release.put(true)
-        let results = await gathered
+        let results = answers.compactMap { $0.wait(seconds: 30) }
         #expect(results.count == 200)
         #expect(results.allSatisfy { (try? $0.get().value) == "access-AAA-1" })
         #expect(endpoint.count == 1)
@@ -348,7 +343,7 @@ struct SessionDriverTests {
         // The refresh's answer is held until every rejection waits (a gate, bounded at 10 s).
         let release = OneAnswer<Bool>()
         let endpoint = try ScriptedTokenEndpoint { _, n in
-            if n > 1 { _ = release.wait(seconds: 10) }
+            if n > 1 { _ = release.wait(seconds: 30) }
             return ScriptedTokenEndpoint.token("access-AAA-\(n)")
         }
         defer { endpoint.stop() }
@@ -358,17 +353,13 @@ struct SessionDriverTests {
         let driver = try #require(manager.session(named: "partner"))
         let first = try await requestToken(driver).get()
 
-        async let gathered = withTaskGroup(of: RejectionOutcome.self) { group in
-            for i in 0..<50 {
-                group.addTask { await reportRejected(driver, generation: first.generation, on: testLoops[i % testLoops.count]) }
-            }
-            var all: [RejectionOutcome] = []
-            for await o in group { all.append(o) }
-            return all
+        let answers = (0..<50).map { _ in OneAnswer<RejectionOutcome>() }
+        for (i, answer) in answers.enumerated() {
+            driver.reportRejected(generation: first.generation, on: testLoops[i % testLoops.count]) { answer.put($0) }
         }
-        #expect(await eventually(8) { driver.snapshot.waiters == 50 }, "all 50 rejections wait for the one refresh")
+        #expect(await eventually(20) { driver.snapshot.waiters == 50 }, "all 50 rejections wait for the one refresh")
         release.put(true)
-        let outcomes = await gathered
+        let outcomes = answers.compactMap { $0.wait(seconds: 30) }
         #expect(outcomes.count == 50)
         #expect(endpoint.count == 2)
         for o in outcomes {

@@ -31,16 +31,20 @@ struct SessionMetricsTests {
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "partner"))
         #expect(driver.snapshot.expiresAt == nil)
-        async let all = withTaskGroup(of: Bool.self) { group in
-            for i in 0..<5 { group.addTask { (try? await requestToken(driver, on: testLoops[i % 4]).get()) != nil } }
-            var ok = 0
-            for await r in group where r { ok += 1 }
-            return ok
+        // Five callers through the driver's completion API, from this thread: no child task that
+        // needs a free cooperative thread (end-to-end tests may hold both on a 2-core machine).
+        let answers = (0..<5).map { _ in OneAnswer<Result<PublishedToken, TokenUnavailable>>() }
+        for (i, answer) in answers.enumerated() { driver.requestToken(on: testLoops[i % 4]) { answer.put($0) } }
+        var sawFive = false
+        let seeDeadline = Date().addingTimeInterval(8)
+        while !sawFive && Date() < seeDeadline {
+            sawFive = driver.snapshot.waiters == 5
+            if !sawFive { usleep(10_000) }
         }
-        let sawFive = await eventually(8) { driver.snapshot.waiters == 5 }
         gate.signal()
         #expect(sawFive)
-        #expect(await all == 5)
+        let ok = answers.filter { (try? $0.wait(seconds: 30)?.get()) != nil }.count
+        #expect(ok == 5)
         let s = driver.snapshot
         #expect(s.waiters == 0)
         #expect(s.counters.waits == 5)
@@ -85,27 +89,40 @@ struct SessionMetricsTests {
     }
 
     @Test func aWaitTimeoutServesTheValidTokenAsStale() async throws {
-        // L = 12 s: hard margin 3 s, the soft refresh after 5.4–6 s. That refresh is slow (12 s),
-        // so a caller inside the hard window (9–12 s) waits, times out (300 ms) and gets the valid
-        // token. The window is wide enough for a loaded machine (with L = 4 s its 1 s window was
-        // missed under parallel test load and the token had expired by the time the wait ended).
+        // L = 12 s: hard margin 3 s, the soft refresh after 5.4–6 s. That refresh hangs at the
+        // endpoint (a gate the test opens at the end), so a caller inside the hard window (9–12 s)
+        // waits, times out (300 ms) and gets the valid token. The session's clock is a fake one
+        // the test moves: no window of real time to hit on a loaded machine.
+        let gate = DispatchSemaphore(value: 0)
         let endpoint = try ScriptedTokenEndpoint { _, n in
-            n == 1 ? ScriptedTokenEndpoint.token("access-M-1", expiresIn: 12) : .delayed(12, ScriptedTokenEndpoint.token("access-M-\(n)"))
+            if n == 1 { return ScriptedTokenEndpoint.token("access-M-1", expiresIn: 12) }
+            _ = gate.wait(timeout: .now() + 30)
+            return ScriptedTokenEndpoint.token("access-M-\(n)")
         }
         defer { endpoint.stop() }
+        defer { for _ in 0..<4 { gate.signal() } }
+        let clock = FakeSessionClock()
         let manager = try SessionManager(config: sessionConfig(session(endpoint.url, waitTimeout: .milliseconds(300))),
-                                         logger: CapturedLogs().logger, environment: [:])
+                                         logger: CapturedLogs().logger, environment: [:], tunePolicy: nil, clock: clock)
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "partner"))
         let first = try await requestToken(driver).get()
-        // Wait (bounded) for the hard window: the fast path no longer serves the token.
-        var inHardWindow = false
-        for _ in 0..<300 {
-            if driver.usableToken(now: monotonicNanos()) == nil { inHardWindow = true; break }
-            try await Task.sleep(for: .milliseconds(50))
+        // Into the hard window: the soft refresh has started (and hangs), the fast path no longer serves the token.
+        await clock.advance(by: .seconds(10))
+        var refreshing = false
+        for _ in 0..<1000 where !refreshing {
+            refreshing = endpoint.count == 2
+            if !refreshing { usleep(10_000) }
         }
-        #expect(inHardWindow)
-        #expect(try await requestToken(driver).get().generation == first.generation)
+        #expect(refreshing)
+        #expect(driver.usableToken(now: clock.now().nanoseconds) == nil)
+        let answer = OneAnswer<Result<PublishedToken, TokenUnavailable>>()
+        driver.requestToken(on: testLoops[0]) { answer.put($0) }
+        await FakeSessionClock.settle(driver.queue)  // the waiter is in, its timeout armed
+        #expect(driver.snapshot.waiters == 1)
+        await clock.advance(by: .milliseconds(300))
+        let served = try #require(answer.wait(seconds: 30))
+        #expect(try served.get().generation == first.generation)
         let s = driver.snapshot
         #expect(s.counters.staleServes[StaleTokenReason.waitTimeout.rawValue] == 1)
         #expect(s.waiters == 0)

@@ -186,19 +186,25 @@ struct SessionRefreshTokenTests {
         try FileManager.default.createDirectory(atPath: f.stateDir, withIntermediateDirectories: true)
         let lockFD = open(f.stateDir + "/me.lock", O_RDWR | O_CREAT, 0o600)
         #expect(flock(lockFD, LOCK_EX) == 0)
-        // A bound for the case this test guards against (a session queue blocked in flock would
-        // otherwise wait forever): the "other process" gives the lock up after 5 s at the latest,
-        // and says so.
+        // Only a guard against a hang if the session queue blocks in flock (the bug this test is
+        // about): the "other process" gives the lock up after 60 s at the latest, and says so.
         let held = Latch()
-        DispatchQueue.global().asyncAfter(deadline: .now() + 5) {
+        let guardFD = dup(lockFD)
+        DispatchQueue.global().asyncAfter(deadline: .now() + 60) {
             held.open()
-            flock(lockFD, LOCK_UN)
-            close(lockFD)
+            flock(guardFD, LOCK_UN)
+            close(guardFD)
         }
         let clock = FakeSessionClock()
         let manager = try SessionManager(config: f.config, logger: CapturedLogs().logger, environment: [:],
                                          tunePolicy: nil, clock: clock)
         defer { manager.stop() }
+        // The "other process" holds the lock until the test lets it go (no real-time window); on
+        // every way out, before the manager stops, so a queue blocked in flock cannot hang the test.
+        defer {
+            flock(lockFD, LOCK_UN)
+            close(lockFD)
+        }
         let driver = try #require(manager.session(named: "me"))
         let answer = OneAnswer<Result<PublishedToken, TokenUnavailable>>()
         driver.requestToken(on: testLoops[0]) { answer.put($0) }
@@ -206,13 +212,13 @@ struct SessionRefreshTokenTests {
         #expect(driver.snapshot.waiters == 1)
         // The waiter's timeout comes due: it must run on the session queue while the lock is held.
         await clock.advance(by: .milliseconds(300))
-        let result = try #require(answer.wait(seconds: 5))
+        let result = try #require(answer.wait(seconds: 30), "the waiter's timeout did not fire while the lock was held")
         #expect(!held.isOpen, "the waiter's timeout fired while the lock was held")
         guard case .failure(let u) = result else { Issue.record("expected a wait timeout, got \(result)"); return }
         #expect(u.detail.contains("wait_timeout"), "\(u.detail)")
         // The other process finishes: the refresh goes on and later callers get a token.
         flock(lockFD, LOCK_UN)
-        #expect(await eventually(5) { driver.currentGeneration == 1 }, "the refresh went on once the lock was free")
+        #expect(await eventually(30) { driver.currentGeneration == 1 }, "the refresh went on once the lock was free")
         #expect(try await requestToken(driver).get().value == "access-AAA-1")
     }
 

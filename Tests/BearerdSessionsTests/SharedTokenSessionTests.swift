@@ -20,9 +20,10 @@ import BearerdTLS
         return SharedTokenCache(options: options, sealer: try RecordSealer(key: key), prefix: "t:", logger: Logger(label: "test"))
     }
 
-    func session(_ cache: SharedTokenCache, identity: String = "id") -> SharedTokenSession {
+    func session(_ cache: SharedTokenCache, identity: String = "id", clock: any SessionClock = SystemSessionClock(),
+                 requestTimeout: Duration = .seconds(2)) -> SharedTokenSession {
         let s = SharedTokenSession(cache: cache, identity: identity, sessionName: "s", queue: loop, keepsRefreshToken: true,
-                                   requestTimeout: .seconds(2))
+                                   requestTimeout: requestTimeout, clock: clock)
         s.pollInterval = .milliseconds(20)
         return s
     }
@@ -38,13 +39,14 @@ import BearerdTLS
         await withCheckedContinuation { (k: CheckedContinuation<Void, Never>) in loop.execute { body(); k.resume() } }
     }
 
-    /// Until `condition` holds (bounded: 2 s).
+    /// Until `condition` holds (bounded: 10 s and 1000 tries).
     func eventually(_ condition: () throws -> Bool) throws -> Bool {
-        for _ in 0..<200 {
+        let deadline = Date().addingTimeInterval(10)
+        for _ in 0..<1000 where Date() < deadline {
             if try condition() { return true }
             usleep(10_000)
         }
-        return false
+        return try condition()
     }
 
     @Test func recordCodecRoundTripAndRejectsMalformed() {
@@ -95,13 +97,16 @@ import BearerdTLS
     @Test(.enabled(if: RedisServer.isAvailable)) func oneFetchesUnderTheLockTheOtherAdoptsItsRecord() async throws {
         let redis = try RedisServer()
         let c = try cache(port: redis.port)
-        let a = session(c), b = session(c)
+        // a's lock outlives anything a loaded machine does meanwhile (its TTL is no window of this test).
+        let a = session(c, requestTimeout: .seconds(120)), b = session(c)
         guard case .fetch(nil) = await before(a) else { Issue.record("a fetches"); return }
         #expect(try redis.cli(["EXISTS", "t:id:lock"]) == "1")
-        async let waited = before(b)
-        try await Task.sleep(for: .milliseconds(100))
+        // b asks from a callback (no child task) and waits for a's record: once it is subscribed, a publishes.
+        let waited = OneAnswer<SharedTokenSession.Decision>()
+        loop.execute { b.beforeFetch(current: nil, rejected: false, waitBound: .seconds(60)) { waited.put($0) } }
+        #expect(try eventually { try redis.cli(["PUBSUB", "NUMSUB", "t:id"]).hasSuffix("1") })
         await onLoop { a.publish(accessToken: "AT1", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: "RT1") }
-        guard case .adopt(let record) = await waited else { Issue.record("b adopts"); return }
+        guard case .adopt(let record) = waited.wait(seconds: 30) else { Issue.record("b adopts"); return }
         #expect(record.accessToken == "AT1" && record.refreshToken == "RT1")
         // Released, sealed, with a TTL; no plaintext token in Redis.
         #expect(try eventually { try redis.cli(["EXISTS", "t:id:lock"]) == "0" })
@@ -193,6 +198,23 @@ import BearerdTLS
         #expect(!c.isDegraded)
     }
 
+    @Test(.enabled(if: RedisServer.isAvailable)) func aWaitersPollsAndBoundRunOnTheSessionClock() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        let clock = FakeSessionClock()
+        let a = session(c), b = session(c, clock: clock)
+        guard case .fetch = await before(a) else { Issue.record("a fetches"); return }
+        // b waits for a's record at most 10 minutes of its clock, polling on it.
+        let answer = OneAnswer<SharedTokenSession.Decision>()
+        loop.execute { b.beforeFetch(current: nil, rejected: false, waitBound: .seconds(600)) { answer.put($0) } }
+        #expect(try eventually { !clock.pendingDeadlines.isEmpty }, "b's poll is a timer of its clock")
+        await clock.advance(by: .seconds(601))
+        // The poll that came due reads the lock still held, past the bound: b fetches anyway.
+        for _ in 0..<100 where answer.wait(seconds: 0.05) == nil { await clock.advance(by: .seconds(1)) }
+        guard case .fetch = answer.wait(seconds: 1) else { Issue.record("b stops waiting at its clock's bound"); return }
+        #expect(try redis.cli(["GET", "t:id:lock"]).isEmpty == false, "a still holds the lock")
+    }
+
     @Test(.enabled(if: RedisServer.isAvailable)) func aWaiterIsWokenByThePublishNotNextPoll() async throws {
         let redis = try RedisServer()
         let c = try cache(port: redis.port)
@@ -201,11 +223,13 @@ import BearerdTLS
         await onLoop { b.pollInterval = .seconds(30) }
         guard case .fetch = await before(a) else { Issue.record("a fetches"); return }
         let started = ContinuousClock.now
-        async let waited = before(b, bound: .seconds(60))
+        // b asks from a callback (no child task, which may find no free cooperative thread).
+        let waited = OneAnswer<SharedTokenSession.Decision>()
+        loop.execute { b.beforeFetch(current: nil, rejected: false, waitBound: .seconds(60)) { waited.put($0) } }
         // Once b is subscribed (its SUBSCRIBE shows in PUBSUB NUMSUB), a publishes.
         #expect(try eventually { try redis.cli(["PUBSUB", "NUMSUB", "t:id"]).hasSuffix("1") })
         await onLoop { a.publish(accessToken: "AT1", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: nil) }
-        guard case .adopt(let record) = await waited else { Issue.record("b adopts"); return }
+        guard case .adopt(let record) = waited.wait(seconds: 30) else { Issue.record("b adopts"); return }
         #expect(record.accessToken == "AT1")
         #expect(ContinuousClock.now - started < .seconds(20), "woken by the notification, not the 30 s poll")
     }

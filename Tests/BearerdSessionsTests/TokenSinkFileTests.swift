@@ -1,5 +1,9 @@
 import Foundation
 import Testing
+import BearerdIO
+import BearerdOAuth
+import Logging
+@testable import BearerdConfig
 @testable import BearerdSessions
 
 /// The sink writer's file handling (atomic replace, exact mode, 0750 directories) and its retry backoff.
@@ -20,6 +24,34 @@ import Testing
         #expect(try FileManager.default.contentsOfDirectory(atPath: root + "/a/b") == ["t.token"])
         // A path whose directory is a file: a clear error, nothing written.
         #expect(throws: SinkWriteError.self) { try TokenOutlets.replaceAtomically(path + "/x", with: [1], mode: 0o600) }
+    }
+
+    /// Clocks that read fixed instants, far from the real ones.
+    struct FixedClock: SessionClock {
+        func now() -> MonotonicInstant { MonotonicInstant(nanoseconds: 5_000 * 1_000_000_000) }
+        func wallClockSeconds() -> Int64 { 1_000_000_000 }
+        func schedule(at deadline: MonotonicInstant, on loop: EventLoop, _ work: @escaping () -> Void) -> SessionTimer {
+            SystemSessionClock().schedule(at: deadline, on: loop, work)
+        }
+    }
+
+    @Test func aJsonSinkReadsTheExpiryThroughTheSessionClock() throws {
+        let root = NSTemporaryDirectory() + "bearerd-sink-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let plan = TokenSinkPlan(session: "s", sinks: [SinkConfig(path: root + "/t.json", format: .json)])
+        let clock = FixedClock()
+        let outlets = TokenOutlets(plan: plan, logger: Logger(label: "test"), clock: clock)
+        defer { outlets.stop() }
+        // Expires 600 s after the session clock's now: 600 s after its wall clock's now.
+        let token = TokenSession.CurrentToken(accessToken: OAuthSecret("tok"), generation: 1, expiresAt: clock.now() + .seconds(600),
+                                              usableWithoutWaitingUntil: clock.now() + .seconds(500))
+        outlets.tokenPublished(token, published: PublishedToken(value: "tok", generation: 1, fingerprint: "fp", usableUntil: 0))
+        var written: [UInt8]?
+        for _ in 0..<500 where written == nil {
+            if outlets.sinkStatuses.first?.writes == 1 { written = FileManager.default.contents(atPath: root + "/t.json").map { Array($0) } }
+            else { usleep(10_000) }
+        }
+        #expect(written == plan.render(.json, token: "tok", expiresAt: 1_000_000_600))
     }
 
     @Test func sinkRetryBackoffIsBoundedAndJittered() {

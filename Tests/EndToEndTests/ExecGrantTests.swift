@@ -87,13 +87,25 @@ struct ExecGrantTests {
               sts:
                 grant: exec
                 command: [\(helper)]
+                wait_timeout: 300ms
             routes:
               - match: /
                 upstream: http://127.0.0.1:\(origin.port)
                 session: sts
             """, dir: dir)
         defer { _ = b.stop() }
-        let first = b.waitServing(port: port, path: "/x")
+        // Every request is a 503; one that waits while the helper runs may time out before it
+        // exits (a slow spawn on a loaded machine: no failure known yet), but once it has failed,
+        // the 503 says why. Requests until one does (bounded), with a short wait_timeout.
+        var first = b.waitServing(port: port, path: "/x", seconds: 30)
+        var saw503s = 0
+        let failDeadline = Date().addingTimeInterval(30)
+        while let r = first, r.status == 503, r.bodyText.contains("token_unavailable"),
+              !r.bodyText.contains("exited with status 3"), saw503s < 200, Date() < failDeadline {
+            saw503s += 1
+            Thread.sleep(forTimeInterval: 0.05)
+            first = try? TestClient.get(port: port, path: "/x")
+        }
         #expect(first?.status == 503)
         #expect(first?.bodyText.contains("token_unavailable") == true)
         #expect(first?.bodyText.contains("exited with status 3") == true, "\(first?.bodyText ?? "")")
@@ -102,7 +114,7 @@ struct ExecGrantTests {
         // The helper works again: a later request gets through (backoff 1 s, 2 s, …).
         try FileManager.default.removeItem(atPath: dir + "/fail")
         var status = 0
-        let deadline = Date().addingTimeInterval(20)
+        let deadline = Date().addingTimeInterval(60)
         while status != 200 && Date() < deadline {
             status = (try? TestClient.get(port: port, path: "/y"))?.status ?? 0
             if status != 200 { Thread.sleep(forTimeInterval: 0.5) }
