@@ -803,13 +803,7 @@ final class BackendPool {
                 }
                 conn.parkIdle(deadline: slot.machine.idleDeadline(id) ?? loop.now)
             case .close(let id):
-                let member = slot[id]
-                slot[id] = .none
-                switch member {
-                case .http1(let c): c.close()
-                case .http2(let c): c.close()
-                case .none: break
-                }
+                closeMember(slot, id)
             }
         }
     }
@@ -818,6 +812,17 @@ final class BackendPool {
     private func drop(_ slot: Slot, _ id: ConnectionID) {
         slot[id] = .none
         slot.machine.connectionClosed(id)
+    }
+
+    /// Empties the slot of a connection the machine closed (it has already forgotten it) and closes it.
+    private func closeMember(_ slot: Slot, _ id: ConnectionID) {
+        let member = slot[id]
+        slot[id] = .none
+        switch member {
+        case .http1(let c): c.close()
+        case .http2(let c): c.close()
+        case .none: break
+        }
     }
 
     /// Resolves and connects. `stillWanted` is asked once the address is known: when no request
@@ -938,13 +943,7 @@ final class BackendPool {
     func closeAll() {
         for case let slot? in slots {
             for id in slot.machine.closeAll() {
-                let member = slot[id]
-                slot[id] = .none
-                switch member {
-                case .http1(let c): c.close()
-                case .http2(let c): c.close()
-                case .none: break
-                }
+                closeMember(slot, id)
             }
         }
     }
