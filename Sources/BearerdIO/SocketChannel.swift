@@ -329,15 +329,22 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             return
         }
         self.tls = tls
-        phase = .handshaking
         if !pending.isEmpty { pending.withUnsafeBytes { tls.feedCiphertext($0) } }
+        _ = beginHandshake(tls)
+    }
+
+    /// Enters `handshaking` and sends the TLS engine's first flight; false when the handshake
+    /// failed at once (the channel is failed then).
+    private func beginHandshake(_ tls: TLSEngine) -> Bool {
+        phase = .handshaking
         do {
             _ = try tls.handshake()
         } catch {
             fail(.tls(error))
-            return
+            return false
         }
         flushTLSOutput()
+        return true
     }
 
     /// Opens a non-blocking connection to `address`; `channelActive` follows on success (after the
@@ -717,14 +724,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         }
         disarmWrite()
         if let tls {
-            phase = .handshaking
-            do {
-                _ = try tls.handshake()
-            } catch {
-                fail(.tls(error))
-                return
-            }
-            flushTLSOutput()
+            guard beginHandshake(tls) else { return }
             writeOut()
         } else {
             phase = .open
