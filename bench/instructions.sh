@@ -10,6 +10,7 @@
 #   DURATION=8 CONNS=16 bash bench/instructions.sh old/bearerd new/bearerd
 #   bash bench/instructions.sh nginx .build/release/bearerd    # nginx as the reference row
 #   SCENARIOS=keepalive bash bench/instructions.sh             # the per-request column only
+#   PORT=18380 bash bench/instructions.sh                      # proxy port (origin: PORT+1), for two runs at once
 #
 # Scenarios (SCENARIOS, default "keepalive newconn big"), each a wrk run of DURATION seconds:
 #   keepalive  GET /small over CONNS keep-alive connections       -> instructions per request
@@ -33,8 +34,8 @@ CONNS=${CONNS:-16}
 BIG_CONNS=${BIG_CONNS:-4}
 SCENARIOS=${SCENARIOS:-keepalive newconn big}
 KEEP=${KEEP:-0}
-PORT=18180
-ORIGIN_PORT=18181
+PORT=${PORT:-18180}
+ORIGIN_PORT=${ORIGIN_PORT:-$((PORT + 1))}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 log() { printf '[instructions] %s\n' "$*" >&2; }
