@@ -277,6 +277,39 @@ public struct HTTP1Parser: Sendable {
         }
     }
 
+    /// How many of the next received bytes are body data the caller may relay straight from its
+    /// own read buffer (`consumeBody`) instead of feeding them: nonzero only with nothing
+    /// buffered, inside a Content-Length body, chunk data or a close-delimited body. Saves a
+    /// copy of every body byte of a large response (measured, bench/RESULTS.md); framing
+    /// (chunk lines, trailers, the next head) always goes through `feed`.
+    public var directBodyLimit: UInt64 {
+        guard readIndex == buffer.count, failure == nil, !sawEOF else { return 0 }
+        switch state {
+        case .fixedBody(let remaining): return remaining
+        case .chunkData(let remaining): return remaining
+        case .closeDelimited: return UInt64.max
+        default: return 0
+        }
+    }
+
+    /// Accounts for `count` body bytes the caller relayed itself: `0 < count <= directBodyLimit`
+    /// (anything else is ignored). The message's end, if they complete it, is the next event.
+    public mutating func consumeBody(_ count: Int) {
+        guard count > 0, UInt64(count) <= directBodyLimit else { return }
+        let n = UInt64(count)
+        // Offsets of later errors count these bytes as if they had been buffered and consumed.
+        compact()
+        bufferBase += count
+        switch state {
+        case .fixedBody(let remaining):
+            state = remaining == n ? .endPending : .fixedBody(remaining: remaining - n)
+        case .chunkData(let remaining):
+            state = remaining == n ? .chunkDataEnd : .chunkData(remaining: remaining - n)
+        default:
+            break  // close-delimited: the body goes on until EOF
+        }
+    }
+
     /// Up to `limit` buffered body bytes, sharing the buffer's storage; nil when none are buffered.
     @inline(__always)
     private mutating func takeBody(upTo limit: UInt64) -> ArraySlice<UInt8>? {

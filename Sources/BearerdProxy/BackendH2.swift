@@ -475,7 +475,7 @@ final class BackendH2Stream: UpstreamStream {
         if !data.isEmpty {
             if case .open = phase { phase = .responding(id: id) }
             touch()
-            d.backendBody(data[...])
+            data.withUnsafeBytes { d.backendBody($0) }
             if paused {
                 unconsumed = unconsumed &+ data.count
             } else {

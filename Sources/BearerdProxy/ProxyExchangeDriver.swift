@@ -679,8 +679,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                                       wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") }))
     }
 
-    func backendBody(_ bytes: ArraySlice<UInt8>) {
-        bytes.withUnsafeBytes { run(machine.upstreamBodyReceived(count: $0.count), .responseBody($0)) }
+    func backendBody(_ bytes: UnsafeRawBufferPointer) {
+        run(machine.upstreamBodyReceived(count: bytes.count), .responseBody(bytes))
     }
 
     func backendReadComplete() {

@@ -20,7 +20,7 @@ struct BackendPoolShellTests {
         let done = DispatchSemaphore(value: 0)
 
         func backendResponseHead(_ head: HTTPResponseHead, framing: HTTP1BodyFraming, endStream: Bool) { status = head.status }
-        func backendBody(_ bytes: ArraySlice<UInt8>) { body += bytes }
+        func backendBody(_ bytes: UnsafeRawBufferPointer) { body += bytes }
         func backendEnd(trailers: HTTPHeaders?) { ended = true; done.signal() }
         func backendReadComplete() {}
         func backendFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool, unprocessed: Bool) { failure = error; done.signal() }
