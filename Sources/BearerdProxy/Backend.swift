@@ -393,6 +393,9 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         completion(.success(.http1(self)))
     }
 
+    /// Most bytes fed to the parser at once while no body is being relayed (heads, chunk lines).
+    static let feedPiece = 8 * 1024
+
     func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
         switch phase {
         case .busy(_, let reusable):
@@ -407,19 +410,33 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         }
         touch()
         // Body bytes go to the exchange straight from the read buffer instead of being copied
-        // into the parser first (one copy less per body byte); framing and heads are fed.
+        // into the parser first (one copy less per body byte). Heads and chunk framing are fed
+        // in pieces of `feedPiece`, so the body after a head in the same read is mostly
+        // relayed directly too.
         var rest = bytes
         while !rest.isEmpty, isBusy, let d = delegate {
             let limit = parser.directBodyLimit
-            guard limit > 0 else { break }
-            let n = UInt64(rest.count) < limit ? rest.count : Int(limit)
-            parser.consumeBody(n)
-            d.backendBody(UnsafeRawBufferPointer(rebasing: rest[..<n]))
-            rest = UnsafeRawBufferPointer(rebasing: rest[n...])
+            if limit > 0 {
+                let n = UInt64(rest.count) < limit ? rest.count : Int(limit)
+                parser.consumeBody(n)
+                d.backendBody(UnsafeRawBufferPointer(rebasing: rest[..<n]))
+                rest = UnsafeRawBufferPointer(rebasing: rest[n...])
+            } else {
+                let n = min(rest.count, Self.feedPiece)
+                parser.feed(UnsafeRawBufferPointer(rebasing: rest[..<n]))
+                rest = UnsafeRawBufferPointer(rebasing: rest[n...])
+            }
             drive()
         }
-        if !rest.isEmpty { parser.feed(rest) }
-        drive()
+        if !rest.isEmpty {
+            if case .tunnelling = phase {
+                // A 101 switched the connection inside this read: what follows is the tunnel's.
+                delegate?.backendTunnelBytes(rest)
+                return
+            }
+            parser.feed(rest)
+            drive()
+        }
         if isBusy { delegate?.backendReadComplete() }
     }
 

@@ -192,4 +192,87 @@ struct BackendPoolShellTests {
         #expect(o.connectionCount == 1)
         onLoop { pool.closeAll() }
     }
+
+    // MARK: - Body bytes relayed from the read buffer (BackendConnection.channelRead)
+
+    /// Records a 101 and every byte after it: those the parser held, then the tunnel's.
+    final class UpgradeExchange: BackendConnectionDelegate, @unchecked Sendable {  // @unchecked: touched on the loop, read after `done`
+        weak var connection: BackendConnection?
+        var status = 0
+        var tunnel: [UInt8] = []
+        var bodyBytes = 0
+        let done = DispatchSemaphore(value: 0)
+
+        func backendResponseHead(_ head: HTTPResponseHead, framing: HTTP1BodyFraming, endStream: Bool) {
+            status = head.status
+            if head.status == 101, let c = connection { tunnel += c.switchProtocols() }
+        }
+        func backendBody(_ bytes: UnsafeRawBufferPointer) { bodyBytes += bytes.count }
+        func backendEnd(trailers: HTTPHeaders?) {}
+        func backendReadComplete() {}
+        func backendFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool, unprocessed: Bool) { done.signal() }
+        func backendWritable() {}
+        func backendTunnelBytes(_ raw: UnsafeRawBufferPointer) { tunnel += raw }
+        func backendTunnelEnded() { done.signal() }
+    }
+
+    static let payload: [UInt8] = (0..<40_000).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ 1) }
+
+    /// A 101 and 40 KB of tunnel bytes in one write: the bytes past the parser's first piece
+    /// reach the tunnel, in order, none lost or doubled.
+    @Test func bytesAfterA101InTheSameReadGoToTheTunnel() throws {
+        let o = try ScriptedOrigin(handler: { _ in
+            [.send(Array("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n".utf8) + Self.payload), .close]
+        })
+        defer { o.stop() }
+        let pool = onLoop { BackendPool(loop: loop) }
+        let t = try target(port: o.port)
+        let ex = UpgradeExchange()
+        loop.execute {
+            pool.acquire(t) { result in
+                guard case .success(let s) = result, let conn = s as? BackendConnection else {
+                    ex.done.signal()
+                    return
+                }
+                ex.connection = conn
+                s.assign(to: ex)
+                var head = HTTPRequestHead(method: "GET", target: "/ws")
+                head.headers.add("Host", "127.0.0.1")
+                head.headers.add("Upgrade", "websocket")
+                head.headers.add("Connection", "Upgrade")
+                s.sendHead(head, body: .none, upgrade: true, teTrailers: false, credential: nil)
+            }
+        }
+        #expect(ex.done.wait(timeout: .now() + 10) == .success)
+        #expect(onLoop { ex.status } == 101)
+        #expect(onLoop { ex.bodyBytes } == 0)
+        let tunnel = onLoop { ex.tunnel }
+        #expect(tunnel.count == Self.payload.count)
+        #expect(tunnel == Self.payload ? true : false, "the tunnel bytes differ from what the upstream sent")
+        onLoop { pool.closeAll() }
+    }
+
+    /// Content-Length and chunked bodies sent with their head in one write come out whole.
+    @Test func bodiesAfterAHeadInTheSameReadArriveWhole() throws {
+        var chunked = Array("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".utf8)
+        for (from, to) in [(0, 9_000), (9_000, 9_001), (9_001, 40_000)] {
+            chunked += Array("\(String(to - from, radix: 16))\r\n".utf8) + Self.payload[from..<to] + Array("\r\n".utf8)
+        }
+        chunked += Array("0\r\n\r\n".utf8)
+        let fixed = ScriptedOrigin.response(status: 200, body: Self.payload)
+        let o = try ScriptedOrigin(handler: { r in [.send(r.indexOnConnection == 0 ? fixed : chunked)] })
+        defer { o.stop() }
+        let pool = onLoop { BackendPool(loop: loop) }
+        let t = try target(port: o.port)
+        let (first, ex1) = exchange(pool, t)
+        #expect(ex1.status == 200 && ex1.ended && ex1.body.count == Self.payload.count)
+        #expect(ex1.body == Self.payload ? true : false, "the Content-Length body differs")
+        let conn = try #require(first as? BackendConnection)
+        onLoop { conn.release() }
+        let (second, ex2) = exchange(pool, t)
+        #expect(second === conn, "the connection was not reused after a direct body")
+        #expect(ex2.status == 200 && ex2.ended && ex2.body.count == Self.payload.count)
+        #expect(ex2.body == Self.payload ? true : false, "the chunked body differs")
+        onLoop { pool.closeAll() }
+    }
 }
