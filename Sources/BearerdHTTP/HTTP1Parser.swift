@@ -68,15 +68,18 @@ public struct HTTP1Parser: Sendable {
     /// Empty lines tolerated before a request line (RFC 9112 §2.2).
     public static let maxLeadingEmptyLines = 8
 
-    private var buffer: [UInt8] = []
-    private var readIndex = 0
+    // `buffer`, `readIndex` and `sawEOF` are readable by inlined getters: a parser kept in a
+    // class (every connection's) is otherwise copied, all its fields retained, for each
+    // `bufferedByteCount` or `receivedEOF` asked from another module (measured).
+    @usableFromInline private(set) var buffer: [UInt8] = []
+    @usableFromInline private(set) var readIndex = 0
     /// Absolute stream offset of `buffer[0]`.
     private var bufferBase = 0
     /// Bytes of the current unfinished line already searched for LF, counted from `readIndex`.
     private var lineScanned = 0
     private var state: State = .head
     private var head = HeadProgress()
-    private var sawEOF = false
+    @usableFromInline private(set) var sawEOF = false
     private var failure: HTTP1Error?
     /// Client role: methods of requests sent whose final responses have not been parsed (FIFO,
     /// `pendingMethods[pendingStart...]` are live).
@@ -172,7 +175,7 @@ public struct HTTP1Parser: Sendable {
     }
 
     /// The peer's EOF was fed: the input ends with what is buffered (a client that half-closed).
-    public var receivedEOF: Bool { sawEOF }
+    @inlinable public var receivedEOF: Bool { sawEOF }
 
     /// Client role: the next response (in order) answers a request with this method.
     /// Call once per request sent, in sending order (pipelining is FIFO).
@@ -193,7 +196,7 @@ public struct HTTP1Parser: Sendable {
     }
 
     /// Bytes received and not yet returned as events (parsed head lines are not counted).
-    public var bufferedByteCount: Int { buffer.count - readIndex }
+    @inlinable public var bufferedByteCount: Int { buffer.count - readIndex }
 
     /// True when no message is in progress (bytes of the next one may be buffered but its
     /// start line is not complete yet).
@@ -281,8 +284,9 @@ public struct HTTP1Parser: Sendable {
     /// own read buffer (`consumeBody`) instead of feeding them: nonzero only with nothing
     /// buffered, inside a Content-Length body, chunk data or a close-delimited body. Saves a
     /// copy of every body byte of a large response (measured, bench/RESULTS.md); framing
-    /// (chunk lines, trailers, the next head) always goes through `feed`.
-    public var directBodyLimit: UInt64 {
+    /// (chunk lines, trailers, the next head) always goes through `feed`. `mutating` only so
+    /// that asking does not copy a parser kept in a class.
+    public mutating func directBodyLimit() -> UInt64 {
         guard readIndex == buffer.count, failure == nil, !sawEOF else { return 0 }
         switch state {
         case .fixedBody(let remaining): return remaining
@@ -295,7 +299,7 @@ public struct HTTP1Parser: Sendable {
     /// Accounts for `count` body bytes the caller relayed itself: `0 < count <= directBodyLimit`
     /// (anything else is ignored). The message's end, if they complete it, is the next event.
     public mutating func consumeBody(_ count: Int) {
-        guard count > 0, UInt64(count) <= directBodyLimit else { return }
+        guard count > 0, UInt64(count) <= directBodyLimit() else { return }
         let n = UInt64(count)
         // Offsets of later errors count these bytes as if they had been buffered and consumed.
         compact()

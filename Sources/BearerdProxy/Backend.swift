@@ -138,7 +138,9 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     var poolID = BearerdProxyCore.BackendPool.ConnectionID(-1)
     var channel: SocketChannel?
     @exclusivity(unchecked) private(set) var phase: Phase = .closed
-    private var parser: HTTP1Parser
+    /// Unchecked exclusivity: the parser calls out to nothing, so no access to it can overlap
+    /// another (saves a dynamic check per feed, event and query).
+    @exclusivity(unchecked) private var parser: HTTP1Parser
     /// Strong, and cleared whenever the connection goes idle or closes (the invariant above), so
     /// the exchange lives as long as it uses the connection; no weak reference on the request
     /// path (a weak one moves the exchange's reference count to a side table, measured in bench/RESULTS.md). Safe
@@ -409,35 +411,49 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
             return
         }
         touch()
-        // Body bytes go to the exchange straight from the read buffer instead of being copied
-        // into the parser first (one copy less per body byte). Heads and chunk framing are fed
-        // in pieces of `feedPiece`, so the body after a head in the same read is mostly
-        // relayed directly too.
-        var rest = bytes
-        while !rest.isEmpty, isBusy, let d = delegate {
-            let limit = parser.directBodyLimit
-            if limit > 0 {
-                let n = UInt64(rest.count) < limit ? rest.count : Int(limit)
-                parser.consumeBody(n)
-                d.backendBody(UnsafeRawBufferPointer(rebasing: rest[..<n]))
-                rest = UnsafeRawBufferPointer(rebasing: rest[n...])
-            } else {
-                let n = min(rest.count, Self.feedPiece)
-                parser.feed(UnsafeRawBufferPointer(rebasing: rest[..<n]))
-                rest = UnsafeRawBufferPointer(rebasing: rest[n...])
-            }
+        if bytes.count <= Self.feedPiece && parser.directBodyLimit() == 0 {
+            // A small read (a head with its body, a chunk line): fed whole, as it would be anyway.
+            parser.feed(bytes)
             drive()
-        }
-        if !rest.isEmpty {
-            if case .tunnelling = phase {
-                // A 101 switched the connection inside this read: what follows is the tunnel's.
-                delegate?.backendTunnelBytes(rest)
-                return
-            }
-            parser.feed(rest)
-            drive()
+        } else {
+            relay(bytes)
         }
         if isBusy { delegate?.backendReadComplete() }
+    }
+
+    /// A large read: body bytes go to the exchange straight from the read buffer instead of
+    /// being copied into the parser first (one copy less per body byte, measured in
+    /// bench/RESULTS.md). Heads and chunk framing are fed in pieces of `feedPiece`, so the body
+    /// after a head in the same read is relayed directly too. Pointer arithmetic instead of
+    /// buffer slices: the generic slice code measured ~900 instructions per response more.
+    private func relay(_ bytes: UnsafeRawBufferPointer) {
+        guard var at = bytes.baseAddress else { return }
+        var left = bytes.count
+        while left > 0, isBusy, let d = delegate {
+            let limit = parser.directBodyLimit()
+            if limit > 0 {
+                let n = UInt64(left) < limit ? left : Int(limit)
+                parser.consumeBody(n)
+                d.backendBody(UnsafeRawBufferPointer(start: at, count: n))
+                at += n
+                left -= n
+            } else {
+                let n = min(left, Self.feedPiece)
+                parser.feed(UnsafeRawBufferPointer(start: at, count: n))
+                at += n
+                left -= n
+            }
+            drive()
+        }
+        guard left > 0 else { return }
+        let rest = UnsafeRawBufferPointer(start: at, count: left)
+        if case .tunnelling = phase {
+            // A 101 switched the connection inside this read: what follows is the tunnel's.
+            delegate?.backendTunnelBytes(rest)
+            return
+        }
+        parser.feed(rest)
+        drive()
     }
 
     func channelEOF(_ channel: SocketChannel) {

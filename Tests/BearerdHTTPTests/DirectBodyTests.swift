@@ -33,7 +33,7 @@ import Testing
             at += n
             if direct {
                 while !rest.isEmpty {
-                    let limit = parser.directBodyLimit
+                    let limit = parser.directBodyLimit()
                     guard limit > 0 else { break }
                     let k = UInt64(rest.count) < limit ? rest.count : Int(limit)
                     parser.consumeBody(k)
@@ -84,11 +84,11 @@ import Testing
             return
         }
         #expect(framing == .closeDelimited)
-        #expect(parser.directBodyLimit == UInt64.max)
+        #expect(parser.directBodyLimit() == UInt64.max)
         parser.consumeBody(10_000)
         #expect(try parser.next() == nil)
         parser.feedEOF()
-        #expect(parser.directBodyLimit == 0)
+        #expect(parser.directBodyLimit() == 0)
         #expect(try parser.next() == .end(trailers: nil))
     }
 
@@ -97,19 +97,19 @@ import Testing
     @Test func limitIsZeroWhereFramingOrBufferedBytesComeFirst() throws {
         var parser = HTTP1Parser(role: .client)
         parser.expectResponse(to: "GET")
-        #expect(parser.directBodyLimit == 0)  // the head is next
+        #expect(parser.directBodyLimit() == 0)  // the head is next
         parser.feed(Array("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nab".utf8))
-        #expect(parser.directBodyLimit == 0)
+        #expect(parser.directBodyLimit() == 0)
         _ = try parser.next()  // the head
-        #expect(parser.directBodyLimit == 0)  // "ab" is buffered: it goes first
+        #expect(parser.directBodyLimit() == 0)  // "ab" is buffered: it goes first
         #expect(try parser.next() == .body(Array("ab".utf8)[...]))
-        #expect(parser.directBodyLimit == 8)
+        #expect(parser.directBodyLimit() == 8)
         parser.consumeBody(9)  // more than is left: ignored
-        #expect(parser.directBodyLimit == 8)
+        #expect(parser.directBodyLimit() == 8)
         parser.consumeBody(0)
-        #expect(parser.directBodyLimit == 8)
+        #expect(parser.directBodyLimit() == 8)
         parser.consumeBody(8)
-        #expect(parser.directBodyLimit == 0)
+        #expect(parser.directBodyLimit() == 0)
         #expect(try parser.next() == .end(trailers: nil))
     }
 

@@ -254,11 +254,12 @@ struct BackendPoolShellTests {
 
     /// Content-Length and chunked bodies sent with their head in one write come out whole.
     @Test func bodiesAfterAHeadInTheSameReadArriveWhole() throws {
-        var chunked = Array("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".utf8)
+        var chunkedBytes = Array("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".utf8)
         for (from, to) in [(0, 9_000), (9_000, 9_001), (9_001, 40_000)] {
-            chunked += Array("\(String(to - from, radix: 16))\r\n".utf8) + Self.payload[from..<to] + Array("\r\n".utf8)
+            chunkedBytes += Array("\(String(to - from, radix: 16))\r\n".utf8) + Self.payload[from..<to] + Array("\r\n".utf8)
         }
-        chunked += Array("0\r\n\r\n".utf8)
+        chunkedBytes += Array("0\r\n\r\n".utf8)
+        let chunked = chunkedBytes
         let fixed = ScriptedOrigin.response(status: 200, body: Self.payload)
         let o = try ScriptedOrigin(handler: { r in [.send(r.indexOnConnection == 0 ? fixed : chunked)] })
         defer { o.stop() }
