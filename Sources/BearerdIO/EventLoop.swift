@@ -99,13 +99,13 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
 
     /// Shared scratch buffer for socket reads on this loop (read until EAGAIN, then hand slices on).
     let readBuffer: UnsafeMutableRawBufferPointer
-    private var timeoutables: [ObjectIdentifier: LoopTimeoutable] = [:]
-    private var dirty: [LoopFlushable] = []
+    @exclusivity(unchecked) private var timeoutables: [ObjectIdentifier: LoopTimeoutable] = [:]
+    @exclusivity(unchecked) private var dirty: [LoopFlushable] = []
     private var tick: DispatchSourceTimer?
     /// What the tick timer's and the poller source's handlers call (see `SourceTarget`).
     private var sourceTarget: SourceTarget?
     /// Work to run at the end of the current event, after flushes (e.g. continue pipelined parsing).
-    private var deferred: [() -> Void] = []
+    @exclusivity(unchecked) private var deferred: [() -> Void] = []
     @exclusivity(unchecked) private var inEvent = false
 
     public init(index: Int, readBufferSize: Int = 256 * 1024, ioMode: IOMode = .fromEnvironment, syscalls: Syscalls = .system) {

@@ -211,13 +211,13 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     /// Strong, cleared by `close()`: the channel lives until it is closed anyway (the loop's
     /// poller table or its Dispatch sources hold it), and a weak reference would put the
     /// delegate's reference count in a side table, slowing every retain of it (measured, bench/RESULTS.md).
-    public var delegate: ChannelDelegate?
+    @exclusivity(unchecked) public var delegate: ChannelDelegate?
     public var peerAddress: SocketAddress?
     let sys: Syscalls
 
     /// Per-socket sources (`IOMode.socketSources`); nil when the loop poller serves this socket.
-    private var readGate: SourceGate?
-    private var writeGate: SourceGate?
+    @exclusivity(unchecked) private var readGate: SourceGate?
+    @exclusivity(unchecked) private var writeGate: SourceGate?
     private var polled: Bool { readGate == nil }
     /// Poller mode: the peer's FIN (or an error) arrived; a short read no longer means "nothing
     /// more", because edge-triggered polling will not report the EOF again.
@@ -228,14 +228,14 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     @exclusivity(unchecked) private(set) var writeInterest = WriteInterest.none
     @exclusivity(unchecked) private var pauseReasons: ReadPauseReasons = []
 
-    private var out: [UInt8] = []
+    @exclusivity(unchecked) private var out: [UInt8] = []
     @exclusivity(unchecked) private var outOffset = 0
     @exclusivity(unchecked) private var flushScheduled = false
     @exclusivity(unchecked) private var aboveHighWater = false
     @exclusivity(unchecked) public var highWaterMark = 256 * 1024
     @exclusivity(unchecked) public var lowWaterMark = 64 * 1024
 
-    private var tls: TLSEngine?
+    @exclusivity(unchecked) private var tls: TLSEngine?
     @exclusivity(unchecked) private var cancelsPending = 2
     /// While `lingering`: when to give up waiting for the peer's EOF (the loop's tick checks it).
     @exclusivity(unchecked) private var lingerDeadline: UInt64 = 0

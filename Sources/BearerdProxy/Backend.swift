@@ -136,7 +136,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     let pool: BackendPool
     /// Its id in the pool's machine (set when the connection is handed to the pool).
     var poolID = BearerdProxyCore.BackendPool.ConnectionID(-1)
-    var channel: SocketChannel?
+    @exclusivity(unchecked) var channel: SocketChannel?
     @exclusivity(unchecked) private(set) var phase: Phase = .closed
     /// Unchecked exclusivity: the parser calls out to nothing, so no access to it can overlap
     /// another (saves a dynamic check per feed, event and query).
@@ -146,7 +146,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     /// path (a weak one moves the exchange's reference count to a side table, measured in bench/RESULTS.md). Safe
     /// because nothing an exchange reaches is `unowned`: its client (an HTTP/1.1 connection, or
     /// an HTTP/2 stream holding its connection strongly) outlives it.
-    var delegate: BackendConnectionDelegate?
+    @exclusivity(unchecked) var delegate: BackendConnectionDelegate?
     /// What a new connection turned out to be: HTTP/1.1 (this object) or HTTP/2 (ALPN `h2`, or
     /// prior knowledge), in which case the channel moved to a `BackendH2Connection`.
     enum ConnectOutcome {
@@ -661,13 +661,13 @@ final class BackendPool {
     /// retained every pooled connection: a third of the request path's user time at 64
     /// connections).
     final class Slot {
-        var machine: Machine
+        @exclusivity(unchecked) var machine: Machine
         /// The target whose settings (`maxIdle`, idle timeout) the machine was configured with.
-        var target: UpstreamTarget
+        @exclusivity(unchecked) var target: UpstreamTarget
         /// Indexed by `ConnectionID.raw`.
-        var members: [Member] = []
+        @exclusivity(unchecked) var members: [Member] = []
         /// Waiting requests by `RequestID.raw`.
-        var tickets: [Int: AcquireTicket] = [:]
+        @exclusivity(unchecked) var tickets: [Int: AcquireTicket] = [:]
 
         init(target: UpstreamTarget) {
             self.target = target
@@ -691,8 +691,8 @@ final class BackendPool {
     }
     /// Indexed by `UpstreamTarget.poolID` (interned keys are small dense integers from 0): an
     /// array index per request instead of hashing (nil: no connection to that key yet).
-    private var slots: [Slot?] = []
-    private var nextRequest = 0
+    @exclusivity(unchecked) private var slots: [Slot?] = []
+    @exclusivity(unchecked) private var nextRequest = 0
 
     init(loop: EventLoop) {
         self.loop = loop

@@ -59,7 +59,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         /// Nothing more is read or started; the channel is closing or closed.
         case closing
     }
-    private var phase: Phase = .awaitingHead(.headerRead)
+    @exclusivity(unchecked) private var phase: Phase = .awaitingHead(.headerRead)
     /// Requests started on this connection.
     @exclusivity(unchecked) private var requests = 0
     @exclusivity(unchecked) var deadline: UInt64 = 0
@@ -139,7 +139,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
     /// How the response in progress is framed for this client.
     @exclusivity(unchecked) private var responseFraming: ProxyHeaders.ClientFraming = .none
     /// Scratch for chunk framing and heads, reused across responses.
-    private var scratch: [UInt8] = []
+    @exclusivity(unchecked) private var scratch: [UInt8] = []
 
     // MARK: ChannelDelegate
 

@@ -132,24 +132,24 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// Trivially copyable (no references, no heap storage; a test pins it), so unchecked like the
     /// scalars below: see `SocketChannel` on `@exclusivity(unchecked)`.
     @exclusivity(unchecked) private var machine: ProxyExchange.StateMachine
-    private var backend: UpstreamStream?
+    @exclusivity(unchecked) private var backend: UpstreamStream?
     /// The pool's ticket while waiting for a connection; cancelled when the exchange goes away.
-    private var pendingAcquire: AcquireTicket?
+    @exclusivity(unchecked) private var pendingAcquire: AcquireTicket?
     /// The token the current attempt carries.
-    private var token: PublishedToken?
+    @exclusivity(unchecked) private var token: PublishedToken?
 
     // Bytes the machine counts.
     private var pending: [UInt8] = []
     private var kept: [UInt8] = []
     private var requestTrailers: HTTPHeaders?
     /// The final head while the machine holds it back (`headPending`, `holding`).
-    private var responseHead: (head: HTTPResponseHead, framing: HTTP1BodyFraming)?
+    @exclusivity(unchecked) private var responseHead: (head: HTTPResponseHead, framing: HTTP1BodyFraming)?
     private var heldBody: [UInt8] = []
     /// The held rejection's trailers (a gRPC rejection carries its status there).
     private var heldTrailers: HTTPHeaders?
     /// The last upstream failure in words, for the error answer's `detail` and the log; which
     /// answer it gets is the machine's (`ErrorAnswer`).
-    private var failureDetail: String?
+    @exclusivity(unchecked) private var failureDetail: String?
 
     /// Socket backpressure (orthogonal to the machine's phases).
     private struct BodyHold: OptionSet {
@@ -170,9 +170,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     @exclusivity(unchecked) private var status = 0
     @exclusivity(unchecked) private var bodyBytes: UInt64 = 0
     /// gRPC calls: the `grpc-status` the client got (from the head or the trailers), for the log.
-    private var grpcStatus: String?
+    @exclusivity(unchecked) private var grpcStatus: String?
     /// The upstream stream's protocol of the last attempt, for the log.
-    private var upstreamProtocol: String?
+    @exclusivity(unchecked) private var upstreamProtocol: String?
     /// The client sent `TE: trailers` (RFC 9110 §10.1.4).
     private let clientAcceptsTrailers: Bool
 

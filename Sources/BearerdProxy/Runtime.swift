@@ -134,14 +134,14 @@ final class LoopContext {
     /// instructions of a new connection, bench/RESULTS.md). Their deadlines are swept by one
     /// registration per loop (`deadlineSweep`, registered while there is a connection) on the
     /// loop's tick.
-    private(set) var frontends: [ClientConnection] = []
+    @exclusivity(unchecked) private(set) var frontends: [ClientConnection] = []
     /// Registered with the loop while `frontends` is not empty (the sweep holds this context
     /// strongly, as the connections do; the cycle ends with the last connection).
-    private var deadlineSweep: FrontendDeadlineSweep?
-    var metrics = LoopMetrics()
-    private(set) var routeSlots: [Int] = []
+    @exclusivity(unchecked) private var deadlineSweep: FrontendDeadlineSweep?
+    @exclusivity(unchecked) var metrics = LoopMetrics()
+    @exclusivity(unchecked) private(set) var routeSlots: [Int] = []
     /// Set on shutdown: finish in-flight exchanges, keep no connection alive.
-    var draining = false
+    @exclusivity(unchecked) var draining = false
 
     init(loop: EventLoop, runtime: ProxyRuntime) {
         self.loop = loop
@@ -203,7 +203,7 @@ final class LoopContext {
         /// `inject:`'s value for `token` (`Bearer <token>`), built once per token, not per request.
         var credential: CachedCredential?
     }
-    private var tokenCache: [CachedToken] = []
+    @exclusivity(unchecked) private var tokenCache: [CachedToken] = []
 
     /// The token of route `index` of `runtime` if it may be used now without asking the session.
     /// `runtime` must be this loop's current one (else the session is asked directly).
