@@ -1,5 +1,6 @@
 import Dispatch
 import CBearerdShim
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -218,14 +219,39 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
 
     /// The epoll fd is readable: serve every ready socket, flush, then linger in epoll_wait for
     /// up to 1 ms at a time while events keep coming, so a busy loop's next event (typically the
-    /// upstream's answer to the request just sent) is served without another Dispatch wake-up.
-    /// Bounded (16 rounds) so work queued on the loop with `execute` waits at most a few ms.
+    /// upstream's answer to the request just sent) is served without another Dispatch wake-up
+    /// (each costs a hand-off through Dispatch's manager thread: a write, an epoll_ctl, a futex
+    /// wake and two context switches). The queue is given back as soon as a block this loop
+    /// queued waits (`queuedBlocks`: `execute`, deferred work), and after `lingerBudget` in any
+    /// case, so Dispatch timers on the queue (the tick, session timers) run at most that late.
     private func pollerFired() {
+        pollerWakeups &+= 1
         runEvent { pollOnce(timeoutMs: 0) }
-        for _ in 0..<16 {
+        let start = eventTime
+        for _ in 0..<Self.lingerRounds {
+            if queuedBlocks.load(ordering: .relaxed) > 0 { return }
             var served = false
             runEvent { served = pollOnce(timeoutMs: 1) }
             if !served { return }
+            if eventTime >= start && eventTime - start >= Self.lingerBudget { return }
+        }
+    }
+
+    /// How long the poller keeps the queue while events keep coming (nanoseconds).
+    static let lingerBudget: UInt64 = 5_000_000
+    /// At most this many `epoll_wait` rounds per Dispatch wake-up, whatever the clock says.
+    static let lingerRounds = 4096
+    /// Blocks this loop put on its own queue that have not started yet (see `enqueue`).
+    private let queuedBlocks = Atomic<Int>(0)
+    /// Times the poller source fired (a Dispatch wake-up), for tests.
+    @exclusivity(unchecked) private(set) var pollerWakeups = 0
+
+    /// `queue.async`, counted in `queuedBlocks` so the poller's linger makes way for it.
+    private func enqueue(_ block: @escaping () -> Void) {
+        queuedBlocks.add(1, ordering: .relaxed)
+        queue.async { [self] in
+            queuedBlocks.subtract(1, ordering: .relaxed)
+            block()
         }
     }
 
@@ -275,9 +301,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
 
     /// Runs `work` on this loop, later (never synchronously).
     public func execute(_ work: @escaping () -> Void) {
-        queue.async { [self] in
-            self.runEvent(work)
-        }
+        enqueue { [self] in self.runEvent(work) }
     }
 
     /// Runs `work` after `delay` on this loop.
@@ -318,7 +342,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
             if rounds > 64 { break }  // bound the work done in one event; the rest is picked up next time
         }
         if !dirty.isEmpty || !deferred.isEmpty {
-            queue.async { [self] in self.runEvent {} }
+            enqueue { [self] in self.runEvent {} }
         }
     }
 
@@ -326,13 +350,13 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     public func markDirty(_ f: LoopFlushable) {
         assertInEventLoop()
         dirty.append(f)
-        if !inEvent { queue.async { [self] in self.runEvent {} } }
+        if !inEvent { enqueue { [self] in self.runEvent {} } }
     }
 
     /// Run `work` at the end of the current event, after output is flushed.
     public func deferToEndOfEvent(_ work: @escaping () -> Void) {
         deferred.append(work)
-        if !inEvent { queue.async { [self] in self.runEvent {} } }
+        if !inEvent { enqueue { [self] in self.runEvent {} } }
     }
 
     public func register(_ t: LoopTimeoutable) {
