@@ -218,7 +218,9 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     /// Per-socket sources (`IOMode.socketSources`); nil when the loop poller serves this socket.
     @exclusivity(unchecked) private var readGate: SourceGate?
     @exclusivity(unchecked) private var writeGate: SourceGate?
-    private var polled: Bool { readGate == nil }
+    /// Served by the loop poller (no gates). A stored flag: testing `readGate` copies the
+    /// optional gate, retaining its source, at every use (measured).
+    private let polled: Bool
     /// Poller mode: the peer's FIN (or an error) arrived; a short read no longer means "nothing
     /// more", because edge-triggered polling will not report the EOF again.
     @exclusivity(unchecked) private var peerHungUp = false
@@ -271,6 +273,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         self.fd = fd
         self.loop = loop
         self.sys = loop.syscalls
+        polled = loop.ioMode != .socketSources
         guard loop.ioMode == .socketSources else { return }
         let readSource = DispatchSource.makeReadSource(fileDescriptor: fd, queue: loop.queue)
         let writeSource = DispatchSource.makeWriteSource(fileDescriptor: fd, queue: loop.queue)
@@ -395,7 +398,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     /// The last pause reason went away.
     private func readsResumed() {
-        if readGate != nil {
+        if !polled {
             readGate?.resume()
         } else {
             // Edge-triggered: data that arrived while paused raised no new event.
@@ -796,7 +799,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             lingerDeadline = 0
             loop.unregister(self)
         }
-        if readGate != nil {
+        if !polled {
             readGate?.cancel()
             writeGate?.cancel()
         } else {
