@@ -84,6 +84,12 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     /// exclusivity check (fds are small integers the kernel hands out lowest first).
     @exclusivity(unchecked) private var pollables: UnsafeMutablePointer<LoopPollable?>
     @exclusivity(unchecked) private var pollableCapacity: Int
+    /// Beside `pollables`: `batchStamp | i` when the batch being served holds fd's event at
+    /// index `i` (epoll reports an fd at most once per batch), so `hasUndeliveredInput` is one
+    /// lookup instead of a scan of the rest of the batch per reused upstream connection.
+    @exclusivity(unchecked) private var batchMarks: UnsafeMutablePointer<UInt64>
+    /// The current batch's stamp (high bits; never 0 while a batch is served).
+    @exclusivity(unchecked) private var batchStamp: UInt64 = 0
     /// epoll_wait's output (fds and flags of one batch): fixed buffers owned by the loop (freed
     /// in `deinit`), not arrays, so reading an event costs no exclusivity check.
     private let pollFDs: UnsafeMutableBufferPointer<Int32> = {
@@ -118,6 +124,8 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         pollableCapacity = 1024
         pollables = .allocate(capacity: pollableCapacity)
         pollables.initialize(repeating: nil, count: pollableCapacity)
+        batchMarks = .allocate(capacity: pollableCapacity)
+        batchMarks.initialize(repeating: 0, count: pollableCapacity)
         queue.setSpecific(key: EventLoop.key, value: ObjectIdentifier(self))
         let timer = DispatchSource.makeTimerSource(queue: queue)
         timer.schedule(deadline: .now() + .milliseconds(100), repeating: .milliseconds(100), leeway: .milliseconds(20))
@@ -160,13 +168,16 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     /// without a system call.
     public func hasUndeliveredInput(fd: Int32) -> Bool {
         assertInEventLoop()
-        var i = batchCursor + 1
-        while i < batchCount {
-            if pollFDs[i] == fd && pollFlags[i] & 5 != 0 { return true }
-            i += 1
-        }
-        return false
+        let slot = Int(fd)
+        guard batchCount > 0, slot >= 0, slot < pollableCapacity else { return false }
+        let mark = batchMarks[slot]
+        guard mark & ~Self.markIndexMask == batchStamp else { return false }
+        let i = Int(mark & Self.markIndexMask)
+        return i > batchCursor && i < batchCount && pollFlags[i] & 5 != 0
     }
+
+    /// The low bits of a batch mark: the event's index in the batch (< 512 < 2^20).
+    private static let markIndexMask: UInt64 = (1 << 20) - 1
 
     /// Registers a socket with the loop poller (edge-triggered; read until EAGAIN).
     public func registerPollable(fd: Int32, _ p: LoopPollable) {
@@ -187,6 +198,11 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         (table + pollableCapacity).initialize(repeating: nil, count: capacity - pollableCapacity)
         pollables.deallocate()
         pollables = table
+        let marks = UnsafeMutablePointer<UInt64>.allocate(capacity: capacity)
+        marks.moveInitialize(from: batchMarks, count: pollableCapacity)
+        (marks + pollableCapacity).initialize(repeating: 0, count: capacity - pollableCapacity)
+        batchMarks.deallocate()
+        batchMarks = marks
         pollableCapacity = capacity
     }
 
@@ -268,6 +284,12 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
             timeout = 0
             batchCount = min(Int(n), pollFDs.count, pollFlags.count)
             defer { batchCount = 0 }
+            batchStamp = batchStamp &+ (1 << 20)
+            if batchStamp == 0 { batchStamp = 1 << 20 }  // after 2^44 batches: 0 would match fresh slots
+            for i in 0..<batchCount {
+                let slot = Int(pollFDs[i])
+                if slot >= 0 && slot < pollableCapacity { batchMarks[slot] = batchStamp | UInt64(i) }
+            }
             for i in 0..<batchCount {
                 batchCursor = i
                 let f = pollFlags[i]
@@ -284,6 +306,7 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         readBuffer.deallocate()
         pollables.deinitialize(count: pollableCapacity)
         pollables.deallocate()
+        batchMarks.deallocate()
         pollFDs.deallocate()
         pollFlags.deallocate()
     }

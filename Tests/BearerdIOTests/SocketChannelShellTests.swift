@@ -114,6 +114,40 @@ struct SocketChannelShellTests {
         #expect(s.event { b.hasUnreadInput(recentlyActive: true) })
     }
 
+    /// Only an input event (readable or hang-up) still to come in the current batch counts; a
+    /// writable-only one does not, nor an event of an earlier batch or one already delivered.
+    @Test func onlyInputEventsStillToComeInThisBatchCount() {
+        let s = ScriptedLoop(.loopPoller)
+        let first = RecordingDelegate(), second = RecordingDelegate(), third = RecordingDelegate()
+        let (a, b, c): (SocketChannel, SocketChannel, SocketChannel) = s.event {
+            let a = SocketChannel(fd: 31, loop: s.loop), b = SocketChannel(fd: 32, loop: s.loop), c = SocketChannel(fd: 2_100, loop: s.loop)
+            a.delegate = first
+            b.delegate = second
+            c.delegate = third
+            a.start()
+            b.start()
+            c.start()
+            return (a, b, c)
+        }
+        var seen: [Bool] = []
+        first.onRead = { _ in
+            seen = [a.hasUnreadInput(recentlyActive: true), b.hasUnreadInput(recentlyActive: true), c.hasUnreadInput(recentlyActive: true)]
+        }
+        s.kernel.script(reads: [.data(Array("x".utf8)), .data(Array("z".utf8))])
+        // a readable, then b writable only, then c (beyond the table's first size) readable.
+        s.kernel.scriptEpoll([[(fd: 31, flags: 1), (fd: 32, flags: 2), (fd: 2_100, flags: 1)]])
+        s.event { s.loop.pollOnce(timeoutMs: 0) }
+        #expect(seen == [false, false, true])
+        // The next batch: the marks of the last one no longer count.
+        var later: [Bool] = []
+        second.onRead = { _ in later = [c.hasUnreadInput(recentlyActive: true), a.hasUnreadInput(recentlyActive: true)] }
+        s.kernel.script(reads: [.data(Array("y".utf8))])
+        s.kernel.scriptEpoll([[(fd: 32, flags: 1)]])
+        s.event { s.loop.pollOnce(timeoutMs: 0) }
+        #expect(later == [false, false])
+        #expect(s.kernel.count("peek") == 0)
+    }
+
     // MARK: reads
 
     @Test func readsDrainUntilEAGAINAndAShortReadEndsTheDrain() {
