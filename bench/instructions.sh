@@ -15,6 +15,10 @@
 #   keepalive  GET /small over CONNS keep-alive connections       -> instructions per request
 #   newconn    GET /small, `Connection: close`, CONNS connections  -> instructions per connection
 #   big        GET /big (1 MiB body), BIG_CONNS connections        -> instructions per MiB
+#   h2c        GET /small over prior-knowledge HTTP/2, h2load -c4 -m16 -t1 (4 connections, 16
+#              streams each, as run.sh's h2c_c4m16)                -> instructions per request
+#              (every bearerd listener takes h2c; the nginx row gets an `http2` listener on
+#              its own port, H2C_PORT; both proxy to the origin over HTTP/1.1 keep-alive)
 #
 # For each binary: a copy without debug information (valgrind cannot read the static
 # binary's DWARF) runs under callgrind against a local nginx origin with a client_credentials
@@ -35,6 +39,7 @@ SCENARIOS=${SCENARIOS:-keepalive newconn big}
 KEEP=${KEEP:-0}
 PORT=18180
 ORIGIN_PORT=18181
+H2C_PORT=18182
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 log() { printf '[instructions] %s\n' "$*" >&2; }
@@ -45,7 +50,7 @@ case "$CONNS" in ''|*[!0-9]*|0) die "CONNS must be a positive integer" ;; esac
 case "$BIG_CONNS" in ''|*[!0-9]*|0) die "BIG_CONNS must be a positive integer" ;; esac
 [ -n "$SCENARIOS" ] || die "SCENARIOS is empty"
 for sc in $SCENARIOS; do
-    case "$sc" in keepalive|newconn|big) ;; *) die "unknown scenario '$sc' (keepalive, newconn, big)" ;; esac
+    case "$sc" in keepalive|newconn|big|h2c) ;; *) die "unknown scenario '$sc' (keepalive, newconn, big, h2c)" ;; esac
 done
 if [ "$#" -eq 0 ]; then set -- "$REPO/.build/release/bearerd"; fi
 for b in "$@"; do
@@ -57,6 +62,7 @@ missing=()
 command -v valgrind >/dev/null || missing+=(valgrind)
 command -v wrk >/dev/null || missing+=(wrk)
 command -v curl >/dev/null || missing+=(curl)
+case " $SCENARIOS " in *" h2c "*) command -v h2load >/dev/null || missing+=(nghttp2-client) ;; esac
 command -v strip >/dev/null || missing+=(binutils)
 NGINX=$(command -v nginx 2>/dev/null || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || true)
 [ -n "$NGINX" ] || missing+=(nginx-light)
@@ -130,6 +136,7 @@ http {
     upstream origin { server 127.0.0.1:$ORIGIN_PORT; keepalive 128; keepalive_requests 10000000; keepalive_timeout 300s; }
     server {
         listen 127.0.0.1:$PORT backlog=4096;
+        listen 127.0.0.1:$H2C_PORT http2 backlog=4096;
         location / {
             proxy_pass http://origin;
             proxy_http_version 1.1;
@@ -162,7 +169,17 @@ count() {
         newconn) wrk_args=(-c"$CONNS" -H "Connection: close" "http://127.0.0.1:$PORT/small") ;;
         big) wrk_args=(-c"$BIG_CONNS" --timeout 30s "http://127.0.0.1:$PORT/big") ;;
     esac
-    if [ "$load" != idle ]; then
+    if [ "$load" = h2c ]; then
+        # The proxy's prior-knowledge HTTP/2 port: nginx's own h2c listener, bearerd's usual one.
+        local h2port=$PORT res
+        [ "$bin" = nginx ] && h2port=$H2C_PORT
+        res=$(h2load -c4 -m16 -t1 -D "$DURATION" "http://127.0.0.1:$h2port/small" 2>&1) || log "warning: $bin h2c: h2load failed"
+        requests=$(awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) == "succeeded,") { print $i; exit } }' <<<"$res")
+        local failed
+        failed=$(awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) == "failed,") { print $i; exit } }' <<<"$res")
+        [ "${failed:-0}" = 0 ] || log "warning: $bin h2c: $failed failed requests"
+        [ -n "$requests" ] || requests=0
+    elif [ "$load" != idle ]; then
         local res
         res=$(wrk -t1 -d"${DURATION}s" "${wrk_args[@]}")
         requests=$(awk '/requests in/ {print $1}' <<<"$res")
@@ -191,6 +208,7 @@ header() {
             keepalive) printf ' %10s %14s %8s' requests "instr/request" ratio ;;
             newconn) printf ' %10s %14s %8s' conns "instr/conn" ratio ;;
             big) printf ' %10s %14s %8s' MiB "instr/MiB" ratio ;;
+            h2c) printf ' %10s %14s %8s' h2-reqs "instr/h2-req" ratio ;;
         esac
     done
     printf '\n'
