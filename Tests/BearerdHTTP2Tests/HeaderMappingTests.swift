@@ -65,4 +65,37 @@ struct HeaderMappingTests {
         #expect(HTTP2HeaderMapping.responseFields(HTTPResponseHead(status: 200, headers: h)) == f([(":status", "200"), ("content-type", "text/plain")]))
         #expect(HTTP2HeaderMapping.trailerFields(HTTPHeaders([("Grpc-Status", "0"), ("Connection", "x")])) == f([("grpc-status", "0")]))
     }
+
+    /// For the session (which lower-cases names as it encodes them) the names stay as they are;
+    /// the rules are the same: connection-specific fields dropped, `te` only as `trailers`.
+    @Test func responseFieldsForTheSessionKeepNamesAndDropTheSameFields() {
+        var h = HTTPHeaders()
+        h.add("Content-Type", "text/plain")
+        h.add("Connection", "close")
+        h.add("Transfer-Encoding", "chunked")
+        h.add("Upgrade", "h2c")
+        h.add("Proxy-Connection", "x")
+        h.add("TE", "trailers, deflate")
+        h.add("X-Custom", "1")
+        #expect(HTTP2HeaderMapping.responseFields(HTTPResponseHead(status: 299, headers: h), lowercasingNames: false)
+                == f([(":status", "299"), ("Content-Type", "text/plain"), ("te", "trailers"), ("X-Custom", "1")]))
+        #expect(HTTP2HeaderMapping.responseFields(HTTPResponseHead(status: 404, headers: h))
+                == f([(":status", "404"), ("content-type", "text/plain"), ("te", "trailers"), ("x-custom", "1")]))
+        h.remove("TE")
+        h.add("te", "gzip")
+        #expect(HTTP2HeaderMapping.responseFields(HTTPResponseHead(status: 200, headers: h), lowercasingNames: false)
+                == f([(":status", "200"), ("Content-Type", "text/plain"), ("X-Custom", "1")]))
+    }
+
+    @Test func teOtherThanTrailersAndStatusDigitsAreChecked() {
+        let base: [(String, String)] = [(":method", "GET"), (":scheme", "http"), (":authority", "a"), (":path", "/")]
+        #expect((try? HTTP2HeaderMapping.request(from: f(base + [("te", "TRAILERS")]))) != nil)
+        #expect(throws: HTTP2MappingError.self) { try HTTP2HeaderMapping.request(from: f(base + [("te", "gzip")])) }
+        #expect(throws: HTTP2MappingError.self) { try HTTP2HeaderMapping.request(from: f(base + [("keep-alive", "5")])) }
+        for bad in ["2000", "099", "600", "2a0", "", "1"] {
+            #expect(throws: HTTP2MappingError.self, "\(bad)") { try HTTP2HeaderMapping.responseHead(from: f([(":status", bad)])) }
+        }
+        #expect((try? HTTP2HeaderMapping.responseHead(from: f([(":status", "599")])))?.status == 599)
+        #expect((try? HTTP2HeaderMapping.responseHead(from: f([(":status", "100")])))?.status == 100)
+    }
 }
