@@ -32,13 +32,15 @@ public enum HTTP2HeaderMapping {
 
     public static func request(from fields: [HTTPField]) throws(HTTP2MappingError) -> Request {
         var method: String?, scheme: String?, path: String?, authority: String?, proto: String?
-        var regular: [HTTPField] = []
-        regular.reserveCapacity(fields.count)
+        // The regular fields go straight into the head (`Host` is put first at the end): room
+        // for all of them and the `Host` and joined `cookie` fields, so the array never grows.
+        var headers = HTTPHeaders()
+        headers.fields.reserveCapacity(fields.count + 2)
         var cookies: [String] = []
         var host: String?
         for f in fields {
             if f.name.utf8.first == 0x3A {  // ":"
-                guard regular.isEmpty && cookies.isEmpty && host == nil else {
+                guard headers.fields.isEmpty && cookies.isEmpty && host == nil else {
                     throw HTTP2MappingError("h2.pseudo_header_after_field", "\(f.name) follows a regular field (RFC 9113 §8.3)")
                 }
                 func set(_ slot: inout String?) throws(HTTP2MappingError) {
@@ -72,7 +74,7 @@ public enum HTTP2HeaderMapping {
                 host = f.value
                 continue
             }
-            regular.append(f)
+            headers.fields.append(f)
         }
         guard let method else { throw HTTP2MappingError("h2.missing_pseudo_header", ":method is missing") }
         if method == "CONNECT" && proto == nil {
@@ -80,9 +82,7 @@ public enum HTTP2HeaderMapping {
             guard let authority, scheme == nil, path == nil else {
                 throw HTTP2MappingError("h2.invalid_connect", "CONNECT carries :authority only")
             }
-            var headers = HTTPHeaders()
-            headers.add("Host", authority)
-            headers.fields.append(contentsOf: regular)
+            headers.fields.insert(.host(authority), at: 0)
             return Request(head: HTTPRequestHead(method: method, target: authority, version: .http1_1, headers: headers),
                            scheme: "", extendedProtocol: nil)
         }
@@ -97,12 +97,9 @@ public enum HTTP2HeaderMapping {
         guard let hostValue = authority ?? host else {
             throw HTTP2MappingError("h2.missing_authority", "neither :authority nor host names the target")
         }
-        var headers = HTTPHeaders()
-        headers.fields.reserveCapacity(regular.count + 2)
-        headers.add("Host", hostValue)
-        headers.fields.append(contentsOf: regular)
+        headers.fields.insert(.host(hostValue), at: 0)
         // RFC 9113 §8.2.3: crumbs are joined with "; " before going to HTTP/1.1.
-        if !cookies.isEmpty { headers.add("cookie", cookies.joined(separator: "; ")) }
+        if !cookies.isEmpty { headers.add("cookie", cookies.count == 1 ? cookies[0] : cookies.joined(separator: "; ")) }
         return Request(head: HTTPRequestHead(method: method, target: path, version: .http1_1, headers: headers),
                        scheme: scheme, extendedProtocol: proto)
     }

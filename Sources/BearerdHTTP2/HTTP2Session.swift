@@ -115,6 +115,8 @@ public final class HTTP2Session {
     /// Per-stream outbound buffer bounds for the owner's backpressure (`streamWritable`).
     public static let highWater = 256 * 1024
     public static let lowWater = 64 * 1024
+    /// Fields a received header block has room for before its array grows.
+    static let usualFieldCount = 12
 
     public let role: Role
     public let settings: HTTP2Settings
@@ -194,13 +196,13 @@ public final class HTTP2Session {
                 return true
             }
             if name.first == 0x3A {  // a pseudo-header field
-                if name.count == 7 && name.elementsEqual(":status".utf8) && status == .none {
+                if HTTP2FieldBytes.equals(name, ":status") && status == .none {
                     status = value.first == 0x31 ? .informational : .final  // "1xx"
-                } else if name.count == 7 && name.elementsEqual(":method".utf8) {
+                } else if HTTP2FieldBytes.equals(name, ":method") {
                     sawMethod = true
                 }
             } else if isRequest {
-                let isCookie = name.count == 6 && name.elementsEqual("cookie".utf8)
+                let isCookie = HTTP2FieldBytes.equals(name, "cookie")
                 if !isCookie || !sawCookie { count += 1 }
                 if isCookie { sawCookie = true }
                 if count > settings.maxHeaderCount {
@@ -369,7 +371,7 @@ public final class HTTP2Session {
     /// Server role: a response head (`:status` first). 1xx heads are informational (no END_STREAM).
     public func submitResponse(stream: Int32, _ fields: [HTTPField], endStream: Bool) throws(HTTP2Error) {
         guard let session else { throw HTTP2Error(code: -902, message: "session closed") }
-        let informational = fields.first.map { $0.name == ":status" && $0.value.hasPrefix("1") } ?? false
+        let informational = fields.first.map { $0.value.utf8.first == 0x31 && $0.name == ":status" } ?? false  // "1xx"
         let rc: Int32 = withHeaderArray(fields) { nva, count in
             if informational {
                 return nghttp2_submit_headers(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream, nil, nva, count, nil)
@@ -566,6 +568,8 @@ public final class HTTP2Session {
 
     fileprivate func beginHeaders(_ stream: Int32, category: nghttp2_headers_category) {
         var block = HeaderBlock()
+        // Room for a usual head at once (growing 1, 2, 4, 8 cost an allocation each).
+        block.fields.reserveCapacity(Self.usualFieldCount)
         if role == .server && category == NGHTTP2_HCAT_REQUEST {
             block.isRequest = true
             if peerOpen.count >= Int(settings.maxConcurrentStreams) {

@@ -98,4 +98,16 @@ struct HeaderMappingTests {
         #expect((try? HTTP2HeaderMapping.responseHead(from: f([(":status", "599")])))?.status == 599)
         #expect((try? HTTP2HeaderMapping.responseHead(from: f([(":status", "100")])))?.status == 100)
     }
+
+    /// The head's fields in order: `Host` first, the regular fields as sent, the joined cookie
+    /// last; a CONNECT's head is `Host` and its regular fields.
+    @Test func requestHeadFieldsKeepTheirOrder() throws {
+        let r = try HTTP2HeaderMapping.request(from: f([(":method", "GET"), (":scheme", "http"), (":path", "/"), ("host", "h.example"),
+                                                        ("accept", "*/*"), ("cookie", "a=1"), ("user-agent", "t"), ("te", "trailers")]))
+        #expect(r.head.headers.fields == f([("Host", "h.example"), ("accept", "*/*"), ("user-agent", "t"), ("te", "trailers"), ("cookie", "a=1")]))
+        #expect(r.head.headers.fields.first?.known == .host)
+        let c = try HTTP2HeaderMapping.request(from: f([(":method", "CONNECT"), (":authority", "db:5432"), ("x-a", "1")]))
+        #expect(c.head.target == "db:5432")
+        #expect(c.head.headers.fields == f([("Host", "db:5432"), ("x-a", "1")]))
+    }
 }
