@@ -5,30 +5,33 @@ import BearerdHTTP
 /// fields that are sent never-indexed (STYLE 9, RFC 7541 §7.1.3) without making a `String`, and
 /// the literals received names and values are given when they are common. Stateless.
 enum HTTP2FieldBytes {
-    /// Copies `s`'s UTF-8 into `buffer` from `at` (the caller sized it); returns the end.
+    /// Copies `s`'s UTF-8 into `buffer` from `at` (the caller sized it; bytes past its end are
+    /// not written); returns the end.
     @inline(__always)
     static func copy(_ s: String, lowercased: Bool, into buffer: UnsafeMutableBufferPointer<UInt8>, at: Int) -> Int {
+        guard let base = buffer.baseAddress, at >= 0, at <= buffer.count else { return at }
+        let dst = base + at
+        let room = buffer.count - at
         let done: Int? = s.utf8.withContiguousStorageIfAvailable { src in
-            var j = at
+            let n = min(src.count, room)
+            guard n > 0, let from = src.baseAddress else { return at }
             if lowercased {
-                for b in src {
-                    buffer[j] = b >= 0x41 && b <= 0x5A ? b | 0x20 : b
-                    j += 1
+                for k in 0..<n {
+                    let b = from[k]
+                    dst[k] = b &- 0x41 < 26 ? b | 0x20 : b  // A-Z
                 }
-            } else if let from = src.baseAddress, src.count > 0 {
-                // Force unwrap: the caller sized `buffer` for every byte.
-                (buffer.baseAddress! + j).update(from: from, count: src.count)
-                j += src.count
+            } else {
+                dst.update(from: from, count: n)
             }
-            return j
+            return at + n
         }
         if let done { return done }
-        var j = at
-        for b in s.utf8 {
-            buffer[j] = lowercased && b >= 0x41 && b <= 0x5A ? b | 0x20 : b
+        var j = 0
+        for b in s.utf8 where j < room {
+            dst[j] = lowercased && b &- 0x41 < 26 ? b | 0x20 : b
             j += 1
         }
-        return j
+        return at + j
     }
 
     /// Whether `b` (lower-case) is `s` exactly.

@@ -659,9 +659,14 @@ public final class HTTP2Session {
             inbound = HeaderBlock()
             inboundStream = 0
         }
-        opened.remove(stream)
-        if refusedStreams.remove(stream) != nil { return }  // the owner never saw it
-        if peerOpen.remove(stream) != nil && code == HTTP2ErrorCode.noError.rawValue { countCompleted() }
+        switch role {
+        case .client:
+            opened.remove(stream)
+        case .server:
+            // The owner never saw a refused stream.
+            if !refusedStreams.isEmpty && refusedStreams.remove(stream) != nil { return }
+            if peerOpen.remove(stream) != nil && code == HTTP2ErrorCode.noError.rawValue { countCompleted() }
+        }
         events.append(.streamClosed(stream: stream, errorCode: code))
     }
 
@@ -681,8 +686,11 @@ public final class HTTP2Session {
             }
             o.readIndex += n
             if o.readIndex == o.bytes.count {
-                o.bytes.removeAll(keepingCapacity: o.bytes.capacity <= Self.highWater * 2)
-                o.readIndex = 0
+                // An ended body, all taken, is dropped with its stream's entry below.
+                if !o.ended {
+                    o.bytes.removeAll(keepingCapacity: o.bytes.capacity <= Self.highWater * 2)
+                    o.readIndex = 0
+                }
             } else if o.readIndex >= 64 * 1024 && o.readIndex * 2 >= o.bytes.count {
                 o.bytes.removeSubrange(0..<o.readIndex)
                 o.readIndex = 0
