@@ -19,6 +19,10 @@
 #              streams each, as run.sh's h2c_c4m16)                -> instructions per request
 #              (every bearerd listener takes h2c; the nginx row gets an `http2` listener on
 #              its own port, H2C_PORT; both proxy to the origin over HTTP/1.1 keep-alive)
+#   h2up       the same h2load run on /h2/small, which bearerd routes to the origin's h2c
+#              listener (H2_ORIGIN_PORT) with `http2: prior_knowledge`: HTTP/2 on both sides
+#                                                                  -> instructions per request
+#              (no nginx row: nginx proxies to HTTP/1.x upstreams only; it prints n/a)
 #
 # For each binary: a copy without debug information (valgrind cannot read the static
 # binary's DWARF) runs under callgrind against a local nginx origin with a client_credentials
@@ -40,6 +44,7 @@ KEEP=${KEEP:-0}
 PORT=18180
 ORIGIN_PORT=18181
 H2C_PORT=18182
+H2_ORIGIN_PORT=18183
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 log() { printf '[instructions] %s\n' "$*" >&2; }
@@ -50,7 +55,7 @@ case "$CONNS" in ''|*[!0-9]*|0) die "CONNS must be a positive integer" ;; esac
 case "$BIG_CONNS" in ''|*[!0-9]*|0) die "BIG_CONNS must be a positive integer" ;; esac
 [ -n "$SCENARIOS" ] || die "SCENARIOS is empty"
 for sc in $SCENARIOS; do
-    case "$sc" in keepalive|newconn|big|h2c) ;; *) die "unknown scenario '$sc' (keepalive, newconn, big, h2c)" ;; esac
+    case "$sc" in keepalive|newconn|big|h2c|h2up) ;; *) die "unknown scenario '$sc' (keepalive, newconn, big, h2c, h2up)" ;; esac
 done
 if [ "$#" -eq 0 ]; then set -- "$REPO/.build/release/bearerd"; fi
 for b in "$@"; do
@@ -62,7 +67,7 @@ missing=()
 command -v valgrind >/dev/null || missing+=(valgrind)
 command -v wrk >/dev/null || missing+=(wrk)
 command -v curl >/dev/null || missing+=(curl)
-case " $SCENARIOS " in *" h2c "*) command -v h2load >/dev/null || missing+=(nghttp2-client) ;; esac
+case " $SCENARIOS " in *" h2c "*|*" h2up "*) command -v h2load >/dev/null || missing+=(nghttp2-client) ;; esac
 command -v strip >/dev/null || missing+=(binutils)
 NGINX=$(command -v nginx 2>/dev/null || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || true)
 [ -n "$NGINX" ] || missing+=(nginx-light)
@@ -101,6 +106,7 @@ http {
     fastcgi_temp_path $WORK/origin/tmp/f; uwsgi_temp_path $WORK/origin/tmp/u; scgi_temp_path $WORK/origin/tmp/s;
     server {
         listen 127.0.0.1:$ORIGIN_PORT backlog=4096;
+        listen 127.0.0.1:$H2_ORIGIN_PORT http2 backlog=4096;
         location = /small { default_type text/plain; return 200 "$(printf 'x%.0s' $(seq 100))"; }
         location = /big { root $WORK/origin/www; default_type application/octet-stream; }
         location = /token { default_type application/json; return 200 '{"access_token":"instructions-token","token_type":"Bearer","expires_in":3600}'; }
@@ -118,6 +124,12 @@ sessions:
     client_id: bench
     client_secret: bench-secret
 routes:
+$(case " $SCENARIOS " in *" h2up "*) printf '%s\n' \
+    "  - match: /h2/    # h2up only (another route would add to every other scenario's routing)" \
+    "    strip_prefix: true" \
+    "    upstream: http://127.0.0.1:$H2_ORIGIN_PORT" \
+    "    http2: prior_knowledge" \
+    "    session: bench" ;; esac)
   - match: /
     upstream: http://127.0.0.1:$ORIGIN_PORT
     session: bench
@@ -169,15 +181,16 @@ count() {
         newconn) wrk_args=(-c"$CONNS" -H "Connection: close" "http://127.0.0.1:$PORT/small") ;;
         big) wrk_args=(-c"$BIG_CONNS" --timeout 30s "http://127.0.0.1:$PORT/big") ;;
     esac
-    if [ "$load" = h2c ]; then
+    if [ "$load" = h2c ] || [ "$load" = h2up ]; then
         # The proxy's prior-knowledge HTTP/2 port: nginx's own h2c listener, bearerd's usual one.
-        local h2port=$PORT res
+        local h2port=$PORT res path=/small
         [ "$bin" = nginx ] && h2port=$H2C_PORT
-        res=$(h2load -c4 -m16 -t1 -D "$DURATION" "http://127.0.0.1:$h2port/small" 2>&1) || log "warning: $bin h2c: h2load failed"
+        [ "$load" = h2up ] && path=/h2/small
+        res=$(h2load -c4 -m16 -t1 -D "$DURATION" "http://127.0.0.1:$h2port$path" 2>&1) || log "warning: $bin $load: h2load failed"
         requests=$(awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) == "succeeded,") { print $i; exit } }' <<<"$res")
         local failed
         failed=$(awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) == "failed,") { print $i; exit } }' <<<"$res")
-        [ "${failed:-0}" = 0 ] || log "warning: $bin h2c: $failed failed requests"
+        [ "${failed:-0}" = 0 ] || log "warning: $bin $load: $failed failed requests"
         [ -n "$requests" ] || requests=0
     elif [ "$load" != idle ]; then
         local res
@@ -209,6 +222,7 @@ header() {
             newconn) printf ' %10s %14s %8s' conns "instr/conn" ratio ;;
             big) printf ' %10s %14s %8s' MiB "instr/MiB" ratio ;;
             h2c) printf ' %10s %14s %8s' h2-reqs "instr/h2-req" ratio ;;
+            h2up) printf ' %10s %14s %8s' h2h2-reqs "instr/h2h2-req" ratio ;;
         esac
     done
     printf '\n'
@@ -230,6 +244,10 @@ for b in "$@"; do
     base=$INSTRUCTIONS
     row=$(printf '%-40s' "$b")
     for sc in $SCENARIOS; do
+        if [ "$b" = nginx ] && [ "$sc" = h2up ]; then
+            row+=$(printf ' %10s %14s %8s' n/a n/a n/a)
+            continue
+        fi
         count "$s" "$sc" "$n"
         requests=$REQUESTS loaded=$INSTRUCTIONS
         [ "${requests:-0}" -gt 0 ] || die "no responses under load ($sc) for $b"
