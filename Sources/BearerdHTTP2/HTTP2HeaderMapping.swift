@@ -107,14 +107,17 @@ public enum HTTP2HeaderMapping {
     /// An HTTP/1.1 request head (hop-by-hop fields already removed) as HTTP/2 fields:
     /// `:method`, `:scheme`, `:authority` (from `authority`, `Host` dropped), `:path`, then the
     /// other fields lower-cased, minus the connection-specific ones; `te` only as `trailers`.
-    public static func requestFields(_ head: HTTPRequestHead, scheme: String, authority: String) -> [HTTPField] {
+    /// `lowercasingNames: false` keeps the names as they are (for `HTTP2Session`, which lower-cases
+    /// names as it encodes them).
+    public static func requestFields(_ head: HTTPRequestHead, scheme: String, authority: String,
+                                     lowercasingNames: Bool = true) -> [HTTPField] {
         var out: [HTTPField] = []
         out.reserveCapacity(head.headers.count + 4)
         out.append(HTTPField(name: ":method", value: head.method))
         out.append(HTTPField(name: ":scheme", value: scheme))
         out.append(HTTPField(name: ":authority", value: authority))
         out.append(HTTPField(name: ":path", value: head.target))
-        appendRegular(head.headers, to: &out, droppingHost: true, lowercasingNames: true)
+        appendRegular(head.headers, to: &out, droppingHost: true, lowercasingNames: lowercasingNames)
         return out
     }
 
