@@ -10,12 +10,20 @@
 #   DURATION=8 CONNS=16 bash bench/instructions.sh old/bearerd new/bearerd
 #   bash bench/instructions.sh nginx .build/release/bearerd    # nginx as the reference row
 #   SCENARIOS=keepalive bash bench/instructions.sh             # the per-request column only
-#   PORT=18380 bash bench/instructions.sh                      # proxy port (origin: PORT+1), for two runs at once
+#   PORT=18380 bash bench/instructions.sh                      # proxy port (origin PORT+1, h2 ports PORT+2/+3), for two runs at once
 #
 # Scenarios (SCENARIOS, default "keepalive newconn big"), each a wrk run of DURATION seconds:
 #   keepalive  GET /small over CONNS keep-alive connections       -> instructions per request
 #   newconn    GET /small, `Connection: close`, CONNS connections  -> instructions per connection
 #   big        GET /big (1 MiB body), BIG_CONNS connections        -> instructions per MiB
+#   h2c        GET /small over prior-knowledge HTTP/2, h2load -c4 -m16 -t1 (4 connections, 16
+#              streams each, as run.sh's h2c_c4m16)                -> instructions per request
+#              (every bearerd listener takes h2c; the nginx row gets an `http2` listener on
+#              its own port, H2C_PORT; both proxy to the origin over HTTP/1.1 keep-alive)
+#   h2up       the same h2load run on /h2/small, which bearerd routes to the origin's h2c
+#              listener (H2_ORIGIN_PORT) with `http2: prior_knowledge`: HTTP/2 on both sides
+#                                                                  -> instructions per request
+#              (no nginx row: nginx proxies to HTTP/1.x upstreams only; it prints n/a)
 #
 # For each binary: a copy without debug information (valgrind cannot read the static
 # binary's DWARF) runs under callgrind against a local nginx origin with a client_credentials
@@ -36,6 +44,8 @@ SCENARIOS=${SCENARIOS:-keepalive newconn big}
 KEEP=${KEEP:-0}
 PORT=${PORT:-18180}
 ORIGIN_PORT=${ORIGIN_PORT:-$((PORT + 1))}
+H2C_PORT=${H2C_PORT:-$((PORT + 2))}
+H2_ORIGIN_PORT=${H2_ORIGIN_PORT:-$((PORT + 3))}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 log() { printf '[instructions] %s\n' "$*" >&2; }
@@ -46,7 +56,7 @@ case "$CONNS" in ''|*[!0-9]*|0) die "CONNS must be a positive integer" ;; esac
 case "$BIG_CONNS" in ''|*[!0-9]*|0) die "BIG_CONNS must be a positive integer" ;; esac
 [ -n "$SCENARIOS" ] || die "SCENARIOS is empty"
 for sc in $SCENARIOS; do
-    case "$sc" in keepalive|newconn|big) ;; *) die "unknown scenario '$sc' (keepalive, newconn, big)" ;; esac
+    case "$sc" in keepalive|newconn|big|h2c|h2up) ;; *) die "unknown scenario '$sc' (keepalive, newconn, big, h2c, h2up)" ;; esac
 done
 if [ "$#" -eq 0 ]; then set -- "$REPO/.build/release/bearerd"; fi
 for b in "$@"; do
@@ -58,6 +68,7 @@ missing=()
 command -v valgrind >/dev/null || missing+=(valgrind)
 command -v wrk >/dev/null || missing+=(wrk)
 command -v curl >/dev/null || missing+=(curl)
+case " $SCENARIOS " in *" h2c "*|*" h2up "*) command -v h2load >/dev/null || missing+=(nghttp2-client) ;; esac
 command -v strip >/dev/null || missing+=(binutils)
 NGINX=$(command -v nginx 2>/dev/null || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || true)
 [ -n "$NGINX" ] || missing+=(nginx-light)
@@ -96,6 +107,7 @@ http {
     fastcgi_temp_path $WORK/origin/tmp/f; uwsgi_temp_path $WORK/origin/tmp/u; scgi_temp_path $WORK/origin/tmp/s;
     server {
         listen 127.0.0.1:$ORIGIN_PORT backlog=4096;
+        listen 127.0.0.1:$H2_ORIGIN_PORT http2 backlog=4096;
         location = /small { default_type text/plain; return 200 "$(printf 'x%.0s' $(seq 100))"; }
         location = /big { root $WORK/origin/www; default_type application/octet-stream; }
         location = /token { default_type application/json; return 200 '{"access_token":"instructions-token","token_type":"Bearer","expires_in":3600}'; }
@@ -113,6 +125,12 @@ sessions:
     client_id: bench
     client_secret: bench-secret
 routes:
+$(case " $SCENARIOS " in *" h2up "*) printf '%s\n' \
+    "  - match: /h2/    # h2up only (another route would add to every other scenario's routing)" \
+    "    strip_prefix: true" \
+    "    upstream: http://127.0.0.1:$H2_ORIGIN_PORT" \
+    "    http2: prior_knowledge" \
+    "    session: bench" ;; esac)
   - match: /
     upstream: http://127.0.0.1:$ORIGIN_PORT
     session: bench
@@ -131,6 +149,7 @@ http {
     upstream origin { server 127.0.0.1:$ORIGIN_PORT; keepalive 128; keepalive_requests 10000000; keepalive_timeout 300s; }
     server {
         listen 127.0.0.1:$PORT backlog=4096;
+        listen 127.0.0.1:$H2C_PORT http2 backlog=4096;
         location / {
             proxy_pass http://origin;
             proxy_http_version 1.1;
@@ -163,7 +182,18 @@ count() {
         newconn) wrk_args=(-c"$CONNS" -H "Connection: close" "http://127.0.0.1:$PORT/small") ;;
         big) wrk_args=(-c"$BIG_CONNS" --timeout 30s "http://127.0.0.1:$PORT/big") ;;
     esac
-    if [ "$load" != idle ]; then
+    if [ "$load" = h2c ] || [ "$load" = h2up ]; then
+        # The proxy's prior-knowledge HTTP/2 port: nginx's own h2c listener, bearerd's usual one.
+        local h2port=$PORT res path=/small
+        [ "$bin" = nginx ] && h2port=$H2C_PORT
+        [ "$load" = h2up ] && path=/h2/small
+        res=$(h2load -c4 -m16 -t1 -D "$DURATION" "http://127.0.0.1:$h2port$path" 2>&1) || log "warning: $bin $load: h2load failed"
+        requests=$(awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) == "succeeded,") { print $i; exit } }' <<<"$res")
+        local failed
+        failed=$(awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) == "failed,") { print $i; exit } }' <<<"$res")
+        [ "${failed:-0}" = 0 ] || log "warning: $bin $load: $failed failed requests"
+        [ -n "$requests" ] || requests=0
+    elif [ "$load" != idle ]; then
         local res
         res=$(wrk -t1 -d"${DURATION}s" "${wrk_args[@]}")
         requests=$(awk '/requests in/ {print $1}' <<<"$res")
@@ -192,6 +222,8 @@ header() {
             keepalive) printf ' %10s %14s %8s' requests "instr/request" ratio ;;
             newconn) printf ' %10s %14s %8s' conns "instr/conn" ratio ;;
             big) printf ' %10s %14s %8s' MiB "instr/MiB" ratio ;;
+            h2c) printf ' %10s %14s %8s' h2-reqs "instr/h2-req" ratio ;;
+            h2up) printf ' %10s %14s %8s' h2h2-reqs "instr/h2h2-req" ratio ;;
         esac
     done
     printf '\n'
@@ -213,6 +245,10 @@ for b in "$@"; do
     base=$INSTRUCTIONS
     row=$(printf '%-40s' "$b")
     for sc in $SCENARIOS; do
+        if [ "$b" = nginx ] && [ "$sc" = h2up ]; then
+            row+=$(printf ' %10s %14s %8s' n/a n/a n/a)
+            continue
+        fi
         count "$s" "$sc" "$n"
         requests=$REQUESTS loaded=$INSTRUCTIONS
         [ "${requests:-0}" -gt 0 ] || die "no responses under load ($sc) for $b"

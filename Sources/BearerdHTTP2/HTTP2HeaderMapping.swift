@@ -32,13 +32,15 @@ public enum HTTP2HeaderMapping {
 
     public static func request(from fields: [HTTPField]) throws(HTTP2MappingError) -> Request {
         var method: String?, scheme: String?, path: String?, authority: String?, proto: String?
-        var regular: [HTTPField] = []
-        regular.reserveCapacity(fields.count)
+        // The regular fields go straight into the head (`Host` is put first at the end): room
+        // for all of them and the `Host` and joined `cookie` fields, so the array never grows.
+        var headers = HTTPHeaders()
+        headers.fields.reserveCapacity(fields.count + 2)
         var cookies: [String] = []
         var host: String?
         for f in fields {
-            if f.name.hasPrefix(":") {
-                guard regular.isEmpty && cookies.isEmpty && host == nil else {
+            if f.name.utf8.first == 0x3A {  // ":"
+                guard headers.fields.isEmpty && cookies.isEmpty && host == nil else {
                     throw HTTP2MappingError("h2.pseudo_header_after_field", "\(f.name) follows a regular field (RFC 9113 §8.3)")
                 }
                 func set(_ slot: inout String?) throws(HTTP2MappingError) {
@@ -56,22 +58,23 @@ public enum HTTP2HeaderMapping {
                 continue
             }
             try checkName(f.name)
-            if connectionSpecific.contains(f.name) {
+            // The name is lower-case (checked), so its kind is that of the exact name.
+            if isConnectionSpecific(f.known) {
                 throw HTTP2MappingError("h2.connection_specific_field", "\(f.name) is not allowed in HTTP/2 (RFC 9113 §8.2.2)")
             }
-            if f.name == "te" && f.value.lowercased() != "trailers" {
+            if f.known == .te && !asciiCaseInsensitiveEquals(f.value, "trailers") {
                 throw HTTP2MappingError("h2.te_not_trailers", "te may only be \"trailers\" in HTTP/2")
             }
-            if f.name == "cookie" {
+            if f.name.utf8.count == 6 && f.name == "cookie" {
                 cookies.append(f.value)
                 continue
             }
-            if f.name == "host" {
+            if f.known == .host {
                 guard host == nil else { throw HTTP2MappingError("h2.duplicate_host", "host appears twice") }
                 host = f.value
                 continue
             }
-            regular.append(f)
+            headers.fields.append(f)
         }
         guard let method else { throw HTTP2MappingError("h2.missing_pseudo_header", ":method is missing") }
         if method == "CONNECT" && proto == nil {
@@ -79,9 +82,7 @@ public enum HTTP2HeaderMapping {
             guard let authority, scheme == nil, path == nil else {
                 throw HTTP2MappingError("h2.invalid_connect", "CONNECT carries :authority only")
             }
-            var headers = HTTPHeaders()
-            headers.add("Host", authority)
-            headers.fields.append(contentsOf: regular)
+            headers.fields.insert(.host(authority), at: 0)
             return Request(head: HTTPRequestHead(method: method, target: authority, version: .http1_1, headers: headers),
                            scheme: "", extendedProtocol: nil)
         }
@@ -96,12 +97,9 @@ public enum HTTP2HeaderMapping {
         guard let hostValue = authority ?? host else {
             throw HTTP2MappingError("h2.missing_authority", "neither :authority nor host names the target")
         }
-        var headers = HTTPHeaders()
-        headers.fields.reserveCapacity(regular.count + 2)
-        headers.add("Host", hostValue)
-        headers.fields.append(contentsOf: regular)
+        headers.fields.insert(.host(hostValue), at: 0)
         // RFC 9113 §8.2.3: crumbs are joined with "; " before going to HTTP/1.1.
-        if !cookies.isEmpty { headers.add("cookie", cookies.joined(separator: "; ")) }
+        if !cookies.isEmpty { headers.add("cookie", cookies.count == 1 ? cookies[0] : cookies.joined(separator: "; ")) }
         return Request(head: HTTPRequestHead(method: method, target: path, version: .http1_1, headers: headers),
                        scheme: scheme, extendedProtocol: proto)
     }
@@ -109,14 +107,17 @@ public enum HTTP2HeaderMapping {
     /// An HTTP/1.1 request head (hop-by-hop fields already removed) as HTTP/2 fields:
     /// `:method`, `:scheme`, `:authority` (from `authority`, `Host` dropped), `:path`, then the
     /// other fields lower-cased, minus the connection-specific ones; `te` only as `trailers`.
-    public static func requestFields(_ head: HTTPRequestHead, scheme: String, authority: String) -> [HTTPField] {
+    /// `lowercasingNames: false` keeps the names as they are (for `HTTP2Session`, which lower-cases
+    /// names as it encodes them).
+    public static func requestFields(_ head: HTTPRequestHead, scheme: String, authority: String,
+                                     lowercasingNames: Bool = true) -> [HTTPField] {
         var out: [HTTPField] = []
         out.reserveCapacity(head.headers.count + 4)
         out.append(HTTPField(name: ":method", value: head.method))
         out.append(HTTPField(name: ":scheme", value: scheme))
         out.append(HTTPField(name: ":authority", value: authority))
         out.append(HTTPField(name: ":path", value: head.target))
-        appendRegular(head.headers, to: &out, dropping: "host")
+        appendRegular(head.headers, to: &out, droppingHost: true, lowercasingNames: lowercasingNames)
         return out
     }
 
@@ -126,22 +127,25 @@ public enum HTTP2HeaderMapping {
         var headers = HTTPHeaders()
         headers.fields.reserveCapacity(fields.count)
         for f in fields {
-            if f.name.hasPrefix(":") {
+            if f.name.utf8.first == 0x3A {  // ":"
                 guard headers.count == 0 else {
                     throw HTTP2MappingError("h2.pseudo_header_after_field", "\(f.name) follows a regular field")
                 }
                 guard f.name == ":status", status == nil else {
                     throw HTTP2MappingError("h2.invalid_pseudo_header", "\(f.name) in a response")
                 }
-                let u = Array(f.value.utf8)
-                guard u.count == 3, u.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let v = Int(f.value), (100...599).contains(v) else {
+                var v = 0
+                for b in f.value.utf8 where v >= 0 {
+                    v = b >= 0x30 && b <= 0x39 && v < 100 ? v * 10 + Int(b - 0x30) : -1
+                }
+                guard f.value.utf8.count == 3, (100...599).contains(v) else {
                     throw HTTP2MappingError("h2.invalid_status", ":status must be three digits 100-599")
                 }
                 status = v
                 continue
             }
             try checkName(f.name)
-            if connectionSpecific.contains(f.name) {
+            if isConnectionSpecific(f.known) {
                 throw HTTP2MappingError("h2.connection_specific_field", "\(f.name) is not allowed in HTTP/2 (RFC 9113 §8.2.2)")
             }
             headers.fields.append(f)
@@ -151,12 +155,14 @@ public enum HTTP2HeaderMapping {
     }
 
     /// A response head as HTTP/2 fields: `:status`, then the fields lower-cased minus the
-    /// connection-specific ones.
-    public static func responseFields(_ head: HTTPResponseHead) -> [HTTPField] {
+    /// connection-specific ones. `lowercasingNames: false` keeps the names as they are, for a
+    /// caller that hands the fields straight to `HTTP2Session`, which lower-cases names as it
+    /// encodes them (a `String` less per field with upper-case letters).
+    public static func responseFields(_ head: HTTPResponseHead, lowercasingNames: Bool = true) -> [HTTPField] {
         var out: [HTTPField] = []
         out.reserveCapacity(head.headers.count + 1)
-        out.append(HTTPField(name: ":status", value: String(head.status)))
-        appendRegular(head.headers, to: &out, dropping: nil)
+        out.append(HTTPField(name: ":status", value: statusValue(head.status)))
+        appendRegular(head.headers, to: &out, droppingHost: false, lowercasingNames: lowercasingNames)
         return out
     }
 
@@ -164,17 +170,16 @@ public enum HTTP2HeaderMapping {
     public static func trailerFields(_ headers: HTTPHeaders) -> [HTTPField] {
         var out: [HTTPField] = []
         out.reserveCapacity(headers.count)
-        for f in headers.fields where !f.name.hasPrefix(":") {
-            let name = lower(f.name)
-            if connectionSpecific.contains(name) || name == "te" || name == "content-length" { continue }
-            out.append(HTTPField(name: name, value: f.value))
+        for f in headers.fields where f.name.utf8.first != 0x3A {
+            if isConnectionSpecific(f.known) || f.known == .te || f.known == .contentLength { continue }
+            out.append(HTTPField(name: lower(f.name), value: f.value))
         }
         return out
     }
 
     /// Trailers as received, checked (no pseudo-headers, RFC 9113 §8.1).
     public static func trailers(from fields: [HTTPField]) throws(HTTP2MappingError) -> HTTPHeaders {
-        for f in fields where f.name.hasPrefix(":") {
+        for f in fields where f.name.utf8.first == 0x3A {
             throw HTTP2MappingError("h2.pseudo_header_in_trailers", "\(f.name) in a trailer section")
         }
         return HTTPHeaders(fields)
@@ -182,18 +187,54 @@ public enum HTTP2HeaderMapping {
 
     // MARK: helpers
 
-    private static func appendRegular(_ headers: HTTPHeaders, to out: inout [HTTPField], dropping: String?) {
-        for f in headers.fields {
-            let name = lower(f.name)
-            if connectionSpecific.contains(name) || name == dropping { continue }
-            if name == "te" {
+    /// `known` is a field HTTP/2 forbids (RFC 9113 §8.2.2; `te` aside): `connectionSpecific` by kind.
+    @inline(__always)
+    static func isConnectionSpecific(_ known: KnownField) -> Bool {
+        switch known {
+        case .connection, .keepAlive, .proxyConnection, .transferEncoding, .upgrade: return true
+        default: return false
+        }
+    }
+
+    /// `:status`'s value: a literal for the common codes.
+    static func statusValue(_ status: Int) -> String {
+        switch status {
+        case 200: "200"
+        case 204: "204"
+        case 206: "206"
+        case 301: "301"
+        case 302: "302"
+        case 304: "304"
+        case 400: "400"
+        case 401: "401"
+        case 403: "403"
+        case 404: "404"
+        case 500: "500"
+        case 502: "502"
+        case 503: "503"
+        case 504: "504"
+        default: String(status)
+        }
+    }
+
+    /// The fields by kind (`HTTPField.known`), so no name is compared or hashed as a `String`.
+    private static func appendRegular(_ headers: HTTPHeaders, to out: inout [HTTPField], droppingHost: Bool, lowercasingNames: Bool) {
+        for i in headers.fields.indices {
+            let known = headers.fields[i].known
+            if isConnectionSpecific(known) || (droppingHost && known == .host) { continue }
+            if known == .te {
+                let f = headers.fields[i]
                 // RFC 9113 §8.2.2: only "trailers".
                 if HTTPHeaderRules.listValues(HTTPHeaders([f]), "te").contains(where: { $0.lowercased() == "trailers" }) {
                     out.append(HTTPField(name: "te", value: "trailers"))
                 }
                 continue
             }
-            out.append(HTTPField(name: name, value: f.value))
+            if lowercasingNames {
+                out.append(HTTPField(name: lower(headers.fields[i].name), value: headers.fields[i].value))
+            } else {
+                out.append(headers.fields[i])
+            }
         }
     }
 

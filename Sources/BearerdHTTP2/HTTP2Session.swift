@@ -115,14 +115,19 @@ public final class HTTP2Session {
     /// Per-stream outbound buffer bounds for the owner's backpressure (`streamWritable`).
     public static let highWater = 256 * 1024
     public static let lowWater = 64 * 1024
+    /// Fields a received header block has room for before its array grows.
+    static let usualFieldCount = 12
 
     public let role: Role
     public let settings: HTTP2Settings
     private var session: OpaquePointer?
     private var events: [HTTP2Event] = []
     private var outbound: [Int32: Outbound] = [:]
-    /// Header block being received, per stream.
-    private var inbound: [Int32: HeaderBlock] = [:]
+    /// The header block being received and its stream (0: none). One at a time: a header block
+    /// is a HEADERS frame and the CONTINUATION frames right after it, with no other frame between
+    /// them (RFC 9113 §6.10), so blocks never interleave.
+    private var inbound = HeaderBlock()
+    @exclusivity(unchecked) private var inboundStream: Int32 = 0
     /// Set by a callback when a Swift-side rule failed fatally (never thrown across C).
     private var fatal: HTTP2Error?
     /// Client role: streams we opened that have not closed.
@@ -139,12 +144,14 @@ public final class HTTP2Session {
     /// Why this engine ended the connection itself (nil: it did not).
     public private(set) var terminatedWith: HTTP2ErrorCode?
     /// The owner's clock at the last `receive(_:now:)` (monotonic nanoseconds), for the budget.
-    private var now: UInt64 = 0
-    private var budgetWindowStart: UInt64 = 0
-    private var unansweredInWindow = 0
-    private var completedInWindow = 0
+    @exclusivity(unchecked) private var now: UInt64 = 0
+    @exclusivity(unchecked) private var budgetWindowStart: UInt64 = 0
+    @exclusivity(unchecked) private var unansweredInWindow = 0
+    @exclusivity(unchecked) private var completedInWindow = 0
 
-    struct Outbound {
+    /// A stream's outbound body: a class, so the table's entry is changed in place (a struct
+    /// copied out of the dictionary and written back copied its byte array on every append).
+    final class Outbound {
         var bytes: [UInt8] = []
         var readIndex = 0
         var ended = false
@@ -171,6 +178,42 @@ public final class HTTP2Session {
         var overLimit: HTTP2Event.RequestHeadLimit?
         /// Refused for concurrency: fields dropped.
         var ignored = false
+        /// The block's pseudo-header fields, seen as they arrived: what kind of head it is.
+        var status: StatusClass = .none
+        var sawMethod = false
+        enum StatusClass { case none, informational, final }
+
+        /// Adds one received field. False when the block is over `maxHeaderListSize` and is not
+        /// a request head (the stream is then reset); a request head over a limit is marked
+        /// `overLimit` instead and its remaining fields dropped.
+        mutating func add(name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>, settings: HTTP2Settings) -> Bool {
+            if ignored || overLimit != nil { return true }
+            size = size.addingReportingOverflow(name.count &+ value.count &+ 32).partialValue
+            if size > Int(settings.maxHeaderListSize) || size < 0 {
+                guard isRequest else { return false }
+                overLimit = .size
+                fields = []
+                return true
+            }
+            if name.first == 0x3A {  // a pseudo-header field
+                if HTTP2FieldBytes.equals(name, ":status") && status == .none {
+                    status = value.first == 0x31 ? .informational : .final  // "1xx"
+                } else if HTTP2FieldBytes.equals(name, ":method") {
+                    sawMethod = true
+                }
+            } else if isRequest {
+                let isCookie = HTTP2FieldBytes.equals(name, "cookie")
+                if !isCookie || !sawCookie { count += 1 }
+                if isCookie { sawCookie = true }
+                if count > settings.maxHeaderCount {
+                    overLimit = .fieldCount
+                    fields = []
+                    return true
+                }
+            }
+            fields.append(HTTPField(name: HTTP2FieldBytes.name(name), value: HTTP2FieldBytes.value(value)))
+            return true
+        }
     }
 
     public init(role: Role, settings: HTTP2Settings = HTTP2Settings()) throws(HTTP2Error) {
@@ -328,7 +371,7 @@ public final class HTTP2Session {
     /// Server role: a response head (`:status` first). 1xx heads are informational (no END_STREAM).
     public func submitResponse(stream: Int32, _ fields: [HTTPField], endStream: Bool) throws(HTTP2Error) {
         guard let session else { throw HTTP2Error(code: -902, message: "session closed") }
-        let informational = fields.first.map { $0.name == ":status" && $0.value.hasPrefix("1") } ?? false
+        let informational = fields.first.map { $0.value.utf8.first == 0x31 && $0.name == ":status" } ?? false  // "1xx"
         let rc: Int32 = withHeaderArray(fields) { nva, count in
             if informational {
                 return nghttp2_submit_headers(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream, nil, nva, count, nil)
@@ -345,12 +388,11 @@ public final class HTTP2Session {
 
     /// Queues body bytes on a stream whose head was submitted without END_STREAM.
     public func sendData(stream: Int32, _ bytes: UnsafeRawBufferPointer) {
-        guard bytes.count > 0, var o = outbound[stream], !o.ended else { return }
+        guard bytes.count > 0, let o = outbound[stream], !o.ended else { return }
         o.bytes.append(contentsOf: bytes)
         if o.count >= Self.highWater { o.wasFull = true }
         let resume = o.deferred
         o.deferred = false
-        outbound[stream] = o
         if resume, let session { nghttp2_session_resume_data(session, stream) }
     }
 
@@ -359,13 +401,12 @@ public final class HTTP2Session {
     /// `resetAfter`: an RST_STREAM with that code follows the last frame (the client's side of a
     /// stream answered before its request ended, e.g. a refused extended CONNECT).
     public func endStream(stream: Int32, trailers: [HTTPField]?, resetAfter: HTTP2ErrorCode? = nil) {
-        guard var o = outbound[stream], !o.ended else { return }
+        guard let o = outbound[stream], !o.ended else { return }
         o.ended = true
         o.resetAfter = resetAfter
         if let trailers, !trailers.isEmpty { o.trailers = trailers }
         let resume = o.deferred
         o.deferred = false
-        outbound[stream] = o
         if resume, let session { nghttp2_session_resume_data(session, stream) }
     }
 
@@ -489,34 +530,37 @@ public final class HTTP2Session {
     /// Calls `body` with an `nghttp2_nv` array for `fields` (names lower-cased; credentials sent
     /// never-indexed, STYLE 9). nghttp2 copies the fields during the call.
     private func withHeaderArray<R>(_ fields: [HTTPField], sensitive extra: String? = nil, _ body: (UnsafePointer<nghttp2_nv>, Int) -> R) -> R {
-        let extraLower = extra?.lowercased()
-        var storage: [UInt8] = []
-        var spans: [(name: Range<Int>, value: Range<Int>, sensitive: Bool)] = []
-        spans.reserveCapacity(fields.count)
-        for f in fields {
-            let n0 = storage.count
-            for b in f.name.utf8 { storage.append(b >= 0x41 && b <= 0x5A ? b | 0x20 : b) }
-            let n1 = storage.count
-            storage.append(contentsOf: f.value.utf8)
-            let lower = f.name.lowercased()
-            let sensitive = lower == "authorization" || lower == "proxy-authorization" || lower == "cookie" || lower == "set-cookie" || lower == "dpop"
-                || lower == extraLower
-            spans.append((n0..<n1, n1..<storage.count, sensitive))
-        }
-        if storage.isEmpty { storage.append(0) }
-        return storage.withUnsafeMutableBufferPointer { buf in
-            // Force unwrap: `storage` is non-empty, so its buffer has a base address.
-            let base = buf.baseAddress!
-            var nva: [nghttp2_nv] = spans.map { s in
-                nghttp2_nv(name: base + s.name.lowerBound, value: base + s.value.lowerBound,
-                           namelen: s.name.count, valuelen: s.value.count,
-                           flags: UInt8(s.sensitive ? NGHTTP2_NV_FLAG_NO_INDEX.rawValue : NGHTTP2_NV_FLAG_NONE.rawValue))
+        // One pass to size the bytes, one to lay them out: no String, array or dictionary is made
+        // per field (the names are lower-cased while copied, the credential names found by bytes).
+        var total = 0
+        for i in fields.indices { total = total &+ fields[i].name.utf8.count &+ fields[i].value.utf8.count }
+        var extraName = extra ?? ""
+        return extraName.withUTF8 { extraBytes in
+            withUnsafeTemporaryAllocation(of: UInt8.self, capacity: max(total, 1)) { storage in
+                withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: max(fields.count, 1)) { nva in
+                    // Force unwraps: both allocations have a capacity of at least 1.
+                    let base = storage.baseAddress!
+                    let nv = nva.baseAddress!
+                    var at = 0
+                    var n = 0
+                    for i in fields.indices {
+                        let nameStart = at
+                        at = HTTP2FieldBytes.copy(fields[i].name, lowercased: true, into: storage, at: at)
+                        let valueStart = at
+                        at = HTTP2FieldBytes.copy(fields[i].value, lowercased: false, into: storage, at: at)
+                        let name = UnsafeBufferPointer(start: base + nameStart, count: valueStart - nameStart)
+                        let sensitive = HTTP2FieldBytes.isCredential(name)
+                            || (extra != nil && HTTP2FieldBytes.equalsIgnoringCase(name, extraBytes))
+                        (nv + n).initialize(to: nghttp2_nv(
+                            name: base + nameStart, value: base + valueStart,
+                            namelen: valueStart - nameStart, valuelen: at - valueStart,
+                            flags: UInt8(sensitive ? NGHTTP2_NV_FLAG_NO_INDEX.rawValue : NGHTTP2_NV_FLAG_NONE.rawValue)))
+                        n += 1
+                    }
+                    if n == 0 { nv.initialize(to: nghttp2_nv(name: base, value: base, namelen: 0, valuelen: 0, flags: 0)) }
+                    return body(nv, n)
+                }
             }
-            if nva.isEmpty {
-                nva.append(nghttp2_nv(name: base, value: base, namelen: 0, valuelen: 0, flags: 0))
-                return nva.withUnsafeBufferPointer { body($0.baseAddress!, 0) }  // non-empty array
-            }
-            return nva.withUnsafeBufferPointer { body($0.baseAddress!, $0.count) }  // non-empty array
         }
     }
 
@@ -524,6 +568,8 @@ public final class HTTP2Session {
 
     fileprivate func beginHeaders(_ stream: Int32, category: nghttp2_headers_category) {
         var block = HeaderBlock()
+        // Room for a usual head at once (growing 1, 2, 4, 8 cost an allocation each).
+        block.fields.reserveCapacity(Self.usualFieldCount)
         if role == .server && category == NGHTTP2_HCAT_REQUEST {
             block.isRequest = true
             if peerOpen.count >= Int(settings.maxConcurrentStreams) {
@@ -535,37 +581,23 @@ public final class HTTP2Session {
                 peerOpen.insert(stream)
             }
         }
-        inbound[stream] = block
+        inbound = block
+        inboundStream = stream
     }
 
     /// Returns false when the block is over `maxHeaderListSize` (the stream is then reset).
     fileprivate func header(_ stream: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) -> Bool {
-        var block = inbound[stream] ?? HeaderBlock()
-        if block.ignored || block.overLimit != nil { return true }
-        block.size = block.size.addingReportingOverflow(name.count &+ value.count &+ 32).partialValue
-        if block.size > Int(settings.maxHeaderListSize) || block.size < 0 {
-            guard block.isRequest else {
-                inbound[stream] = nil
-                return false
-            }
-            block.overLimit = .size
-            block.fields = []
-            inbound[stream] = block
-            return true
+        if inboundStream != stream {
+            // No begin-headers callback for this stream (never expected): a fresh block.
+            inbound = HeaderBlock()
+            inboundStream = stream
         }
-        if block.isRequest, name.first != 0x3A {  // not a pseudo-header field
-            let isCookie = name.count == 6 && name.elementsEqual("cookie".utf8)
-            if !isCookie || !block.sawCookie { block.count += 1 }
-            if isCookie { block.sawCookie = true }
-            if block.count > settings.maxHeaderCount {
-                block.overLimit = .fieldCount
-                block.fields = []
-                inbound[stream] = block
-                return true
-            }
+        // One in-place access: the block's fields are appended to, never copied.
+        guard inbound.add(name: name, value: value, settings: settings) else {
+            inbound = HeaderBlock()
+            inboundStream = 0
+            return false
         }
-        block.fields.append(HTTPField(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self)))
-        inbound[stream] = block
         return true
     }
 
@@ -574,7 +606,12 @@ public final class HTTP2Session {
         let endStream = hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0
         switch UInt32(hd.type) {
         case NGHTTP2_HEADERS.rawValue:
-            let block = inbound.removeValue(forKey: hd.stream_id)
+            var block: HeaderBlock?
+            if inboundStream == hd.stream_id {
+                block = inbound
+                inbound = HeaderBlock()
+                inboundStream = 0
+            }
             if block?.ignored == true, let session {
                 _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), hd.stream_id,
                                               HTTP2ErrorCode.refusedStream.rawValue)
@@ -587,12 +624,10 @@ public final class HTTP2Session {
             }
             let fields = block?.fields ?? []
             let kind: HTTP2Event.HeadersKind
-            if let status = fields.first(where: { $0.name == ":status" }) {
-                kind = status.value.hasPrefix("1") ? .informational : .response
-            } else if fields.contains(where: { $0.name == ":method" }) {
-                kind = .request
-            } else {
-                kind = .trailers
+            switch block?.status ?? .none {
+            case .informational: kind = .informational
+            case .final: kind = .response
+            case .none: kind = block?.sawMethod == true ? .request : .trailers
             }
             events.append(.headers(stream: hd.stream_id, fields: fields, kind: kind, endStream: endStream))
         case NGHTTP2_DATA.rawValue:
@@ -620,17 +655,25 @@ public final class HTTP2Session {
 
     fileprivate func streamClosed(_ stream: Int32, _ code: UInt32) {
         outbound[stream] = nil
-        inbound[stream] = nil
-        opened.remove(stream)
-        if refusedStreams.remove(stream) != nil { return }  // the owner never saw it
-        if peerOpen.remove(stream) != nil && code == HTTP2ErrorCode.noError.rawValue { countCompleted() }
+        if inboundStream == stream {
+            inbound = HeaderBlock()
+            inboundStream = 0
+        }
+        switch role {
+        case .client:
+            opened.remove(stream)
+        case .server:
+            // The owner never saw a refused stream.
+            if !refusedStreams.isEmpty && refusedStreams.remove(stream) != nil { return }
+            if peerOpen.remove(stream) != nil && code == HTTP2ErrorCode.noError.rawValue { countCompleted() }
+        }
         events.append(.streamClosed(stream: stream, errorCode: code))
     }
 
     /// The data source of every stream: copies buffered body bytes into nghttp2's frame buffer.
     fileprivate func readData(_ stream: Int32, into buf: UnsafeMutablePointer<UInt8>, length: Int,
                               flags: UnsafeMutablePointer<UInt32>) -> Int {
-        guard var o = outbound[stream] else {
+        guard let o = outbound[stream] else {
             // Nothing known of this stream (reset meanwhile): end it.
             flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
             return 0
@@ -643,8 +686,11 @@ public final class HTTP2Session {
             }
             o.readIndex += n
             if o.readIndex == o.bytes.count {
-                o.bytes.removeAll(keepingCapacity: o.bytes.capacity <= Self.highWater * 2)
-                o.readIndex = 0
+                // An ended body, all taken, is dropped with its stream's entry below.
+                if !o.ended {
+                    o.bytes.removeAll(keepingCapacity: o.bytes.capacity <= Self.highWater * 2)
+                    o.readIndex = 0
+                }
             } else if o.readIndex >= 64 * 1024 && o.readIndex * 2 >= o.bytes.count {
                 o.bytes.removeSubrange(0..<o.readIndex)
                 o.readIndex = 0
@@ -671,11 +717,9 @@ public final class HTTP2Session {
             }
             if n == 0 {
                 o.deferred = true
-                outbound[stream] = o
                 return Int(NGHTTP2_ERR_DEFERRED.rawValue)
             }
         }
-        outbound[stream] = o
         return n
     }
 }

@@ -343,10 +343,11 @@ final class BackendH2Stream: UpstreamStream {
     }
 
     func sendHead(_ head: HTTPRequestHead, body: HTTP1BodyFraming, upgrade: Bool, teTrailers: Bool, credential: HTTPField?) {
-        var head = head
-        if let credential { head.headers.set(credential.name, credential.value) }
-        let authority = head.headers["Host"] ?? connection.target.url.authority
-        var fields = HTTP2HeaderMapping.requestFields(head, scheme: connection.target.url.scheme, authority: authority)
+        let authority = head.headers.first(.host) ?? connection.target.url.authority
+        // Names as they are: the session lower-cases them as it encodes them.
+        var fields = HTTP2HeaderMapping.requestFields(head, scheme: connection.target.url.scheme, authority: authority,
+                                                      lowercasingNames: false)
+        if let credential { Self.set(credential, in: &fields) }
         if teTrailers { fields.append(HTTPField(name: "te", value: "trailers")) }
         guard case .unopened = phase else { return }
         guard let id = connection.open(self, fields: fields, endStream: body == .none, sensitive: credential?.name) else {
@@ -357,6 +358,27 @@ final class BackendH2Stream: UpstreamStream {
         }
         phase = .open(id: id)
         touch()
+    }
+
+    /// `HTTPHeaders.set` on the outgoing fields (the head is not copied to change one field):
+    /// the first field of that name (ASCII case-insensitive) takes the value and later ones go;
+    /// none: appended.
+    static func set(_ field: HTTPField, in fields: inout [HTTPField]) {
+        var first: Int?
+        var i = 0
+        while i < fields.count {
+            if asciiCaseInsensitiveEquals(fields[i].name, field.name) {
+                if first == nil {
+                    first = i
+                    fields[i].value = field.value
+                } else {
+                    fields.remove(at: i)
+                    continue
+                }
+            }
+            i += 1
+        }
+        if first == nil { fields.append(field) }
     }
 
     func writeBody(_ raw: UnsafeRawBufferPointer) {

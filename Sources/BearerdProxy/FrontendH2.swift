@@ -63,13 +63,14 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
     private var pendingStarts: [FrontendH2Stream] = []
 
     enum Phase { case open, draining, closed }
-    private var phase: Phase = .open
-    var deadline: UInt64 = 0
+    // `@exclusivity(unchecked)`: trivially copyable scalars only (see `SocketChannel`).
+    @exclusivity(unchecked) private var phase: Phase = .open
+    @exclusivity(unchecked) var deadline: UInt64 = 0
     @exclusivity(unchecked) var frontendSlot = -1
-    private var flushScheduled = false
+    @exclusivity(unchecked) private var flushScheduled = false
     private var out: [UInt8] = []
     /// When the client last sent anything (its streams that owe body bytes are timed out from here).
-    private var lastRead: UInt64 = 0
+    @exclusivity(unchecked) private var lastRead: UInt64 = 0
 
     var isProxyConnection: Bool { true }
 
@@ -132,6 +133,9 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
     }
 
     private func dispatchEvents() {
+        // The idle deadline is computed once for the batch, not per closed stream (it looks at
+        // every stream).
+        var closedAny = false
         while session.hasEvents {
             for event in session.takeEvents() {
                 switch event {
@@ -151,7 +155,7 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
                     }
                 case .streamClosed(let id, let code):
                     streams.removeValue(forKey: id)?.closed(errorCode: code)
-                    armIdle()
+                    closedAny = true
                 case .goAway:
                     if phase == .open { phase = .draining }
                 case .streamWritable(let id):
@@ -161,6 +165,7 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
                 }
             }
         }
+        if closedAny { armIdle() }
         startPending()
         scheduleFlush()
     }
@@ -241,7 +246,7 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
         let framing: HTTP1BodyFraming
         if endStream || websocket {
             framing = .none
-        } else if let cl = head.headers["content-length"] {
+        } else if let cl = head.headers.first(.contentLength) {
             guard let n = UInt64(cl), cl.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else {
                 stream.refuse(Refusal(status: 400, error: "h2.invalid_content_length", detail: "content-length is not a number", closes: true))
                 return
@@ -568,12 +573,12 @@ final class FrontendH2Stream: ExchangeClient {
             var h = upstream.headers
             for name in ["Upgrade", "Connection", "Sec-WebSocket-Accept"] { h.remove(name) }
             let ok = ProxyHeaders.h2ClientResponse(upstream: HTTPResponseHead(status: 200, reason: "OK", headers: h))
-            try? session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(ok), endStream: false)
+            try? session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(ok, lowercasingNames: false), endStream: false)
             connection.scheduleFlush()
             return
         }
         let h = ProxyHeaders.h2ClientResponse(upstream: upstream)
-        try? session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(h), endStream: false)
+        try? session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(h, lowercasingNames: false), endStream: false)
         connection.scheduleFlush()
     }
 
@@ -584,7 +589,7 @@ final class FrontendH2Stream: ExchangeClient {
         let bodyless = request.method == "HEAD" || upstream.status == 204 || upstream.status == 304
         let end = endStream || bodyless
         do {
-            try session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(h), endStream: end)
+            try session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(h, lowercasingNames: false), endStream: end)
         } catch {
             abortExchange()
             return true
@@ -612,7 +617,7 @@ final class FrontendH2Stream: ExchangeClient {
         phase = .closed
         let noBody = body.isEmpty || exchange?.head.method == "HEAD"
         do {
-            try session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(head), endStream: noBody)
+            try session.submitResponse(stream: id, HTTP2HeaderMapping.responseFields(head, lowercasingNames: false), endStream: noBody)
         } catch {
             session.resetStream(id, error: .internalError)
         }

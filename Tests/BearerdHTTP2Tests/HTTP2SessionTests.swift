@@ -293,4 +293,61 @@ struct HTTP2SessionTests {
         #expect(!p.clientEvents.contains { if case .headers(id, _, _, _) = $0 { return true }; return false })
         #expect(p.clientEvents.contains { if case .streamClosed(id, let code) = $0 { return code != 0 }; return false })
     }
+
+    /// Names leave lower-cased whatever case they were given in (RFC 9113 §8.2.1), and a
+    /// credential field is never-indexed whatever its case, `sensitive:` names included: the
+    /// encoder finds them by bytes, not by a lower-cased copy of each name.
+    @Test func namesLeaveLowerCasedAndCredentialsOfAnyCaseNeverIndexed() throws {
+        let p = try Pair()
+        let request = f([(":method", "GET"), (":scheme", "http"), (":authority", "api.example"), (":path", "/"),
+                         ("X-Api-Key", "k1"), ("Accept", "*/*")])
+        let id = try p.client.submitRequest(request, endStream: true, sensitive: "x-API-key")
+        try p.pump()
+        let lowered = f([(":method", "GET"), (":scheme", "http"), (":authority", "api.example"), (":path", "/"),
+                         ("x-api-key", "k1"), ("accept", "*/*")])
+        #expect(p.serverEvents.contains(.headers(stream: id, fields: lowered, kind: .request, endStream: true)))
+        try p.server.submitResponse(stream: id, f([(":status", "200"), ("Content-Type", "text/plain"), ("SET-COOKIE", "s=1")]), endStream: true)
+        try p.pump()
+        #expect(p.clientEvents.contains(.headers(stream: id, fields: f([(":status", "200"), ("content-type", "text/plain"), ("set-cookie", "s=1")]),
+                                                 kind: .response, endStream: true)))
+
+        func secondBlockSize(_ request: [HTTPField], sensitive: String?) throws -> Int {
+            let p = try Pair()
+            _ = try p.client.submitRequest(request, endStream: true, sensitive: sensitive)
+            try p.pump()
+            p.clientWire.removeAll()
+            _ = try p.client.submitRequest(request, endStream: true, sensitive: sensitive)
+            try p.pump()
+            return p.clientWire.count
+        }
+        let base = Array(request.prefix(4))
+        for (name, sensitive) in [("Authorization", nil), ("COOKIE", nil), ("DPoP", nil), ("X-Api-Key", "x-api-KEY")] as [(String, String?)] {
+            let with = try secondBlockSize(base + [HTTPField(name: name, value: "credential-value")], sensitive: sensitive)
+            let without = try secondBlockSize(base, sensitive: sensitive)
+            // Indexed, the field would cost one byte the second time; never-indexed, its literal again.
+            #expect(with - without >= 8, "\(name)")
+        }
+        // Not a credential: indexed, so the second block costs a byte or so more.
+        let plain = try secondBlockSize(base + [HTTPField(name: "X-Trace", value: "credential-value")], sensitive: nil)
+        #expect(plain - (try secondBlockSize(base, sensitive: nil)) <= 2)
+    }
+
+    /// A header block too big for one frame goes out as HEADERS and CONTINUATION frames and
+    /// arrives whole, in order, while another stream's block arrives before and after it.
+    @Test func aHeaderBlockSpanningContinuationFramesArrivesWhole() throws {
+        let p = try Pair()
+        var big = getRequest
+        for i in 0..<300 { big.append(HTTPField(name: "x-field-\(i)", value: String(repeating: "v", count: 100) + "\(i)")) }
+        let first = try p.client.submitRequest(getRequest, endStream: true)
+        let id = try p.client.submitRequest(big, endStream: true)
+        let last = try p.client.submitRequest(getRequest, endStream: true)
+        try p.pump()
+        let heads = p.serverEvents.compactMap { e -> (Int32, [HTTPField])? in
+            if case .headers(let s, let fields, .request, true) = e { return (s, fields) }
+            return nil
+        }
+        #expect(heads.map(\.0) == [first, id, last])
+        #expect(heads.first { $0.0 == id }?.1 == big)
+        #expect(heads.first { $0.0 == last }?.1 == getRequest)
+    }
 }

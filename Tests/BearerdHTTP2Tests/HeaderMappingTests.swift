@@ -65,4 +65,49 @@ struct HeaderMappingTests {
         #expect(HTTP2HeaderMapping.responseFields(HTTPResponseHead(status: 200, headers: h)) == f([(":status", "200"), ("content-type", "text/plain")]))
         #expect(HTTP2HeaderMapping.trailerFields(HTTPHeaders([("Grpc-Status", "0"), ("Connection", "x")])) == f([("grpc-status", "0")]))
     }
+
+    /// For the session (which lower-cases names as it encodes them) the names stay as they are;
+    /// the rules are the same: connection-specific fields dropped, `te` only as `trailers`.
+    @Test func responseFieldsForTheSessionKeepNamesAndDropTheSameFields() {
+        var h = HTTPHeaders()
+        h.add("Content-Type", "text/plain")
+        h.add("Connection", "close")
+        h.add("Transfer-Encoding", "chunked")
+        h.add("Upgrade", "h2c")
+        h.add("Proxy-Connection", "x")
+        h.add("TE", "trailers, deflate")
+        h.add("X-Custom", "1")
+        #expect(HTTP2HeaderMapping.responseFields(HTTPResponseHead(status: 299, headers: h), lowercasingNames: false)
+                == f([(":status", "299"), ("Content-Type", "text/plain"), ("te", "trailers"), ("X-Custom", "1")]))
+        #expect(HTTP2HeaderMapping.responseFields(HTTPResponseHead(status: 404, headers: h))
+                == f([(":status", "404"), ("content-type", "text/plain"), ("te", "trailers"), ("x-custom", "1")]))
+        h.remove("TE")
+        h.add("te", "gzip")
+        #expect(HTTP2HeaderMapping.responseFields(HTTPResponseHead(status: 200, headers: h), lowercasingNames: false)
+                == f([(":status", "200"), ("Content-Type", "text/plain"), ("X-Custom", "1")]))
+    }
+
+    @Test func teOtherThanTrailersAndStatusDigitsAreChecked() {
+        let base: [(String, String)] = [(":method", "GET"), (":scheme", "http"), (":authority", "a"), (":path", "/")]
+        #expect((try? HTTP2HeaderMapping.request(from: f(base + [("te", "TRAILERS")]))) != nil)
+        #expect(throws: HTTP2MappingError.self) { try HTTP2HeaderMapping.request(from: f(base + [("te", "gzip")])) }
+        #expect(throws: HTTP2MappingError.self) { try HTTP2HeaderMapping.request(from: f(base + [("keep-alive", "5")])) }
+        for bad in ["2000", "099", "600", "2a0", "", "1"] {
+            #expect(throws: HTTP2MappingError.self, "\(bad)") { try HTTP2HeaderMapping.responseHead(from: f([(":status", bad)])) }
+        }
+        #expect((try? HTTP2HeaderMapping.responseHead(from: f([(":status", "599")])))?.status == 599)
+        #expect((try? HTTP2HeaderMapping.responseHead(from: f([(":status", "100")])))?.status == 100)
+    }
+
+    /// The head's fields in order: `Host` first, the regular fields as sent, the joined cookie
+    /// last; a CONNECT's head is `Host` and its regular fields.
+    @Test func requestHeadFieldsKeepTheirOrder() throws {
+        let r = try HTTP2HeaderMapping.request(from: f([(":method", "GET"), (":scheme", "http"), (":path", "/"), ("host", "h.example"),
+                                                        ("accept", "*/*"), ("cookie", "a=1"), ("user-agent", "t"), ("te", "trailers")]))
+        #expect(r.head.headers.fields == f([("Host", "h.example"), ("accept", "*/*"), ("user-agent", "t"), ("te", "trailers"), ("cookie", "a=1")]))
+        #expect(r.head.headers.fields.first?.known == .host)
+        let c = try HTTP2HeaderMapping.request(from: f([(":method", "CONNECT"), (":authority", "db:5432"), ("x-a", "1")]))
+        #expect(c.head.target == "db:5432")
+        #expect(c.head.headers.fields == f([("Host", "db:5432"), ("x-a", "1")]))
+    }
 }
