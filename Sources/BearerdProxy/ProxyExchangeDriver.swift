@@ -543,7 +543,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
 
     private func sendRequest(_ send: ProxyExchange.SendRequest, conn: UpstreamStream, head upstreamHead: HTTPRequestHead, credential: HTTPField?) {
-        if runtime.logger.logLevel <= .trace {
+        if runtime.tracesExchanges {
             var h = upstreamHead
             if let credential { h.headers.set(credential.name, credential.value) }
             runtime.logger.trace("upstream request", metadata: [
@@ -655,7 +655,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             ctx.metrics.observeUpstreamLatency(slot: metricsSlot, nanoseconds: upstreamHeadAt.saturatingSubtract(headSentAt))
         }
         status = upstream.status
-        if runtime.logger.logLevel <= .trace {
+        if runtime.tracesExchanges {
             runtime.logger.trace("upstream response", metadata: [
                 "http.status": "\(upstream.status)", "http.headers": "\(Redaction.describe(upstream.headers))",
                 "path": "\(Redaction.target(String(logPath)))", "token.generation": "\(token?.generation ?? 0)"])

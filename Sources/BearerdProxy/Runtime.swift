@@ -49,6 +49,9 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
     let accessHandler: BearerdLogHandler?
     /// Write one access-log line per request.
     public let accessLog: Bool
+    /// `logger` logs at trace level (the upstream request and response heads, redacted). Read
+    /// once here: asking `logger.logLevel` copies the logger's handler per request (measured).
+    let tracesExchanges: Bool
     let headerReadTimeout: UInt64
     let idleTimeout: UInt64
     /// The Host allowlist of each configured listener under this configuration (its routes'
@@ -61,6 +64,7 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
         self.config = config
         self.logger = logger
         accessHandler = logger.handler as? BearerdLogHandler
+        tracesExchanges = logger.logLevel <= .trace
         self.accessLog = accessLog
         router = Router(rules: config.routes.map(\.rule))
         routeRefs = config.routes.map(RouteRef.init)
