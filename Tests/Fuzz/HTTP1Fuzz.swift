@@ -1,7 +1,9 @@
 // libFuzzer entry for the HTTP/1.1 parser (compiled by Tests/Fuzz/run.sh together with
 // Sources/BearerdHTTP, not by SwiftPM). The first byte picks the role and a split point; the
 // rest is the byte stream. Oracle: no crash, and the same events or the same error whether the
-// stream arrives whole or in two pieces (the property the unit tests check on known inputs).
+// stream arrives whole, in two pieces, or with body bytes relayed by the caller where the parser
+// allows it (`directBodyLimit`/`consumeBody`, framing fed a few bytes at a time: what the
+// upstream connection does), the property the unit tests check on known inputs.
 
 /// Events with adjacent body pieces merged (as bytes: a split may cut a UTF-8 sequence), so
 /// different splits compare equal.
@@ -26,7 +28,7 @@ struct Outcome: Equatable {
     }
 }
 
-func run(_ role: HTTP1Parser.Role, _ pieces: [ArraySlice<UInt8>], eof: Bool) -> Outcome {
+func run(_ role: HTTP1Parser.Role, _ pieces: [ArraySlice<UInt8>], eof: Bool, direct: Bool = false) -> Outcome {
     var parser = HTTP1Parser(role: role, limits: HTTP1Limits(maxHeaderBytes: 4096, maxRequestTarget: 1024, maxHeaderCount: 32))
     if role == .client {
         for m in ["GET", "HEAD", "POST", "GET"] { parser.expectResponse(to: m) }
@@ -45,8 +47,25 @@ func run(_ role: HTTP1Parser.Role, _ pieces: [ArraySlice<UInt8>], eof: Bool) -> 
         }
     }
     for p in pieces {
-        parser.feed(Array(p))
-        if !drain() { return out }
+        guard direct else {
+            parser.feed(Array(p))
+            if !drain() { return out }
+            continue
+        }
+        var rest = p
+        while !rest.isEmpty {
+            let limit = parser.directBodyLimit()
+            if limit > 0 {
+                let n = UInt64(rest.count) < limit ? rest.count : Int(limit)
+                parser.consumeBody(n)
+                out.body.append(contentsOf: rest.prefix(n))
+                rest = rest.dropFirst(n)
+            } else {
+                parser.feed(Array(rest.prefix(7)))
+                rest = rest.dropFirst(7)
+            }
+            if !drain() { return out }
+        }
     }
     if eof {
         parser.feedEOF()
@@ -68,6 +87,10 @@ public func fuzzHTTP1(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let split = run(role, [bytes[..<cut], bytes[cut...]], eof: eof)
     if whole != split {
         fatalError("split at \(cut) changed the outcome:\nwhole: \(whole)\nsplit: \(split)")
+    }
+    let relayed = run(role, [bytes[..<cut], bytes[cut...]], eof: eof, direct: true)
+    if whole != relayed {
+        fatalError("relaying body bytes directly (split at \(cut)) changed the outcome:\nwhole: \(whole)\nrelayed: \(relayed)")
     }
     return 0
 }
