@@ -61,13 +61,15 @@ public struct BrowserGuard: Sendable, Equatable {
         var siteField: String?
         var origins = 0
         var sites = 0
-        for f in head.headers.fields {
-            if asciiCaseInsensitiveEquals(f.name, "Origin") {
+        // By the fields' bytes: a String only for the fields looked for.
+        let headers = head.headers
+        for i in headers.indices where headers.known(at: i) == .other {
+            if headers.nameEquals(at: i, "Origin") {
                 origins += 1
-                originField = f.value
-            } else if asciiCaseInsensitiveEquals(f.name, "Sec-Fetch-Site") {
+                originField = headers.value(at: i)
+            } else if headers.nameEquals(at: i, "Sec-Fetch-Site") {
                 sites += 1
-                siteField = f.value
+                siteField = headers.value(at: i)
             }
         }
         if origins == 0 && sites == 0 { return .admit }
