@@ -127,16 +127,14 @@ public struct HTTP1Parser: Sendable {
         var version = HTTPVersion.http1_1
         var status = 0
         var reason = ""
-        /// The field lines so far, each copied once into the section's byte buffer.
-        var headers = HTTPHeaders()
+        var fields: [HTTPField] = []
         var contentLength: UInt64?
-        /// Index in `headers` of the first Transfer-Encoding / Host field.
-        var transferEncoding: Int?
+        var transferEncoding: String?
         var transferEncodingCount = 0
         /// Absolute stream offsets of the first Transfer-Encoding / Host field line.
         var transferEncodingOffset = 0
         var hostCount = 0
-        var host: Int?
+        var host: String?
         var hostOffset = 0
     }
 
@@ -629,10 +627,7 @@ public struct HTTP1Parser: Sendable {
 
     /// One parsed field line (a struct, not a tuple: keeps `Result` destruction specialized).
     private struct Parsed {
-        var known: KnownField
-        var nameEnd: Int
-        var valueStart: Int
-        var valueEnd: Int
+        var field: HTTPField
         var kind: FieldKind
         /// The Content-Length value, for `kind == .contentLength`.
         var length: UInt64?
@@ -641,7 +636,7 @@ public struct HTTP1Parser: Sendable {
     /// RFC 9112 §5: field-line = field-name ":" OWS field-value OWS
     /// Used for the header section and (with `trailer: true`) the trailer section.
     private mutating func parseFieldLine(_ start: Int, _ end: Int, trailer: Bool) throws(HTTP1Error) {
-        if head.headers.count >= limits.maxHeaderCount {
+        if head.fields.count >= limits.maxHeaderCount {
             throw error("http1.too_many_headers", 431, at: start, "more than \(limits.maxHeaderCount) fields")
         }
         let base = bufferBase
@@ -693,10 +688,17 @@ public struct HTTP1Parser: Sendable {
                 j += 1
             }
             let nameBytes = UnsafeBufferPointer(rebasing: p[start..<nameEnd])
-            if high && String(validating: UnsafeBufferPointer(rebasing: p[vs..<ve]), as: UTF8.self) == nil {
-                // The value's bytes become a String when asked for: they must be UTF-8.
-                return fail("http1.invalid_field_value", vs, "field value with bytes >= 0x80 is not valid UTF-8")
+            let valueBytes = UnsafeBufferPointer(rebasing: p[vs..<ve])
+            let value: String
+            if high {
+                guard let v = String(validating: valueBytes, as: UTF8.self) else {
+                    return fail("http1.invalid_field_value", vs, "field value with bytes >= 0x80 is not valid UTF-8")
+                }
+                value = v
+            } else {
+                value = CommonStrings.fieldValue(valueBytes) ?? String(decoding: valueBytes, as: UTF8.self)
             }
+            let name = CommonStrings.fieldName(nameBytes) ?? String(decoding: nameBytes, as: UTF8.self)
             let known = KnownField.classify(nameBytes)
             var kind = FieldKind.other
             var length: UInt64?
@@ -743,7 +745,7 @@ public struct HTTP1Parser: Sendable {
             default:
                 break
             }
-            return .success(Parsed(known: known, nameEnd: nameEnd, valueStart: vs, valueEnd: ve, kind: kind, length: length))
+            return .success(Parsed(field: HTTPField(name: name, value: value, known: known), kind: kind, length: length))
         }
         let parsed: Parsed
         switch result {
@@ -762,8 +764,7 @@ public struct HTTP1Parser: Sendable {
             // and the response stays whole: failing it there could only cut off what was relayed.
             if parsed.kind != .other {
                 if role == .client { return }
-                let name = String(decoding: buffer[start..<parsed.nameEnd], as: UTF8.self)
-                throw error("http1.invalid_trailer", at: start, "\(name) is not allowed in a trailer section")
+                throw error("http1.invalid_trailer", at: start, "\(parsed.field.name) is not allowed in a trailer section")
             }
         } else {
             switch parsed.kind {
@@ -778,13 +779,13 @@ public struct HTTP1Parser: Sendable {
             case .transferEncoding:
                 head.transferEncodingCount += 1
                 if head.transferEncoding == nil {
-                    head.transferEncoding = head.headers.count
+                    head.transferEncoding = parsed.field.value
                     head.transferEncodingOffset = bufferBase + start
                 }
             case .host:
                 head.hostCount += 1
                 if head.host == nil {
-                    head.host = head.headers.count
+                    head.host = parsed.field.value
                     head.hostOffset = bufferBase + start
                 } else {
                     // RFC 9112 §3.2: more than one Host field line: 400.
@@ -794,14 +795,8 @@ public struct HTTP1Parser: Sendable {
                 }
             }
         }
-        if head.headers.isEmpty {
-            head.headers.reserveCapacity(16)
-            head.headers.bytes.reserveCapacity(end - start + 256)
-        }
-        buffer.withUnsafeBufferPointer { p in
-            head.headers.appendParsed(p, line: start..<Swift.max(parsed.valueEnd, parsed.nameEnd), name: start..<parsed.nameEnd,
-                                      value: parsed.valueStart..<parsed.valueEnd, known: parsed.known)
-        }
+        if head.fields.isEmpty { head.fields.reserveCapacity(16) }
+        head.fields.append(parsed.field)
     }
 
     /// RFC 9112 §6.1: the only transfer coding we accept is a single `chunked`, in one field.
@@ -845,8 +840,7 @@ public struct HTTP1Parser: Sendable {
     /// The empty line ended the header section: validate and pick the framing (RFC 9112 §6.3).
     private mutating func finishHead(endIndex: Int) throws(HTTP1Error) -> HTTP1Event {
         var chunked = false
-        if let teIndex = head.transferEncoding {
-            let te = head.headers.value(at: teIndex)
+        if let te = head.transferEncoding {
             // RFC 9112 §6.1: CL with TE is a smuggling vector; reject (requests and responses).
             if head.contentLength != nil {
                 throw error("http1.cl_and_te", at: head.transferEncodingOffset - bufferBase, "both Content-Length and Transfer-Encoding")
@@ -861,16 +855,15 @@ public struct HTTP1Parser: Sendable {
         // Moved out, not copied (a copy retained every field).
         var progress = HeadProgress()
         swap(&progress, &head)
-        let headers = progress.headers
-        progress.headers = HTTPHeaders()
+        let headers = HTTPHeaders(progress.fields)
+        progress.fields = []
         switch role {
         case .server:
             // RFC 9112 §3.2: HTTP/1.1 requires exactly one valid Host.
             if progress.hostCount == 0 && progress.version == .http1_1 {
                 throw error("http1.missing_host", at: endIndex, "HTTP/1.1 request without Host")
             }
-            if let host = progress.host,
-               !headers.withBytes(at: host, { _, value in HTTP1Syntax.isValidAuthority(value, requirePort: false) }) {
+            if let host = progress.host, !HTTP1Syntax.isValidAuthority(host, requirePort: false) {
                 throw error("http1.invalid_host", at: progress.hostOffset - bufferBase, "Host is not uri-host[:port]")
             }
             let framing: HTTP1BodyFraming
@@ -1014,10 +1007,10 @@ public struct HTTP1Parser: Sendable {
                     head.sectionBytes += lineBytes
                     readIndex = cr + 2
                     if cr == lineStart {
-                        let fields = head.headers
+                        let fields = head.fields
                         head = HeadProgress()
                         state = .head
-                        return .end(trailers: fields.isEmpty ? nil : fields)
+                        return .end(trailers: fields.isEmpty ? nil : HTTPHeaders(fields))
                     }
                     try parseFieldLine(lineStart, cr, trailer: true)
                 }

@@ -16,22 +16,24 @@ public enum HTTP1Serializer {
             c.put(asciiSP)
             putVersion(head.version, into: &c)
             c.putCRLF()
-            let headers = head.headers
-            if let setting {
-                var written = false
-                for i in headers.indices {
-                    // Equal names have equal kinds (`KnownField` ignores case): most fields
-                    // are told apart by one byte, not a name comparison.
-                    if headers.known(at: i) == setting.known && headers.nameEquals(at: i, setting.name) {
-                        if !written { putField(setting, into: &c) }
-                        written = true
-                    } else {
-                        putField(of: headers, at: i, into: &c)
+            // Fields by address, not copied out of the array (a copy retains and releases both strings).
+            head.headers.fields.withUnsafeBufferPointer { fields in
+                if let setting {
+                    var written = false
+                    for i in fields.indices {
+                        // Equal names have equal kinds (`KnownField` ignores case): most fields
+                        // are told apart by one byte, not a name comparison.
+                        if fields[i].known == setting.known && asciiCaseInsensitiveEquals(fields[i].name, setting.name) {
+                            if !written { putField(setting, into: &c) }
+                            written = true
+                        } else {
+                            putField(fields[i], into: &c)
+                        }
                     }
+                    if !written { putField(setting, into: &c) }
+                } else {
+                    for i in fields.indices { putField(fields[i], into: &c) }
                 }
-                if !written { putField(setting, into: &c) }
-            } else {
-                putFields(headers, into: &c)
             }
             c.putCRLF()
         }
@@ -106,34 +108,21 @@ public enum HTTP1Serializer {
         buffer.append(asciiLF)
     }
 
-    /// Field `i` of `headers` as `name: value CRLF`, from its bytes (no String made).
-    @inlinable
-    public static func putField(of headers: HTTPHeaders, at i: Int, into c: inout ByteCursor) {
-        let e = headers.entries[i]
-        headers.bytes.withUnsafeBufferPointer { p in putEntry(e, of: headers, in: p, into: &c) }
-    }
-
-    /// `name: value CRLF` for one entry of `headers`, whose bytes are `p`.
-    @inlinable @inline(__always)
-    static func putEntry(_ e: HTTPHeaders.Entry, of headers: HTTPHeaders, in p: UnsafeBufferPointer<UInt8>, into c: inout ByteCursor) {
-        if e.name < 0 { c.put(UnsafeBufferPointer(rebasing: p[e.nameStart..<e.nameEnd])) } else { c.put(headers.strings[e.name]) }
-        c.put(UInt8(ascii: ":"))
-        c.put(asciiSP)
-        if e.value < 0 { c.put(UnsafeBufferPointer(rebasing: p[e.valueStart..<e.valueEnd])) } else { c.put(headers.strings[e.value]) }
-        c.putCRLF()
-    }
-
-    /// `putField` for every field, in order, from the head's bytes (no String made).
+    /// `putField` for every field, in order, read in place (no copy of a field).
     @inlinable
     public static func putFields(_ headers: HTTPHeaders, into c: inout ByteCursor) {
-        headers.bytes.withUnsafeBufferPointer { p in
-            for e in headers.entries { putEntry(e, of: headers, in: p, into: &c) }
+        headers.fields.withUnsafeBufferPointer { fields in
+            for i in fields.indices { putField(fields[i], into: &c) }
         }
     }
 
-    /// Bytes `putField` writes for all of `headers`, or more (a bound, for sizing a buffer).
+    /// Bytes `putField` writes for all of `headers`.
     public static func fieldsSize(_ headers: HTTPHeaders) -> Int {
-        headers.serializedSizeBound
+        headers.fields.withUnsafeBufferPointer { fields in
+            var n = 0
+            for i in fields.indices { n += fields[i].name.utf8.count + fields[i].value.utf8.count + 4 }
+            return n
+        }
     }
 
     static func writeHex(_ value: UInt64, into buffer: inout [UInt8]) {
@@ -153,8 +142,8 @@ public enum HTTPHeaderRules {
     /// `Connection` field (RFC 9110 §7.6.1). Leaves `headers` untouched (no copy) when none is there.
     public static func removeHopByHop(_ headers: inout HTTPHeaders) {
         var hopByHop = false, connection = false
-        for i in headers.indices {
-            let kind = headers.known(at: i)
+        for i in headers.fields.indices {
+            let kind = headers.fields[i].known
             guard kind.isHopByHop else { continue }
             hopByHop = true
             if kind == .connection {
@@ -164,16 +153,15 @@ public enum HTTPHeaderRules {
         }
         guard hopByHop else { return }
         let named = connection ? connectionOptions(headers) : ConnectionOptions()
-        let h = headers
-        headers.removeFields { i in h.known(at: i).isHopByHop || named.names(of: h, at: i) }
+        headers.fields.removeAll { field in field.known.isHopByHop || named.names(field.name) }
     }
 
     /// The non-empty elements of every `name` field's comma-separated list (RFC 9110 §5.6.1),
     /// OWS-trimmed, in order.
     public static func listValues(_ headers: HTTPHeaders, _ name: String) -> [String] {
         var out: [String] = []
-        for value in headers.values(name) {
-            for element in HTTP1Syntax.listElements(value.utf8) where !element.isEmpty {
+        for field in headers.fields where asciiCaseInsensitiveEquals(field.name, name) {
+            for element in HTTP1Syntax.listElements(field.value.utf8) where !element.isEmpty {
                 out.append(String(decoding: element, as: UTF8.self))
             }
         }
@@ -184,8 +172,8 @@ public enum HTTPHeaderRules {
     /// elements dropped, in order.
     public static func connectionTokens(_ headers: HTTPHeaders) -> [String] {
         var tokens: [String] = []
-        for i in headers.indices where headers.known(at: i) == .connection {
-            for element in HTTP1Syntax.listElements(headers.value(at: i).utf8) where !element.isEmpty {
+        for field in headers.fields where field.known == .connection {
+            for element in HTTP1Syntax.listElements(field.value.utf8) where !element.isEmpty {
                 let lowered = element.map { $0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0 }
                 tokens.append(String(decoding: lowered, as: UTF8.self))
             }
@@ -214,30 +202,16 @@ public enum HTTPHeaderRules {
             if upgrade && asciiCaseInsensitiveEquals(name, "upgrade") { return true }
             return others.contains { asciiCaseInsensitiveEquals(name, $0) }
         }
-
-        /// `names` for field `i` of `headers`, read from its bytes (no String made).
-        public func names(of headers: HTTPHeaders, at i: Int) -> Bool {
-            guard present else { return false }
-            return headers.withBytes(at: i) { name, _ in
-                if close && HTTP1Syntax.equalsLowercase(name, "close") { return true }
-                if keepAlive && HTTP1Syntax.equalsLowercase(name, "keep-alive") { return true }
-                if upgrade && HTTP1Syntax.equalsLowercase(name, "upgrade") { return true }
-                for o in others {
-                    var o = o
-                    if o.withUTF8({ asciiCaseInsensitiveEquals(name, $0) }) { return true }
-                }
-                return false
-            }
-        }
     }
 
     public static func connectionOptions(_ headers: HTTPHeaders) -> ConnectionOptions {
         var options = ConnectionOptions()
         guard headers.contains(.connection) else { return options }  // most messages: no copy of any field
         // By index: only the `Connection` fields' values are copied out, not every field.
-        for i in headers.indices where headers.known(at: i) == .connection {
+        for i in headers.fields.indices where headers.fields[i].known == .connection {
             options.present = true
-            headers.withBytes(at: i) { _, b in
+            var value = headers.fields[i].value
+            value.withUTF8 { b in
                 var start = 0
                 var i = 0
                 while i <= b.count {

@@ -35,283 +35,57 @@ public struct HTTPField: Sendable, Equatable {
 }
 
 /// An ordered list of header fields. Lookups are ASCII case-insensitive (RFC 9110 §5.1).
-/// Value semantics. Storage: a parsed head's field lines as bytes in one buffer per head
-/// (`bytes`, copied once from the input), and per field its `KnownField` and the byte ranges of
-/// its name and value (`Entry`, a plain value: copying or dropping one touches no reference
-/// count). No `String` is made for a parsed field unless someone asks (`fields`, `name(at:)`,
-/// `value(at:)`, lookups returning values); the serializer and the proxy's rules read the bytes.
-/// A field added from Strings (the proxy's own, HTTP/2's, tests'), or a value changed, keeps its
-/// Strings in `strings` and the entry holds their index. Invariants: every byte range lies in
-/// `bytes` and is valid UTF-8 (the parser refuses values that are not); every string index is
-/// in `strings`; `bytes` only grows by whole parsed lines, so heads made with
-/// `init(sharingBytesOf:)` share it and copy entries between them without copying a byte.
-public struct HTTPHeaders: Sendable, Sequence, ExpressibleByDictionaryLiteral {
-    /// One field: where its name and value are, and its name classified. `name`/`value` are an
-    /// index in `strings` (the range is then unused), or -1 for the range in `bytes`.
-    @usableFromInline
-    struct Entry: Sendable {
-        @usableFromInline var nameStart: Int
-        @usableFromInline var nameEnd: Int
-        @usableFromInline var valueStart: Int
-        @usableFromInline var valueEnd: Int
-        @usableFromInline var name: Int
-        @usableFromInline var value: Int
-        @usableFromInline var known: KnownField
-    }
+/// Value semantics; no invariants beyond those the parser checked on input.
+public struct HTTPHeaders: Sendable, Equatable, Sequence, ExpressibleByDictionaryLiteral {
+    public var fields: [HTTPField]
 
-    @usableFromInline var bytes: [UInt8]
-    @usableFromInline var entries: [Entry]
-    @usableFromInline var strings: [String]
-
-    public init() {
-        bytes = []
-        entries = []
-        strings = []
-    }
-
-    /// No fields, with `other`'s byte buffer (shared, not copied), so `append(from: other, at:)`
-    /// copies an entry only.
-    public init(sharingBytesOf other: HTTPHeaders, capacity: Int) {
-        bytes = other.bytes
-        entries = []
-        entries.reserveCapacity(capacity)
-        strings = []
-    }
-
-    public init(_ fields: [HTTPField]) {
-        self.init()
-        append(contentsOf: fields)
-    }
-
-    public init(_ pairs: [(String, String)]) {
-        self.init()
-        for (n, v) in pairs { add(n, v) }
-    }
-
+    public init() { fields = [] }
+    public init(_ fields: [HTTPField]) { self.fields = fields }
+    public init(_ pairs: [(String, String)]) { fields = pairs.map { HTTPField(name: $0.0, value: $0.1) } }
     public init(dictionaryLiteral elements: (String, String)...) { self.init(elements) }
 
-    /// The fields as `HTTPField`s (Strings made here). Setting replaces every field.
-    public var fields: [HTTPField] {
-        get {
-            var out: [HTTPField] = []
-            out.reserveCapacity(entries.count)
-            for i in entries.indices { out.append(field(at: i)) }
-            return out
-        }
-        set {
-            removeAll()
-            append(contentsOf: newValue)
-        }
-    }
-
-    public var count: Int { entries.count }
-    public var isEmpty: Bool { entries.isEmpty }
-    public var indices: Range<Int> { entries.indices }
+    public var count: Int { fields.count }
     public func makeIterator() -> IndexingIterator<[HTTPField]> { fields.makeIterator() }
-
-    /// Field `i` as an `HTTPField` (its two Strings made here).
-    public func field(at i: Int) -> HTTPField {
-        HTTPField(name: name(at: i), value: value(at: i), known: entries[i].known)
-    }
-
-    /// The name of field `i`, as received (case preserved).
-    public func name(at i: Int) -> String {
-        let e = entries[i]
-        if e.name >= 0 { return strings[e.name] }
-        return bytes.withUnsafeBufferPointer { p in
-            let b = UnsafeBufferPointer(rebasing: p[e.nameStart..<e.nameEnd])
-            return CommonStrings.fieldName(b) ?? String(decoding: b, as: UTF8.self)
-        }
-    }
-
-    /// The value of field `i` (OWS-trimmed for parsed fields).
-    public func value(at i: Int) -> String {
-        let e = entries[i]
-        if e.value >= 0 { return strings[e.value] }
-        return bytes.withUnsafeBufferPointer { p in
-            let b = UnsafeBufferPointer(rebasing: p[e.valueStart..<e.valueEnd])
-            // Up to 15 bytes a String is stored inline (nothing to share); longer common values
-            // are shared constants.
-            if b.count <= 15 { return String(decoding: b, as: UTF8.self) }
-            return CommonStrings.fieldValue(b) ?? String(decoding: b, as: UTF8.self)
-        }
-    }
-
-    /// The classification of field `i`'s name.
-    @inlinable
-    public func known(at i: Int) -> KnownField { entries[i].known }
-
-    /// Calls `body` with the name and value bytes of field `i` (valid only during the call).
-    @inlinable
-    public func withBytes<R>(at i: Int, _ body: (_ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) throws -> R) rethrows -> R {
-        let e = entries[i]
-        return try bytes.withUnsafeBufferPointer { p in
-            try withName(of: e, in: p) { n in
-                try withValue(of: e, in: p) { v in try body(n, v) }
-            }
-        }
-    }
-
-    /// The name bytes of `e`, whose ranges are into `p`.
-    @inlinable
-    func withName<R>(of e: Entry, in p: UnsafeBufferPointer<UInt8>, _ body: (UnsafeBufferPointer<UInt8>) throws -> R) rethrows -> R {
-        if e.name < 0 { return try body(UnsafeBufferPointer(rebasing: p[e.nameStart..<e.nameEnd])) }
-        var s = strings[e.name]
-        return try s.withUTF8(body)
-    }
-
-    /// The value bytes of `e`, whose ranges are into `p`.
-    @inlinable
-    func withValue<R>(of e: Entry, in p: UnsafeBufferPointer<UInt8>, _ body: (UnsafeBufferPointer<UInt8>) throws -> R) rethrows -> R {
-        if e.value < 0 { return try body(UnsafeBufferPointer(rebasing: p[e.valueStart..<e.valueEnd])) }
-        var s = strings[e.value]
-        return try s.withUTF8(body)
-    }
-
-    /// Whether field `i` is called `name` (ASCII case-insensitive), without making a String.
-    public func nameEquals(at i: Int, _ name: String) -> Bool {
-        let e = entries[i]
-        var name = name
-        return name.withUTF8 { n in
-            bytes.withUnsafeBufferPointer { p in
-                withName(of: e, in: p) { asciiCaseInsensitiveEquals($0, n) }
-            }
-        }
-    }
-
-    /// Bytes `HTTP1Serializer.putField` writes for every field, or more (an upper bound: the
-    /// byte buffer also holds separators and lines no longer referenced).
-    public var serializedSizeBound: Int {
-        var n = bytes.count + 4 * entries.count
-        for s in strings { n += s.utf8.count }
-        return n
-    }
-
-    /// Index of the first field of that kind, or nil.
-    public func firstIndex(_ kind: KnownField) -> Int? {
-        for i in entries.indices where entries[i].known == kind { return i }
-        return nil
-    }
 
     /// First value of a field the proxy knows by kind (no name comparison), or nil.
     public func first(_ kind: KnownField) -> String? {
-        firstIndex(kind).map { value(at: $0) }
+        // By index: reads one byte per field instead of copying (retaining) each field.
+        for i in fields.indices where fields[i].known == kind { return fields[i].value }
+        return nil
     }
 
     /// Whether a field of that kind is there.
     public func contains(_ kind: KnownField) -> Bool {
-        firstIndex(kind) != nil
-    }
-
-    /// Index of the first field called `name`, or nil.
-    public func firstIndex(_ name: String) -> Int? {
-        var name = name
-        return name.withUTF8 { n in
-            let known = KnownField.classify(n)
-            return bytes.withUnsafeBufferPointer { p in
-                for i in entries.indices where entries[i].known == known {
-                    if withName(of: entries[i], in: p, { asciiCaseInsensitiveEquals($0, n) }) { return i }
-                }
-                return nil
-            }
-        }
+        for i in fields.indices where fields[i].known == kind { return true }
+        return false
     }
 
     /// First value of `name`, or nil.
     public subscript(name: String) -> String? {
-        firstIndex(name).map { value(at: $0) }
+        for f in fields where asciiCaseInsensitiveEquals(f.name, name) { return f.value }
+        return nil
     }
 
     /// Every value of `name`, in order.
     public func values(_ name: String) -> [String] {
-        let known = KnownField(name)
-        var out: [String] = []
-        for i in entries.indices where entries[i].known == known && nameEquals(at: i, name) { out.append(value(at: i)) }
-        return out
+        fields.compactMap { asciiCaseInsensitiveEquals($0.name, name) ? $0.value : nil }
     }
 
     public func contains(_ name: String) -> Bool {
-        firstIndex(name) != nil
-    }
-
-    mutating func append(name: String, value: String, known: KnownField) {
-        let n = strings.count
-        strings.append(name)
-        strings.append(value)
-        entries.append(Entry(nameStart: 0, nameEnd: 0, valueStart: 0, valueEnd: 0, name: n, value: n + 1, known: known))
-    }
-
-    /// Appends the parsed field line `p[line]` (one copy of its bytes), whose name and value
-    /// are at `name` and `value` (indices of `p`, inside `line`).
-    mutating func appendParsed(_ p: UnsafeBufferPointer<UInt8>, line: Range<Int>, name: Range<Int>, value: Range<Int>, known: KnownField) {
-        let base = bytes.count - line.lowerBound
-        bytes.append(contentsOf: UnsafeBufferPointer(rebasing: p[line]))
-        entries.append(Entry(nameStart: base + name.lowerBound, nameEnd: base + name.upperBound,
-                             valueStart: base + value.lowerBound, valueEnd: base + value.upperBound,
-                             name: -1, value: -1, known: known))
-    }
-
-    public mutating func append(_ field: HTTPField) {
-        append(name: field.name, value: field.value, known: field.known)
-    }
-
-    public mutating func append(contentsOf fields: [HTTPField]) {
-        entries.reserveCapacity(entries.count + fields.count)
-        for f in fields { append(f) }
-    }
-
-    /// Appends field `i` of `other`: its entry alone when both share one byte buffer
-    /// (`init(sharingBytesOf:)`) and it is bytes, else its name and value as Strings.
-    public mutating func append(from other: HTTPHeaders, at i: Int) {
-        let e = other.entries[i]
-        if e.name < 0 && e.value < 0 && sharesBytes(with: other) {
-            entries.append(e)
-        } else {
-            append(name: other.name(at: i), value: other.value(at: i), known: e.known)
-        }
-    }
-
-    /// Whether `bytes` is `other.bytes`'s storage (ranges of one are valid in the other).
-    func sharesBytes(with other: HTTPHeaders) -> Bool {
-        bytes.count == other.bytes.count
-            && bytes.withUnsafeBufferPointer { a in other.bytes.withUnsafeBufferPointer { b in a.baseAddress == b.baseAddress } }
-    }
-
-    public mutating func reserveCapacity(_ n: Int) { entries.reserveCapacity(n) }
-
-    public mutating func removeAll() {
-        bytes.removeAll(keepingCapacity: true)
-        entries.removeAll(keepingCapacity: true)
-        strings.removeAll(keepingCapacity: true)
+        fields.contains { asciiCaseInsensitiveEquals($0.name, name) }
     }
 
     public mutating func add(_ name: String, _ value: String) {
-        append(name: name, value: value, known: KnownField(name))
-    }
-
-    /// Replaces the value of field `i`.
-    public mutating func setValue(at i: Int, _ value: String) {
-        if entries[i].value >= 0 {
-            strings[entries[i].value] = value
-        } else {
-            entries[i].value = strings.count
-            strings.append(value)
-        }
-    }
-
-    /// Makes field `i`'s value its old value followed by `suffix` (e.g. `", " + token`).
-    public mutating func appendToValue(at i: Int, _ suffix: String) {
-        setValue(at: i, value(at: i) + suffix)
+        fields.append(HTTPField(name: name, value: value))
     }
 
     /// Replaces every field called `name` with one field (set, never add).
     public mutating func set(_ name: String, _ value: String) {
-        if let i = firstIndex(name) {
-            setValue(at: i, value)
-            let known = entries[i].known
-            var j = entries.count - 1
+        if let i = fields.firstIndex(where: { asciiCaseInsensitiveEquals($0.name, name) }) {
+            fields[i].value = value
+            var j = fields.count - 1
             while j > i {
-                if entries[j].known == known && nameEquals(at: j, name) { entries.remove(at: j) }
+                if asciiCaseInsensitiveEquals(fields[j].name, name) { fields.remove(at: j) }
                 j -= 1
             }
         } else {
@@ -320,39 +94,7 @@ public struct HTTPHeaders: Sendable, Sequence, ExpressibleByDictionaryLiteral {
     }
 
     public mutating func remove(_ name: String) {
-        let known = KnownField(name)
-        var j = entries.count - 1
-        while j >= 0 {
-            if entries[j].known == known && nameEquals(at: j, name) { entries.remove(at: j) }
-            j -= 1
-        }
-    }
-
-    /// Removes field `i`.
-    public mutating func remove(at i: Int) {
-        entries.remove(at: i)
-    }
-
-    /// Removes every field for which `shouldRemove(i)` is true (`i` its index before removal).
-    public mutating func removeFields(where shouldRemove: (Int) -> Bool) {
-        var kept: [Entry] = []
-        kept.reserveCapacity(entries.count)
-        for i in entries.indices where !shouldRemove(i) { kept.append(entries[i]) }
-        entries = kept
-    }
-}
-
-extension HTTPHeaders: Equatable {
-    /// Equal when the fields are, in order, byte for byte (names with their case).
-    public static func == (a: HTTPHeaders, b: HTTPHeaders) -> Bool {
-        guard a.entries.count == b.entries.count else { return false }
-        for i in a.entries.indices {
-            let same = a.withBytes(at: i) { an, av in
-                b.withBytes(at: i) { bn, bv in an.elementsEqual(bn) && av.elementsEqual(bv) }
-            }
-            if !same { return false }
-        }
-        return true
+        fields.removeAll { asciiCaseInsensitiveEquals($0.name, name) }
     }
 }
 

@@ -61,15 +61,13 @@ public struct BrowserGuard: Sendable, Equatable {
         var siteField: String?
         var origins = 0
         var sites = 0
-        // By the fields' bytes: a String only for the fields looked for.
-        let headers = head.headers
-        for i in headers.indices where headers.known(at: i) == .other {
-            if headers.nameEquals(at: i, "Origin") {
+        for f in head.headers.fields {
+            if asciiCaseInsensitiveEquals(f.name, "Origin") {
                 origins += 1
-                originField = headers.value(at: i)
-            } else if headers.nameEquals(at: i, "Sec-Fetch-Site") {
+                originField = f.value
+            } else if asciiCaseInsensitiveEquals(f.name, "Sec-Fetch-Site") {
                 sites += 1
-                siteField = headers.value(at: i)
+                siteField = f.value
             }
         }
         if origins == 0 && sites == 0 { return .admit }

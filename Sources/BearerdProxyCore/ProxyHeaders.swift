@@ -11,15 +11,15 @@ public enum ProxyHeaders {
     public static func upstreamRequest(client head: HTTPRequestHead, framing: HTTP1BodyFraming, target: String,
                                        route: RouteRule, clientAddress: String, originalHost: Substring?,
                                        forwardedProto: String = "http") -> HTTPRequestHead {
-        // One pass over the client's fields (this runs for every request): the kept fields are
-        // entries over the client head's bytes (shared, not copied); the added ones are Strings.
-        var fields = HTTPHeaders(sharingBytesOf: head.headers, capacity: head.headers.count + 7)
+        // One pass over the client's fields (this runs for every request).
+        var fields: [HTTPField] = []
+        fields.reserveCapacity(head.headers.count + 7)
         fields.append(HTTPField.host(route.upstreamAuthority))
         let seen = copyEndToEnd(head.headers, into: &fields, mergingForwardedFor: true) { kind in
             kind == .expect || kind == .contentLength || kind == .host || kind == .xForwardedProto
         }
         if let i = seen.xForwardedFor {
-            fields.appendToValue(at: i, ", " + clientAddress)
+            fields[i].value = fields[i].value + ", " + clientAddress
         } else {
             fields.append(HTTPField.xForwardedFor(clientAddress))
         }
@@ -31,7 +31,8 @@ public enum ProxyHeaders {
         case .contentLength(let n): fields.append(HTTPField.contentLength(String(n)))
         case .chunked: fields.append(HTTPField.transferEncoding("chunked"))
         }
-        return HTTPRequestHead(method: head.method, target: target, version: .http1_1, headers: fields)
+        let out = HTTPHeaders(fields)
+        return HTTPRequestHead(method: head.method, target: target, version: .http1_1, headers: out)
     }
 
     /// How the response body is sent to the client.
@@ -47,7 +48,8 @@ public enum ProxyHeaders {
     public static func clientResponse(upstream head: HTTPResponseHead, framing: HTTP1BodyFraming, requestMethod: String,
                                       clientVersion: HTTPVersion, keepAlive: Bool) -> (HTTPResponseHead, ClientFraming) {
         let bodyless = requestMethod == "HEAD" || head.status == 204 || head.status == 304 || head.isInformational
-        var fields = HTTPHeaders(sharingBytesOf: head.headers, capacity: head.headers.count + 3)
+        var fields: [HTTPField] = []
+        fields.reserveCapacity(head.headers.count + 3)
         // Content-Length of a HEAD/304 answer is kept as sent; otherwise it is re-declared.
         let seen = copyEndToEnd(head.headers, into: &fields) { kind in !bodyless && kind == .contentLength }
         var clientFraming: ClientFraming
@@ -74,7 +76,8 @@ public enum ProxyHeaders {
                 fields.append(HTTPField.connection("keep-alive"))
             }
         }
-        return (HTTPResponseHead(status: head.status, reason: head.reason, version: .http1_1, headers: fields), clientFraming)
+        let h = HTTPHeaders(fields)
+        return (HTTPResponseHead(status: head.status, reason: head.reason, version: .http1_1, headers: h), clientFraming)
     }
 
     /// `clientResponse` written straight into `buffer` as bytes, identical to
@@ -99,24 +102,21 @@ public enum ProxyHeaders {
         buffer.appendingHead(estimate: estimate) { c in
             HTTP1Serializer.putStatusLine(status: head.status, reason: head.reason, version: .http1_1, into: &c)
             var viaWritten = false
-            let headers = head.headers
-            for i in headers.indices {
-                let kind = headers.known(at: i)
-                if kind.isHopByHop || (!bodyless && kind == .contentLength) || named.names(of: headers, at: i) { continue }
+            for field in head.headers.fields {
+                let kind = field.known
+                if kind.isHopByHop || (!bodyless && kind == .contentLength) || named.names(field.name) { continue }
                 if kind == .via {
                     if viaWritten { continue }
                     viaWritten = true
-                    headers.withBytes(at: i) { name, value in
-                        c.put(name)
-                        c.put(": " as StaticString)
-                        c.put(value)
-                    }
+                    c.put(field.name)
+                    c.put(": " as StaticString)
+                    c.put(field.value)
                     c.put(", " as StaticString)
                     c.put(token)
                     c.put("\r\n" as StaticString)
                     continue
                 }
-                HTTP1Serializer.putField(of: headers, at: i, into: &c)
+                HTTP1Serializer.putField(field, into: &c)
             }
             switch clientFraming {
             case .contentLength(let n):
@@ -217,13 +217,13 @@ public enum ProxyHeaders {
     /// fields its `Connection` names (RFC 9110 §7.6.1), those `drop` names, every `Via` after
     /// the first and (`mergingForwardedFor`, requests) every `X-Forwarded-For` after the first
     /// are left out.
-    static func copyEndToEnd(_ headers: HTTPHeaders, into out: inout HTTPHeaders, mergingForwardedFor: Bool = false,
+    static func copyEndToEnd(_ headers: HTTPHeaders, into out: inout [HTTPField], mergingForwardedFor: Bool = false,
                              drop: (KnownField) -> Bool) -> CopiedFields {
         var seen = CopiedFields()
         // The options a Connection field names apply to every field, before or after it.
         let named = HTTPHeaderRules.connectionOptions(headers)
-        for i in headers.indices {
-            let kind = headers.known(at: i)
+        for field in headers.fields {
+            let kind = field.known
             if kind.isHopByHop || drop(kind) { continue }
             switch kind {
             case .xForwardedFor:
@@ -233,22 +233,22 @@ public enum ProxyHeaders {
             default:
                 break
             }
-            if named.names(of: headers, at: i) { continue }
+            if named.names(field.name) { continue }
             switch kind {
             case .xForwardedFor: if seen.xForwardedFor == nil { seen.xForwardedFor = out.count }
             case .via: seen.via = out.count
             case .xForwardedHost: seen.xForwardedHost = true
             default: break
             }
-            out.append(from: headers, at: i)
+            out.append(field)
         }
         return seen
     }
 
-    static func appendVia(_ fields: inout HTTPHeaders, at index: Int?, version: HTTPVersion) {
+    static func appendVia(_ fields: inout [HTTPField], at index: Int?, version: HTTPVersion) {
         let token = version == .http1_0 ? "1.0 bearerd" : viaToken
         if let index {
-            fields.appendToValue(at: index, ", " + token)
+            fields[index].value = fields[index].value + ", " + token
         } else {
             fields.append(HTTPField.via(token))
         }
