@@ -684,6 +684,16 @@ public struct HTTP1Parser: Sendable {
             var high = false
             var j = vs
             let raw = UnsafeRawPointer(p.baseAddress!)  // non-nil: the line is non-empty
+            // Whole words first. When they all passed and a tail under 8 bytes is left, it is
+            // read as the line's last word, overlapping: the bytes before the tail are checked
+            // value bytes, OWS, ":" and the name's tchars, so if all 8 are SP or VCHAR so is the
+            // tail (an HTAB there fails the test). Otherwise (a word failed, or no word fits in
+            // the line) the remaining bytes are checked one by one below.
+            while j + 8 <= ve && HTTP1Syntax.allVisibleOrSpace(raw.loadUnaligned(fromByteOffset: j, as: UInt64.self)) { j += 8 }
+            if j < ve && ve - j < 8 && ve - 8 >= start
+                && HTTP1Syntax.allVisibleOrSpace(raw.loadUnaligned(fromByteOffset: ve - 8, as: UInt64.self)) {
+                j = ve
+            }
             while j < ve {
                 if j + 8 <= ve && HTTP1Syntax.allVisibleOrSpace(raw.loadUnaligned(fromByteOffset: j, as: UInt64.self)) {
                     j += 8
