@@ -85,6 +85,16 @@ public struct HTTP1Parser: Sendable {
     /// `pendingMethods[pendingStart...]` are live).
     private var pendingMethods: [String] = []
     private var pendingStart = 0
+    /// The values of the previous header section's first `recentValueSlots` fields (those of at
+    /// most `recentValueBytes` bytes; "" elsewhere), by position: a field whose value has the
+    /// same bytes as the one at its position in the previous head gets that String (a
+    /// reference count) instead of a new one (validation, and an allocation above 15 bytes).
+    /// On a keep-alive connection most values repeat (Host, User-Agent, Accept, Cookie; a
+    /// server's Server, Date within a second, Content-Type). Bounded: at most
+    /// `recentValueSlots * recentValueBytes` bytes kept per connection.
+    private var recentValues: [String] = []
+    static let recentValueSlots = 16
+    static let recentValueBytes = 128
     /// Client role: a 1xx head was returned and the final response to the same request is due.
     private var awaitingFinalResponse = false
     /// Client role: the request awaiting its response asked to upgrade (a 101 is acceptable).
@@ -677,6 +687,7 @@ public struct HTTP1Parser: Sendable {
             throw error("http1.too_many_headers", 431, at: start, "more than \(limits.maxHeaderCount) fields")
         }
         let base = bufferBase
+        let ordinal = head.fields.count
         let result: Result<Parsed, HTTP1Error> = buffer.withUnsafeBufferPointer { p in
             func fail(_ reason: String, _ i: Int, _ m: String) -> Result<Parsed, HTTP1Error> {
                 .failure(HTTP1Error(reason: reason, status: 400, offset: base + i, message: m))
@@ -710,6 +721,16 @@ public struct HTTP1Parser: Sendable {
             var high = false
             var j = vs
             let raw = UnsafeRawPointer(p.baseAddress!)  // non-nil: the line is non-empty
+            // Whole words first. When they all passed and a tail under 8 bytes is left, it is
+            // read as the line's last word, overlapping: the bytes before the tail are checked
+            // value bytes, OWS, ":" and the name's tchars, so if all 8 are SP or VCHAR so is the
+            // tail (an HTAB there fails the test). Otherwise (a word failed, or no word fits in
+            // the line) the remaining bytes are checked one by one below.
+            while j + 8 <= ve && HTTP1Syntax.allVisibleOrSpace(raw.loadUnaligned(fromByteOffset: j, as: UInt64.self)) { j += 8 }
+            if j < ve && ve - j < 8 && ve - 8 >= start
+                && HTTP1Syntax.allVisibleOrSpace(raw.loadUnaligned(fromByteOffset: ve - 8, as: UInt64.self)) {
+                j = ve
+            }
             while j < ve {
                 if j + 8 <= ve && HTTP1Syntax.allVisibleOrSpace(raw.loadUnaligned(fromByteOffset: j, as: UInt64.self)) {
                     j += 8
@@ -727,7 +748,9 @@ public struct HTTP1Parser: Sendable {
             let nameBytes = UnsafeBufferPointer(rebasing: p[start..<nameEnd])
             let valueBytes = UnsafeBufferPointer(rebasing: p[vs..<ve])
             let value: String
-            if high {
+            if !trailer && ordinal < recentValues.count && Self.sameBytes(recentValues[ordinal], valueBytes) {
+                value = recentValues[ordinal]
+            } else if high {
                 guard let v = String(validating: valueBytes, as: UTF8.self) else {
                     return fail("http1.invalid_field_value", vs, "field value with bytes >= 0x80 is not valid UTF-8")
                 }
@@ -833,7 +856,38 @@ public struct HTTP1Parser: Sendable {
             }
         }
         if head.fields.isEmpty { head.fields.reserveCapacity(16) }
+        if !trailer && ordinal < Self.recentValueSlots {
+            let v = parsed.field.value
+            let keep = v.utf8.count <= Self.recentValueBytes ? v : ""
+            if ordinal < recentValues.count {
+                recentValues[ordinal] = keep
+            } else if ordinal == recentValues.count {
+                recentValues.append(keep)
+            }
+        }
         head.fields.append(parsed.field)
+    }
+
+    /// Whether `s`'s UTF-8 is exactly `b`, compared 8 bytes at a time.
+    @inline(__always)
+    static func sameBytes(_ s: String, _ b: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard s.utf8.count == b.count, b.count > 0 else { return false }
+        let same: Bool? = s.utf8.withContiguousStorageIfAvailable { a in
+            guard let pa = a.baseAddress, let pb = b.baseAddress else { return a.count == b.count }
+            let ra = UnsafeRawPointer(pa), rb = UnsafeRawPointer(pb)
+            let n = b.count
+            var i = 0
+            while i + 8 <= n {
+                if ra.loadUnaligned(fromByteOffset: i, as: UInt64.self) != rb.loadUnaligned(fromByteOffset: i, as: UInt64.self) { return false }
+                i += 8
+            }
+            while i < n {
+                if pa[i] != pb[i] { return false }
+                i += 1
+            }
+            return true
+        }
+        return same ?? false
     }
 
     /// RFC 9112 §6.1: the only transfer coding we accept is a single `chunked`, in one field.
