@@ -210,7 +210,17 @@ public enum HTTPHeaderRules {
         // By index: only the `Connection` fields' values are copied out, not every field.
         for i in headers.fields.indices where headers.fields[i].known == .connection {
             options.present = true
-            var value = headers.fields[i].value
+            // The usual whole values, compared as they are (the parser trimmed the OWS).
+            let v = headers.fields[i].value
+            if v == "keep-alive" {
+                options.keepAlive = true
+                continue
+            }
+            if v == "close" {
+                options.close = true
+                continue
+            }
+            var value = v
             value.withUTF8 { b in
                 var start = 0
                 var i = 0

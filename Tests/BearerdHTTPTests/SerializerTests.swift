@@ -145,6 +145,26 @@ import Testing
         #expect(!HTTPHeaderRules.connectionOptions(["Connection": ""]).names(""))
     }
 
+    /// The whole values `keep-alive` and `close` (the short path) read as the general parse does,
+    /// alone, next to other fields and in any case.
+    @Test func commonWholeConnectionValuesReadAsTheGeneralParse() {
+        var keep = HTTPHeaderRules.ConnectionOptions()
+        keep.present = true
+        keep.keepAlive = true
+        var close = HTTPHeaderRules.ConnectionOptions()
+        close.present = true
+        close.close = true
+        #expect(HTTPHeaderRules.connectionOptions(["Connection": "keep-alive"]) == keep)
+        #expect(HTTPHeaderRules.connectionOptions(["Connection": "Keep-Alive"]) == keep)
+        #expect(HTTPHeaderRules.connectionOptions(["Connection": "close"]) == close)
+        #expect(HTTPHeaderRules.connectionOptions(["connection": "CLOSE"]) == close)
+        let both = HTTPHeaderRules.connectionOptions(HTTPHeaders([("Connection", "keep-alive"), ("Connection", "x-a, close")]))
+        #expect(both.present && both.keepAlive && both.close && !both.upgrade && both.others == ["x-a"])
+        #expect(HTTPHeaderRules.keepAlive(version: .http1_1, headers: ["Connection": "close"]) == false)
+        #expect(HTTPHeaderRules.keepAlive(version: .http1_0, headers: ["Connection": "keep-alive"]))
+        #expect(HTTPHeaderRules.keepAlive(version: .http1_0, headers: HTTPHeaders([("Connection", "keep-alive"), ("Connection", "close")])) == false)
+    }
+
     @Test func removeHopByHop() {
         var h = hdrs(
             ("Host", "a"), ("Connection", "x-private, Keep-Alive"), ("Keep-Alive", "timeout=5"), ("X-Private", "secret"),
