@@ -216,6 +216,8 @@ public enum KnownField: Sendable, Equatable {
     case connection, keepAlive, proxyConnection, te, transferEncoding, upgrade, trailer
     case proxyAuthenticate, proxyAuthorization
     case expect, contentLength, host, xForwardedFor, xForwardedProto, xForwardedHost, via
+    /// Read for every request (the browser guard, gRPC detection): found by kind, not by name.
+    case origin, secFetchSite, contentType
     case other
 
     /// Fields that are hop-by-hop whether or not `Connection` names them (RFC 9110 §7.6.1, plus
@@ -242,10 +244,11 @@ public enum KnownField: Sendable, Equatable {
         case 2: return eq("te") ? .te : .other
         case 3: return eq("via") ? .via : .other
         case 4: return eq("host") ? .host : .other
-        case 6: return eq("expect") ? .expect : .other
+        case 6: return eq("expect") ? .expect : eq("origin") ? .origin : .other
         case 7: return eq("upgrade") ? .upgrade : eq("trailer") ? .trailer : .other
         case 10: return eq("connection") ? .connection : eq("keep-alive") ? .keepAlive : .other
-        case 14: return eq("content-length") ? .contentLength : .other
+        case 12: return eq("content-type") ? .contentType : .other
+        case 14: return eq("content-length") ? .contentLength : eq("sec-fetch-site") ? .secFetchSite : .other
         case 15: return eq("x-forwarded-for") ? .xForwardedFor : .other
         case 16: return eq("proxy-connection") ? .proxyConnection : eq("x-forwarded-host") ? .xForwardedHost : .other
         case 17: return eq("transfer-encoding") ? .transferEncoding : eq("x-forwarded-proto") ? .xForwardedProto : .other

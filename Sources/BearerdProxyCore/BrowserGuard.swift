@@ -61,13 +61,18 @@ public struct BrowserGuard: Sendable, Equatable {
         var siteField: String?
         var origins = 0
         var sites = 0
-        for f in head.headers.fields {
-            if asciiCaseInsensitiveEquals(f.name, "Origin") {
+        // By kind and index: no name comparison and no copy of the fields that are neither.
+        let fields = head.headers.fields
+        for i in fields.indices {
+            switch fields[i].known {
+            case .origin:
                 origins += 1
-                originField = f.value
-            } else if asciiCaseInsensitiveEquals(f.name, "Sec-Fetch-Site") {
+                originField = fields[i].value
+            case .secFetchSite:
                 sites += 1
-                siteField = f.value
+                siteField = fields[i].value
+            default:
+                break
             }
         }
         if origins == 0 && sites == 0 { return .admit }

@@ -66,7 +66,7 @@ public enum ErrorResponse {
 
     /// Whether a request is a gRPC call (`content-type: application/grpc`, `+proto`, `;...`).
     public static func isGRPC(_ headers: HTTPHeaders) -> Bool {
-        guard let ct = headers["content-type"] else { return false }
+        guard let ct = headers.first(.contentType) else { return false }
         // Bytes, no lowercased copy: this runs for every request and response.
         let prefix: StaticString = "application/grpc"
         let u = ct.utf8

@@ -151,6 +151,8 @@ struct RouterTests {
             ("x-forwarded-for", .xForwardedFor), ("Proxy-Connection", .proxyConnection), ("X-Forwarded-Host", .xForwardedHost),
             ("Transfer-Encoding", .transferEncoding), ("x-forwarded-proto", .xForwardedProto),
             ("Proxy-Authenticate", .proxyAuthenticate), ("proxy-authorization", .proxyAuthorization),
+            ("Origin", .origin), ("sec-fetch-site", .secFetchSite), ("Content-Type", .contentType),
+            ("Origins", .other), ("Sec-Fetch-Mode", .other),
             ("tf", .other), ("hosts", .other), ("Connectiom", .other), ("content-lengtH", .contentLength), ("", .other),
         ]
         for (name, kind) in names { #expect(KnownField(name) == kind, "\(name)") }
