@@ -411,21 +411,16 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
             return
         }
         touch()
-        if bytes.count <= Self.feedPiece && parser.directBodyLimit() == 0 {
-            // A small read (a head with its body, a chunk line): fed whole, as it would be anyway.
-            parser.feed(bytes)
-            drive()
-        } else {
-            relay(bytes)
-        }
+        relay(bytes)
         if isBusy { delegate?.backendReadComplete() }
     }
 
-    /// A large read: body bytes go to the exchange straight from the read buffer instead of
+    /// One read: body bytes go to the exchange straight from the read buffer instead of
     /// being copied into the parser first (one copy less per body byte, measured in
     /// bench/RESULTS.md). Heads and chunk framing are fed in pieces of `feedPiece`, so the body
-    /// after a head in the same read is relayed directly too. Pointer arithmetic instead of
-    /// buffer slices: the generic slice code measured ~900 instructions per response more.
+    /// after a head in the same read is relayed directly too (a small read, head and body, is
+    /// one piece: fed whole). Pointer arithmetic instead of buffer slices: the generic slice
+    /// code measured ~900 instructions per response more.
     private func relay(_ bytes: UnsafeRawBufferPointer) {
         guard var at = bytes.baseAddress else { return }
         var left = bytes.count
