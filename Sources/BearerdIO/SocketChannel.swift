@@ -649,10 +649,21 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     }
 
     private func writeOut() {
+        // Closing: the FIN follows the last write at once (`finishClose`), so the last segment
+        // waits for it and both leave together (one segment fewer per closed connection, and
+        // the peer's ACK and FIN come in one too).
+        let beforeFIN: Bool
+        switch phase {
+        case .flushingBeforeClose, .flushingAfterPeerEOF: beforeFIN = true
+        case .connecting, .handshaking, .open, .lingering, .closed: beforeFIN = false
+        }
         while outOffset < out.count {
             let r: Syscalls.IOResult
             do {
-                r = try out.withUnsafeBytes { try sys.write(fd, from: UnsafeRawBufferPointer(rebasing: $0[outOffset...])) }
+                r = try out.withUnsafeBytes {
+                    let rest = UnsafeRawBufferPointer(rebasing: $0[outOffset...])
+                    return beforeFIN ? try sys.writeBeforeFIN(fd, from: rest) : try sys.write(fd, from: rest)
+                }
             } catch {
                 fail(.io(error as? IOError ?? IOError("send", EIO)))  // withUnsafeBytes rethrows untyped
                 return
@@ -672,9 +683,9 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         notifyIfBelowLowWater()
         if pendingOutputBytes == 0 {
             if case .flushingBeforeClose(let mode) = phase {
-                finishClose(mode)
+                finishClose(mode, afterWriteBeforeFIN: true)
             } else if phase == .flushingAfterPeerEOF {
-                close()
+                close()  // the peer's EOF was read: nothing unread, so close(2) sends the FIN
             }
         }
     }
@@ -753,7 +764,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             flushTLSOutput()
         }
         if pendingOutputBytes == 0 {
-            finishClose(mode)
+            finishClose(mode, afterWriteBeforeFIN: false)
         } else {
             phase = .flushingBeforeClose(mode)
             scheduleFlush()
@@ -774,8 +785,15 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         return rc == -Int(EAGAIN) || rc == -Int(EWOULDBLOCK) ? .drained : .unknown
     }
 
-    private func finishClose(_ mode: CloseMode) {
-        if Self.finalStep(mode: mode, tls: tls != nil, input: currentInput(for: mode)) == .close {
+    /// `afterWriteBeforeFIN`: the last output went out with `writeBeforeFIN`, its last segment
+    /// waiting for the FIN. A close(2) would send that FIN too, but if input arrived unseen in
+    /// the meantime the kernel resets instead and drops the waiting segment: so the FIN goes
+    /// out with shutdown(2) first, and such a late arrival meets the reset only after the answer
+    /// left, as without the wait. After the peer's EOF nothing can arrive: close(2) alone.
+    private func finishClose(_ mode: CloseMode, afterWriteBeforeFIN: Bool) {
+        let known = currentInput(for: mode)
+        if Self.finalStep(mode: mode, tls: tls != nil, input: known) == .close {
+            if afterWriteBeforeFIN && known != .ended { sys.shutdownWrite(fd) }
             close()
             return
         }

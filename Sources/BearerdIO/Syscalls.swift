@@ -70,6 +70,10 @@ public final class Syscalls: Sendable {
 
     public let read: Read
     public let send: Send
+    /// A send whose last partial segment waits for the FIN that follows at once (`MSG_MORE`), so
+    /// the answer and the FIN leave in one segment. nil: `send` (a test that plays `send` then
+    /// sees these bytes too).
+    public let sendBeforeFINCall: Send?
     /// nil: `write(_:_:then:)` sends `first` alone with `send` (a partial write, which the caller continues),
     /// so a test that plays `send` sees every byte; `.system` uses sendmsg(2) with two iovecs.
     public let sendPairCall: SendPair?
@@ -103,9 +107,10 @@ public final class Syscalls: Sendable {
                 localName: @escaping SockName = System.localName, epollCreate: @escaping EpollCreate = System.epollCreate,
                 epollAdd: @escaping EpollControl = System.epollAdd, epollDelete: @escaping EpollControl = System.epollDelete,
                 epollWait: @escaping EpollWait = System.epollWait, peek: @escaping FDCall = System.peek,
-                sendPair: SendPair? = nil) {
+                sendPair: SendPair? = nil, sendBeforeFIN: Send? = nil) {
         self.read = read
         self.send = send
+        self.sendBeforeFINCall = sendBeforeFIN
         self.sendPairCall = sendPair
         self.accept = accept
         self.socket = socket
@@ -127,7 +132,7 @@ public final class Syscalls: Sendable {
     }
 
     /// The kernel's.
-    public static let system = Syscalls(sendPair: System.sendPair)
+    public static let system = Syscalls(sendPair: System.sendPair, sendBeforeFIN: System.sendBeforeFIN)
 
     /// The libc calls behind `Syscalls.system`: a result, or `-errno`.
     public enum System {
@@ -137,6 +142,9 @@ public final class Syscalls: Sendable {
         @Sendable public static func read(_ fd: Int32, _ b: UnsafeMutableRawBufferPointer) -> Int { result(Glibc.read(fd, b.baseAddress, b.count)) }
         @Sendable public static func send(_ fd: Int32, _ b: UnsafeRawBufferPointer) -> Int {
             result(Glibc.send(fd, b.baseAddress, b.count, Int32(MSG_NOSIGNAL)))
+        }
+        @Sendable public static func sendBeforeFIN(_ fd: Int32, _ b: UnsafeRawBufferPointer) -> Int {
+            result(Glibc.send(fd, b.baseAddress, b.count, Int32(MSG_NOSIGNAL) | Int32(MSG_MORE)))
         }
         @Sendable public static func sendPair(_ fd: Int32, _ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) -> Int {
             result(bearerd_send2(fd, a.baseAddress, a.count, b.baseAddress, b.count))
@@ -217,6 +225,21 @@ public final class Syscalls: Sendable {
     public func write(_ fd: Int32, from buffer: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
         while true {
             let n = send(fd, buffer)
+            if n >= 0 { return .bytes(n) }
+            let e = Int32(-n)
+            if e == EINTR { continue }
+            if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
+            throw IOError("send", e)
+        }
+    }
+
+    /// `write(_:from:)` for the last output before a FIN (`sendBeforeFINCall`): the caller must
+    /// end the connection (shutdown or close) right after its last such write, or a partial
+    /// segment waits for more data.
+    @inline(__always)
+    public func writeBeforeFIN(_ fd: Int32, from buffer: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
+        while true {
+            let n = sendBeforeFINCall.map { $0(fd, buffer) } ?? send(fd, buffer)
             if n >= 0 { return .bytes(n) }
             let e = Int32(-n)
             if e == EINTR { continue }

@@ -45,7 +45,7 @@ struct CloseDecisionTests {
         return (s, ch, d)
     }
 
-    @Test func aDrainedSocketClosesRightAfterItsLastWriteWithoutShutdownOrEpollDel() {
+    @Test func aDrainedSocketClosesRightAfterItsLastWriteWithoutLingerOrEpollDel() {
         let (s, ch, d) = Self.servedRequest()
         s.kernel.script(sends: [.all])
         s.event {
@@ -54,8 +54,8 @@ struct CloseDecisionTests {
         }
         #expect(s.event { ch.isClosed })
         #expect(s.event { d.closedCalls } == 1)
-        #expect(s.kernel.calls.suffix(2) == ["send 9100 38/38", "close 9100"])
-        #expect(s.kernel.count("shutdown") == 0)
+        // The shutdown sends the FIN with the last segment (FINWithLastSegmentTests); no linger.
+        #expect(s.kernel.calls.suffix(3) == ["send-before-fin 9100 38/38", "shutdown 9100 WR", "close 9100"])
         #expect(s.kernel.count("epoll del") == 0)
         #expect(s.kernel.count("peek") == 0, "the poller knows from its reads")
     }
@@ -156,7 +156,8 @@ struct CloseDecisionTests {
         }
         #expect(s.eventually { quiet.isClosed })
         #expect(s.kernel.count("peek \(mine)") == 1)
-        #expect(s.kernel.count("shutdown") == 0)
+        // Closed, not lingering: the shutdown only sends the FIN with the last segment.
+        #expect(s.kernel.count("shutdown \(mine) WR") == 1)
         // A byte waiting (the peek sees 1): lingers.
         s.kernel.script(sends: [.all])
         s.kernel.script(peeks: [1])

@@ -97,23 +97,7 @@ final class ScriptedKernel: @unchecked Sendable {  // @unchecked: all state unde
                 return -Int(e)
             }
         },
-        send: { fd, buffer in
-            let step = self.nextSend()
-            let taken: Int
-            switch step {
-            case .upTo(let n): taken = min(n, buffer.count)
-            case .all: taken = buffer.count
-            case .again:
-                self.record("send \(fd) EAGAIN")
-                return -Int(EAGAIN)
-            case .error(let e):
-                self.record("send \(fd) errno \(e)")
-                return -Int(e)
-            }
-            self.lock.withLock { self._written += buffer.prefix(taken) }
-            self.record("send \(fd) \(taken)/\(buffer.count)")
-            return taken
-        },
+        send: { fd, buffer in self.send(fd, buffer, label: "send") },
         accept: { fd, address, length in
             switch self.nextAccept() {
             case .connection(let cfd):
@@ -181,8 +165,27 @@ final class ScriptedKernel: @unchecked Sendable {  // @unchecked: all state unde
         peek: { fd in
             self.record("peek \(fd)")
             return self.lock.withLock { self._peeks.isEmpty ? -Int(EAGAIN) : self._peeks.removeFirst() }
-        }
+        },
+        sendBeforeFIN: { fd, buffer in self.send(fd, buffer, label: "send-before-fin") }
     )
+
+    /// A scripted send, recorded as `label fd taken/offered`.
+    private func send(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, label: String) -> Int {
+        let taken: Int
+        switch nextSend() {
+        case .upTo(let n): taken = min(n, buffer.count)
+        case .all: taken = buffer.count
+        case .again:
+            record("\(label) \(fd) EAGAIN")
+            return -Int(EAGAIN)
+        case .error(let e):
+            record("\(label) \(fd) errno \(e)")
+            return -Int(e)
+        }
+        lock.withLock { _written += buffer.prefix(taken) }
+        record("\(label) \(fd) \(taken)/\(buffer.count)")
+        return taken
+    }
 }
 
 /// Records what a channel told its owner. Touched on the channel's loop; read by the test after
