@@ -62,6 +62,9 @@ public struct HTTP1Parser: Sendable {
 
     public let role: Role
     public let limits: HTTP1Limits
+    /// The loop's recently parsed header field lines (`FieldLineCache`), shared by the parsers
+    /// of one loop's connections; nil: every line is parsed in full.
+    public var lineCache: FieldLineCache?
 
     /// Longest chunk line (size, extensions, CRLF) accepted (RFC 9112 §7.1.1 leaves the bound to us).
     public static let maxChunkLineBytes = 4096
@@ -670,10 +673,10 @@ public struct HTTP1Parser: Sendable {
 
     // MARK: - Fields
 
-    private enum FieldKind { case other, contentLength, transferEncoding, host }
+    fileprivate enum FieldKind { case other, contentLength, transferEncoding, host }
 
     /// One parsed field line (a struct, not a tuple: keeps `Result` destruction specialized).
-    private struct Parsed {
+    fileprivate struct Parsed {
         var field: HTTPField
         var kind: FieldKind
         /// The Content-Length value, for `kind == .contentLength`.
@@ -688,6 +691,11 @@ public struct HTTP1Parser: Sendable {
         }
         let base = bufferBase
         let ordinal = head.fields.count
+        let cache = trailer ? nil : lineCache
+        if let cache, buffer.withUnsafeBytes({ cache.matches(ordinal, UnsafeRawBufferPointer(rebasing: $0[start..<end])) }) {
+            try addField(cache.parsed(ordinal), start: start, ordinal: ordinal, trailer: false)
+            return
+        }
         let result: Result<Parsed, HTTP1Error> = buffer.withUnsafeBufferPointer { p in
             func fail(_ reason: String, _ i: Int, _ m: String) -> Result<Parsed, HTTP1Error> {
                 .failure(HTTP1Error(reason: reason, status: 400, offset: base + i, message: m))
@@ -817,6 +825,15 @@ public struct HTTP1Parser: Sendable {
             }
             throw e
         }
+        if let cache {
+            buffer.withUnsafeBytes { cache.store(ordinal, UnsafeRawBufferPointer(rebasing: $0[start..<end]), parsed) }
+        }
+        try addField(parsed, start: start, ordinal: ordinal, trailer: trailer)
+    }
+
+    /// A parsed field line joins the head (or the trailers): framing and Host bookkeeping, the
+    /// checks across lines, the value slots.
+    private mutating func addField(_ parsed: Parsed, start: Int, ordinal: Int, trailer: Bool) throws(HTTP1Error) {
         if trailer {
             // RFC 9110 §6.5.1: framing and routing fields are not allowed in trailers. A request
             // carrying one is refused (400). A response's body is already delimited by then, so
@@ -866,6 +883,119 @@ public struct HTTP1Parser: Sendable {
             }
         }
         head.fields.append(parsed.field)
+    }
+
+    /// Header field lines recently parsed on one event loop, by their position in a header
+    /// section, with what each parsed to: a line whose bytes are exactly those of the line kept
+    /// at its position is that parse again (no scan, validation, classification or
+    /// allocation; a reference count each for its name and value). A line that differs in any
+    /// byte (case, a space before the colon, a fold, an invalid byte) is parsed in full, and
+    /// only successful parses are kept. Requests from one client, and responses from one
+    /// origin, repeat most lines from head to head and from connection to connection (Host,
+    /// User-Agent, Accept; Server, Content-Type, Content-Length of one resource).
+    ///
+    /// Owned by one loop, touched only by the parsers of that loop's connections, on it.
+    /// Bounded: `slots` lines of at most `slotBytes` bytes (2 KiB and their Strings). Lines
+    /// that carry credentials (Authorization, Proxy-Authorization, Cookie, Set-Cookie) are
+    /// never kept: one connection's secrets are neither held for nor compared with another's.
+    public final class FieldLineCache: @unchecked Sendable {  // @unchecked: confined to one loop
+        static let slots = 16
+        static let slotBytes = 128
+        /// Slot `i`'s line bytes at `i * slotBytes`.
+        private let bytes: UnsafeMutableRawPointer
+        /// Slot `i`'s line length (0: empty).
+        private let lineLengths: UnsafeMutablePointer<Int>
+        // Slot `i`'s parse, field by field (a whole `Parsed?` per slot cost outlined copies of
+        // the optional on every hit, measured).
+        private let names: UnsafeMutablePointer<String>
+        private let values: UnsafeMutablePointer<String>
+        private let knowns: UnsafeMutablePointer<KnownField>
+        private let kinds: UnsafeMutablePointer<FieldKind>
+        /// The Content-Length value where `kinds[i] == .contentLength`.
+        private let contentLengths: UnsafeMutablePointer<UInt64>
+
+        public init() {
+            let n = Self.slots
+            bytes = .allocate(byteCount: n * Self.slotBytes, alignment: 8)
+            lineLengths = .allocate(capacity: n)
+            lineLengths.initialize(repeating: 0, count: n)
+            names = .allocate(capacity: n)
+            names.initialize(repeating: "", count: n)
+            values = .allocate(capacity: n)
+            values.initialize(repeating: "", count: n)
+            knowns = .allocate(capacity: n)
+            knowns.initialize(repeating: .other, count: n)
+            kinds = .allocate(capacity: n)
+            kinds.initialize(repeating: .other, count: n)
+            contentLengths = .allocate(capacity: n)
+            contentLengths.initialize(repeating: 0, count: n)
+        }
+
+        deinit {
+            names.deinitialize(count: Self.slots)
+            values.deinitialize(count: Self.slots)
+            for p in [UnsafeMutableRawPointer(names), UnsafeMutableRawPointer(values), UnsafeMutableRawPointer(knowns),
+                      UnsafeMutableRawPointer(kinds), UnsafeMutableRawPointer(contentLengths), UnsafeMutableRawPointer(lineLengths), bytes] {
+                p.deallocate()
+            }
+        }
+
+        /// Whether the line kept at position `ordinal` has exactly `line`'s bytes.
+        @inline(__always)
+        fileprivate func matches(_ ordinal: Int, _ line: UnsafeRawBufferPointer) -> Bool {
+            guard ordinal < Self.slots, line.count > 0, lineLengths[ordinal] == line.count,
+                  let p = line.baseAddress else { return false }
+            let kept = UnsafeRawPointer(bytes + ordinal * Self.slotBytes)
+            let n = line.count
+            var i = 0
+            while i + 8 <= n {
+                if kept.loadUnaligned(fromByteOffset: i, as: UInt64.self) != p.loadUnaligned(fromByteOffset: i, as: UInt64.self) { return false }
+                i += 8
+            }
+            while i < n {
+                if kept.load(fromByteOffset: i, as: UInt8.self) != p.load(fromByteOffset: i, as: UInt8.self) { return false }
+                i += 1
+            }
+            return true
+        }
+
+        /// The parse kept at `ordinal` (after `matches`).
+        @inline(__always)
+        fileprivate func parsed(_ ordinal: Int) -> Parsed {
+            let kind = kinds[ordinal]
+            return Parsed(field: HTTPField(name: names[ordinal], value: values[ordinal], known: knowns[ordinal]),
+                          kind: kind, length: kind == .contentLength ? contentLengths[ordinal] : nil)
+        }
+
+        /// Keeps `line`'s parse at position `ordinal` (unless out of bounds or a credential).
+        fileprivate func store(_ ordinal: Int, _ line: UnsafeRawBufferPointer, _ parsed: Parsed) {
+            guard ordinal < Self.slots, line.count > 0, line.count <= Self.slotBytes, let p = line.baseAddress,
+                  !Self.carriesCredentials(parsed.field) else { return }
+            (bytes + ordinal * Self.slotBytes).copyMemory(from: p, byteCount: line.count)
+            lineLengths[ordinal] = line.count
+            names[ordinal] = parsed.field.name
+            values[ordinal] = parsed.field.value
+            knowns[ordinal] = parsed.field.known
+            kinds[ordinal] = parsed.kind
+            contentLengths[ordinal] = parsed.length ?? 0
+        }
+
+        /// Authorization, Proxy-Authorization, Cookie, Set-Cookie.
+        static func carriesCredentials(_ field: HTTPField) -> Bool {
+            if field.known == .proxyAuthorization { return true }
+            switch field.name.utf8.count {
+            case 6: return asciiCaseInsensitiveEquals(field.name, "cookie")
+            case 10: return asciiCaseInsensitiveEquals(field.name, "set-cookie")
+            case 13: return asciiCaseInsensitiveEquals(field.name, "authorization")
+            default: return false
+            }
+        }
+
+        /// For tests: the line kept at `ordinal`, if any.
+        func keptLine(_ ordinal: Int) -> [UInt8]? {
+            guard ordinal < Self.slots, lineLengths[ordinal] > 0 else { return nil }
+            return Array(UnsafeRawBufferPointer(start: bytes + ordinal * Self.slotBytes, count: lineLengths[ordinal]))
+        }
     }
 
     /// Whether `s`'s UTF-8 is exactly `b`, compared 8 bytes at a time.

@@ -168,6 +168,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         self.target = target
         self.pool = pool
         parser = HTTP1Parser(role: .client)
+        parser.lineCache = pool.responseLines
     }
 
     func connect(addresses: [SocketAddress], http1Only: Bool, completion: @escaping (Result<ConnectOutcome, ChannelError>) -> Void) {
@@ -640,6 +641,9 @@ final class AcquireTicket {
 /// member of its id (so a reused id never receives a stale report).
 final class BackendPool {
     let loop: EventLoop
+    /// The response field lines this loop's upstream connections parsed lately (their parsers
+    /// share it).
+    let responseLines = HTTP1Parser.FieldLineCache()
     typealias Completion = (Result<UpstreamStream, ChannelError>) -> Void
     typealias Machine = BearerdProxyCore.BackendPool.StateMachine
     typealias ConnectionID = BearerdProxyCore.BackendPool.ConnectionID

@@ -90,6 +90,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         self.policy = policy
         clientAddress = peer.family == 1 /* AF_UNIX */ ? "unix" : peer.host
         parser = HTTP1Parser(role: .server, limits: ctx.runtime.config.limits)
+        parser.lineCache = ctx.requestLines
         gate = RequestGate(policy: policy, clientAddress: clientAddress, scheme: policy?.scheme ?? "http")
         prefaceProbe = local == nil ? [] : nil
         channel.delegate = self

@@ -146,6 +146,9 @@ final class LoopContext {
     @exclusivity(unchecked) private(set) var routeSlots: [Int] = []
     /// Set on shutdown: finish in-flight exchanges, keep no connection alive.
     @exclusivity(unchecked) var draining = false
+    /// The request field lines this loop's client connections parsed lately (their parsers
+    /// share it; the responses' are the pool's).
+    let requestLines = HTTP1Parser.FieldLineCache()
 
     init(loop: EventLoop, runtime: ProxyRuntime) {
         self.loop = loop

@@ -3,7 +3,9 @@
 // rest is the byte stream. Oracle: no crash, and the same events or the same error whether the
 // stream arrives whole, in two pieces, or with body bytes relayed by the caller where the parser
 // allows it (`directBodyLimit`/`consumeBody`, framing fed a few bytes at a time: what the
-// upstream connection does), the property the unit tests check on known inputs.
+// upstream connection does), the property the unit tests check on known inputs; and the same
+// with a field-line cache shared by every input (as a loop's connections share one), which
+// holds lines of earlier inputs on the first run and this input's own on the second.
 
 /// Events with adjacent body pieces merged (as bytes: a split may cut a UTF-8 sequence), so
 /// different splits compare equal.
@@ -28,8 +30,13 @@ struct Outcome: Equatable {
     }
 }
 
-func run(_ role: HTTP1Parser.Role, _ pieces: [ArraySlice<UInt8>], eof: Bool, direct: Bool = false) -> Outcome {
+/// One cache for every input and both roles (a line's parse depends on its bytes only).
+let sharedLines = HTTP1Parser.FieldLineCache()
+
+func run(_ role: HTTP1Parser.Role, _ pieces: [ArraySlice<UInt8>], eof: Bool, direct: Bool = false,
+         cache: HTTP1Parser.FieldLineCache? = nil) -> Outcome {
     var parser = HTTP1Parser(role: role, limits: HTTP1Limits(maxHeaderBytes: 4096, maxRequestTarget: 1024, maxHeaderCount: 32))
+    parser.lineCache = cache
     if role == .client {
         for m in ["GET", "HEAD", "POST", "GET"] { parser.expectResponse(to: m) }
     }
@@ -91,6 +98,12 @@ public func fuzzHTTP1(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let relayed = run(role, [bytes[..<cut], bytes[cut...]], eof: eof, direct: true)
     if whole != relayed {
         fatalError("relaying body bytes directly (split at \(cut)) changed the outcome:\nwhole: \(whole)\nrelayed: \(relayed)")
+    }
+    for pass in 1...2 {
+        let cached = run(role, [bytes[..<cut], bytes[cut...]], eof: eof, cache: sharedLines)
+        if whole != cached {
+            fatalError("the shared line cache (pass \(pass)) changed the outcome:\nwhole: \(whole)\ncached: \(cached)")
+        }
     }
     return 0
 }
