@@ -62,7 +62,10 @@ struct SessionMetricsTests {
             n == 1 ? ScriptedTokenEndpoint.token("access-M-1") : ScriptedTokenEndpoint.error(401, "invalid_client", "client metrics-secret unknown")
         }
         defer { endpoint.stop() }
-        let manager = try SessionManager(config: sessionConfig(session(endpoint.url)), logger: CapturedLogs().logger, environment: [:])
+        // A clock that stands still: the negative cache cannot expire before the last request,
+        // however slow the machine (a real one did under a loaded parallel run: a third wait).
+        let manager = try SessionManager(config: sessionConfig(session(endpoint.url)), logger: CapturedLogs().logger, environment: [:],
+                                         tunePolicy: nil, clock: FakeSessionClock())
         defer { manager.stop() }
         let driver = try #require(manager.session(named: "partner"))
         let first = try await requestToken(driver).get()
