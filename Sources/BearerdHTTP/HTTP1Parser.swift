@@ -693,7 +693,7 @@ public struct HTTP1Parser: Sendable {
         let ordinal = head.fields.count
         let cache = trailer ? nil : lineCache
         if let cache, buffer.withUnsafeBytes({ cache.matches(ordinal, UnsafeRawBufferPointer(rebasing: $0[start..<end])) }) {
-            try addField(cache.parsed(ordinal), start: start, ordinal: ordinal, trailer: false)
+            try addField(cache.parsed(ordinal), start: start, ordinal: ordinal, trailer: false, keepValue: false)
             return
         }
         let result: Result<Parsed, HTTP1Error> = buffer.withUnsafeBufferPointer { p in
@@ -828,12 +828,14 @@ public struct HTTP1Parser: Sendable {
         if let cache {
             buffer.withUnsafeBytes { cache.store(ordinal, UnsafeRawBufferPointer(rebasing: $0[start..<end]), parsed) }
         }
-        try addField(parsed, start: start, ordinal: ordinal, trailer: trailer)
+        try addField(parsed, start: start, ordinal: ordinal, trailer: trailer, keepValue: !trailer)
     }
 
     /// A parsed field line joins the head (or the trailers): framing and Host bookkeeping, the
-    /// checks across lines, the value slots.
-    private mutating func addField(_ parsed: Parsed, start: Int, ordinal: Int, trailer: Bool) throws(HTTP1Error) {
+    /// checks across lines, and (`keepValue`) its value in `recentValues`. A line from the loop's
+    /// cache leaves that slot alone: the slot serves lines the cache misses (or never keeps,
+    /// as credentials), and updating it on every hit cost more than it saved (measured).
+    private mutating func addField(_ parsed: Parsed, start: Int, ordinal: Int, trailer: Bool, keepValue: Bool) throws(HTTP1Error) {
         if trailer {
             // RFC 9110 §6.5.1: framing and routing fields are not allowed in trailers. A request
             // carrying one is refused (400). A response's body is already delimited by then, so
@@ -873,7 +875,7 @@ public struct HTTP1Parser: Sendable {
             }
         }
         if head.fields.isEmpty { head.fields.reserveCapacity(16) }
-        if !trailer && ordinal < Self.recentValueSlots {
+        if keepValue && ordinal < Self.recentValueSlots {
             let v = parsed.field.value
             let keep = v.utf8.count <= Self.recentValueBytes ? v : ""
             if ordinal < recentValues.count {

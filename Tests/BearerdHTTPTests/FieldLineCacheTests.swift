@@ -101,6 +101,26 @@ import Testing
         #expect(cache.keptLine(HTTP1Parser.FieldLineCache.slots) == nil)
     }
 
+    @Test func linesTheCacheMissesOrRefusesKeepTheirOwnValuesOnOneConnection() {
+        // Cookie lines are never kept by the loop's cache; the connection's own value slots
+        // serve them, and hits leave those slots alone (stale slots are compared, never trusted).
+        let cache = HTTP1Parser.FieldLineCache()
+        var parser = HTTP1Parser(role: .server)
+        parser.lineCache = cache
+        let cookies = ["c=1", "c=1", "c=2", "c=1", "c=1; d=2"]
+        let others = ["X-A: v", "X-A: v", "X-A: w", "X-A: v", "X-B: c=1"]
+        var input = ""
+        for (c, o) in zip(cookies, others) { input += "GET / HTTP/1.1\r\nHost: h\r\nCookie: \(c)\r\n\(o)\r\n\r\n" }
+        parser.feed(Array(input.utf8))
+        var got: [[String]] = []
+        while let e = try? parser.next() {
+            if case .requestHead(let h, _) = e { got.append(lines(h.headers)) }
+        }
+        #expect(got == zip(cookies, others).map { ["Host: h", "Cookie: \($0)", $1] })
+        #expect(cache.keptLine(1) == nil)
+        #expect(cache.keptLine(2) == Array("X-B: c=1".utf8))
+    }
+
     @Test func trailersNeverUseTheKeptLines() {
         let cache = HTTP1Parser.FieldLineCache()
         let request = "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nHost: h\r\n\r\n"
