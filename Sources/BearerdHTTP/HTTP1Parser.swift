@@ -947,18 +947,7 @@ public struct HTTP1Parser: Sendable {
         fileprivate func matches(_ ordinal: Int, _ line: UnsafeRawBufferPointer) -> Bool {
             guard ordinal < Self.slots, line.count > 0, lineLengths[ordinal] == line.count,
                   let p = line.baseAddress else { return false }
-            let kept = UnsafeRawPointer(bytes + ordinal * Self.slotBytes)
-            let n = line.count
-            var i = 0
-            while i + 8 <= n {
-                if kept.loadUnaligned(fromByteOffset: i, as: UInt64.self) != p.loadUnaligned(fromByteOffset: i, as: UInt64.self) { return false }
-                i += 8
-            }
-            while i < n {
-                if kept.load(fromByteOffset: i, as: UInt8.self) != p.load(fromByteOffset: i, as: UInt8.self) { return false }
-                i += 1
-            }
-            return true
+            return HTTP1Parser.equalBytes(UnsafeRawPointer(bytes + ordinal * Self.slotBytes), p, count: line.count)
         }
 
         /// The parse kept at `ordinal` (after `matches`).
@@ -1006,20 +995,24 @@ public struct HTTP1Parser: Sendable {
         guard s.utf8.count == b.count, b.count > 0 else { return false }
         let same: Bool? = s.utf8.withContiguousStorageIfAvailable { a in
             guard let pa = a.baseAddress, let pb = b.baseAddress else { return a.count == b.count }
-            let ra = UnsafeRawPointer(pa), rb = UnsafeRawPointer(pb)
-            let n = b.count
-            var i = 0
-            while i + 8 <= n {
-                if ra.loadUnaligned(fromByteOffset: i, as: UInt64.self) != rb.loadUnaligned(fromByteOffset: i, as: UInt64.self) { return false }
-                i += 8
-            }
-            while i < n {
-                if pa[i] != pb[i] { return false }
-                i += 1
-            }
-            return true
+            return equalBytes(UnsafeRawPointer(pa), UnsafeRawPointer(pb), count: b.count)
         }
         return same ?? false
+    }
+
+    /// Whether `count` bytes at `a` and at `b` are equal, compared 8 bytes at a time.
+    @inline(__always)
+    static func equalBytes(_ a: UnsafeRawPointer, _ b: UnsafeRawPointer, count n: Int) -> Bool {
+        var i = 0
+        while i + 8 <= n {
+            if a.loadUnaligned(fromByteOffset: i, as: UInt64.self) != b.loadUnaligned(fromByteOffset: i, as: UInt64.self) { return false }
+            i += 8
+        }
+        while i < n {
+            if a.load(fromByteOffset: i, as: UInt8.self) != b.load(fromByteOffset: i, as: UInt8.self) { return false }
+            i += 1
+        }
+        return true
     }
 
     /// RFC 9112 §6.1: the only transfer coding we accept is a single `chunked`, in one field.
