@@ -660,10 +660,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         while outOffset < out.count {
             let r: Syscalls.IOResult
             do {
-                r = try out.withUnsafeBytes {
-                    let rest = UnsafeRawBufferPointer(rebasing: $0[outOffset...])
-                    return beforeFIN ? try sys.writeBeforeFIN(fd, from: rest) : try sys.write(fd, from: rest)
-                }
+                r = try out.withUnsafeBytes { try sys.write(fd, from: UnsafeRawBufferPointer(rebasing: $0[outOffset...]), beforeFIN: beforeFIN) }
             } catch {
                 fail(.io(error as? IOError ?? IOError("send", EIO)))  // withUnsafeBytes rethrows untyped
                 return
@@ -785,8 +782,8 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         return rc == -Int(EAGAIN) || rc == -Int(EWOULDBLOCK) ? .drained : .unknown
     }
 
-    /// `afterWriteBeforeFIN`: the last output went out with `writeBeforeFIN`, its last segment
-    /// waiting for the FIN. A close(2) would send that FIN too, but if input arrived unseen in
+    /// `afterWriteBeforeFIN`: the last output went out with `write(_:from:beforeFIN:)`, its last
+    /// segment waiting for the FIN. A close(2) would send that FIN too, but if input arrived unseen in
     /// the meantime the kernel resets instead and drops the waiting segment: so the FIN goes
     /// out with shutdown(2) first, and such a late arrival meets the reset only after the answer
     /// left, as without the wait. After the peer's EOF nothing can arrive: close(2) alone.

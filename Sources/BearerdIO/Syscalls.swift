@@ -221,38 +221,25 @@ public final class Syscalls: Sendable {
         }
     }
 
+    /// `buffer` to `fd`; EINTR retried. `beforeFIN`: its last partial segment waits for the FIN
+    /// (`sendBeforeFINCall`), so the caller must end the connection (shutdown or close) right
+    /// after its last such write, or that segment waits for more data.
     @inline(__always)
-    public func write(_ fd: Int32, from buffer: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
-        while true {
-            let n = send(fd, buffer)
-            if n >= 0 { return .bytes(n) }
-            let e = Int32(-n)
-            if e == EINTR { continue }
-            if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
-            throw IOError("send", e)
-        }
-    }
-
-    /// `write(_:from:)` for the last output before a FIN (`sendBeforeFINCall`): the caller must
-    /// end the connection (shutdown or close) right after its last such write, or a partial
-    /// segment waits for more data.
-    @inline(__always)
-    public func writeBeforeFIN(_ fd: Int32, from buffer: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
-        while true {
-            let n = sendBeforeFINCall.map { $0(fd, buffer) } ?? send(fd, buffer)
-            if n >= 0 { return .bytes(n) }
-            let e = Int32(-n)
-            if e == EINTR { continue }
-            if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
-            throw IOError("send", e)
-        }
+    public func write(_ fd: Int32, from buffer: UnsafeRawBufferPointer, beforeFIN: Bool = false) throws(IOError) -> IOResult {
+        try retryingSend { (beforeFIN ? sendBeforeFINCall.map { $0(fd, buffer) } : nil) ?? send(fd, buffer) }
     }
 
     /// `first` then `second` in one gathered send (or `first` alone, see `sendPairCall`); EINTR retried.
     @inline(__always)
     public func write(_ fd: Int32, _ first: UnsafeRawBufferPointer, then second: UnsafeRawBufferPointer) throws(IOError) -> IOResult {
+        try retryingSend { sendPairCall.map { $0(fd, first, second) } ?? send(fd, first) }
+    }
+
+    /// A send's result (bytes taken, or `-errno`) as an `IOResult`; EINTR retried.
+    @inline(__always)
+    private func retryingSend(_ call: () -> Int) throws(IOError) -> IOResult {
         while true {
-            let n = sendPairCall.map { $0(fd, first, second) } ?? send(fd, first)
+            let n = call()
             if n >= 0 { return .bytes(n) }
             let e = Int32(-n)
             if e == EINTR { continue }
