@@ -118,6 +118,10 @@ EOF
 cat >"$WORK/bearerd.yaml" <<EOF
 listen: [127.0.0.1:$PORT]
 state_dir: $WORK/state
+# One loop, as in run.sh (there the proxy is pinned to one CPU, and one loop per CPU is the
+# default) and as nginx's one process here: with two, half the connections would also pay
+# for the hand-over from the accepting loop to the other one.
+loops: 1
 sessions:
   bench:
     grant: client_credentials

@@ -230,6 +230,8 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     @exclusivity(unchecked) private(set) var writeInterest = WriteInterest.none
     @exclusivity(unchecked) private var pauseReasons: ReadPauseReasons = []
 
+    /// Output not yet written, from `outOffset` on. Its storage comes from the loop's
+    /// `spareBuffers` at the first write and goes back there at `close()`.
     @exclusivity(unchecked) private var out: [UInt8] = []
     @exclusivity(unchecked) private var outOffset = 0
     @exclusivity(unchecked) private var flushScheduled = false
@@ -543,6 +545,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             return
         } else {
             compactIfNeeded()
+            if out.capacity == 0 { out = loop.spareBuffers.take() }
             out.append(contentsOf: bytes)
         }
         scheduleFlush()
@@ -588,6 +591,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         }
         guard sent < bytes.count else { return }
         compactIfNeeded()
+        if out.capacity == 0 { out = loop.spareBuffers.take() }
         out.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[sent...]))
         if full { armWrite() }  // the flush waits for writability instead of trying again now
         scheduleFlush()
@@ -609,6 +613,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             return
         }
         compactIfNeeded()
+        if out.capacity == 0 { out = loop.spareBuffers.take() }
         body(&out)
         scheduleFlush()
     }
@@ -821,6 +826,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             loop.forgetPollable(fd: fd)  // close(2) leaves the epoll set: no EPOLL_CTL_DEL
             sys.closeFD(fd)
         }
+        // Nothing is written once closed (every write checks the phase): the output buffer
+        // goes to the loop's next connection, emptied.
+        loop.spareBuffers.giveBack(&out)
+        outOffset = 0
         let d = delegate
         delegate = nil
         d?.channelClosed(self)

@@ -29,13 +29,6 @@ final class RequestGate {
     let clientAddress: String
     /// `http` or `https` (the listener's), for X-Forwarded-Proto.
     let scheme: String
-    /// The Host allowlist of `policy` under `allowlistRuntime` (looked up again after a reload).
-    private var allowlist: HostAllowlist?
-    private var allowlistRuntime: ProxyRuntime?
-    /// The last `Host` value `allowlist` admitted for an origin-form request: a connection
-    /// usually names one host, so a repeat skips the check.
-    private var admittedHost: String?
-
     init(policy: ListenerPolicy?, clientAddress: String, scheme: String) {
         self.policy = policy
         self.clientAddress = clientAddress
@@ -46,27 +39,14 @@ final class RequestGate {
     func admission(_ head: HTTPRequestHead, ctx: LoopContext) -> Refusal? {
         guard let policy else { return nil }
         let runtime = ctx.runtime
-        if policy.checksHost {
-            if allowlistRuntime !== runtime {
-                allowlist = runtime.hostAllowlist(for: policy.config)
-                allowlistRuntime = runtime
-                admittedHost = nil
-            }
-            let hostField = head.headers.first(.host)
-            let originForm = head.target.utf8.first == UInt8(ascii: "/")
-            if originForm, let hostField, hostField == admittedHost {
-                // Admitted before on this connection.
-            } else if let allowlist, case let authority = HostAllowlist.requestAuthority(target: head.target, hostField: hostField),
-                      !allowlist.admits(authority) {
-                let shown = authority.map { HostAllowlist.hostPart($0).map(String.init) ?? String($0) } ?? ""
-                runtime.logger.warning("host refused", metadata: ["client": "\(clientAddress)", "listener": "\(policy.label)", "host": "\(shown)"])
-                let detail = authority == nil
-                    ? "the request names no host; \(policy.label) needs a Host header naming it"
-                    : "\(policy.label) answers only localhost, loopback addresses, its routes' hosts and allowed_hosts; add \(shown) to allowed_hosts if it is meant to reach bearerd"
-                return Refusal(status: 421, error: "host_not_allowed", detail: detail, fields: [("host", shown)], closes: true)
-            } else if originForm {
-                admittedHost = hostField
-            }
+        if policy.checksHost,
+           case .refused(let authority) = ctx.checkHost(target: head.target, hostField: head.headers.first(.host), policy: policy) {
+            let shown = authority.map { HostAllowlist.hostPart($0).map(String.init) ?? String($0) } ?? ""
+            runtime.logger.warning("host refused", metadata: ["client": "\(clientAddress)", "listener": "\(policy.label)", "host": "\(shown)"])
+            let detail = authority == nil
+                ? "the request names no host; \(policy.label) needs a Host header naming it"
+                : "\(policy.label) answers only localhost, loopback addresses, its routes' hosts and allowed_hosts; add \(shown) to allowed_hosts if it is meant to reach bearerd"
+            return Refusal(status: 421, error: "host_not_allowed", detail: detail, fields: [("host", shown)], closes: true)
         }
         if case .refuse(let r) = policy.browserGuard.check(head) {
             runtime.logger.warning("cross-site request refused", metadata: [

@@ -131,7 +131,13 @@ final class LoopContext {
     let loop: EventLoop
     let pool: BackendPool
     var runtime: ProxyRuntime {
-        didSet { if runtime !== oldValue { assignRouteSlots() } }
+        didSet {
+            if runtime !== oldValue {
+                assignRouteSlots()
+                hostChecks = []  // the allowlists depend on the configuration's routes
+                admittedPolicy = nil
+            }
+        }
     }
     /// The loop's client connections, each at its `frontendSlot`: joining and leaving cost no
     /// hashing (a dictionary and a deadline registration per connection cost ~1,400 of the ~48,000
@@ -149,12 +155,61 @@ final class LoopContext {
     /// The request field lines this loop's client connections parsed lately (their parsers
     /// share it; the responses' are the pool's).
     let requestLines = HTTP1Parser.FieldLineCache()
+    /// The text of the client address this loop's last connection came from (`clientHost`).
+    @exclusivity(unchecked) private var peerHosts = SocketAddress.HostMemo()
+
+    /// One listener's Host allowlist under `runtime` (DESIGN §4 `listen:`), built once per
+    /// loop, not per connection. The policy is held, so its identity is never another's.
+    private struct HostCheck {
+        let policy: ListenerPolicy
+        let allowlist: HostAllowlist
+    }
+    /// At most `maximumHostChecks` (one per listener in practice); emptied when `runtime` changes.
+    @exclusivity(unchecked) private var hostChecks: [HostCheck] = []
+    private static let maximumHostChecks = 16
+    /// The last `Host` value admitted for an origin-form request, and by which listener (one of
+    /// `hostChecks`, so the identity is of a live policy): loop-wide, as a check's answer depends
+    /// only on the allowlist and the authority, and a loop's clients mostly name one host, so a
+    /// new connection's first request skips the check too. Cleared with `hostChecks`.
+    @exclusivity(unchecked) private var admittedPolicy: ObjectIdentifier?
+    @exclusivity(unchecked) private var admittedHost = ""
 
     init(loop: EventLoop, runtime: ProxyRuntime) {
         self.loop = loop
         self.runtime = runtime
         pool = BackendPool(loop: loop)
         assignRouteSlots()
+    }
+
+    /// The numeric text of a client's address ("127.0.0.1", "::1"; "unix"), as
+    /// `SocketAddress.host` gives it, without formatting it again for the same address.
+    func clientHost(_ peer: SocketAddress) -> String {
+        peerHosts.host(of: peer)
+    }
+
+    /// Whether `policy`'s Host allowlist admits a request with this target and `Host` field;
+    /// refused: the authority that was checked (nil: the request named none).
+    func checkHost(target: String, hostField: String?, policy: ListenerPolicy) -> HostAdmission {
+        let originForm = target.utf8.first == UInt8(ascii: "/")
+        if originForm, let hostField, admittedPolicy == ObjectIdentifier(policy), hostField == admittedHost { return .admitted }
+        let allowlist: HostAllowlist
+        if let found = hostChecks.first(where: { $0.policy === policy }) {
+            allowlist = found.allowlist
+        } else {
+            if hostChecks.count >= Self.maximumHostChecks {
+                hostChecks.removeFirst()
+                admittedPolicy = nil  // it may have been the one removed
+            }
+            allowlist = runtime.hostAllowlist(for: policy.config)
+            hostChecks.append(HostCheck(policy: policy, allowlist: allowlist))
+        }
+        let authority = HostAllowlist.requestAuthority(target: target, hostField: hostField)
+        guard allowlist.admits(authority) else { return .refused(authority: authority) }
+        if originForm, let hostField {
+            admittedPolicy = ObjectIdentifier(policy)
+            admittedHost = hostField
+        }
+        return .admitted
     }
 
     /// A client connection starts on this loop (on `loop`).
@@ -243,6 +298,13 @@ final class LoopContext {
         m.idleUpstreamConnections = pool.idleCount
         return m
     }
+}
+
+/// The answer of `LoopContext.checkHost`.
+enum HostAdmission {
+    case admitted
+    /// `authority`: the one checked (nil: the request named none).
+    case refused(authority: Substring?)
 }
 
 /// The one loop registration behind every client connection's deadline (`LoopContext.frontends`):
