@@ -62,6 +62,16 @@ public struct ReadPauseReasons: OptionSet, Sendable {
 /// and cancelling always resumes first (libdispatch traps when a suspended or never-activated
 /// source is released; swift-service-lifecycle's `UnixSignalsSequence` does the same).
 /// Owned by one object and touched on its queue only.
+/// A socket's read and write gates (`IOMode.socketSources`), owned by its channel, on its loop.
+final class SourceGates {
+    @exclusivity(unchecked) var read: SourceGate
+    @exclusivity(unchecked) var write: SourceGate
+    init(read: SourceGate, write: SourceGate) {
+        self.read = read
+        self.write = write
+    }
+}
+
 struct SourceGate {
     /// Exits: `inactive` (as created) → `running`; `running` ⇄ `suspended`; any → `cancelled` (final).
     enum State: Equatable {
@@ -216,10 +226,11 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     let sys: Syscalls
 
     /// Per-socket sources (`IOMode.socketSources`); nil when the loop poller serves this socket.
-    @exclusivity(unchecked) private var readGate: SourceGate?
-    @exclusivity(unchecked) private var writeGate: SourceGate?
-    /// Served by the loop poller (no gates). A stored flag: testing `readGate` copies the
-    /// optional gate, retaining its source, at every use (measured).
+    /// One object for both: two optional gates (each an existential) cost ~120 instructions to
+    /// destroy per connection even when nil (measured).
+    @exclusivity(unchecked) private var gates: SourceGates?
+    /// Served by the loop poller (no gates). A stored flag: testing `gates` retains it at every
+    /// use (measured, for the gates as they were: the optional gate copied with its source).
     private let polled: Bool
     /// Poller mode: the peer's FIN (or an error) arrived; a short read no longer means "nothing
     /// more", because edge-triggered polling will not report the EOF again.
@@ -268,8 +279,8 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     }
 
     /// For tests: the sources' states (nil in poller mode).
-    var readSourceState: SourceGate.State? { readGate?.state }
-    var writeSourceState: SourceGate.State? { writeGate?.state }
+    var readSourceState: SourceGate.State? { gates?.read.state }
+    var writeSourceState: SourceGate.State? { gates?.write.state }
 
     public init(fd: Int32, loop: EventLoop) {
         self.fd = fd
@@ -287,14 +298,13 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         }
         readSource.setCancelHandler(handler: closeFD)
         writeSource.setCancelHandler(handler: closeFD)
-        readGate = SourceGate(readSource)
-        writeGate = SourceGate(writeSource)
+        gates = SourceGates(read: SourceGate(readSource), write: SourceGate(writeSource))
     }
 
     /// Starts reading. Call once, on the loop, after setting the delegate.
     public func start() {
         loop.assertInEventLoop()
-        guard let readSource = readGate?.source, let writeSource = writeGate?.source else {
+        guard let readSource = gates?.read.source, let writeSource = gates?.write.source else {
             loop.registerPollable(fd: fd, self)
             return
         }
@@ -304,7 +314,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         writeSource.setEventHandler { [unowned self] in
             self.loop.runEvent { self.handleWritable() }
         }
-        if pauseReasons.isEmpty { readGate?.resume() }
+        if pauseReasons.isEmpty { gates?.read.resume() }
         // The write source stays inactive; it is armed only on EAGAIN or during connect.
     }
 
@@ -386,7 +396,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     public func pauseReading(_ reason: ReadPauseReasons) {
         guard phase != .closed, !reason.isEmpty else { return }
         pauseReasons.insert(reason)
-        readGate?.suspend()
+        gates?.read.suspend()
     }
 
     public func resumeReading(_ reason: ReadPauseReasons) {
@@ -401,7 +411,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     /// The last pause reason went away.
     private func readsResumed() {
         if !polled {
-            readGate?.resume()
+            gates?.read.resume()
         } else {
             // Edge-triggered: data that arrived while paused raised no new event.
             // Strong: end-of-event work, no cycle; a weak reference would put the channel's
@@ -449,7 +459,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
                     // ends only the input (RFC 9112 §9.6; DESIGN §5). It stays readable, so stop reading.
                     phase = .flushingAfterPeerEOF
                     pauseReasons.insert(.owner)
-                    readGate?.suspend()
+                    gates?.read.suspend()
                 } else if let tls {
                     tls.feedEOF()
                     deliverTLSPlaintext(tls, eof: true)
@@ -704,13 +714,13 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     private func armWrite() {
         guard writeInterest == .none else { return }
         writeInterest = .awaitingWritable
-        writeGate?.resume()
+        gates?.write.resume()
     }
 
     private func disarmWrite() {
         guard writeInterest == .awaitingWritable else { return }
         writeInterest = .none
-        writeGate?.suspend()
+        gates?.write.suspend()
     }
 
     /// Loop poller readiness (edge-triggered).
@@ -820,8 +830,8 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             loop.unregister(self)
         }
         if !polled {
-            readGate?.cancel()
-            writeGate?.cancel()
+            gates?.read.cancel()
+            gates?.write.cancel()
         } else {
             loop.forgetPollable(fd: fd)  // close(2) leaves the epoll set: no EPOLL_CTL_DEL
             sys.closeFD(fd)

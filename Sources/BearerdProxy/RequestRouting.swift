@@ -22,9 +22,10 @@ enum RoutingDecision {
 
 /// Admission (DESIGN §4 `listen:` access control and §5 browser guard: Host allowlist of loopback listeners, browser guard) and routing of one
 /// request, shared by the HTTP/1.1 connection and HTTP/2 streams. One per client connection,
-/// on its loop. A class: a struct field of the connection was copied (and its references
-/// retained) on every request.
-final class RequestGate {
+/// on its loop. Immutable (what it remembers between requests is the loop's, `LoopContext.checkHost`),
+/// and held in a `let` of the connection, so a request's calls borrow it: no copy, and no object
+/// of its own to allocate and free per connection.
+struct RequestGate {
     let policy: ListenerPolicy?
     let clientAddress: String
     /// `http` or `https` (the listener's), for X-Forwarded-Proto.
