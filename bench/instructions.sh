@@ -11,6 +11,7 @@
 #   bash bench/instructions.sh nginx .build/release/bearerd    # nginx as the reference row
 #   SCENARIOS=keepalive bash bench/instructions.sh             # the per-request column only
 #   PORT=18380 bash bench/instructions.sh                      # proxy port (origin PORT+1, h2 ports PORT+2/+3), for two runs at once
+#   ACCESS_LOG=1 bash bench/instructions.sh                    # bearerd with its access log on (run.sh's bearerd_log)
 #
 # Scenarios (SCENARIOS, default "keepalive newconn big"), each a wrk run of DURATION seconds:
 #   keepalive  GET /small over CONNS keep-alive connections       -> instructions per request
@@ -42,6 +43,10 @@ CONNS=${CONNS:-16}
 BIG_CONNS=${BIG_CONNS:-4}
 SCENARIOS=${SCENARIOS:-keepalive newconn big}
 KEEP=${KEEP:-0}
+# ACCESS_LOG=1: bearerd writes its JSON access log (to valgrind's log file), as run.sh's bearerd_log.
+ACCESS_LOG=${ACCESS_LOG:-0}
+ACCESS_FLAG=(--no-access-log)
+[ "$ACCESS_LOG" = 1 ] && ACCESS_FLAG=(--log-format json)
 PORT=${PORT:-18180}
 ORIGIN_PORT=${ORIGIN_PORT:-$((PORT + 1))}
 H2C_PORT=${H2C_PORT:-$((PORT + 2))}
@@ -173,7 +178,7 @@ count() {
         valgrind --tool=callgrind --callgrind-out-file="$out.%p" "$NGINX" -p "$WORK/proxy" -e "$WORK/proxy/error.log" \
             -c "$WORK/proxy/nginx.conf" >"$WORK/valgrind.log" 2>&1 &
     else
-        valgrind --tool=callgrind --callgrind-out-file="$out.%p" "$bin" run -c "$WORK/bearerd.yaml" --no-access-log \
+        valgrind --tool=callgrind --callgrind-out-file="$out.%p" "$bin" run -c "$WORK/bearerd.yaml" "${ACCESS_FLAG[@]}" \
             >"$WORK/valgrind.log" 2>&1 &
     fi
     PROXY_PID=$!

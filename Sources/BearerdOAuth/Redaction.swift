@@ -74,46 +74,105 @@ public enum Redaction {
 
     private static let redactedBytes = Array("<redacted>".utf8)
 
-    /// The byte range of the first credential value at or after `from`.
+    /// The markers as 16-byte comparisons (every marker has at most 16 bytes): for marker `n`,
+    /// `markerWords[6n ..< 6n+6]` = its bytes little-endian in two words, 0x20 in two `fold`
+    /// words where a letter is matched case-insensitively (the line's byte is OR-ed with it, as
+    /// the byte-by-byte comparison did), 0xFF in two `mask` words where the marker has a byte.
+    /// Plain integers, so the scan touches no reference count.
+    private static let markerWords: [UInt64] = markers.flatMap { m -> [UInt64] in
+        precondition(m.count <= 16, "a redaction marker longer than 16 bytes")
+        var w = [UInt64](repeating: 0, count: 6)
+        for (k, b) in m.enumerated() {
+            let word = k / 8, shift = UInt64(8 * (k % 8))
+            w[word] |= UInt64(b) << shift
+            if b >= 0x61 && b <= 0x7A { w[2 + word] |= 0x20 << shift }
+            w[4 + word] |= 0xFF << shift
+        }
+        return w
+    }
+    private static let markerCounts: [Int] = markers.map(\.count)
+    /// For every byte value: bit `n` set when marker `n` may start with that byte (its first
+    /// letter in either case); 0 for the bytes no marker starts with, so the scan tests each
+    /// byte with one table load and compares only the markers that can match.
+    private static let markersStartingWith: [UInt16] = (0...255).map { b in
+        var bits: UInt16 = 0
+        for (n, m) in markers.enumerated() where UInt8(b) | 0x20 == m[0] { bits |= 1 << UInt16(n) }
+        return bits
+    }
+
+    /// The byte range of the first credential value at or after `from`. A marker counts only
+    /// where a word starts (not after a letter, digit, `_` or `.`), is not followed by a word
+    /// byte (`password_hint`) unless it ends in a space, and is followed by `=`/`:` (after
+    /// quotes, spaces or backslashes) unless it ends in a space or colon; the value runs to the
+    /// next delimiter, and one already redacted (`<…>`) is skipped.
     private static func firstCredential(in bytes: UnsafeBufferPointer<UInt8>, from: Int) -> (Int, Int)? {
         func isWord(_ b: UInt8) -> Bool {
             let l = b | 0x20
             return (l >= 0x61 && l <= 0x7A) || (b >= 0x30 && b <= 0x39) || b == 0x5F
         }
-        var i = from
-        while i < bytes.count {
-            let c = bytes[i] | 0x20
-            guard c == 0x62 || c == 0x61 || c == 0x72 || c == 0x69 || c == 0x63 || c == 0x70 || c == 0x73,
-                  i == 0 || !(isWord(bytes[i - 1]) || bytes[i - 1] == 0x2E) else { i += 1; continue }  // not inside a word or a dotted key
-            var matched: [UInt8]?
-            for m in markers where i + m.count <= bytes.count {
-                var ok = true
-                for k in 0..<m.count {
-                    let b = m[k] >= 0x61 && m[k] <= 0x7A ? bytes[i + k] | 0x20 : bytes[i + k]
-                    if b != m[k] { ok = false; break }
+        guard let base = bytes.baseAddress else { return nil }
+        let count = bytes.count
+        return markerWords.withUnsafeBufferPointer { words in
+            markerCounts.withUnsafeBufferPointer { counts in
+              markersStartingWith.withUnsafeBufferPointer { startingWith in
+                /// The 8 bytes at `at` as a little-endian word; zeros past the end (no marker has
+                /// a zero byte, and a marker longer than what is left is never compared).
+                func word(_ at: Int) -> UInt64 {
+                    if at + 8 <= count { return UInt64(littleEndian: UnsafeRawPointer(base + at).loadUnaligned(as: UInt64.self)) }
+                    var w: UInt64 = 0
+                    var k = 0
+                    while at + k < count && k < 8 {
+                        w |= UInt64(base[at + k]) << UInt64(8 * k)
+                        k += 1
+                    }
+                    return w
                 }
-                if ok { matched = m; break }
+                var i = max(0, from)
+                while i < count {
+                    var candidates = startingWith[Int(base[i])]
+                    guard candidates != 0,
+                          i == 0 || !(isWord(base[i - 1]) || base[i - 1] == 0x2E) else { i &+= 1; continue }  // not inside a word or a dotted key
+                    let w0 = word(i)
+                    var w1: UInt64?
+                    var matched = -1
+                    while candidates != 0 {
+                        let n = candidates.trailingZeroBitCount  // markers in their order: the first that matches wins
+                        candidates &= candidates &- 1
+                        guard i + counts[n] <= count else { continue }
+                        let k = 6 * n
+                        guard (w0 | words[k + 2]) & words[k + 4] == words[k] else { continue }
+                        if counts[n] > 8 {
+                            let second = w1 ?? word(i + 8)
+                            w1 = second
+                            guard (second | words[k + 3]) & words[k + 5] == words[k + 1] else { continue }
+                        }
+                        matched = n
+                        break
+                    }
+                    guard matched >= 0 else { i += 1; continue }
+                    let marker = markers[matched]
+                    var j = i + marker.count
+                    let spaced = marker.last == 0x20
+                    if !spaced, j < count, isWord(base[j]) { i = j; continue }  // e.g. `password_hint`
+                    var assigned = spaced || marker.last == 0x3A
+                    while j < count, base[j] == 0x22 || base[j] == 0x27 || base[j] == 0x3A || base[j] == 0x3D || base[j] == 0x20 || base[j] == 0x5C {
+                        if base[j] == 0x3A || base[j] == 0x3D { assigned = true }
+                        j += 1
+                    }
+                    guard assigned else { i = j; continue }
+                    let start = j
+                    if start < count, base[start] == 0x3C { i = start; continue }  // already `<redacted…>`
+                    while j < count {
+                        let b = base[j]
+                        if b == 0x22 || b == 0x27 || b == 0x26 || b == 0x2C || b == 0x20 || b == 0x7D || b == 0x3B || b == 0x5C || b == 10 || b == 13 { break }
+                        j += 1
+                    }
+                    if j > start { return (start, j) }
+                    i = j
+                }
+                return nil
+              }
             }
-            guard let m = matched else { i += 1; continue }
-            var j = i + m.count
-            let spaced = m.last == 0x20
-            if !spaced, j < bytes.count, isWord(bytes[j]) { i = j; continue }  // e.g. `password_hint`
-            var assigned = spaced || m.last == 0x3A
-            while j < bytes.count, bytes[j] == 0x22 || bytes[j] == 0x27 || bytes[j] == 0x3A || bytes[j] == 0x3D || bytes[j] == 0x20 || bytes[j] == 0x5C {
-                if bytes[j] == 0x3A || bytes[j] == 0x3D { assigned = true }
-                j += 1
-            }
-            guard assigned else { i = j; continue }
-            let start = j
-            if start < bytes.count, bytes[start] == 0x3C { i = start; continue }  // already `<redacted…>`
-            while j < bytes.count {
-                let b = bytes[j]
-                if b == 0x22 || b == 0x27 || b == 0x26 || b == 0x2C || b == 0x20 || b == 0x7D || b == 0x3B || b == 0x5C || b == 10 || b == 13 { break }
-                j += 1
-            }
-            if j > start { return (start, j) }
-            i = j
         }
-        return nil
     }
 }

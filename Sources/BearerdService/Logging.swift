@@ -317,8 +317,14 @@ public struct BearerdLogHandler: LogHandler {
 
 /// Byte-level pieces of a log line (the access line's path): no intermediate strings.
 enum LineBytes {
+    /// `s`'s bytes: one copy of its contiguous UTF-8 (string literals and native strings), not
+    /// an iteration of its view.
     @inline(__always)
-    static func raw(_ s: String, _ out: inout [UInt8]) { out.append(contentsOf: s.utf8) }
+    static func raw(_ s: String, _ out: inout [UInt8]) {
+        if s.utf8.withContiguousStorageIfAvailable({ out.append(contentsOf: $0) }) == nil {
+            out.append(contentsOf: s.utf8)
+        }
+    }
 
     static func int(_ v: Int, _ out: inout [UInt8]) {
         if v < 0 {
@@ -330,18 +336,19 @@ enum LineBytes {
     }
 
     static func uint(_ v: UInt64, _ out: inout [UInt8]) {
-        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
-            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        var n = 0
-        var v = v
-        withUnsafeMutableBytes(of: &digits) { d in
+        if v < 10 {
+            out.append(UInt8(truncatingIfNeeded: v) &+ 0x30)
+            return
+        }
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { d in
+            var n = 0
+            var v = v
             repeat {
-                d[19 - n] = UInt8(truncatingIfNeeded: v % 10) + 0x30
+                d[19 - n] = UInt8(truncatingIfNeeded: v % 10) &+ 0x30
                 v /= 10
                 n += 1
             } while v > 0 && n < 20
-            out.append(contentsOf: d[(20 - n)...])
+            out.append(contentsOf: UnsafeBufferPointer(rebasing: d[(20 - n)...]))
         }
     }
 
@@ -360,6 +367,16 @@ enum LineBytes {
     static func json(_ s: String, _ out: inout [UInt8]) {
         let hex: StaticString = "0123456789abcdef"
         out.append(UInt8(ascii: "\""))
+        // Most values (methods, paths, names) need no escape: copied in one piece.
+        let copied = s.utf8.withContiguousStorageIfAvailable { bytes -> Bool in
+            for b in bytes where b < 0x20 || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") { return false }
+            out.append(contentsOf: bytes)
+            return true
+        }
+        if copied == true {
+            out.append(UInt8(ascii: "\""))
+            return
+        }
         for b in s.utf8 {
             switch b {
             case UInt8(ascii: "\""): out.append(UInt8(ascii: "\\")); out.append(b)
@@ -390,28 +407,53 @@ enum LineBytes {
     static func timestamp(_ out: inout [UInt8]) {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
-        var t = time_t(ts.tv_sec)
-        var tmv = tm()
-        gmtime_r(&t, &tmv)
-        func pad(_ v: Int, _ width: Int) {
-            var div = 1
-            for _ in 1..<width { div *= 10 }
-            var v = max(0, v)
-            if v >= div * 10 { uint(UInt64(v), &out); return }
-            while div > 0 {
-                out.append(UInt8(v / div) + 0x30)
-                v %= div
-                div /= 10
+        timestamp(seconds: Int64(ts.tv_sec), millis: Int(ts.tv_nsec) / 1_000_000, &out)
+    }
+
+    /// The timestamp of `seconds` since the epoch and `millis`, written digit by digit into a
+    /// fixed buffer and appended once; the civil date is computed (H. Hinnant's
+    /// `civil_from_days`, proleptic Gregorian), not asked of `gmtime_r`. Years outside
+    /// 0...9999 are clamped to them, as no clock of a running system shows them.
+    static func timestamp(seconds: Int64, millis: Int, _ out: inout [UInt8]) {
+        let minSeconds: Int64 = -62_167_219_200  // 0000-01-01T00:00:00Z
+        let maxSeconds: Int64 = 253_402_300_799  // 9999-12-31T23:59:59Z
+        let t = min(max(seconds, minSeconds), maxSeconds)
+        let days = t >= 0 ? t / 86_400 : (t - 86_399) / 86_400  // floor
+        let secondOfDay = Int(t - days * 86_400)
+        // civil_from_days: days since 1970-01-01 -> year, month, day.
+        let z = days + 719_468
+        let era = (z >= 0 ? z : z - 146_096) / 146_097
+        let doe = z - era * 146_097
+        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
+        let mp = (5 * doy + 2) / 153
+        let day = Int(doy - (153 * mp + 2) / 5 + 1)
+        let month = Int(mp < 10 ? mp + 3 : mp - 9)
+        let year = Int(yoe + era * 400 + (month <= 2 ? 1 : 0))
+        let ms = min(max(millis, 0), 999)
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 24) { b in
+            func put2(_ v: Int, at i: Int) {
+                b[i] = UInt8(truncatingIfNeeded: v / 10) &+ 0x30
+                b[i + 1] = UInt8(truncatingIfNeeded: v % 10) &+ 0x30
             }
+            put2(year / 100, at: 0)
+            put2(year % 100, at: 2)
+            b[4] = UInt8(ascii: "-")
+            put2(month, at: 5)
+            b[7] = UInt8(ascii: "-")
+            put2(day, at: 8)
+            b[10] = UInt8(ascii: "T")
+            put2(secondOfDay / 3_600, at: 11)
+            b[13] = UInt8(ascii: ":")
+            put2(secondOfDay / 60 % 60, at: 14)
+            b[16] = UInt8(ascii: ":")
+            put2(secondOfDay % 60, at: 17)
+            b[19] = UInt8(ascii: ".")
+            b[20] = UInt8(truncatingIfNeeded: ms / 100) &+ 0x30
+            put2(ms % 100, at: 21)
+            b[23] = UInt8(ascii: "Z")
+            out.append(contentsOf: UnsafeBufferPointer(b))
         }
-        pad(Int(tmv.tm_year) + 1900, 4)
-        out.append(UInt8(ascii: "-")); pad(Int(tmv.tm_mon) + 1, 2)
-        out.append(UInt8(ascii: "-")); pad(Int(tmv.tm_mday), 2)
-        out.append(UInt8(ascii: "T")); pad(Int(tmv.tm_hour), 2)
-        out.append(UInt8(ascii: ":")); pad(Int(tmv.tm_min), 2)
-        out.append(UInt8(ascii: ":")); pad(Int(tmv.tm_sec), 2)
-        out.append(UInt8(ascii: ".")); pad(Int(ts.tv_nsec) / 1_000_000, 3)
-        out.append(UInt8(ascii: "Z"))
     }
 }
 

@@ -46,6 +46,46 @@ struct AccessLogTests {
         #expect(t.utf8.count == 24 && t.hasSuffix("Z") && t.dropFirst(10).first == "T", "\(t)")
     }
 
+    /// The computed civil date and time agree with gmtime_r for instants spread over the
+    /// years 0...9999 (leap days, century and 400-year rules, the epoch, before it).
+    @Test func timestampsMatchGmtime() {
+        func reference(_ seconds: Int64, _ ms: Int) -> String {
+            var t = time_t(seconds)
+            var tmv = tm()
+            gmtime_r(&t, &tmv)
+            func pad(_ v: Int, _ w: Int) -> String {
+                let s = String(v)
+                return String(repeating: "0", count: max(0, w - s.count)) + s
+            }
+            return "\(pad(Int(tmv.tm_year) + 1900, 4))-\(pad(Int(tmv.tm_mon) + 1, 2))-\(pad(Int(tmv.tm_mday), 2))T"
+                + "\(pad(Int(tmv.tm_hour), 2)):\(pad(Int(tmv.tm_min), 2)):\(pad(Int(tmv.tm_sec), 2)).\(pad(ms, 3))Z"
+        }
+        var samples: [Int64] = [0, -1, 59, 86_399, 86_400, 951_782_400 /* 2000-02-29 */, 4_107_542_400 /* 2100-03-01 */,
+                                1_798_675_200, -62_167_219_200 /* 0000-01-01 */, 253_402_300_799 /* 9999-12-31T23:59:59 */,
+                                -2_208_988_800 /* 1900-01-01 */, 68_169_600 /* 1972-02-29 */]
+        var state: UInt64 = 0x7157_0001
+        for _ in 0..<5_000 {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            samples.append(Int64(state % 315_569_520_000) - 62_167_219_200)
+        }
+        for (i, seconds) in samples.enumerated() {
+            var out: [UInt8] = []
+            LineBytes.timestamp(seconds: seconds, millis: i % 1000, &out)
+            let got = String(decoding: out, as: UTF8.self)
+            if got != reference(seconds, i % 1000) {
+                Issue.record("\(seconds): \(got) vs \(reference(seconds, i % 1000))")
+                break
+            }
+        }
+        // Outside 0...9999 the year is clamped, never a wrong digit or a trap.
+        var far: [UInt8] = []
+        LineBytes.timestamp(seconds: .max, millis: 5_000, &far)
+        #expect(String(decoding: far, as: UTF8.self) == "9999-12-31T23:59:59.999Z")
+        far = []
+        LineBytes.timestamp(seconds: .min, millis: -1, &far)
+        #expect(String(decoding: far, as: UTF8.self) == "0000-01-01T00:00:00.000Z")
+    }
+
     /// The runtime hands access lines straight to bearerd's handler; the line is the
     /// one the Logger path writes, timestamps aside, in both formats.
     @Test(arguments: [LogFormat.json, .text])

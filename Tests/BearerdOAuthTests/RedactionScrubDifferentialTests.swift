@@ -1,0 +1,109 @@
+import Testing
+@testable import BearerdOAuth
+
+/// `Redaction.scrub` compares markers eight bytes at a time; it must redact exactly what the
+/// byte-by-byte version did (kept here as the reference) on every line, including markers cut
+/// off at the end of a line, mixed case, word boundaries and values already redacted.
+@Suite struct RedactionScrubDifferentialTests {
+    /// The byte-by-byte scan `scrub` used before (same rules).
+    enum Reference {
+        static func firstCredential(in bytes: UnsafeBufferPointer<UInt8>, from: Int) -> (Int, Int)? {
+            func isWord(_ b: UInt8) -> Bool {
+                let l = b | 0x20
+                return (l >= 0x61 && l <= 0x7A) || (b >= 0x30 && b <= 0x39) || b == 0x5F
+            }
+            var i = from
+            while i < bytes.count {
+                let c = bytes[i] | 0x20
+                guard c == 0x62 || c == 0x61 || c == 0x72 || c == 0x69 || c == 0x63 || c == 0x70 || c == 0x73,
+                      i == 0 || !(isWord(bytes[i - 1]) || bytes[i - 1] == 0x2E) else { i += 1; continue }  // not inside a word or a dotted key
+                var matched: [UInt8]?
+                for m in Redaction.markers where i + m.count <= bytes.count {
+                    var ok = true
+                    for k in 0..<m.count {
+                        let b = m[k] >= 0x61 && m[k] <= 0x7A ? bytes[i + k] | 0x20 : bytes[i + k]
+                        if b != m[k] { ok = false; break }
+                    }
+                    if ok { matched = m; break }
+                }
+                guard let m = matched else { i += 1; continue }
+                var j = i + m.count
+                let spaced = m.last == 0x20
+                if !spaced, j < bytes.count, isWord(bytes[j]) { i = j; continue }  // e.g. `password_hint`
+                var assigned = spaced || m.last == 0x3A
+                while j < bytes.count, bytes[j] == 0x22 || bytes[j] == 0x27 || bytes[j] == 0x3A || bytes[j] == 0x3D || bytes[j] == 0x20 || bytes[j] == 0x5C {
+                    if bytes[j] == 0x3A || bytes[j] == 0x3D { assigned = true }
+                    j += 1
+                }
+                guard assigned else { i = j; continue }
+                let start = j
+                if start < bytes.count, bytes[start] == 0x3C { i = start; continue }  // already `<redacted…>`
+                while j < bytes.count {
+                    let b = bytes[j]
+                    if b == 0x22 || b == 0x27 || b == 0x26 || b == 0x2C || b == 0x20 || b == 0x7D || b == 0x3B || b == 0x5C || b == 10 || b == 13 { break }
+                    j += 1
+                }
+                if j > start { return (start, j) }
+                i = j
+            }
+            return nil
+        }
+
+        static func scrub(_ line: String) -> String {
+            var bytes = Array(line.utf8)
+            var from = 0
+            while let (start, end) = bytes.withUnsafeBufferPointer({ firstCredential(in: $0, from: from) }) {
+                bytes.replaceSubrange(start..<end, with: Array("<redacted>".utf8))
+                from = start + "<redacted>".utf8.count
+            }
+            return String(decoding: bytes, as: UTF8.self)
+        }
+    }
+
+    /// A deterministic generator (SplitMix64), so a failure names a reproducible line.
+    struct Rng {
+        var state: UInt64
+        mutating func next() -> UInt64 {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+        mutating func below(_ n: Int) -> Int { Int(next() % UInt64(n)) }
+    }
+
+    static let pieces = [
+        "bearer ", "Bearer ", "BEARER ", "basic ", "Basic", "access_token", "ACCESS_TOKEN", "refresh_token", "id_token",
+        "client_secret", "password", "Password", "password_hint", "cookie:", "Cookie: ", "set-cookie:", "Set-Cookie:",
+        "=", ":", "\"", "'", " ", "\\", "&", ",", "}", ";", "\n", ".", "_", "x", "eyJhbGciOi", "<redacted>", "<fp 1a2b>",
+        "status", "path", "route", "session", "bytes", "protocol", "/small", "abc123", "a", "b", "p", "s", "c", "r", "i",
+        "bearer", "passwor", "access_toke", "cookie", "é", "\u{1F600}",
+    ]
+
+    @Test func sameRedactionsAsTheByteByByteScan() {
+        var rng = Rng(state: 0x5EED_0001)
+        var lines = [
+            "", "bearer", "bearer ", "bearer x", "Bearer eyJ.abc", "password=hunter2", "password_hint=x", "a.password=x",
+            "{\"access_token\":\"abc\",\"refresh_token\":\"def\"}", "cookie:a=b; c=d", "id_token = 'q'", "client_secret:<redacted>",
+            "{\"ts\":\"2026-11-26T03:39:38.123Z\",\"level\":\"info\",\"msg\":\"request\",\"method\":\"GET\",\"path\":\"/small\"}",
+        ]
+        for _ in 0..<20_000 {
+            var line = ""
+            for _ in 0..<(1 + rng.below(12)) { line += Self.pieces[rng.below(Self.pieces.count)] }
+            lines.append(line)
+        }
+        var differing: [String] = []
+        for line in lines where Redaction.scrub(line) != Reference.scrub(line) {
+            differing.append(line)
+        }
+        let differingCount = differing.count  // a count: a failure prints one line, not all
+        #expect(differingCount == 0, "first: \(differing.first ?? "")")
+        // The bytes form too.
+        for line in lines.prefix(2_000) {
+            var bytes = Array(line.utf8)
+            Redaction.scrub(bytes: &bytes)
+            #expect(String(decoding: bytes, as: UTF8.self) == Reference.scrub(line))
+        }
+    }
+}
