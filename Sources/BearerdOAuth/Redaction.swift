@@ -74,6 +74,11 @@ public enum Redaction {
 
     private static let redactedBytes = Array("<redacted>".utf8)
 
+    /// Whether `scrub` would change this line (a line without one is written as it is).
+    public static func containsCredential(_ line: UnsafeBufferPointer<UInt8>) -> Bool {
+        firstCredential(in: line, from: 0) != nil
+    }
+
     /// The markers as 16-byte comparisons (every marker has at most 16 bytes): for marker `n`,
     /// `markerWords[6n ..< 6n+6]` = its bytes little-endian in two words, 0x20 in two `fold`
     /// words where a letter is matched case-insensitively (the line's byte is OR-ed with it, as

@@ -61,6 +61,16 @@ public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` guard
         if urgent || full { flush() }
     }
 
+    /// A line in a buffer of the caller's (no trailing newline), copied in.
+    public func write(_ line: UnsafeBufferPointer<UInt8>, urgent: Bool) {
+        let full: Bool = lock.withLock {
+            buffer.append(contentsOf: line)
+            buffer.append(10)
+            return buffer.count >= 64 * 1024
+        }
+        if urgent || full { flush() }
+    }
+
     /// A line already in bytes (no trailing newline).
     public func write(bytes line: [UInt8], urgent: Bool) {
         let full: Bool = lock.withLock {
@@ -147,13 +157,13 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
 
     /// `logfmt` and `jsonFields` written as bytes into `out`: the access line's hot path builds
     /// no intermediate strings (measured: the log line cost ~16 % of throughput as strings).
-    func appendLogfmt(to out: inout [UInt8]) {
+    func appendLogfmt<Out: LineOutput>(to out: inout Out) {
         LineBytes.raw("method=", &out); LineBytes.raw(method, &out)
         LineBytes.raw(" path=", &out); LineBytes.quotedIfNeeded(path, &out)
         LineBytes.raw(" route=", &out); LineBytes.quotedIfNeeded(route, &out)
         LineBytes.raw(" status=", &out); LineBytes.int(status, &out)
         LineBytes.raw(" upstream_ms=", &out)
-        if upstreamMicros < 0 { out.append(UInt8(ascii: "-")) } else { LineBytes.millis(upstreamMicros, &out) }
+        if upstreamMicros < 0 { out.put(UInt8(ascii: "-")) } else { LineBytes.millis(upstreamMicros, &out) }
         LineBytes.raw(" total_ms=", &out); LineBytes.millis(max(0, totalMicros), &out)
         LineBytes.raw(" bytes=", &out); LineBytes.uint(bytes, &out)
         if let outcome { LineBytes.raw(" outcome=", &out); LineBytes.raw(outcome, &out) }
@@ -165,7 +175,7 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
         if let grpcStatus { LineBytes.raw(" grpc_status=", &out); LineBytes.quotedIfNeeded(grpcStatus, &out) }
     }
 
-    func appendJSONFields(to out: inout [UInt8]) {
+    func appendJSONFields<Out: LineOutput>(to out: inout Out) {
         LineBytes.raw("\"method\":", &out); LineBytes.json(method, &out)
         LineBytes.raw(",\"path\":", &out); LineBytes.json(path, &out)
         LineBytes.raw(",\"route\":", &out); LineBytes.json(route, &out)
@@ -267,15 +277,39 @@ public struct BearerdLogHandler: LogHandler {
     /// The access line, written as bytes (the request path's hot path: no metadata dictionary,
     /// no existential box or cast when called directly, no intermediate strings).
     public func writeAccess(_ record: AccessRecord, level: Logger.Level = .info, message: String = "request") {
+        // Most lines fit 1 KiB: written into a buffer on the stack, checked for credentials
+        // in place, and copied once into the sink. A longer one is written again into an array.
+        let done: Bool = withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 1024) { buffer in
+            var cursor = LineCursor(buffer)
+            accessLine(record, level: level, message: message, into: &cursor)
+            guard !cursor.overflowed else { return false }
+            let line = cursor.written
+            if Redaction.containsCredential(line) {
+                var copy = Array(line)
+                Redaction.scrub(bytes: &copy)
+                sink.write(bytes: copy, urgent: false)
+            } else {
+                sink.write(line, urgent: false)
+            }
+            return true
+        }
+        if done { return }
         var line: [UInt8] = []
-        line.reserveCapacity(320)
+        line.reserveCapacity(2048)
+        accessLine(record, level: level, message: message, into: &line)
+        Redaction.scrub(bytes: &line)
+        sink.write(bytes: line, urgent: false)
+    }
+
+    /// The access line in this handler's format, without its newline.
+    private func accessLine<Out: LineOutput>(_ record: AccessRecord, level: Logger.Level, message: String, into line: inout Out) {
         if format == .text {
             LineBytes.timestamp(&line)
-            line.append(UInt8(ascii: " "))
+            line.put(UInt8(ascii: " "))
             LineBytes.raw(level.rawValue, &line)
-            line.append(UInt8(ascii: " "))
+            line.put(UInt8(ascii: " "))
             LineBytes.raw(message, &line)
-            line.append(UInt8(ascii: " "))
+            line.put(UInt8(ascii: " "))
             record.appendLogfmt(to: &line)
         } else {
             LineBytes.raw("{\"ts\":\"", &line)
@@ -284,12 +318,10 @@ public struct BearerdLogHandler: LogHandler {
             LineBytes.raw(level.rawValue, &line)
             LineBytes.raw("\",\"msg\":", &line)
             LineBytes.json(message, &line)
-            line.append(UInt8(ascii: ","))
+            line.put(UInt8(ascii: ","))
             record.appendJSONFields(to: &line)
-            line.append(UInt8(ascii: "}"))
+            line.put(UInt8(ascii: "}"))
         }
-        Redaction.scrub(bytes: &line)
-        sink.write(bytes: line, urgent: false)
     }
 
     static func quoteIfNeeded(_ s: String) -> String {
@@ -315,29 +347,66 @@ public struct BearerdLogHandler: LogHandler {
     }
 }
 
+/// Where the log-line writers (`LineBytes`) put bytes: a growing array, or a `LineCursor`
+/// into a buffer sized in advance (the access line's path: no per-piece array bookkeeping).
+protocol LineOutput {
+    mutating func put(_ byte: UInt8)
+    mutating func put(_ bytes: UnsafeBufferPointer<UInt8>)
+}
+
+extension Array: LineOutput where Element == UInt8 {
+    @inline(__always) mutating func put(_ byte: UInt8) { append(byte) }
+    @inline(__always) mutating func put(_ bytes: UnsafeBufferPointer<UInt8>) { append(contentsOf: bytes) }
+}
+
+/// Writes into a fixed buffer it does not own. What does not fit is dropped and `overflowed`
+/// is set: the caller then writes the line again into an array (never past the buffer).
+struct LineCursor: LineOutput {
+    let buffer: UnsafeMutableBufferPointer<UInt8>
+    private(set) var count = 0
+    private(set) var overflowed = false
+
+    init(_ buffer: UnsafeMutableBufferPointer<UInt8>) { self.buffer = buffer }
+
+    @inline(__always) mutating func put(_ byte: UInt8) {
+        guard count < buffer.count else { overflowed = true; return }
+        buffer[count] = byte
+        count &+= 1
+    }
+
+    @inline(__always) mutating func put(_ bytes: UnsafeBufferPointer<UInt8>) {
+        guard bytes.count <= buffer.count - count else { overflowed = true; return }
+        if let src = bytes.baseAddress, let dst = buffer.baseAddress { (dst + count).update(from: src, count: bytes.count) }
+        count &+= bytes.count
+    }
+
+    /// The bytes written so far.
+    var written: UnsafeBufferPointer<UInt8> { UnsafeBufferPointer(rebasing: buffer[..<count]) }
+}
+
 /// Byte-level pieces of a log line (the access line's path): no intermediate strings.
 enum LineBytes {
     /// `s`'s bytes: one copy of its contiguous UTF-8 (string literals and native strings), not
     /// an iteration of its view.
     @inline(__always)
-    static func raw(_ s: String, _ out: inout [UInt8]) {
-        if s.utf8.withContiguousStorageIfAvailable({ out.append(contentsOf: $0) }) == nil {
-            out.append(contentsOf: s.utf8)
+    static func raw<Out: LineOutput>(_ s: String, _ out: inout Out) {
+        if s.utf8.withContiguousStorageIfAvailable({ out.put($0) }) == nil {
+            for b in s.utf8 { out.put(b) }
         }
     }
 
-    static func int(_ v: Int, _ out: inout [UInt8]) {
+    static func int<Out: LineOutput>(_ v: Int, _ out: inout Out) {
         if v < 0 {
-            out.append(UInt8(ascii: "-"))
+            out.put(UInt8(ascii: "-"))
             uint(v.magnitude.toUInt64, &out)
         } else {
             uint(UInt64(v), &out)
         }
     }
 
-    static func uint(_ v: UInt64, _ out: inout [UInt8]) {
+    static func uint<Out: LineOutput>(_ v: UInt64, _ out: inout Out) {
         if v < 10 {
-            out.append(UInt8(truncatingIfNeeded: v) &+ 0x30)
+            out.put(UInt8(truncatingIfNeeded: v) &+ 0x30)
             return
         }
         withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { d in
@@ -348,54 +417,54 @@ enum LineBytes {
                 v /= 10
                 n += 1
             } while v > 0 && n < 20
-            out.append(contentsOf: UnsafeBufferPointer(rebasing: d[(20 - n)...]))
+            out.put(UnsafeBufferPointer(rebasing: d[(20 - n)...]))
         }
     }
 
     /// Microseconds as milliseconds with three decimals (`12.345`).
-    static func millis(_ micros: Int, _ out: inout [UInt8]) {
+    static func millis<Out: LineOutput>(_ micros: Int, _ out: inout Out) {
         let m = max(0, micros)
         uint(UInt64(m / 1000), &out)
-        out.append(UInt8(ascii: "."))
+        out.put(UInt8(ascii: "."))
         let frac = m % 1000
-        out.append(UInt8(frac / 100) + 0x30)
-        out.append(UInt8(frac / 10 % 10) + 0x30)
-        out.append(UInt8(frac % 10) + 0x30)
+        out.put(UInt8(frac / 100) + 0x30)
+        out.put(UInt8(frac / 10 % 10) + 0x30)
+        out.put(UInt8(frac % 10) + 0x30)
     }
 
     /// A JSON string literal (as `JSONWriter.quote`: `"`, `\\`, and control characters escaped).
-    static func json(_ s: String, _ out: inout [UInt8]) {
+    static func json<Out: LineOutput>(_ s: String, _ out: inout Out) {
         let hex: StaticString = "0123456789abcdef"
-        out.append(UInt8(ascii: "\""))
+        out.put(UInt8(ascii: "\""))
         // Most values (methods, paths, names) need no escape: copied in one piece.
         let copied = s.utf8.withContiguousStorageIfAvailable { bytes -> Bool in
             for b in bytes where b < 0x20 || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") { return false }
-            out.append(contentsOf: bytes)
+            out.put(bytes)
             return true
         }
         if copied == true {
-            out.append(UInt8(ascii: "\""))
+            out.put(UInt8(ascii: "\""))
             return
         }
         for b in s.utf8 {
             switch b {
-            case UInt8(ascii: "\""): out.append(UInt8(ascii: "\\")); out.append(b)
-            case UInt8(ascii: "\\"): out.append(UInt8(ascii: "\\")); out.append(b)
-            case 0x0A: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "n"))
-            case 0x0D: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "r"))
-            case 0x09: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "t"))
+            case UInt8(ascii: "\""): out.put(UInt8(ascii: "\\")); out.put(b)
+            case UInt8(ascii: "\\"): out.put(UInt8(ascii: "\\")); out.put(b)
+            case 0x0A: out.put(UInt8(ascii: "\\")); out.put(UInt8(ascii: "n"))
+            case 0x0D: out.put(UInt8(ascii: "\\")); out.put(UInt8(ascii: "r"))
+            case 0x09: out.put(UInt8(ascii: "\\")); out.put(UInt8(ascii: "t"))
             case 0..<0x20:
-                out.append(contentsOf: "\\u00".utf8)
-                out.append(hex.utf8Start[Int(b >> 4)])
-                out.append(hex.utf8Start[Int(b & 0xF)])
-            default: out.append(b)
+                raw("\\u00", &out)
+                out.put(hex.utf8Start[Int(b >> 4)])
+                out.put(hex.utf8Start[Int(b & 0xF)])
+            default: out.put(b)
             }
         }
-        out.append(UInt8(ascii: "\""))
+        out.put(UInt8(ascii: "\""))
     }
 
     /// logfmt: as is, or JSON-quoted when empty or holding a space, `"` or `=`.
-    static func quotedIfNeeded(_ s: String, _ out: inout [UInt8]) {
+    static func quotedIfNeeded<Out: LineOutput>(_ s: String, _ out: inout Out) {
         if s.isEmpty || s.utf8.contains(where: { $0 == 0x20 || $0 == 0x22 || $0 == 0x3D }) {
             json(s, &out)
         } else {
@@ -404,7 +473,7 @@ enum LineBytes {
     }
 
     /// `2026-11-25T01:41:31.954Z` (UTC, milliseconds), as `BearerdLogHandler.timestamp()`.
-    static func timestamp(_ out: inout [UInt8]) {
+    static func timestamp<Out: LineOutput>(_ out: inout Out) {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
         timestamp(seconds: Int64(ts.tv_sec), millis: Int(ts.tv_nsec) / 1_000_000, &out)
@@ -414,7 +483,7 @@ enum LineBytes {
     /// fixed buffer and appended once; the civil date is computed (H. Hinnant's
     /// `civil_from_days`, proleptic Gregorian), not asked of `gmtime_r`. Years outside
     /// 0...9999 are clamped to them, as no clock of a running system shows them.
-    static func timestamp(seconds: Int64, millis: Int, _ out: inout [UInt8]) {
+    static func timestamp<Out: LineOutput>(seconds: Int64, millis: Int, _ out: inout Out) {
         let minSeconds: Int64 = -62_167_219_200  // 0000-01-01T00:00:00Z
         let maxSeconds: Int64 = 253_402_300_799  // 9999-12-31T23:59:59Z
         let t = min(max(seconds, minSeconds), maxSeconds)
@@ -452,7 +521,7 @@ enum LineBytes {
             b[20] = UInt8(truncatingIfNeeded: ms / 100) &+ 0x30
             put2(ms % 100, at: 21)
             b[23] = UInt8(ascii: "Z")
-            out.append(contentsOf: UnsafeBufferPointer(b))
+            out.put(UnsafeBufferPointer(b))
         }
     }
 }

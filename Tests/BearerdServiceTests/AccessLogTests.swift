@@ -88,8 +88,15 @@ struct AccessLogTests {
 
     /// The runtime hands access lines straight to bearerd's handler; the line is the
     /// one the Logger path writes, timestamps aside, in both formats.
-    @Test(arguments: [LogFormat.json, .text])
-    func directAccessLineEqualsTheLoggerOne(format: LogFormat) throws {
+    /// Paths for the direct line: an ordinary one (written in the stack buffer), one too long
+    /// for it (written again into an array: the line must still be whole), and one holding a
+    /// credential marker (redacted on the buffer path as on the array path).
+    static let paths = ["/a \"b\"", "/" + String(repeating: "long/", count: 400) + "end", "/x/password=hunter2/y"]
+
+    @Test(arguments: [LogFormat.json, .text], [0, 1, 2])
+    func directAccessLineEqualsTheLoggerOne(format: LogFormat, pathIndex: Int) throws {
+        var record = self.record
+        record.path = Self.paths[pathIndex]
         var fds: [Int32] = [0, 0]
         #expect(pipe(&fds) == 0)
         let sink = LogSink(fd: fds[1])
@@ -110,6 +117,10 @@ struct AccessLogTests {
         }
         #expect(withoutTimestamp(lines[0]) == withoutTimestamp(lines[1]))
         #expect(lines[1].contains("request"))
+        #expect(lines[1].hasSuffix(format == .json ? "}" : "replayed=1"))  // whole, not cut at 1 KiB
+        #expect(lines[1].contains("long/end") == (pathIndex == 1))
+        #expect(!lines[1].contains("hunter2"))
+        #expect(lines[1].contains("password=<redacted>") == (pathIndex == 2))
     }
 
     @Test func jsonLineParsesThroughTheHandler() throws {
