@@ -373,7 +373,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         }
     }
 
-    private func startExchange(_ head: HTTPRequestHead, framing: HTTP1BodyFraming) {
+    private func startExchange(_ head: consuming HTTPRequestHead, framing: HTTP1BodyFraming) {
         requests += 1
         deadline = 0
         if let refusal = peerRefusal {

@@ -2,8 +2,9 @@ import BearerdIO
 import BearerdConfig
 
 /// An access token as the loops see it: the value to inject, its generation (for the replay
-/// rule of DESIGN §6) and a fingerprint for logs. Never logged or printed whole.
-public struct PublishedToken: Sendable, Equatable, CustomStringConvertible {
+/// rule of DESIGN §6) and a fingerprint for logs. Never logged or printed whole. Immutable;
+/// a class, so the loops' caches and each request hold one reference, not two strings.
+public final class PublishedToken: Sendable, Equatable, CustomStringConvertible {
     public let value: String
     public let generation: UInt64
     /// First 8 hex digits of SHA-256 of `value`.
@@ -19,6 +20,10 @@ public struct PublishedToken: Sendable, Equatable, CustomStringConvertible {
     }
 
     public var description: String { "token(gen \(generation), \(fingerprint))" }
+
+    public static func == (a: PublishedToken, b: PublishedToken) -> Bool {
+        a.value == b.value && a.generation == b.generation && a.fingerprint == b.fingerprint && a.usableUntil == b.usableUntil
+    }
 }
 
 /// No token can be had now (DESIGN §5): the client gets a 503 with `Retry-After`.
