@@ -23,19 +23,19 @@ final class BackendH2Connection: ChannelDelegate, LoopTimeoutable {
     /// Strong: the loop's pool outlives its connections (no `unowned` check per access).
     let pool: BackendPool
     /// Its id in the pool's machine (set when the connection is handed to the pool).
-    var poolID = BearerdProxyCore.BackendPool.ConnectionID(-1)
+    @exclusivity(unchecked) var poolID = BearerdProxyCore.BackendPool.ConnectionID(-1)
     let channel: SocketChannel
     let session: HTTP2Session
-    private(set) var streams: [Int32: BackendH2Stream] = [:]
+    @exclusivity(unchecked) private(set) var streams: [Int32: BackendH2Stream] = [:]
 
     enum Phase { case open, goingAway, closed }
-    private(set) var phase: Phase = .open
-    var deadline: UInt64 = 0
-    private var idleSince: UInt64
+    @exclusivity(unchecked) private(set) var phase: Phase = .open
+    @exclusivity(unchecked) var deadline: UInt64 = 0
+    @exclusivity(unchecked) private var idleSince: UInt64
     /// A PING is out and unanswered since this time (0: none).
-    private var pingSentAt: UInt64 = 0
-    private var flushScheduled = false
-    private var out: [UInt8] = []
+    @exclusivity(unchecked) private var pingSentAt: UInt64 = 0
+    @exclusivity(unchecked) private var flushScheduled = false
+    @exclusivity(unchecked) private var out: [UInt8] = []
 
     static let pingInterval: UInt64 = 30_000_000_000
     static let pingTimeout: UInt64 = 10_000_000_000
@@ -288,14 +288,14 @@ final class BackendH2Stream: UpstreamStream {
     /// with `BackendH2Connection.streams` is broken when the stream leaves that table.
     let connection: BackendH2Connection
     let reused: Bool
-    private(set) var phase: Phase = .unopened
+    @exclusivity(unchecked) private(set) var phase: Phase = .unopened
     /// Strong, as `BackendConnection.delegate`: cleared when the exchange releases or closes the
     /// stream, or the stream fails or closes.
-    var delegate: BackendConnectionDelegate?
-    var deadline: UInt64 = 0
+    @exclusivity(unchecked) var delegate: BackendConnectionDelegate?
+    @exclusivity(unchecked) var deadline: UInt64 = 0
     /// Received DATA not yet returned to the server's window (the client is slow).
-    private var unconsumed = 0
-    private var paused = false
+    @exclusivity(unchecked) private var unconsumed = 0
+    @exclusivity(unchecked) private var paused = false
 
     init(connection: BackendH2Connection, reused: Bool) {
         self.connection = connection

@@ -58,9 +58,9 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
     private let gate: RequestGate
     /// The SO_PEERCRED refusal decided at accept (unix listeners), answered on every stream.
     private let peerRefusal: String?
-    private var streams: [Int32: FrontendH2Stream] = [:]
+    @exclusivity(unchecked) private var streams: [Int32: FrontendH2Stream] = [:]
     /// Streams whose exchange waits for the end of the current dispatch to start.
-    private var pendingStarts: [FrontendH2Stream] = []
+    @exclusivity(unchecked) private var pendingStarts: [FrontendH2Stream] = []
 
     enum Phase { case open, draining, closed }
     // `@exclusivity(unchecked)`: trivially copyable scalars only (see `SocketChannel`).
@@ -68,7 +68,7 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
     @exclusivity(unchecked) var deadline: UInt64 = 0
     @exclusivity(unchecked) var frontendSlot = -1
     @exclusivity(unchecked) private var flushScheduled = false
-    private var out: [UInt8] = []
+    @exclusivity(unchecked) private var out: [UInt8] = []
     /// When the client last sent anything (its streams that owe body bytes are timed out from here).
     @exclusivity(unchecked) private var lastRead: UInt64 = 0
 
@@ -422,15 +422,15 @@ final class FrontendH2Stream: ExchangeClient {
     /// closed connection (which ignores them), never a freed one. The cycle with
     /// `FrontendH2Connection.streams` is broken when the stream leaves that table.
     let connection: FrontendH2Connection
-    var exchange: ProxyExchangeDriver?
+    @exclusivity(unchecked) var exchange: ProxyExchangeDriver?
     /// Received DATA bytes not yet given back to the client's window (the exchange is paused).
-    private var unconsumed = 0
-    private(set) var phase: Phase = .receiving
+    @exclusivity(unchecked) private var unconsumed = 0
+    @exclusivity(unchecked) private(set) var phase: Phase = .receiving
     /// An extended CONNECT for a WebSocket (RFC 8441): a 101 upstream becomes 200 here and the
     /// stream's DATA frames carry the tunnel.
-    var websocket = false
+    @exclusivity(unchecked) var websocket = false
     /// Tunnel bytes: DATA received before the tunnel opened is kept for it.
-    private var earlyTunnelBytes: [UInt8] = []
+    @exclusivity(unchecked) private var earlyTunnelBytes: [UInt8] = []
 
     private var isClosed: Bool {
         if case .closed = phase { return true }
