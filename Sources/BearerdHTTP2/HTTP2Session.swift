@@ -124,7 +124,30 @@ public final class HTTP2Session {
     public let settings: HTTP2Settings
     @exclusivity(unchecked) private var session: OpaquePointer?
     @exclusivity(unchecked) private var events: [HTTP2Event] = []
+    /// Read and written only through `outboundEntry` and `setOutbound`.
     @exclusivity(unchecked) private var outbound: [Int32: Outbound] = [:]
+    /// The last stream whose entry `outboundEntry` found, and that entry (nil: none known): the
+    /// calls for one stream come in runs (its head, its data, its end, nghttp2 reading it), so
+    /// most of them skip the dictionary's hashing. Invariant: `memoOutbound` is nil or is
+    /// `outbound[memoStream]` (every write goes through `setOutbound`).
+    @exclusivity(unchecked) private var memoStream: Int32 = 0
+    @exclusivity(unchecked) private var memoOutbound: Outbound?
+
+    /// `outbound[stream]`, from the memo when it is the last stream found.
+    @inline(__always)
+    private func outboundEntry(_ stream: Int32) -> Outbound? {
+        if stream == memoStream, let o = memoOutbound { return o }
+        guard let o = outbound[stream] else { return nil }
+        memoStream = stream
+        memoOutbound = o
+        return o
+    }
+
+    /// `outbound[stream] = entry`; the memo of that stream is dropped (found again on next use).
+    private func setOutbound(_ stream: Int32, _ entry: Outbound?) {
+        outbound[stream] = entry
+        if stream == memoStream { memoOutbound = nil }
+    }
     /// The header block being received and its stream (0: none). One at a time: a header block
     /// is a HEADERS frame and the CONTINUATION frames right after it, with no other frame between
     /// them (RFC 9113 §6.10), so blocks never interleave.
@@ -154,17 +177,17 @@ public final class HTTP2Session {
     /// A stream's outbound body: a class, so the table's entry is changed in place (a struct
     /// copied out of the dictionary and written back copied its byte array on every append).
     final class Outbound {
-        var bytes: [UInt8] = []
-        var readIndex = 0
-        var ended = false
-        var trailers: [HTTPField]?
+        @exclusivity(unchecked) var bytes: [UInt8] = []
+        @exclusivity(unchecked) var readIndex = 0
+        @exclusivity(unchecked) var ended = false
+        @exclusivity(unchecked) var trailers: [HTTPField]?
         /// RST_STREAM to send once the body ended (RFC 9113 §8.1: NO_ERROR asks a client to stop
         /// sending after a complete response).
-        var resetAfter: HTTP2ErrorCode?
+        @exclusivity(unchecked) var resetAfter: HTTP2ErrorCode?
         /// nghttp2 was told `DEFERRED`: `resume_data` when more arrives.
-        var deferred = false
+        @exclusivity(unchecked) var deferred = false
         /// Went over `highWater`; a drain below `lowWater` reports `streamWritable`.
-        var wasFull = false
+        @exclusivity(unchecked) var wasFull = false
         var count: Int { bytes.count - readIndex }
     }
 
@@ -366,7 +389,7 @@ public final class HTTP2Session {
         }
         guard id > 0 else { throw HTTP2Error(Int(id), "nghttp2_submit_request") }
         opened.insert(id)
-        if !endStream { outbound[id] = Outbound() }
+        if !endStream { setOutbound(id, Outbound()) }
         return id
     }
 
@@ -385,12 +408,12 @@ public final class HTTP2Session {
             return nghttp2_submit_response(session, stream, nva, count, &provider)
         }
         guard rc >= 0 else { throw HTTP2Error(Int(rc), "nghttp2_submit_response") }
-        if !informational && !endStream && outbound[stream] == nil { outbound[stream] = Outbound() }
+        if !informational && !endStream && outboundEntry(stream) == nil { setOutbound(stream, Outbound()) }
     }
 
     /// Queues body bytes on a stream whose head was submitted without END_STREAM.
     public func sendData(stream: Int32, _ bytes: UnsafeRawBufferPointer) {
-        guard bytes.count > 0, let o = outbound[stream], !o.ended else { return }
+        guard bytes.count > 0, let o = outboundEntry(stream), !o.ended else { return }
         o.bytes.append(contentsOf: bytes)
         if o.count >= Self.highWater { o.wasFull = true }
         let resume = o.deferred
@@ -403,7 +426,7 @@ public final class HTTP2Session {
     /// `resetAfter`: an RST_STREAM with that code follows the last frame (the client's side of a
     /// stream answered before its request ended, e.g. a refused extended CONNECT).
     public func endStream(stream: Int32, trailers: [HTTPField]?, resetAfter: HTTP2ErrorCode? = nil) {
-        guard let o = outbound[stream], !o.ended else { return }
+        guard let o = outboundEntry(stream), !o.ended else { return }
         o.ended = true
         o.resetAfter = resetAfter
         if let trailers, !trailers.isEmpty { o.trailers = trailers }
@@ -413,7 +436,7 @@ public final class HTTP2Session {
     }
 
     /// Bytes queued on the stream that nghttp2 has not taken yet.
-    public func outboundBuffered(stream: Int32) -> Int { outbound[stream]?.count ?? 0 }
+    public func outboundBuffered(stream: Int32) -> Int { outboundEntry(stream)?.count ?? 0 }
 
     /// The application forwarded `count` received DATA bytes of `stream`: open the stream's and
     /// the connection's windows again.
@@ -424,7 +447,7 @@ public final class HTTP2Session {
 
     public func resetStream(_ stream: Int32, error: HTTP2ErrorCode) {
         guard let session else { return }
-        outbound[stream] = nil
+        setOutbound(stream, nil)
         _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream, error.rawValue)
     }
 
@@ -656,7 +679,7 @@ public final class HTTP2Session {
     }
 
     fileprivate func streamClosed(_ stream: Int32, _ code: UInt32) {
-        outbound[stream] = nil
+        setOutbound(stream, nil)
         if inboundStream == stream {
             inbound = HeaderBlock()
             inboundStream = 0
@@ -675,7 +698,7 @@ public final class HTTP2Session {
     /// The data source of every stream: copies buffered body bytes into nghttp2's frame buffer.
     fileprivate func readData(_ stream: Int32, into buf: UnsafeMutablePointer<UInt8>, length: Int,
                               flags: UnsafeMutablePointer<UInt32>) -> Int {
-        guard let o = outbound[stream] else {
+        guard let o = outboundEntry(stream) else {
             // Nothing known of this stream (reset meanwhile): end it.
             flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
             return 0
@@ -714,7 +737,7 @@ public final class HTTP2Session {
                     // Queued behind the frame being written now (and the trailers).
                     _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream, code.rawValue)
                 }
-                outbound[stream] = nil
+                setOutbound(stream, nil)
                 return n
             }
             if n == 0 {

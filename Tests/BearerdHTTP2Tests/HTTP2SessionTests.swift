@@ -79,6 +79,44 @@ struct HTTP2SessionTests {
         #expect(p.client.openStreamCount == 0)
     }
 
+    /// Body bytes and ends land on their own streams however the calls for several streams
+    /// interleave (the session remembers the last stream's outbound entry): runs of one stream,
+    /// alternation, a reset in between, a stream ended before another gets data.
+    @Test func interleavedStreamsKeepTheirOwnBodies() throws {
+        let p = try Pair()
+        var ids: [Int32] = []
+        for _ in 0..<6 { ids.append(try p.client.submitRequest(getRequest, endStream: true)) }
+        try p.pump()
+        for id in ids { try p.server.submitResponse(stream: id, f([(":status", "200")]), endStream: false) }
+        var expected: [Int32: [UInt8]] = [:]
+        func send(_ id: Int32, _ text: String) {
+            Array(text.utf8).withUnsafeBytes { p.server.sendData(stream: id, $0) }
+            expected[id, default: []] += Array(text.utf8)
+        }
+        // A run on one stream, then alternation, with a flush in the middle.
+        send(ids[0], "a0"); send(ids[0], "a1"); send(ids[1], "b0"); send(ids[0], "a2"); send(ids[2], "c0")
+        try p.pump()
+        send(ids[1], "b1"); send(ids[3], "d0"); send(ids[1], "b2")
+        // Stream 4 is reset right after its own data (the remembered stream); later data is dropped.
+        Array("e0".utf8).withUnsafeBytes { p.server.sendData(stream: ids[4], $0) }
+        p.server.resetStream(ids[4], error: .cancel)
+        Array("late".utf8).withUnsafeBytes { p.server.sendData(stream: ids[4], $0) }
+        #expect(p.server.outboundBuffered(stream: ids[4]) == 0)
+        p.server.endStream(stream: ids[0], trailers: nil)
+        send(ids[5], "f0")
+        p.server.endStream(stream: ids[1], trailers: nil)
+        // Data after an end is dropped, and the ended stream's entry goes once read.
+        Array("after".utf8).withUnsafeBytes { p.server.sendData(stream: ids[0], $0) }
+        for id in [ids[2], ids[3], ids[5]] { p.server.endStream(stream: id, trailers: nil) }
+        try p.pump()
+        for (i, id) in ids.enumerated() where i != 4 {
+            #expect(p.body(p.clientEvents, stream: id) == expected[id, default: []], "stream \(id)")
+            #expect(p.ended(p.clientEvents, stream: id), "stream \(id)")
+            #expect(p.server.outboundBuffered(stream: id) == 0)
+        }
+        #expect(!String(decoding: p.body(p.clientEvents, stream: ids[4]), as: UTF8.self).contains("late"))
+    }
+
     /// Authorization goes out never-indexed: the second request's header block carries the
     /// literal again instead of a dynamic-table index (RFC 7541 §6.2.3).
     @Test func authorizationIsNeverIndexed() throws {
