@@ -182,19 +182,6 @@ public struct HTTP1Parser: Sendable {
         buffer.append(contentsOf: bytes)
     }
 
-    /// Swaps the parser's byte buffer with `spare` when every byte fed so far has been consumed
-    /// (so nothing is lost): `spare`'s storage, emptied, takes the next input, and the old
-    /// buffer comes out in `spare`. For a caller that keeps buffers between connections
-    /// (BearerdIO's `SpareBuffers`). Returns false, changing nothing, while bytes wait unparsed.
-    public mutating func exchangeBuffer(_ spare: inout [UInt8]) -> Bool {
-        guard readIndex == buffer.count else { return false }
-        bufferBase += readIndex
-        readIndex = 0
-        if !spare.isEmpty { spare.removeAll(keepingCapacity: true) }
-        swap(&buffer, &spare)
-        return true
-    }
-
     /// The peer closed its sending side.
     public mutating func feedEOF() {
         sawEOF = true

@@ -106,17 +106,8 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
 
     /// Shared scratch buffer for socket reads on this loop (read until EAGAIN, then hand slices on).
     let readBuffer: UnsafeMutableRawBufferPointer
-    /// Emptied buffers of this loop's closed connections, for its new ones (`SpareBuffers`).
-    /// Used through `takeSpareBuffer`/`giveBackBuffer`: an access from another module would
-    /// be checked for exclusivity at run time.
+    /// Output buffers of this loop's channels between writes (`SpareBuffers`).
     @exclusivity(unchecked) var spareBuffers = SpareBuffers()
-
-    /// An empty buffer for a new connection of this loop (`SpareBuffers.take`). On the loop.
-    public func takeSpareBuffer() -> [UInt8] { spareBuffers.take() }
-
-    /// Gives a closed connection's buffer to this loop's next ones (`SpareBuffers.giveBack`);
-    /// `buffer` is left empty. On the loop.
-    public func giveBackBuffer(_ buffer: inout [UInt8]) { spareBuffers.giveBack(&buffer) }
     @exclusivity(unchecked) private var timeoutables: [ObjectIdentifier: LoopTimeoutable] = [:]
     @exclusivity(unchecked) private var dirty: [LoopFlushable] = []
     private var tick: DispatchSourceTimer?

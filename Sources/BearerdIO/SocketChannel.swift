@@ -242,7 +242,8 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     @exclusivity(unchecked) private var pauseReasons: ReadPauseReasons = []
 
     /// Output not yet written, from `outOffset` on. Its storage comes from the loop's
-    /// `spareBuffers` at the first write and goes back there at `close()`.
+    /// `spareBuffers` at a write and goes back there once everything is written (and at
+    /// `close()`): a connection holds an output buffer only while it has output pending.
     @exclusivity(unchecked) private var out: [UInt8] = []
     @exclusivity(unchecked) private var outOffset = 0
     @exclusivity(unchecked) private var flushScheduled = false
@@ -596,7 +597,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             sent += min(n - fromQueued, bytes.count - sent)  // a kernel never reports more than asked
         }
         if outOffset == out.count {
-            out.removeAll(keepingCapacity: out.capacity <= 1 << 20)
+            loop.spareBuffers.giveBack(&out)
             outOffset = 0
         }
         guard sent < bytes.count else { return }
@@ -631,6 +632,8 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
     /// Moves a whole prepared buffer in when nothing is pending (no copy).
     public func write(taking bytes: inout [UInt8]) {
         if tls == nil && out.count == outOffset && phase != .closed {
+            // The caller gets a buffer with room back (a loop's spare), not an empty array.
+            if out.capacity == 0 { out = loop.spareBuffers.take() }
             swap(&out, &bytes)
             outOffset = 0
             bytes.removeAll(keepingCapacity: true)
@@ -689,7 +692,9 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
                 return
             }
         }
-        out.removeAll(keepingCapacity: out.capacity <= 1 << 20)
+        // All written: the buffer goes back to the loop until the next write, so an idle
+        // keep-alive connection holds no output buffer (nginx frees its buffers the same way).
+        loop.spareBuffers.giveBack(&out)
         outOffset = 0
         disarmWrite()
         notifyIfBelowLowWater()

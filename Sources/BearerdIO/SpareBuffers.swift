@@ -1,15 +1,17 @@
-/// Emptied byte buffers of closed connections, kept for the next connections of the same loop
-/// (nginx keeps freed connections' buffers the same way): a new connection's first write and
-/// first read then reuse an allocation instead of growing an empty array step by step, and its
-/// close frees nothing. Owned by one `EventLoop` and touched only on its queue.
+/// Emptied output buffers of the loop's connections, kept for their next writes: a channel
+/// takes one when it has output to queue and gives it back once everything is written, so an
+/// idle connection holds none (nginx frees a keep-alive connection's buffers the same way), and
+/// a new connection's first write neither grows an empty array step by step nor frees at close.
+/// Owned by one `EventLoop` and touched only on its queue.
 ///
 /// Invariants: every kept buffer is empty (`count == 0`), so no byte of one connection is ever
 /// readable through another's buffer; its capacity lies within
 /// `minimumCapacity...maximumCapacity`; at most `maximumKept` are kept (together at most
 /// `maximumKept * maximumCapacity` bytes per loop, the bound on what idle memory this costs).
 public struct SpareBuffers {
-    /// Buffers kept at most (a burst of closes beyond this frees the rest).
-    public static let maximumKept = 32
+    /// Buffers kept at most: as many as one event usually flushes (a burst beyond frees the
+    /// rest).
+    public static let maximumKept = 64
     /// Larger buffers (a connection that relayed big bodies) are freed, not kept.
     public static let maximumCapacity = 32 * 1024
     /// Smaller ones are not worth keeping: they would grow again at once.

@@ -91,8 +91,6 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         clientAddress = ctx.clientHost(peer)
         parser = HTTP1Parser(role: .server, limits: ctx.runtime.config.limits)
         parser.lineCache = ctx.requestLines
-        var spare = ctx.loop.takeSpareBuffer()
-        _ = parser.exchangeBuffer(&spare)  // a new parser holds nothing: always taken
         gate = RequestGate(policy: policy, clientAddress: clientAddress, scheme: policy?.scheme ?? "http")
         prefaceProbe = local == nil ? [] : nil
         channel.delegate = self
@@ -275,10 +273,6 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         phase = .closing
         deadline = 0
         ctx.removeFrontend(self)
-        // Nothing is parsed after the close: the input buffer goes to the loop's next connection
-        // (unless unparsed bytes are left in it; then it goes with the connection).
-        var used: [UInt8] = []
-        if parser.exchangeBuffer(&used) { ctx.loop.giveBackBuffer(&used) }
     }
 
     func deadlineExpired(now: UInt64) {

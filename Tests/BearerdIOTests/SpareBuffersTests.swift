@@ -1,5 +1,5 @@
-// A closed connection's output buffer goes to its loop's next connection, emptied; the kept
-// buffers stay bounded in number and size.
+// A channel's output buffer goes back to its loop once written or closed, emptied, and serves
+// the next write; the kept buffers stay bounded in number and size.
 
 import Testing
 @testable import BearerdIO
@@ -77,8 +77,47 @@ struct SpareBuffersTests {
         }
         s.kernel.script(sends: [.all])
         let before = s.kernel.written.count
-        s.event { second.write(Array("two".utf8)) }
-        #expect(s.event { s.loop.spareBuffers.count } == 0)
+        let takenInside: Int = s.event {
+            second.write(Array("two".utf8))
+            return s.loop.spareBuffers.count  // taken for the queued bytes
+        }
+        #expect(takenInside == 0)
         #expect(Array(s.kernel.written[before...]) == Array("two".utf8))
+        #expect(s.event { s.loop.spareBuffers.count } == 1)  // written: back with the loop
+    }
+
+    /// A keep-alive channel between responses holds no output buffer: it goes back to the loop
+    /// once written (10,000 idle connections must not hold 10,000 buffers), and a writer that
+    /// hands its buffer over (`write(taking:)`) gets one with room back, not an empty array.
+    @Test func anIdleChannelHoldsNoOutputBuffer() {
+        let (s, ch, _) = SocketChannelShellTests.polled()
+        s.kernel.script(sends: [.all, .all, .all])
+        for i in 0..<3 {
+            let pending: Int = s.event {
+                ch.write(Array("response \(i)".utf8))
+                return ch.pendingOutputBytes
+            }
+            #expect(pending > 0)
+            #expect(s.event { ch.pendingOutputBytes } == 0)
+            #expect(s.event { s.loop.spareBuffers.count } == 1)  // the same one, each time
+        }
+        var mine = Array("handed over".utf8)
+        s.kernel.script(sends: [.upTo(3), .again])
+        let back: Int = s.event {
+            ch.write(taking: &mine)
+            return mine.capacity
+        }
+        #expect(back >= SpareBuffers.initialCapacity)
+        #expect(mine.isEmpty)
+        // Partly written: the rest keeps the buffer until the socket takes it.
+        #expect(s.event { ch.pendingOutputBytes } == "handed over".utf8.count - 3)
+        #expect(s.event { s.loop.spareBuffers.count } == 0)
+        s.kernel.script(sends: [.all])
+        s.event { ch.pollerEvent(readable: false, writable: true, hangup: false) }
+        #expect(s.event { ch.pendingOutputBytes } == 0)
+        // The caller's small array, written, is not worth keeping (the caller kept the spare).
+        #expect(s.event { s.loop.spareBuffers.count } == 0)
+        let all = String(decoding: s.kernel.written, as: UTF8.self)
+        #expect(all == "response 0response 1response 2handed over")
     }
 }
