@@ -58,10 +58,6 @@ public struct ReadPauseReasons: OptionSet, Sendable {
     public static let owner = ReadPauseReasons(rawValue: 1 << 2)
 }
 
-/// A Dispatch source with its suspension tracked, so suspend and resume balance by construction
-/// and cancelling always resumes first (libdispatch traps when a suspended or never-activated
-/// source is released; swift-service-lifecycle's `UnixSignalsSequence` does the same).
-/// Owned by one object and touched on its queue only.
 /// A socket's read and write gates (`IOMode.socketSources`), owned by its channel, on its loop.
 final class SourceGates {
     @exclusivity(unchecked) var read: SourceGate
@@ -72,6 +68,10 @@ final class SourceGates {
     }
 }
 
+/// A Dispatch source with its suspension tracked, so suspend and resume balance by construction
+/// and cancelling always resumes first (libdispatch traps when a suspended or never-activated
+/// source is released; swift-service-lifecycle's `UnixSignalsSequence` does the same).
+/// Owned by one object and touched on its queue only.
 struct SourceGate {
     /// Exits: `inactive` (as created) → `running`; `running` ⇄ `suspended`; any → `cancelled` (final).
     enum State: Equatable {

@@ -370,13 +370,13 @@ struct LineCursor: LineOutput {
 
     @inline(__always) mutating func put(_ byte: UInt8) {
         guard count < buffer.count else { overflowed = true; return }
-        buffer[count] = byte
+        buffer.initializeElement(at: count, to: byte)  // the buffer is temporary, uninitialized memory
         count &+= 1
     }
 
     @inline(__always) mutating func put(_ bytes: UnsafeBufferPointer<UInt8>) {
         guard bytes.count <= buffer.count - count else { overflowed = true; return }
-        if let src = bytes.baseAddress, let dst = buffer.baseAddress { (dst + count).update(from: src, count: bytes.count) }
+        _ = UnsafeMutableBufferPointer(rebasing: buffer[count..<(count + bytes.count)]).initialize(fromContentsOf: bytes)
         count &+= bytes.count
     }
 
