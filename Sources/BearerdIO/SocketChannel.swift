@@ -555,8 +555,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             writeThrough(bytes)
             return
         } else {
-            compactIfNeeded()
-            if out.capacity == 0 { out = loop.spareBuffers.take() }
+            prepareToAppend()
             out.append(contentsOf: bytes)
         }
         scheduleFlush()
@@ -597,12 +596,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             sent += min(n - fromQueued, bytes.count - sent)  // a kernel never reports more than asked
         }
         if outOffset == out.count {
-            loop.spareBuffers.giveBack(&out)
-            outOffset = 0
+            giveBackOutput()
         }
         guard sent < bytes.count else { return }
-        compactIfNeeded()
-        if out.capacity == 0 { out = loop.spareBuffers.take() }
+        prepareToAppend()
         out.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[sent...]))
         if full { armWrite() }  // the flush waits for writability instead of trying again now
         scheduleFlush()
@@ -623,8 +620,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             write(scratch)
             return
         }
-        compactIfNeeded()
-        if out.capacity == 0 { out = loop.spareBuffers.take() }
+        prepareToAppend()
         body(&out)
         scheduleFlush()
     }
@@ -642,6 +638,20 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             write(bytes)
             bytes.removeAll(keepingCapacity: true)
         }
+    }
+
+    /// Makes room to append plaintext: drops a large written prefix, and takes a spare buffer
+    /// from the loop when the channel holds none (`out`).
+    private func prepareToAppend() {
+        compactIfNeeded()
+        if out.capacity == 0 { out = loop.spareBuffers.take() }
+    }
+
+    /// Everything queued is written, or nothing more will be: the output buffer goes back to
+    /// the loop (`out`).
+    private func giveBackOutput() {
+        loop.spareBuffers.giveBack(&out)
+        outOffset = 0
     }
 
     private func compactIfNeeded() {
@@ -694,8 +704,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         }
         // All written: the buffer goes back to the loop until the next write, so an idle
         // keep-alive connection holds no output buffer (nginx frees its buffers the same way).
-        loop.spareBuffers.giveBack(&out)
-        outOffset = 0
+        giveBackOutput()
         disarmWrite()
         notifyIfBelowLowWater()
         if pendingOutputBytes == 0 {
@@ -843,8 +852,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         }
         // Nothing is written once closed (every write checks the phase): the output buffer
         // goes to the loop's next connection, emptied.
-        loop.spareBuffers.giveBack(&out)
-        outOffset = 0
+        giveBackOutput()
         let d = delegate
         delegate = nil
         d?.channelClosed(self)

@@ -4,7 +4,7 @@ import BearerdHTTP
 /// it once per configuration). Immutable, pure data; a class, so a request reads its route's
 /// fields where the router keeps them (one reference count) instead of copying four strings
 /// per request (measured).
-public final class RouteRule: Sendable, Equatable {
+public final class RouteRule: Sendable {
     /// Path prefix.
     public let match: String
     /// Host the request must name (ASCII case-insensitive, port ignored), if any.
@@ -23,11 +23,6 @@ public final class RouteRule: Sendable, Equatable {
         self.stripPrefix = stripPrefix
         self.upstreamBasePath = upstreamBasePath
         self.upstreamAuthority = upstreamAuthority
-    }
-
-    public static func == (a: RouteRule, b: RouteRule) -> Bool {
-        a.match == b.match && a.host == b.host && a.stripPrefix == b.stripPrefix
-            && a.upstreamBasePath == b.upstreamBasePath && a.upstreamAuthority == b.upstreamAuthority
     }
 }
 

@@ -53,12 +53,8 @@ public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` guard
     }
 
     public func write(_ line: String, urgent: Bool) {
-        let full: Bool = lock.withLock {
-            buffer.append(contentsOf: line.utf8)
-            buffer.append(10)
-            return buffer.count >= 64 * 1024
-        }
-        if urgent || full { flush() }
+        var line = line
+        line.withUTF8 { write($0, urgent: urgent) }
     }
 
     /// A line in a buffer of the caller's (no trailing newline), copied in.
@@ -73,12 +69,7 @@ public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` guard
 
     /// A line already in bytes (no trailing newline).
     public func write(bytes line: [UInt8], urgent: Bool) {
-        let full: Bool = lock.withLock {
-            buffer.append(contentsOf: line)
-            buffer.append(10)
-            return buffer.count >= 64 * 1024
-        }
-        if urgent || full { flush() }
+        line.withUnsafeBufferPointer { write($0, urgent: urgent) }
     }
 
     public func flush() {
