@@ -181,14 +181,29 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
     /// The low bits of a batch mark: the event's index in the batch (< 512 < 2^20).
     private static let markIndexMask: UInt64 = (1 << 20) - 1
 
-    /// Registers a socket with the loop poller (edge-triggered; read until EAGAIN).
-    public func registerPollable(fd: Int32, _ p: LoopPollable) {
+    /// How the poller reports a socket.
+    public enum PollTrigger: Sendable {
+        /// Once per change of readiness, for input, output and the peer's half-close: the owner
+        /// reads (or writes) until EAGAIN. Connections.
+        case edge
+        /// Input only, at every `epoll_wait` while it is readable: the owner may take one piece
+        /// (a listening socket: one connection) and be asked again, instead of learning that
+        /// nothing is left from a call that fails (a failed accept4 still allocates and frees a
+        /// socket inode, a file and a dentry).
+        case level
+    }
+
+    /// Registers a socket with the loop poller.
+    public func registerPollable(fd: Int32, _ p: LoopPollable, trigger: PollTrigger = .edge) {
         assertInEventLoop()
         let slot = Int(fd)
         guard slot >= 0 else { return }  // never a valid descriptor
         if slot >= pollableCapacity { growPollables(toHold: slot) }
         pollables[slot] = p
-        _ = syscalls.epollAdd(epfd, fd)
+        switch trigger {
+        case .edge: _ = syscalls.epollAdd(epfd, fd)
+        case .level: _ = syscalls.epollAddLevel(epfd, fd)
+        }
     }
 
     /// Doubles the table until it has a slot for `fd`.

@@ -4,12 +4,14 @@ import CBearerdShim
 import Glibc
 #endif
 
-/// A listening socket. Accepts on `acceptLoop` (draining the backlog on each event) and hands
-/// each new non-blocking fd to the next loop of `group`, where `onAccept` runs.
+/// A listening socket. Accepts on `acceptLoop` and hands each new non-blocking fd to the next
+/// loop of `group`, where `onAccept` runs. With the loop poller it is registered level-triggered
+/// and takes one connection per report (the next wait reports it again while more wait, as
+/// nginx's `multi_accept off`); a Dispatch source's event drains the backlog (bounded).
 ///
-/// Lives on `acceptLoop`. Invariants: `state` says whether the accept source is resumed, and
-/// it is suspended at most once (`pausedOutOfDescriptors`), so suspend and resume balance by
-/// construction; `stop()` resumes a suspended source before cancelling it (libdispatch traps on
+/// Lives on `acceptLoop`. Invariants: `state` says whether the accept source is resumed (poller:
+/// whether the socket is in the epoll set), and it is suspended at most once
+/// (`pausedOutOfDescriptors`), so suspend and resume balance by construction; `stop()` resumes a suspended source before cancelling it (libdispatch traps on
 /// releasing a suspended source, swift-service-lifecycle's `UnixSignalsSequence` does the same);
 /// the fd is closed only in the accept source's cancel handler (or, with the loop poller, right
 /// after leaving the epoll set).
@@ -32,7 +34,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
     private let acceptedHaveNoDelay: Bool
 
     /// Where accepting is. Exits: `accepting` → `pausedOutOfDescriptors` (accept failed with
-    /// EMFILE/ENFILE: the source is suspended, a retry is scheduled) → `accepting` (the retry
+    /// EMFILE/ENFILE: the source is suspended or the socket left the epoll set, a retry is scheduled) → `accepting` (the retry
     /// resumed it); either → `stopped` (final; a suspended source is resumed first).
     enum AcceptState: Equatable {
         case accepting
@@ -234,7 +236,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         self.sys = group.loops[0].syscalls
         self.onAccept = onAccept
         if acceptLoop.ioMode == .loopPoller {
-            acceptLoop.execute { [self] in acceptLoop.registerPollable(fd: fd, self) }
+            acceptLoop.execute { [self] in acceptLoop.registerPollable(fd: fd, self, trigger: .level) }
             return
         }
         let source = DispatchSource.makeReadSource(fileDescriptor: fd, queue: acceptLoop.queue)
@@ -248,46 +250,58 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         self.source = source
     }
 
+    /// Level-triggered: one connection per report. Draining to EAGAIN instead cost a failed
+    /// accept4 after almost every batch, and the kernel allocates (and then frees) the new
+    /// socket's inode, file and dentry before it finds the queue empty.
     public func pollerEvent(readable: Bool, writable: Bool, hangup: Bool) {
-        if readable && state == .accepting { acceptAll(onAccept) }
+        if readable && state == .accepting { _ = acceptOne(onAccept) }
     }
 
+    /// A Dispatch source's event: drains the backlog, at most 256 per event (the source is
+    /// level-triggered and fires again while connections wait).
     private func acceptAll(_ onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) {
         guard state == .accepting else { return }
-        // Drain the backlog (bounded per event; edge-triggered polling needs a second look then).
-        for round in 0..<257 {
-            if round == 256 {
-                if source == nil { acceptLoop.execute { [weak self] in self.map { $0.acceptAll($0.onAccept) } } }
-                return
-            }
-            let cfd: Int32
-            let peer: SocketAddress
-            switch sys.acceptOne(fd) {
-            case .accepted(let f, let p):
-                cfd = f
-                peer = p
-            case .wouldBlock, .failed:
-                return
-            case .outOfDescriptors:
-                pauseOutOfDescriptors()
-                return
-            }
-            if peer.family != AF_UNIX && !acceptedHaveNoDelay { sys.setSocketOption(cfd, Int32(IPPROTO_TCP), TCP_NODELAY, 1) }
-            let loop = group.next()
-            if loop === acceptLoop {
-                onAccept(cfd, peer, loop)
-            } else {
-                loop.execute { onAccept(cfd, peer, loop) }
-            }
+        for _ in 0..<256 {
+            guard acceptOne(onAccept) else { return }
         }
     }
 
+    /// Accepts one connection and hands it to a loop; false when none was taken (none waiting,
+    /// a failure, or out of descriptors: then accepting pauses).
+    private func acceptOne(_ onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) -> Bool {
+        let cfd: Int32
+        let peer: SocketAddress
+        switch sys.acceptOne(fd) {
+        case .accepted(let f, let p):
+            cfd = f
+            peer = p
+        case .wouldBlock, .failed:
+            return false
+        case .outOfDescriptors:
+            pauseOutOfDescriptors()
+            return false
+        }
+        if peer.family != AF_UNIX && !acceptedHaveNoDelay { sys.setSocketOption(cfd, Int32(IPPROTO_TCP), TCP_NODELAY, 1) }
+        let loop = group.next()
+        if loop === acceptLoop {
+            onAccept(cfd, peer, loop)
+        } else {
+            loop.execute { onAccept(cfd, peer, loop) }
+        }
+        return true
+    }
+
     /// Out of descriptors: stop accepting for `outOfDescriptorsRetry` instead of spinning on a
-    /// readable socket that cannot be accepted (the backlog waits in the kernel meanwhile).
+    /// readable socket that cannot be accepted (the backlog waits in the kernel meanwhile). The
+    /// poller would report the level-triggered socket at every wait: it leaves the epoll set.
     private func pauseOutOfDescriptors() {
         guard state == .accepting else { return }
         state = .pausedOutOfDescriptors
-        source?.suspend()
+        if let source {
+            source.suspend()
+        } else {
+            acceptLoop.unregisterPollable(fd: fd)
+        }
         acceptLoop.schedule(after: Self.outOfDescriptorsRetry) { [weak self] in self?.retryAfterOutOfDescriptors() }
     }
 
@@ -295,10 +309,11 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         pauseRetriesRun &+= 1
         guard state == .pausedOutOfDescriptors else { return }  // stopped meanwhile
         state = .accepting
+        // Both level-triggered: reported again at once if connections wait.
         if let source {
-            source.resume()  // level-triggered: fires again at once if connections wait
+            source.resume()
         } else {
-            acceptAll(onAccept)  // edge-triggered: no new event for connections already waiting
+            acceptLoop.registerPollable(fd: fd, self, trigger: .level)
         }
     }
 
@@ -312,7 +327,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
                 if was == .pausedOutOfDescriptors { source.resume() }  // never cancel a suspended source
                 source.cancel()
             } else {
-                acceptLoop.unregisterPollable(fd: fd)
+                if was == .accepting { acceptLoop.unregisterPollable(fd: fd) }  // paused: already out of the set
                 sys.closeFD(fd)
             }
             if let unixPath { unlink(unixPath) }

@@ -91,6 +91,8 @@ public final class Syscalls: Sendable {
     public let localName: SockName
     public let epollCreate: EpollCreate
     public let epollAdd: EpollControl
+    /// Level-triggered, input only (`EventLoop.PollTrigger.level`).
+    public let epollAddLevel: EpollControl
     public let epollDelete: EpollControl
     public let epollWait: EpollWait
     /// `recv(fd, 1 byte, MSG_PEEK | MSG_DONTWAIT)`: bytes waiting (> 0), the peer's EOF (0), or `-errno`
@@ -105,7 +107,8 @@ public final class Syscalls: Sendable {
                 setNonBlocking: @escaping FDCall = System.setNonBlocking, setCloseOnExec: @escaping FDCall = System.setCloseOnExec,
                 setOption: @escaping SetOption = System.setOption, getOption: @escaping GetOption = System.getOption,
                 localName: @escaping SockName = System.localName, epollCreate: @escaping EpollCreate = System.epollCreate,
-                epollAdd: @escaping EpollControl = System.epollAdd, epollDelete: @escaping EpollControl = System.epollDelete,
+                epollAdd: @escaping EpollControl = System.epollAdd, epollAddLevel: @escaping EpollControl = System.epollAddLevel,
+                epollDelete: @escaping EpollControl = System.epollDelete,
                 epollWait: @escaping EpollWait = System.epollWait, peek: @escaping FDCall = System.peek,
                 sendPair: SendPair? = nil, sendBeforeFIN: Send? = nil) {
         self.read = read
@@ -126,6 +129,7 @@ public final class Syscalls: Sendable {
         self.localName = localName
         self.epollCreate = epollCreate
         self.epollAdd = epollAdd
+        self.epollAddLevel = epollAddLevel
         self.epollDelete = epollDelete
         self.epollWait = epollWait
         self.peek = peek
@@ -183,6 +187,7 @@ public final class Syscalls: Sendable {
         }
         @Sendable public static func epollCreate() -> Int { result(bearerd_epoll_create()) }
         @Sendable public static func epollAdd(_ epfd: Int32, _ fd: Int32) -> Int { result(bearerd_epoll_add(epfd, fd)) }
+        @Sendable public static func epollAddLevel(_ epfd: Int32, _ fd: Int32) -> Int { result(bearerd_epoll_add_level(epfd, fd)) }
         @Sendable public static func epollDelete(_ epfd: Int32, _ fd: Int32) -> Int { result(bearerd_epoll_del(epfd, fd)) }
         @Sendable public static func epollWait(_ epfd: Int32, _ fds: UnsafeMutableBufferPointer<Int32>, _ flags: UnsafeMutableBufferPointer<UInt32>,
                                                _ timeoutMs: Int32) -> Int {

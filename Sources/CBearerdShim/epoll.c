@@ -12,6 +12,14 @@ int bearerd_epoll_add(int epfd, int fd) {
     return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
 }
 
+int bearerd_epoll_add_level(int epfd, int fd) {
+    struct epoll_event ev;
+    ev.events = EPOLLIN;
+    ev.data.u64 = 0;
+    ev.data.fd = fd;
+    return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
+}
+
 int bearerd_epoll_del(int epfd, int fd) {
     struct epoll_event ev = {0};
     return epoll_ctl(epfd, EPOLL_CTL_DEL, fd, &ev);

@@ -31,22 +31,59 @@ struct ListenerShellTests {
         let s = ScriptedLoop(.loopPoller)
         let accepted = AcceptLog()
         let l = try Self.listener(s, accepted: accepted)
-        #expect(s.eventually { s.kernel.count("epoll add") == 1 })
+        #expect(s.eventually { s.kernel.count("epoll add-level \(l.fd)") == 1 })
         s.kernel.script(accepts: [.connection(700), .error(EMFILE)])
+        s.event { l.pollerEvent(readable: true, writable: false, hangup: false) }
         s.event { l.pollerEvent(readable: true, writable: false, hangup: false) }
         #expect(accepted.fds == [700])
         #expect(s.event { l.acceptState } == .pausedOutOfDescriptors)
-        // Paused: readiness is ignored (no accept spin on a backlog that cannot be served).
+        // Paused: the level-triggered socket leaves the epoll set (every wait would report it
+        // again, a spin on a backlog that cannot be served), and readiness is ignored.
+        #expect(s.kernel.calls.last == "epoll del \(l.fd)")
         s.event { l.pollerEvent(readable: true, writable: false, hangup: false) }
         #expect(s.kernel.count("accept") == 2)
-        // After the pause the listener looks again by itself (edge-triggered: no new event comes).
-        s.kernel.script(accepts: [.connection(701), .connection(702), .again])
-        #expect(s.eventually { accepted.fds == [700, 701, 702] })
+        // The retry puts it back; the poller reports it again while connections wait.
+        #expect(s.eventually { s.kernel.count("epoll add-level \(l.fd)") == 2 })
         #expect(s.event { l.acceptState } == .accepting)
+        s.kernel.script(accepts: [.connection(701), .connection(702)])
+        s.event { l.pollerEvent(readable: true, writable: false, hangup: false) }
+        s.event { l.pollerEvent(readable: true, writable: false, hangup: false) }
+        #expect(accepted.fds == [700, 701, 702])
         l.stop()
         #expect(s.eventually { l.acceptState == .stopped })
-        #expect(s.kernel.calls.suffix(2).first?.hasPrefix("epoll del") == true)
+        #expect(s.kernel.calls.suffix(2).first == "epoll del \(l.fd)")
         #expect(s.kernel.closed.count == 1)
+    }
+
+    @Test func stoppingWhilePausedLeavesTheEpollSetOnce() throws {
+        let s = ScriptedLoop(.loopPoller)
+        let l = try Self.listener(s, accepted: AcceptLog())
+        #expect(s.eventually { s.kernel.count("epoll add-level \(l.fd)") == 1 })
+        s.kernel.script(accepts: [.error(EMFILE)])
+        s.event { l.pollerEvent(readable: true, writable: false, hangup: false) }
+        #expect(s.event { l.acceptState } == .pausedOutOfDescriptors)
+        l.stop()
+        #expect(s.eventually { l.acceptState == .stopped })
+        #expect(s.kernel.count("epoll del \(l.fd)") == 1)
+        #expect(s.eventually { l.pauseRetriesRun == 1 }, "the retry ran, found the listener stopped")
+        #expect(s.kernel.count("epoll add-level \(l.fd)") == 1, "a stopped listener is never registered again")
+    }
+
+    /// A poller-served listener takes one connection per report and never asks the kernel for
+    /// one more: a failed accept4 allocates and frees a socket inode, file and dentry (about a
+    /// tenth of the kernel's work for a short connection).
+    @Test func pollerListenerAcceptsOnePerReportWithoutAFailedAccept() throws {
+        let s = ScriptedLoop(.loopPoller)
+        let accepted = AcceptLog()
+        let l = try Self.listener(s, accepted: accepted)
+        #expect(s.eventually { s.kernel.count("epoll add-level \(l.fd)") == 1 })
+        s.kernel.script(accepts: [.connection(700), .connection(701), .connection(702)])
+        for _ in 0..<3 { s.event { l.pollerEvent(readable: true, writable: false, hangup: false) } }
+        #expect(accepted.fds == [700, 701, 702])
+        #expect(s.kernel.count("accept") == 3)
+        #expect(!s.kernel.calls.contains { $0.hasSuffix("EAGAIN") })
+        l.stop()
+        #expect(s.eventually { l.acceptState == .stopped })
     }
 
     @Test func stoppingWhilePausedForDescriptorsResumesTheSuspendedSourceFirst() throws {

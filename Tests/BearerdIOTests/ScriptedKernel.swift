@@ -147,6 +147,10 @@ final class ScriptedKernel: @unchecked Sendable {  // @unchecked: all state unde
             self.record("epoll add \(fd)")
             return 0
         },
+        epollAddLevel: { _, fd in
+            self.record("epoll add-level \(fd)")
+            return 0
+        },
         epollDelete: { _, fd in
             self.record("epoll del \(fd)")
             return 0
