@@ -146,8 +146,25 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         let nb = sys.setNonBlocking(fd)
         if nb < 0 { throw IOError("fcntl", Int32(-nb)) }
         _ = sys.setCloseOnExec(fd)
+        deferAccept(fd, local, sys)
         return Listener(fd: fd, local: local, unixPath: nil, noDelay: setNoDelay(fd, local, sys), group: group, onAccept: onAccept)
     }
+
+    /// TCP_DEFER_ACCEPT on a TCP listening socket (tcp(7)): a connection is reported only once
+    /// its first bytes arrived, so the accepting loop reads the request at once
+    /// (`SocketChannel.start(readingFirst:)`) instead of waiting for another report. Every
+    /// protocol bearerd serves speaks first from the client (HTTP/1.1, the HTTP/2 preface, a TLS
+    /// ClientHello). A client that connects and stays silent is accepted after the deferral
+    /// (`deferAcceptSeconds`, rounded up by the kernel to its next SYN-ACK retransmission) and
+    /// then meets the header read timeout as before. A socket-activated listener keeps a
+    /// deferral its unit set (`DeferAcceptSec=`). Failure changes nothing but the speed.
+    private static func deferAccept(_ fd: Int32, _ local: SocketAddress, _ sys: Syscalls) {
+        guard local.family != AF_UNIX, sys.getOption(fd, Int32(IPPROTO_TCP), TCP_DEFER_ACCEPT) <= 0 else { return }
+        _ = sys.setOption(fd, Int32(IPPROTO_TCP), TCP_DEFER_ACCEPT, deferAcceptSeconds)
+    }
+
+    /// How long the kernel holds a connection that sent nothing before handing it over anyway.
+    static let deferAcceptSeconds: Int32 = 1
 
     /// Sets TCP_NODELAY on a TCP listening socket, for the connections it accepts; whether it did.
     private static func setNoDelay(_ fd: Int32, _ local: SocketAddress, _ sys: Syscalls) -> Bool {
@@ -196,6 +213,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
             throw IOError("listen", Int32(truncatingIfNeeded: -listened))
         }
         let local = address.family == AF_UNIX ? address : (sys.boundAddress(fd) ?? address)
+        deferAccept(fd, local, sys)
         return Listener(fd: fd, local: local, unixPath: unixFile?.path, noDelay: setNoDelay(fd, local, sys), group: group, onAccept: onAccept)
     }
 

@@ -302,10 +302,20 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         gates = SourceGates(read: SourceGate(readSource), write: SourceGate(writeSource))
     }
 
-    /// Starts reading. Call once, on the loop, after setting the delegate.
-    public func start() {
+    /// Starts reading. Call once, on the loop, after setting the delegate. `readingFirst`: the
+    /// peer's first bytes should be waiting already (an accepted TCP connection: `Listener`
+    /// defers accepts until they arrive); with the loop poller they are read now. A miss costs
+    /// one read that finds EAGAIN.
+    public func start(readingFirst: Bool = false) {
         loop.assertInEventLoop()
         guard let readSource = gates?.read.source, let writeSource = gates?.write.source else {
+            if readingFirst && phase == .open {
+                // The first bytes are (almost always) here already: read them now, before the
+                // socket joins the epoll set, instead of in the next wait's report. Registering
+                // after the read loses nothing: EPOLL_CTL_ADD reports what is ready at once.
+                handleReadable()
+                if phase == .closed { return }
+            }
             loop.registerPollable(fd: fd, self)
             return
         }

@@ -96,12 +96,13 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         channel.delegate = self
     }
 
-    func start() {
+    /// `readingFirst`: the request should be waiting already (see `SocketChannel.start`).
+    func start(readingFirst: Bool = false) {
         ctx.addFrontend(self)
         deadline = ctx.loop.now &+ ctx.runtime.headerReadTimeout
         phase = .awaitingHead(.headerRead)
         if let policy, policy.checksPeer { checkPeer(policy) }
-        channel.start()
+        channel.start(readingFirst: readingFirst)
     }
 
     /// SO_PEERCRED against `allow_uids`/`allow_gids` (unix(7)). A refused peer's first request

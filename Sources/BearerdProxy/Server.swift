@@ -132,7 +132,8 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
                     }
                 }
                 let conn = FrontendConnection(channel: channel, ctx: ctx, peer: peer, local: responder, policy: policy)
-                conn.start()
+                // TCP listeners defer accepts until the first bytes arrive (`Listener.deferAccept`).
+                conn.start(readingFirst: peer.family != AF_UNIX)
             }
         }
     }

@@ -204,12 +204,17 @@ final class RecordingDelegate: ChannelDelegate, @unchecked Sendable {  // @unche
 
     /// Called on each read, after `received` grew (tests that look around mid-event).
     var onRead: ((SocketChannel) -> Void)?
+    /// Called on the peer's EOF, after `eofs` grew.
+    var onEOF: ((SocketChannel) -> Void)?
 
     func channelRead(_ channel: SocketChannel, _ bytes: UnsafeRawBufferPointer) {
         received += bytes
         onRead?(channel)
     }
-    func channelEOF(_ channel: SocketChannel) { eofs += 1 }
+    func channelEOF(_ channel: SocketChannel) {
+        eofs += 1
+        onEOF?(channel)
+    }
     func channelError(_ channel: SocketChannel, _ error: ChannelError) { errors.append("\(error)") }
     func channelWritable(_ channel: SocketChannel) { writableCalls += 1 }
     func channelActive(_ channel: SocketChannel) { actives += 1 }
