@@ -11,8 +11,9 @@ import Glibc
 ///
 /// Lives on `acceptLoop`. Invariants: `state` says whether the accept source is resumed (poller:
 /// whether the socket is in the epoll set), and it is suspended at most once
-/// (`pausedOutOfDescriptors`), so suspend and resume balance by construction; `stop()` resumes a suspended source before cancelling it (libdispatch traps on
-/// releasing a suspended source, swift-service-lifecycle's `UnixSignalsSequence` does the same);
+/// (`pausedOutOfDescriptors`), so suspend and resume balance by construction; `stop()` resumes
+/// a suspended source before cancelling it (libdispatch traps on releasing a suspended source,
+/// swift-service-lifecycle's `UnixSignalsSequence` does the same);
 /// the fd is closed only in the accept source's cancel handler (or, with the loop poller, right
 /// after leaving the epoll set).
 public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked: confined to `acceptLoop`
@@ -34,8 +35,9 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
     private let acceptedHaveNoDelay: Bool
 
     /// Where accepting is. Exits: `accepting` → `pausedOutOfDescriptors` (accept failed with
-    /// EMFILE/ENFILE: the source is suspended or the socket left the epoll set, a retry is scheduled) → `accepting` (the retry
-    /// resumed it); either → `stopped` (final; a suspended source is resumed first).
+    /// EMFILE/ENFILE: the source is suspended or the socket left the epoll set, a retry is
+    /// scheduled) → `accepting` (the retry resumed it); either → `stopped` (final; a suspended
+    /// source is resumed first).
     enum AcceptState: Equatable {
         case accepting
         case pausedOutOfDescriptors
