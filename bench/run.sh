@@ -643,21 +643,39 @@ ratio() {
         if (k == "latency") printf "%s (%+.0f us)", r, b - n; else printf "%s", r }'
 }
 
+# paired SCENARIO TARGET REF COLUMN KIND: the median over rounds of TARGET/REF within each round
+# (latency: the difference in us), "-" if no round has both. Rounds run the targets back to back,
+# so a round's ratio is not moved by the drift of a shared machine between rounds, which the
+# medians of each target taken apart can be (a target's median and another's may come from
+# rounds tens of seconds and several per cent of machine speed apart).
+paired() {
+    awk -F, -v s="$1" -v t="$2" -v r="$3" -v c="$4" 'NR > 1 && $2 == s && $c != "" {
+            if ($3 == t) b[$1] = $c; else if ($3 == r) n[$1] = $c }
+        END { for (k in b) if ((k in n) && n[k] > 0) print b[k], n[k] }' "$CSV" |
+        awk -v k="$5" '{ print (k == "latency") ? $1 - $2 : $1 / $2 }' |
+        sort -g |
+        awk -v k="$5" '{ v[NR] = $1 } END {
+            if (NR == 0) { print "-"; exit }
+            m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+            if (k == "latency") printf "%+.0f us", m; else printf "%.2fx", m }'
+}
+
 fmt_row() { # LABEL METRIC COLUMN SCENARIO KIND(higher|lower|latency)
     local label=$1 metric=$2 col=$3 scenario=$4 kind=$5 o n h b
     o=$(median "$scenario" origin "$col"); n=$(median "$scenario" nginx "$col")
     h=$(median "$scenario" haproxy "$col"); b=$(median "$scenario" bearerd "$col")
-    printf '%-24s %-9s %10s %10s %10s %10s   %-18s %s\n' "$label" "$metric" "${o:--}" "${n:--}" "${h:--}" "${b:--}" \
-        "$(ratio "$kind" "$b" "$n")" "$(ratio "$kind" "$b" "$h")"
+    printf '%-24s %-9s %10s %10s %10s %10s   %-18s %-18s %s\n' "$label" "$metric" "${o:--}" "${n:--}" "${h:--}" "${b:--}" \
+        "$(ratio "$kind" "$b" "$n")" "$(paired "$scenario" bearerd nginx "$col" "$kind")" "$(ratio "$kind" "$b" "$h")"
 }
 
 SUMMARY=$OUT_DIR/bench-$STAMP.txt
 {
     echo "bearerd benchmark $STAMP  commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
     echo "rounds=$ROUNDS duration=${DURATION}s cores=$NCPU proxy_cpus=$PROXY_CPUS load_cpus=$LOAD_CPUS newconn_load_cpus=$NEWCONN_LOAD_CPUS bearerd_auth=$BEARERD_AUTH bearerd_io=${BEARERD_IO:-default} bearerd_loops=${BEARERD_LOOPS:-default}"
-    echo "medians across rounds; ratios > 1 are better for req/s and MiB/s, < 1 for latency, CPU and memory"
+    echo "medians across rounds; ratios > 1 are better for req/s and MiB/s, < 1 for latency, CPU and memory;"
+    echo "paired: the median over rounds of the ratio within each round (robust to drift between rounds)"
     echo
-    printf '%-24s %-9s %10s %10s %10s %10s   %-18s %s\n' scenario metric origin nginx haproxy bearerd bearerd/nginx bearerd/haproxy
+    printf '%-24s %-9s %10s %10s %10s %10s   %-18s %-18s %s\n' scenario metric origin nginx haproxy bearerd bearerd/nginx "  paired" bearerd/haproxy
     fmt_row "/small 64 conns" "req/s" "$COL_RPS" small_c64 higher
     fmt_row "/small 64 conns" "CPU us/req" "$COL_CPU" small_c64 lower
     fmt_row "/small 64 conns" "orig.conn/1k" "$COL_CONNS" small_c64 lower
@@ -669,11 +687,12 @@ SUMMARY=$OUT_DIR/bench-$STAMP.txt
     fmt_row "/small 1 conn" "p99 us" "$COL_P99" small_c1 latency
     fmt_row "/small 1 conn" "req/s" "$COL_RPS" small_c1 higher
     fmt_row "/big 1MiB 8 conns" "MiB/s" "$COL_MIBS" big_c8 higher
+    fmt_row "/big 1MiB 8 conns" "CPU us/MiB" "$COL_CPU" big_c8 lower
     fmt_row "h2c 4 conns x 16 str" "req/s" "$COL_RPS" h2c_c4m16 higher
     echo
     if wants bearerd_log && wants bearerd; then
         bl=$(median small_c64 bearerd_log "$COL_RPS"); bo=$(median small_c64 bearerd "$COL_RPS")
-        echo "access log (JSON) on, /small 64 conns: $bl req/s vs $bo off: $(ratio higher "$bl" "$bo")"
+        echo "access log (JSON) on, /small 64 conns: $bl req/s vs $bo off: $(ratio higher "$bl" "$bo") (paired $(paired small_c64 bearerd_log bearerd "$COL_RPS" higher))"
     fi
     for t in nginx haproxy bearerd; do
         wants "$t" || continue
