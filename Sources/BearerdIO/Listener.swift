@@ -264,7 +264,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         // Weak: the listener may be released on another thread while an accept event is on its
         // way (`stop()` cancels the source; an event before that finds nil, never a freed object).
         source.setEventHandler { [weak self] in
-            self?.acceptAll(onAccept)
+            self?.acceptAll()
         }
         source.resume()
         self.source = source
@@ -274,21 +274,21 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
     /// accept4 after almost every batch, and the kernel allocates (and then frees) the new
     /// socket's inode, file and dentry before it finds the queue empty.
     public func pollerEvent(readable: Bool, writable: Bool, hangup: Bool) {
-        if readable && state == .accepting { _ = acceptOne(onAccept) }
+        if readable && state == .accepting { _ = acceptOne() }
     }
 
     /// A Dispatch source's event: drains the backlog, at most 256 per event (the source is
     /// level-triggered and fires again while connections wait).
-    private func acceptAll(_ onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) {
+    private func acceptAll() {
         guard state == .accepting else { return }
         for _ in 0..<256 {
-            guard acceptOne(onAccept) else { return }
+            guard acceptOne() else { return }
         }
     }
 
     /// Accepts one connection and hands it to a loop; false when none was taken (none waiting,
     /// a failure, or out of descriptors: then accepting pauses).
-    private func acceptOne(_ onAccept: @escaping (Int32, SocketAddress, EventLoop) -> Void) -> Bool {
+    private func acceptOne() -> Bool {
         let cfd: Int32
         let peer: SocketAddress
         switch sys.acceptOne(fd) {
@@ -306,7 +306,7 @@ public final class Listener: LoopPollable, @unchecked Sendable {  // @unchecked:
         if loop === acceptLoop {
             onAccept(cfd, peer, loop)
         } else {
-            loop.execute { onAccept(cfd, peer, loop) }
+            loop.execute { [onAccept] in onAccept(cfd, peer, loop) }
         }
         return true
     }
