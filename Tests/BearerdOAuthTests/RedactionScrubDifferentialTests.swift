@@ -50,13 +50,17 @@ import Testing
         }
 
         static func scrub(_ line: String) -> String {
-            var bytes = Array(line.utf8)
+            String(decoding: scrub(bytes: Array(line.utf8)), as: UTF8.self)
+        }
+
+        static func scrub(bytes: [UInt8]) -> [UInt8] {
+            var bytes = bytes
             var from = 0
             while let (start, end) = bytes.withUnsafeBufferPointer({ firstCredential(in: $0, from: from) }) {
                 bytes.replaceSubrange(start..<end, with: Array("<redacted>".utf8))
                 from = start + "<redacted>".utf8.count
             }
-            return String(decoding: bytes, as: UTF8.self)
+            return bytes
         }
     }
 
@@ -91,6 +95,57 @@ import Testing
             var bytes = Array(line.utf8)
             Redaction.scrub(bytes: &bytes)
             #expect(String(decoding: bytes, as: UTF8.self) == Reference.scrub(line))
+        }
+    }
+
+    /// Raw bytes, not only UTF-8: the scan classifies eight bytes at a time, and bytes from 0x80
+    /// up whose low seven bits are a letter, a digit, `_` or `.` (0xC1, 0xB0, 0xDF, 0xAE) must
+    /// count as neither, nor may the bytes that case folding moves next to the letters
+    /// (`@` `[` `` ` `` `{`) count as letters. Markers land at every offset within a word.
+    @Test func sameRedactionsOnRawBytes() {
+        var rng = SeededRandom(seed: 0x5EED_0002)
+        let edges: [UInt8] = [0x00, 0x2D, 0x2E, 0x2F, 0x30, 0x39, 0x3A, 0x3D, 0x40, 0x41, 0x5A, 0x5B, 0x5F, 0x60, 0x61, 0x7A, 0x7B,
+                              0x7F, 0x80, 0xAE, 0xB0, 0xC1, 0xDF, 0xE1, 0xFA, 0xFF, 0x20, 0x22, 0x3C]
+        let markers = Self.pieces.prefix(18).map { Array($0.utf8) }
+        var differing = 0
+        var first: [UInt8] = []
+        for _ in 0..<20_000 {
+            var bytes: [UInt8] = []
+            for _ in 0..<Int.random(in: 0...10, using: &rng) {
+                switch Int.random(in: 0..<4, using: &rng) {
+                case 0: bytes += markers[Int.random(in: 0..<markers.count, using: &rng)]
+                case 1: bytes.append(edges[Int.random(in: 0..<edges.count, using: &rng)])
+                case 2: bytes.append(UInt8.random(in: 0...255, using: &rng))
+                default: bytes += Array(Self.pieces[Int.random(in: 0..<Self.pieces.count, using: &rng)].utf8)
+                }
+            }
+            var scrubbed = bytes
+            Redaction.scrub(bytes: &scrubbed)
+            if scrubbed != Reference.scrub(bytes: bytes) {
+                differing += 1
+                if first.isEmpty { first = bytes }
+            }
+        }
+        #expect(differing == 0, "first: \(first)")
+    }
+
+    /// The letters of every byte value at every position of a word.
+    @Test func lettersOfEveryByte() {
+        for b in 0...255 {
+            let byte = UInt8(b)
+            let l = byte | 0x20
+            let letter = l >= 0x61 && l <= 0x7A
+            for k in 0..<8 {
+                // The other bytes are letters, so a borrow into or out of byte k would show.
+                let others = 0x8080_8080_8080_8080 & ~(UInt64(0x80) << UInt64(8 * k))
+                var w: UInt64 = 0x6161_6161_6161_6161
+                w &= ~(UInt64(0xFF) << UInt64(8 * k))
+                w |= UInt64(byte) << UInt64(8 * k)
+                let found = Redaction.letters(w)
+                #expect((found >> UInt64(8 * k + 7)) & 1 == (letter ? 1 : 0), "byte \(b) at \(k)")
+                #expect(found & others == others, "byte \(b) at \(k)")
+                #expect(found & ~0x8080_8080_8080_8080 == 0, "byte \(b) at \(k)")
+            }
         }
     }
 }
