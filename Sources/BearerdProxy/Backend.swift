@@ -551,29 +551,30 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     /// Pulls parser events and hands them to the exchange, stopping if it is detached.
     private func drive() {
         while isBusy, let d = delegate {
-            let event: HTTP1Event?
+            // Switched on where it is returned (see FrontendConnection.processInput); only
+            // `parser.next()` throws in this `do`.
             do {
-                event = try parser.next()
+                switch try parser.next() {
+                case nil:
+                    return
+                case .responseHead(let head, let framing)?:
+                    if !head.isInformational {
+                        let reusable = framing != .closeDelimited && HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers)
+                        phase = .busy(responseSeen: true, reusable: reusable)
+                    }
+                    d.backendResponseHead(head, framing: framing, endStream: false)
+                    if head.status == 101 { return }  // the exchange switched (or refused) the connection
+                case .body(let slice)?:
+                    slice.withUnsafeBytes { d.backendBody($0) }
+                case .end(let trailers)?:
+                    // The exchange decides (via `pool.release`) whether the connection goes back.
+                    d.backendEnd(trailers: trailers)
+                case .requestHead?:
+                    fail(.protocolError("unexpected request from upstream"))
+                    return
+                }
             } catch {
                 fail(.protocolError("invalid upstream response: \(error.reason) (\(error.message))"))
-                return
-            }
-            guard let event else { return }
-            switch event {
-            case .responseHead(let head, let framing):
-                if !head.isInformational {
-                    let reusable = framing != .closeDelimited && HTTPHeaderRules.keepAlive(version: head.version, headers: head.headers)
-                    phase = .busy(responseSeen: true, reusable: reusable)
-                }
-                d.backendResponseHead(head, framing: framing, endStream: false)
-                if head.status == 101 { return }  // the exchange switched (or refused) the connection
-            case .body(let slice):
-                slice.withUnsafeBytes { d.backendBody($0) }
-            case .end(let trailers):
-                // The exchange decides (via `pool.release`) whether the connection goes back.
-                d.backendEnd(trailers: trailers)
-            case .requestHead:
-                fail(.protocolError("unexpected request from upstream"))
                 return
             }
         }
