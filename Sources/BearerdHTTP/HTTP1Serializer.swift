@@ -153,7 +153,7 @@ public enum HTTPHeaderRules {
         }
         guard hopByHop else { return }
         let named = connection ? connectionOptions(headers) : ConnectionOptions()
-        headers.fields.removeAll { field in field.known.isHopByHop || named.names(field.name) }
+        headers.fields.removeAll { field in field.known.isHopByHop || named.names(field) }
     }
 
     /// The non-empty elements of every `name` field's comma-separated list (RFC 9110 §5.6.1),
@@ -201,6 +201,18 @@ public enum HTTPHeaderRules {
             if keepAlive && asciiCaseInsensitiveEquals(name, "keep-alive") { return true }
             if upgrade && asciiCaseInsensitiveEquals(name, "upgrade") { return true }
             return others.contains { asciiCaseInsensitiveEquals(name, $0) }
+        }
+
+        /// `names(field.name)`, with the field's kind standing in for two of the comparisons
+        /// (`KnownField` tells `keep-alive` and `upgrade` apart exactly): a response that says
+        /// `Connection: keep-alive` costs no name comparison per field.
+        @inline(__always)
+        public func names(_ field: HTTPField) -> Bool {
+            guard present else { return false }
+            if keepAlive && field.known == .keepAlive { return true }
+            if upgrade && field.known == .upgrade { return true }
+            if close && asciiCaseInsensitiveEquals(field.name, "close") { return true }
+            return !others.isEmpty && others.contains { asciiCaseInsensitiveEquals(field.name, $0) }
         }
     }
 

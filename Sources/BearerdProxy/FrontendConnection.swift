@@ -409,7 +409,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
         case .refuse(let r):
             respondError(status: r.status, reason: r.error, message: r.detail, allow: !r.extra.isEmpty)
         case .proxy(let routeIndex, let upstreamHead, let logPath, let websocket):
-            let ex = ProxyExchangeDriver(client: self, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
+            let ex = ProxyExchangeDriver(client: self, ctx: ctx, head: consume head, framing: framing, routeIndex: routeIndex,
                                          upstreamHead: upstreamHead, logPath: logPath, keepAlive: keepAlive, upgrade: websocket)
             phase = .exchanging(ex)
             ex.start()

@@ -790,8 +790,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// not, the machine learns it (a later `finishResponse` then says so).
     @discardableResult
     private func writeResponseHead(keepAlive: Bool, endStream: Bool) -> Bool {
-        guard let (upstream, respFraming) = responseHead else { return keepAlive }
-        responseHead = nil
+        // Moved out (`take`): a copy and a nil assignment retained the head's fields and destroyed
+        // the old value through the generic Optional witness.
+        guard let (upstream, respFraming) = responseHead.take() else { return keepAlive }
         let requested = keepAlive && !ctx.draining
         let persistent = client.sendResponseHead(upstream, framing: respFraming, request: head,
                                                  keepAlive: requested, endStream: endStream) && requested

@@ -104,7 +104,7 @@ public enum ProxyHeaders {
             var viaWritten = false
             for field in head.headers.fields {
                 let kind = field.known
-                if kind.isHopByHop || (!bodyless && kind == .contentLength) || named.names(field.name) { continue }
+                if kind.isHopByHop || (!bodyless && kind == .contentLength) || named.names(field) { continue }
                 if kind == .via {
                     if viaWritten { continue }
                     viaWritten = true
@@ -233,7 +233,7 @@ public enum ProxyHeaders {
             default:
                 break
             }
-            if named.names(field.name) { continue }
+            if named.names(field) { continue }
             switch kind {
             case .xForwardedFor: if seen.xForwardedFor == nil { seen.xForwardedFor = out.count }
             case .via: seen.via = out.count

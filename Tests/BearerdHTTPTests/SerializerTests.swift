@@ -145,6 +145,23 @@ import Testing
         #expect(!HTTPHeaderRules.connectionOptions(["Connection": ""]).names(""))
     }
 
+    /// `names(field)` (the field's kind in place of two name comparisons) answers as
+    /// `names(field.name)` for every mix of options and every kind of name.
+    @Test func namesByFieldAnswersAsByName() {
+        let values = ["keep-alive", "close", "Upgrade", "keep-alive, x-foo", "CLOSE, Keep-Alive, upgrade, X-Bar", "x-foo", ""]
+        let names = ["Keep-Alive", "keep-alive", "KEEP-ALIVE", "Upgrade", "upgrade", "Close", "close", "X-Foo", "x-bar", "Host",
+                     "Connection", "keep-alivex", "upgrad", "", "Content-Length", "Via"]
+        for value in values {
+            for withField in [true, false] {
+                let options = HTTPHeaderRules.connectionOptions(withField ? HTTPHeaders([("Connection", value)]) : HTTPHeaders())
+                for name in names {
+                    let field = HTTPField(name: name, value: "v")
+                    #expect(options.names(field) == options.names(name), "Connection: \(value), field \(name)")
+                }
+            }
+        }
+    }
+
     /// The whole values `keep-alive` and `close` (the short path) read as the general parse does,
     /// alone, next to other fields and in any case.
     @Test func commonWholeConnectionValuesReadAsTheGeneralParse() {
