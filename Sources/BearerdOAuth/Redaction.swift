@@ -141,8 +141,8 @@ public enum Redaction {
             markerCounts.withUnsafeBufferPointer { counts in
               markersStartingWith.withUnsafeBufferPointer { startingWith in
                 /// The 8 bytes at `at` as a little-endian word; zeros past the end (no marker has
-                /// a zero byte, a zero is neither a letter nor a blocker, and a marker longer than
-                /// what is left is never compared).
+                /// a zero byte, a zero is not a letter, and a marker longer than what is left is
+                /// never compared).
                 @inline(__always) func word(_ at: Int) -> UInt64 {
                     if at + 8 <= count { return UInt64(littleEndian: UnsafeRawPointer(base + at).loadUnaligned(as: UInt64.self)) }
                     return tail(at)
