@@ -33,19 +33,34 @@ public final class LogSettings: Sendable {
     }
 }
 
-/// A buffered writer for log lines: lines are appended under a lock and written to the fd by a
-/// 100 ms timer, when 64 KiB are pending, or at once for warnings and errors. One per process.
-public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` guarded by `lock`
+/// A buffered writer for log lines, one per process. Lines are appended under `lock` (from any
+/// thread: the event loops, the session drivers); the bytes reach the fd from the sink's own
+/// queue, by a 100 ms timer or as soon as 64 KiB are pending, so an event loop never waits for
+/// the disk or a full pipe while it serves requests. Warnings and errors are written at once by
+/// the thread that logs them, and a writer that finds 8 MiB pending (the fd takes bytes slower
+/// than they come) writes them itself: back-pressure instead of unbounded memory, no line lost.
+/// Invariant: `writeLock` is held from taking the pending bytes to the end of their `write(2)`
+/// calls, so chunks reach the fd whole and in the order their lines were appended, whichever
+/// thread flushes.
+public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` and `flushQueued` guarded by `lock`
     public static let stderr = LogSink(fd: 2)
+    /// Pending bytes that make the sink's queue write them (before the timer would).
+    static let flushThreshold = 64 * 1024
+    /// Pending bytes at which the appending thread writes them itself.
+    static let backPressureLimit = 8 * 1024 * 1024
     private let fd: Int32
     private let lock = Lock()
+    private let writeLock = Lock()
     private var buffer: [UInt8] = []
+    /// A flush was handed to `queue` and has not taken the buffer yet.
+    private var flushQueued = false
+    private let queue = DispatchQueue(label: "bearerd.log")
     private var timer: DispatchSourceTimer?
 
     init(fd: Int32) {
         self.fd = fd
-        buffer.reserveCapacity(64 * 1024)
-        let t = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "bearerd.log"))
+        buffer.reserveCapacity(Self.flushThreshold)
+        let t = DispatchSource.makeTimerSource(queue: queue)
         t.schedule(deadline: .now() + .milliseconds(100), repeating: .milliseconds(100), leeway: .milliseconds(50))
         t.setEventHandler { [weak self] in self?.flush() }
         t.resume()
@@ -57,14 +72,26 @@ public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` guard
         line.withUTF8 { write($0, urgent: urgent) }
     }
 
+    /// What an appended line asks of the thread that appended it.
+    private enum AfterAppend { case nothing, queueFlush, flushHere }
+
     /// A line in a buffer of the caller's (no trailing newline), copied in.
     public func write(_ line: UnsafeBufferPointer<UInt8>, urgent: Bool) {
-        let full: Bool = lock.withLock {
+        let after: AfterAppend = lock.withLock {
             buffer.append(contentsOf: line)
             buffer.append(10)
-            return buffer.count >= 64 * 1024
+            if buffer.count >= Self.backPressureLimit { return .flushHere }
+            if buffer.count >= Self.flushThreshold && !flushQueued {
+                flushQueued = true
+                return .queueFlush
+            }
+            return .nothing
         }
-        if urgent || full { flush() }
+        if urgent || after == .flushHere {
+            flush()
+        } else if after == .queueFlush {
+            queue.async { [self] in flush() }
+        }
     }
 
     /// A line already in bytes (no trailing newline).
@@ -72,17 +99,22 @@ public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` guard
         line.withUnsafeBufferPointer { write($0, urgent: urgent) }
     }
 
+    /// Writes every pending byte before it returns (the caller's thread).
     public func flush() {
-        let data: [UInt8] = lock.withLock {
-            let d = buffer
-            buffer.removeAll(keepingCapacity: true)
-            return d
-        }
-        var offset = 0
-        while offset < data.count {
-            let n = data.withUnsafeBytes { Foundation.write(fd, $0.baseAddress! + offset, data.count - offset) }
-            if n <= 0 { break }
-            offset += n
+        writeLock.withLock {
+            var data: [UInt8] = []
+            data.reserveCapacity(Self.flushThreshold)
+            lock.withLock {
+                flushQueued = false
+                swap(&data, &buffer)  // the next lines go to fresh room: a burst's capacity is not kept
+            }
+            var offset = 0
+            while offset < data.count {
+                let n = data.withUnsafeBytes { Foundation.write(fd, $0.baseAddress! + offset, data.count - offset) }
+                if n < 0 && errno == EINTR { continue }
+                if n <= 0 { break }
+                offset += n
+            }
         }
     }
 }
