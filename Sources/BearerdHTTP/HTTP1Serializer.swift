@@ -196,16 +196,12 @@ public enum HTTPHeaderRules {
 
         /// Whether the field `name` is one the `Connection` fields name (so hop-by-hop).
         public func names(_ name: String) -> Bool {
-            guard present else { return false }
-            if close && asciiCaseInsensitiveEquals(name, "close") { return true }
-            if keepAlive && asciiCaseInsensitiveEquals(name, "keep-alive") { return true }
-            if upgrade && asciiCaseInsensitiveEquals(name, "upgrade") { return true }
-            return others.contains { asciiCaseInsensitiveEquals(name, $0) }
+            names(HTTPField(name: name, value: ""))
         }
 
-        /// `names(field.name)`, with the field's kind standing in for two of the comparisons
-        /// (`KnownField` tells `keep-alive` and `upgrade` apart exactly): a response that says
-        /// `Connection: keep-alive` costs no name comparison per field.
+        /// Whether `field` is one the `Connection` fields name, its kind standing in for two of
+        /// the name comparisons (`KnownField` tells `keep-alive` and `upgrade` apart exactly): a
+        /// response that says `Connection: keep-alive` costs no name comparison per field.
         @inline(__always)
         public func names(_ field: HTTPField) -> Bool {
             guard present else { return false }

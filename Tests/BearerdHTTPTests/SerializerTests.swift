@@ -145,8 +145,18 @@ import Testing
         #expect(!HTTPHeaderRules.connectionOptions(["Connection": ""]).names(""))
     }
 
-    /// `names(field)` (the field's kind in place of two name comparisons) answers as
-    /// `names(field.name)` for every mix of options and every kind of name.
+    /// `names` by name comparisons alone, as it was before the field's kind stood in for two
+    /// of them (the reference for the test below).
+    static func namesByComparison(_ o: HTTPHeaderRules.ConnectionOptions, _ name: String) -> Bool {
+        guard o.present else { return false }
+        if o.close && asciiCaseInsensitiveEquals(name, "close") { return true }
+        if o.keepAlive && asciiCaseInsensitiveEquals(name, "keep-alive") { return true }
+        if o.upgrade && asciiCaseInsensitiveEquals(name, "upgrade") { return true }
+        return o.others.contains { asciiCaseInsensitiveEquals(name, $0) }
+    }
+
+    /// `names(field)` (the field's kind in place of two name comparisons) answers as the
+    /// comparisons of the name do, for every mix of options and every kind of name.
     @Test func namesByFieldAnswersAsByName() {
         let values = ["keep-alive", "close", "Upgrade", "keep-alive, x-foo", "CLOSE, Keep-Alive, upgrade, X-Bar", "x-foo", ""]
         let names = ["Keep-Alive", "keep-alive", "KEEP-ALIVE", "Upgrade", "upgrade", "Close", "close", "X-Foo", "x-bar", "Host",
@@ -156,7 +166,8 @@ import Testing
                 let options = HTTPHeaderRules.connectionOptions(withField ? HTTPHeaders([("Connection", value)]) : HTTPHeaders())
                 for name in names {
                     let field = HTTPField(name: name, value: "v")
-                    #expect(options.names(field) == options.names(name), "Connection: \(value), field \(name)")
+                    #expect(options.names(field) == Self.namesByComparison(options, name), "Connection: \(value), field \(name)")
+                    #expect(options.names(name) == Self.namesByComparison(options, name), "Connection: \(value), name \(name)")
                 }
             }
         }
