@@ -128,10 +128,8 @@ public enum Redaction {
     /// access-log line has about 25 of them; the byte-at-a-time loop before cost 11 instructions
     /// per byte, this one about 8 (bench/RESULTS.md).
     private static func firstCredential(in bytes: UnsafeBufferPointer<UInt8>, from: Int) -> (Int, Int)? {
-        func isWord(_ b: UInt8) -> Bool {
-            let l = b | 0x20
-            return (l >= 0x61 && l <= 0x7A) || (b >= 0x30 && b <= 0x39) || b == 0x5F
-        }
+        func isLetter(_ b: UInt8) -> Bool { let l = b | 0x20; return l >= 0x61 && l <= 0x7A }
+        func isWord(_ b: UInt8) -> Bool { isLetter(b) || (b >= 0x30 && b <= 0x39) || b == 0x5F }
         guard let base = bytes.baseAddress else { return nil }
         let count = bytes.count
         /// What a word start at `i` holds: nothing, a credential's range, or a marker whose value
@@ -201,7 +199,6 @@ public enum Redaction {
                 /// Whether byte `i - 1` keeps a marker from starting at `i`.
                 func blockedAt(_ i: Int) -> Bool { i > 0 && (isWord(base[i - 1]) || base[i - 1] == 0x2E) }
                 var i = max(0, from)
-                func isLetter(_ b: UInt8) -> Bool { let l = b | 0x20; return l >= 0x61 && l <= 0x7A }
                 var afterLetter = i > 0 && i < count && isLetter(base[i - 1])
                 scan: while i < count {
                     let found = letters(word(i))
