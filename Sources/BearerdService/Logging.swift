@@ -102,8 +102,14 @@ public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` and `
     /// Writes every pending byte before it returns (the caller's thread).
     public func flush() {
         writeLock.withLock {
+            // The 100 ms timer finds nothing pending most of the time: no fresh room then.
+            let pending: Bool = lock.withLock {
+                flushQueued = false
+                return !buffer.isEmpty
+            }
+            guard pending else { return }
             var data: [UInt8] = []
-            data.reserveCapacity(Self.flushThreshold)
+            data.reserveCapacity(Self.flushThreshold)  // outside `lock`: the loops append meanwhile
             lock.withLock {
                 flushQueued = false
                 swap(&data, &buffer)  // the next lines go to fresh room: a burst's capacity is not kept
