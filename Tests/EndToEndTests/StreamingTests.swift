@@ -71,21 +71,35 @@ struct StreamingTests {
     }
 
     @Test func slowClientPausesTheUpstream() throws {
-        // 32 MiB to a client that does not read for a while: bearerd must stop reading the upstream
+        // 64 MiB to a client that does not read for a while: bearerd must stop reading the upstream
         // (backpressure) instead of buffering the body.
-        let total = 32 << 20
+        let total = 64 << 20
         let origin = try TestOrigin { _ in .stream(status: 200, length: total) }
         defer { origin.stop() }
         let proxy = try TestProxy(routes: [route(origin: origin.port)])
         defer { proxy.stop() }
         let c = try TestClient(port: proxy.port, timeout: 30)
         try c.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
-        Thread.sleep(forTimeInterval: 1.0)
-        // What the origin got rid of is at most the socket buffers (kernel autotuning on loopback:
-        // a few MiB each way) plus bearerd's bounded buffers, far from the 32 MiB it has to send.
+        // Wait until the origin is stalled: its count has not moved for 300 ms.
+        var streamed = 0
+        let deadline = Date().addingTimeInterval(20)
+        while true {
+            Thread.sleep(forTimeInterval: 0.3)
+            let now = origin.streamedBytes
+            if now == streamed && now > 0 { break }
+            streamed = now
+            if Date() > deadline { break }
+        }
+        // What the origin got rid of sits in socket buffers (the origin's, bearerd's on both sides,
+        // the client's; they autotune up to tcp_rmem max, 32 MiB on some machines) or in bearerd.
+        // Subtracting what the kernel holds on both connections leaves what bearerd buffered, which
+        // backpressure bounds by its channel's high-water mark plus one read, whatever the machine.
         // Measured on bytes, not process RSS: other suites run in this process at the same time.
-        let streamed = origin.streamedBytes
-        #expect(streamed < 20 << 20, "the origin could send \(streamed >> 20) MiB to a stalled client: bearerd buffered it")
+        let kernel = KernelQueues.queuedBytes(ports: [origin.port, proxy.port])
+        #expect(origin.streamedBytes == streamed, "the origin never stalled: \(streamed >> 20) MiB sent")
+        #expect(streamed < total, "the origin sent the whole body to a stalled client (bearerd buffered it, or the socket buffers took it all)")
+        let held = streamed - kernel
+        #expect(held < 2 << 20, "bearerd holds \(held >> 10) KiB for a stalled client (origin sent \(streamed >> 10) KiB, kernel queues \(kernel >> 10) KiB)")
         var received = 0
         let r = try c.readResponse { received += $0.count }
         #expect(r.status == 200 && received == total)
