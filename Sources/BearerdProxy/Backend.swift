@@ -198,12 +198,9 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
         pool.loop.register(self)
         do {
             channel = tunnel.start(delegate: self, tls: try tlsEngine())
-        } catch let e as TLSError {
-            tunnel.channel.close()
-            finishConnect(.failure(.tls(e)))
         } catch {
             tunnel.channel.close()
-            finishConnect(.failure(.protocolError("\(error)")))
+            finishConnect(.failure(.tls(error)))
         }
     }
 
