@@ -12,10 +12,27 @@ public enum KernelQueues {
     public static func queuedBytes(ports: Set<UInt16>) -> Int {
         var total = 0
         for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            guard let text = try? String(contentsOfFile: file, encoding: .utf8) else { continue }
+            guard let text = readAll(file) else { continue }
             total += queuedBytes(table: text, ports: ports)
         }
         return total
+    }
+
+    /// A /proc file read to its end (its size says 0: `String(contentsOfFile:)` stops at the
+    /// first page, and a table longer than that loses its rows).
+    public static func readAll(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { break }
+            bytes += chunk[0..<n]
+        }
+        return String(decoding: bytes, as: UTF8.self)
     }
 
     /// The same sum over the text of one table (pure, for tests).
