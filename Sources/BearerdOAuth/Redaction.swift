@@ -76,8 +76,12 @@ public enum Redaction {
 
     /// Whether `scrub` would change this line (a line without one is written as it is).
     public static func containsCredential(_ line: UnsafeBufferPointer<UInt8>) -> Bool {
-        firstCredential(in: line, from: 0) != nil
+        line.count >= shortestCredential && firstCredential(in: line, from: 0) != nil
     }
+
+    /// No credential fits in fewer bytes: the shortest marker (`basic `) and one byte of value
+    /// (a test checks it against `markers`).
+    package static let shortestCredential = 7
 
     /// The markers as 16-byte comparisons (every marker has at most 16 bytes): for marker `n`,
     /// `markerWords[6n ..< 6n+6]` = its bytes little-endian in two words, 0x20 in two `fold`
@@ -104,6 +108,17 @@ public enum Redaction {
         for (n, m) in markers.enumerated() where UInt8(b) | 0x20 == m[0] { bits |= 1 << UInt16(n) }
         return bits
     }
+
+    /// The length of the scheme marker (`bearer `, `basic `, any case) at `at`, if one is there.
+    static func schemeWord(at: Int, in bytes: UnsafeBufferPointer<UInt8>) -> Int? {
+        for scheme in schemeMarkers where at + scheme.count <= bytes.count {
+            var k = 0
+            while k < scheme.count, (scheme[k] == 0x20 ? bytes[at + k] : bytes[at + k] | 0x20) == scheme[k] { k += 1 }
+            if k == scheme.count { return k }
+        }
+        return nil
+    }
+    private static let schemeMarkers: [[UInt8]] = markers.filter { $0.last == 0x20 }
 
     /// For eight bytes as a little-endian word, the high bit of each byte that is an ASCII letter.
     /// Every byte is handled as `0x80 | (b & 0x7F)`, so the subtractions never borrow from the
@@ -187,6 +202,14 @@ public enum Redaction {
                         j += 1
                     }
                     guard assigned else { return .skipTo(j) }
+                    if spaced {
+                        // `Bearer Bearer X` (a token that carried its scheme already): the value
+                        // is X, not the second scheme word.
+                        while let n = schemeWord(at: j, in: bytes) {
+                            j += n
+                            while j < count, base[j] == 0x20 { j += 1 }
+                        }
+                    }
                     let start = j
                     if start < count, base[start] == 0x3C { return .skipTo(start) }  // already `<redacted…>`
                     while j < count {

@@ -36,6 +36,19 @@ import Testing
                     j += 1
                 }
                 guard assigned else { i = j; continue }
+                if spaced {  // `Bearer Bearer X`: the value is X
+                    var again = true
+                    while again {
+                        again = false
+                        for scheme in ["bearer ", "basic "].map({ Array($0.utf8) }) where j + scheme.count <= bytes.count
+                            && (0..<scheme.count).allSatisfy({ scheme[$0] == 0x20 ? bytes[j + $0] == 0x20 : bytes[j + $0] | 0x20 == scheme[$0] }) {
+                            j += scheme.count
+                            while j < bytes.count, bytes[j] == 0x20 { j += 1 }
+                            again = true
+                            break
+                        }
+                    }
+                }
                 let start = j
                 if start < bytes.count, bytes[start] == 0x3C { i = start; continue }  // already `<redacted…>`
                 while j < bytes.count {
@@ -121,12 +134,32 @@ import Testing
             }
             var scrubbed = bytes
             Redaction.scrub(bytes: &scrubbed)
-            if scrubbed != Reference.scrub(bytes: bytes) {
+            let contains = bytes.withUnsafeBufferPointer { Redaction.containsCredential($0) }
+            if scrubbed != Reference.scrub(bytes: bytes) || contains != (scrubbed != bytes) {
                 differing += 1
                 if first.isEmpty { first = bytes }
             }
         }
         #expect(differing == 0, "first: \(first)")
+    }
+
+    /// A token that carried its scheme already (`Bearer Bearer X`, a common misconfiguration):
+    /// the credential is X, not the second scheme word.
+    @Test func aRepeatedSchemeWordIsNotTheCredential() {
+        #expect(Redaction.scrub("upstream said Authorization: Bearer Bearer eyJ.abc end") == "upstream said Authorization: Bearer Bearer <redacted> end")
+        #expect(Redaction.scrub("basic  BASIC bearer dXNlcjpw") == "basic  BASIC bearer <redacted>")
+        #expect(Redaction.scrub("Bearer Bearer ") == "Bearer Bearer ", "nothing after the schemes: nothing to redact")
+        #expect(Redaction.scrub("Bearer bearerish") == "Bearer <redacted>", "a word that only starts like a scheme is the value")
+    }
+
+    /// `containsCredential` answers no for lines shorter than this without scanning them.
+    @Test func noCredentialIsShorterThanTheShortestMarkerAndOneByte() {
+        #expect(Redaction.shortestCredential == Redaction.markers.map(\.count).min()! + 1)
+        var shortest = Array("basic x".utf8)
+        #expect(shortest.count == Redaction.shortestCredential)
+        #expect(shortest.withUnsafeBufferPointer { Redaction.containsCredential($0) })
+        Redaction.scrub(bytes: &shortest)
+        #expect(String(decoding: shortest, as: UTF8.self) == "basic <redacted>")
     }
 
     /// The letters of every byte value at every position of a word.
