@@ -108,7 +108,7 @@ let package = Package(
         .testTarget(name: "BearerdProxyCoreTests", dependencies: ["BearerdProxyCore", "BearerdHTTP", "BearerdOAuth", "BearerdConfig"]),
         .testTarget(name: "BearerdConfigTests", dependencies: ["BearerdConfig", "BearerdProxyCore", "BearerdHTTP", "BearerdOAuth", "BearerdSessions", "BearerdTLS", "BearerdIO"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdSessionsTests", dependencies: ["BearerdSessions", "BearerdService", "BearerdConfig", "BearerdProxyCore", "BearerdHTTP", "BearerdOAuth", "BearerdTLS", "BearerdIO", "BearerdTestSupport", .product(name: "Logging", package: "swift-log")], swiftSettings: shellSettings),
-        .testTarget(name: "BearerdServiceTests", dependencies: ["BearerdService", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdIO", "BearerdTestSupport"], swiftSettings: shellSettings),
+        .testTarget(name: "BearerdServiceTests", dependencies: ["BearerdService", "BearerdOAuth", "BearerdSessions", "BearerdConfig", "BearerdProxyCore", "BearerdIO", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdHTTP2Tests", dependencies: ["BearerdHTTP2", "BearerdHTTP"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdTLSTests", dependencies: ["BearerdTLS", "BearerdTestSupport"], swiftSettings: shellSettings),
         .testTarget(name: "BearerdIOTests", dependencies: ["BearerdIO", "BearerdTestSupport"], swiftSettings: shellSettings),

@@ -171,15 +171,15 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
     }
 
     public var logfmt: String {
-        var s = "method=" + method + " path=" + BearerdLogHandler.quoteIfNeeded(path) + " route=" + BearerdLogHandler.quoteIfNeeded(route)
+        var s = "method=" + BearerdLogHandler.quoteIfNeeded(method) + " path=" + BearerdLogHandler.quoteIfNeeded(path) + " route=" + BearerdLogHandler.quoteIfNeeded(route)
         s += " status=" + String(status) + " upstream_ms=" + Self.millis(upstreamMicros) + " total_ms=" + Self.millis(totalMicros)
         s += " bytes=" + String(bytes)
-        if let outcome { s += " outcome=" + outcome }
-        if let session { s += " session=" + session }
+        if let outcome { s += " outcome=" + BearerdLogHandler.quoteIfNeeded(outcome) }
+        if let session { s += " session=" + BearerdLogHandler.quoteIfNeeded(session) }
         if let generation { s += " token.generation=" + String(generation) }
         if replayed { s += " replayed=1" }
-        if let protocolName { s += " protocol=" + protocolName }
-        if let upstreamProtocol { s += " upstream_protocol=" + upstreamProtocol }
+        if let protocolName { s += " protocol=" + BearerdLogHandler.quoteIfNeeded(protocolName) }
+        if let upstreamProtocol { s += " upstream_protocol=" + BearerdLogHandler.quoteIfNeeded(upstreamProtocol) }
         if let grpcStatus { s += " grpc_status=" + BearerdLogHandler.quoteIfNeeded(grpcStatus) }
         return s
     }
@@ -187,7 +187,7 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
     /// `logfmt` and `jsonFields` written as bytes into `out`: the access line's hot path builds
     /// no intermediate strings (measured: the log line cost ~16 % of throughput as strings).
     func appendLogfmt<Out: LineOutput>(to out: inout Out) {
-        LineBytes.raw("method=", &out); LineBytes.raw(method, &out)
+        LineBytes.raw("method=", &out); LineBytes.quotedIfNeeded(method, &out)
         LineBytes.raw(" path=", &out); LineBytes.quotedIfNeeded(path, &out)
         LineBytes.raw(" route=", &out); LineBytes.quotedIfNeeded(route, &out)
         LineBytes.raw(" status=", &out); LineBytes.int(status, &out)
@@ -195,12 +195,12 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
         if upstreamMicros < 0 { out.put(UInt8(ascii: "-")) } else { LineBytes.millis(upstreamMicros, &out) }
         LineBytes.raw(" total_ms=", &out); LineBytes.millis(max(0, totalMicros), &out)
         LineBytes.raw(" bytes=", &out); LineBytes.uint(bytes, &out)
-        if let outcome { LineBytes.raw(" outcome=", &out); LineBytes.raw(outcome, &out) }
-        if let session { LineBytes.raw(" session=", &out); LineBytes.raw(session, &out) }
+        if let outcome { LineBytes.raw(" outcome=", &out); LineBytes.quotedIfNeeded(outcome, &out) }
+        if let session { LineBytes.raw(" session=", &out); LineBytes.quotedIfNeeded(session, &out) }
         if let generation { LineBytes.raw(" token.generation=", &out); LineBytes.uint(generation, &out) }
         if replayed { LineBytes.raw(" replayed=1", &out) }
-        if let protocolName { LineBytes.raw(" protocol=", &out); LineBytes.raw(protocolName, &out) }
-        if let upstreamProtocol { LineBytes.raw(" upstream_protocol=", &out); LineBytes.raw(upstreamProtocol, &out) }
+        if let protocolName { LineBytes.raw(" protocol=", &out); LineBytes.quotedIfNeeded(protocolName, &out) }
+        if let upstreamProtocol { LineBytes.raw(" upstream_protocol=", &out); LineBytes.quotedIfNeeded(upstreamProtocol, &out) }
         if let grpcStatus { LineBytes.raw(" grpc_status=", &out); LineBytes.quotedIfNeeded(grpcStatus, &out) }
     }
 
@@ -306,14 +306,24 @@ public struct BearerdLogHandler: LogHandler {
     /// The access line, written as bytes (the request path's hot path: no metadata dictionary,
     /// no existential box or cast when called directly, no intermediate strings).
     public func writeAccess(_ record: AccessRecord, level: Logger.Level = .info, message: String = "request") {
-        // Most lines fit 1 KiB: written into a buffer on the stack, checked for credentials
-        // in place, and copied once into the sink. A longer one is written again into an array.
+        // Most lines fit 1 KiB: written into a buffer on the stack and copied once into the
+        // sink. A longer one is written again into an array.
+        //
+        // Credentials: the line is scanned whole only when one of its values, as written, holds
+        // a credential marker (`LineCursor.valueHoldsCredential`). The line's fixed parts (keys,
+        // numbers, timestamp, level) are bearerd's own and hold none, and a value is written
+        // after `":"` or `=` and before `"` or a space, so a marker in the line starts at a word
+        // start in a value exactly when it does in that value: in JSON, what the whole-line scan
+        // redacts is exactly what it redacted when it ran on every line, at a tenth of the
+        // bytes. One difference in the text format, on purpose: a value ending in a marker
+        // (`…/bearer`, `…password:`) no longer makes the scan run on into the next field and
+        // redact bearerd's own `key=value` there.
         let done: Bool = withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 1024) { buffer in
             var cursor = LineCursor(buffer)
             accessLine(record, level: level, message: message, into: &cursor)
             guard !cursor.overflowed else { return false }
             let line = cursor.written
-            if Redaction.containsCredential(line) {
+            if cursor.valueHoldsCredential {
                 var copy = Array(line)
                 Redaction.scrub(bytes: &copy)
                 sink.write(bytes: copy, urgent: false)
@@ -337,7 +347,7 @@ public struct BearerdLogHandler: LogHandler {
             line.put(UInt8(ascii: " "))
             LineBytes.raw(level.rawValue, &line)
             line.put(UInt8(ascii: " "))
-            LineBytes.raw(message, &line)
+            LineBytes.value(message, &line)
             line.put(UInt8(ascii: " "))
             record.appendLogfmt(to: &line)
         } else {
@@ -353,9 +363,11 @@ public struct BearerdLogHandler: LogHandler {
         }
     }
 
+    /// logfmt: as is, or JSON-quoted when empty or holding a space, `"`, `=` or a control
+    /// byte (a value never breaks or forges a line).
     static func quoteIfNeeded(_ s: String) -> String {
         if s.isEmpty { return "\"\"" }
-        if s.contains(where: { $0 == " " || $0 == "\"" || $0 == "=" }) {
+        if s.utf8.contains(where: LineBytes.needsQuotes) {
             return ErrorResponse.jsonString(s)
         }
         return s
@@ -381,11 +393,19 @@ public struct BearerdLogHandler: LogHandler {
 protocol LineOutput {
     mutating func put(_ byte: UInt8)
     mutating func put(_ bytes: UnsafeBufferPointer<UInt8>)
+    /// Where the next byte goes.
+    var position: Int { get }
+    /// The bytes from `start` on are a value from outside (a path, a name): note whether they
+    /// hold a credential marker.
+    mutating func checkValue(from start: Int)
 }
 
 extension Array: LineOutput where Element == UInt8 {
     @inline(__always) mutating func put(_ byte: UInt8) { append(byte) }
     @inline(__always) mutating func put(_ bytes: UnsafeBufferPointer<UInt8>) { append(contentsOf: bytes) }
+    var position: Int { count }
+    /// Nothing: a line written into an array is scanned whole.
+    func checkValue(from start: Int) {}
 }
 
 /// Writes into a fixed buffer it does not own. What does not fit is dropped and `overflowed`
@@ -411,6 +431,17 @@ struct LineCursor: LineOutput {
 
     /// The bytes written so far.
     var written: UnsafeBufferPointer<UInt8> { UnsafeBufferPointer(rebasing: buffer[..<count]) }
+
+    /// Whether a value written holds a credential marker (then the line is scanned whole).
+    private(set) var valueHoldsCredential = false
+
+    @inline(__always) var position: Int { count }
+
+    @inline(__always) mutating func checkValue(from start: Int) {
+        // Most values (methods, short paths, names) are too short to hold a credential.
+        guard !valueHoldsCredential, count - start >= Redaction.shortestCredential, start >= 0 else { return }
+        valueHoldsCredential = Redaction.containsCredential(UnsafeBufferPointer(rebasing: buffer[start..<count]))
+    }
 }
 
 /// Byte-level pieces of a log line (the access line's path): no intermediate strings.
@@ -465,16 +496,18 @@ enum LineBytes {
     static func json<Out: LineOutput>(_ s: String, _ out: inout Out) {
         let hex: StaticString = "0123456789abcdef"
         out.put(UInt8(ascii: "\""))
+        let start = out.position
+        defer {
+            out.checkValue(from: start)
+            out.put(UInt8(ascii: "\""))
+        }
         // Most values (methods, paths, names) need no escape: copied in one piece.
         let copied = s.utf8.withContiguousStorageIfAvailable { bytes -> Bool in
             for b in bytes where b < 0x20 || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") { return false }
             out.put(bytes)
             return true
         }
-        if copied == true {
-            out.put(UInt8(ascii: "\""))
-            return
-        }
+        if copied == true { return }
         for b in s.utf8 {
             switch b {
             case UInt8(ascii: "\""): out.put(UInt8(ascii: "\\")); out.put(b)
@@ -489,17 +522,28 @@ enum LineBytes {
             default: out.put(b)
             }
         }
-        out.put(UInt8(ascii: "\""))
     }
 
-    /// logfmt: as is, or JSON-quoted when empty or holding a space, `"` or `=`.
+    /// logfmt: as is, or JSON-quoted when empty or holding a space, `"`, `=` or a control byte.
     static func quotedIfNeeded<Out: LineOutput>(_ s: String, _ out: inout Out) {
-        if s.isEmpty || s.utf8.contains(where: { $0 == 0x20 || $0 == 0x22 || $0 == 0x3D }) {
+        if s.isEmpty || s.utf8.contains(where: needsQuotes) {
             json(s, &out)
         } else {
-            raw(s, &out)
+            value(s, &out)
         }
     }
+
+    /// `s` as it is, checked for credentials as a value from outside.
+    @inline(__always)
+    static func value<Out: LineOutput>(_ s: String, _ out: inout Out) {
+        let start = out.position
+        raw(s, &out)
+        out.checkValue(from: start)
+    }
+
+    /// A byte a logfmt value cannot hold unquoted: a space, `"`, `=`, a control byte or DEL.
+    @inline(__always)
+    static func needsQuotes(_ b: UInt8) -> Bool { b <= 0x20 || b == 0x22 || b == 0x3D || b == 0x7F }
 
     /// `2026-11-25T01:41:31.954Z` (UTC, milliseconds), as `BearerdLogHandler.timestamp()`.
     static func timestamp<Out: LineOutput>(_ out: inout Out) {

@@ -5,6 +5,7 @@ import Testing
 @testable import BearerdProxyCore
 @testable import BearerdSessions
 @testable import BearerdService
+import BearerdOAuth
 
 @Suite("Access log line")
 struct AccessLogTests {
@@ -140,5 +141,89 @@ struct AccessLogTests {
         #expect(obj["status"] as? Int == 200)
         #expect(obj["token.generation"] as? Int == 3)
         #expect(obj["replayed"] as? Bool == true)
+    }
+
+    /// The access line is scanned whole only when a value holds a credential marker (its keys,
+    /// numbers, timestamp and level are bearerd's own). In JSON, the line is exactly the one the
+    /// scan of every line made, for values with markers at every place, escaped quotes,
+    /// backslashes and newlines included. In text, it differs only where a value ends in a
+    /// marker: the whole-line scan then ran on into the next field and redacted bearerd's own
+    /// `key=value` there.
+    @Test(arguments: [LogFormat.json, .text])
+    func valuesScannedAloneRedactAsTheWholeLineDid(format: LogFormat) throws {
+        let pieces = ["bearer ", "Bearer ", "basic ", "BASIC ", "access_token", "refresh_token", "id_token", "client_secret",
+                      "password", "Cookie:", "set-cookie:", "=", ":", " ", "'", "<x>", "SECRET", "/", "x", "é", ".", "_", "&",
+                      ",", ";", "?", "-", "1", "\"", "\\", "\n"]
+        var state: UInt64 = 0xACCE_5510 &+ (format == .json ? 0 : 1)
+        func next(_ n: Int) -> Int {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return Int(truncatingIfNeeded: (state >> 33) % UInt64(n))
+        }
+        func value() -> String { (0..<next(6)).map { _ in pieces[next(pieces.count)] }.joined() }
+        func optional() -> String? { next(3) == 0 ? nil : value() }
+        var records: [AccessRecord] = []
+        for _ in 0..<3_000 {
+            var r = AccessRecord(method: next(4) == 0 ? value() : "GET", path: "/" + value(), route: value(), status: 200,
+                                 upstreamMicros: 5, totalMicros: 7, bytes: 9, outcome: optional(), session: optional(),
+                                 generation: 1, replayed: false)
+            r.protocolName = optional()
+            r.upstreamProtocol = optional()
+            r.grpcStatus = optional()
+            records.append(r)
+        }
+        // Two fixed text cases of the one difference.
+        var endsInMarker = record
+        endsInMarker.path = "/x/bearer"
+        records.append(endsInMarker)
+        endsInMarker.path = "/x/password:"
+        records.append(endsInMarker)
+
+        let file = memfdLikeTempFile()
+        defer { close(file.fd) }
+        let sink = LogSink(fd: file.fd)
+        let handler = BearerdLogHandler(label: "t", level: .info, format: format, sink: sink)
+        for r in records { handler.writeAccess(r) }
+        sink.flush()
+        let lines = file.read().split(separator: "\n", omittingEmptySubsequences: false).dropLast().map(String.init)
+        try #require(lines.count == records.count)
+
+        let ts = "2000-01-01T00:00:00.000Z"
+        func stamped(_ line: String) -> String {
+            let start = format == .json ? 7 : 0
+            return String(line.prefix(start)) + ts + String(line.dropFirst(start + 24))
+        }
+        func wholeLine(_ r: AccessRecord) -> String {
+            format == .json ? #"{"ts":""# + ts + #"","level":"info","msg":"request","# + r.jsonFields + "}"
+                            : ts + " info request " + r.logfmt
+        }
+        /// Whether a value ends in a marker (and the bytes the scan skips after one).
+        func endsInAMarker(_ r: AccessRecord) -> Bool {
+            let values = [r.method, r.path, r.route, r.outcome, r.session, r.protocolName, r.upstreamProtocol, r.grpcStatus].compactMap { $0 }
+            return values.contains { v in
+                let trimmed = String(v.lowercased().reversed().drop { " \"':=\\".contains($0) }.reversed())
+                return Redaction.markers.contains { m in
+                    let word = String(decoding: m, as: UTF8.self).trimmingCharacters(in: CharacterSet(charactersIn: " :"))
+                    return trimmed.hasSuffix(word)
+                }
+            }
+        }
+        var redacted = 0, differences = 0
+        for (r, line) in zip(records, lines) {
+            let old = Redaction.scrub(wholeLine(r))
+            let got = stamped(line)
+            if old != wholeLine(r) { redacted += 1 }
+            if format == .json || !endsInAMarker(r) {
+                #expect(got == old)
+            } else if got != old {
+                differences += 1
+                #expect(got == wholeLine(r), "only the run-on redaction is gone: \(got) vs \(old)")
+            }
+        }
+        #expect(redacted > 500, "the generator must produce credentials: \(redacted)")
+        if format == .text {
+            #expect(differences >= 2)
+            #expect(lines[lines.count - 2].contains("path=/x/bearer route=/ status=200"))
+            #expect(lines[lines.count - 1].contains("path=/x/password: route=/ status=200"))
+        }
     }
 }
