@@ -19,6 +19,20 @@ struct AccessLogTests {
         #expect(r.logfmt.contains("upstream_ms=-"))
     }
 
+    /// A value never breaks or forges a text line: control bytes and DEL are quoted and escaped,
+    /// in every field (methods, names and protocols included).
+    @Test func logfmtQuotesControlBytesInEveryValue() {
+        var r = AccessRecord(method: "G\nET", path: "/a\tb", route: "/\u{7F}", status: 200, upstreamMicros: 1, totalMicros: 1, bytes: 0,
+                             outcome: "x\ry", session: "s\n", generation: nil, replayed: false)
+        r.protocolName = "h1\u{1}"
+        r.upstreamProtocol = "h2 x"
+        #expect(r.logfmt == #"method="G\nET" path="/a\tb" route="/\#u{7F}" status=200 upstream_ms=0.001 total_ms=0.001 bytes=0 outcome="x\ry" session="s\n" protocol="h1\u0001" upstream_protocol="h2 x""#)
+        var bytes: [UInt8] = []
+        r.appendLogfmt(to: &bytes)
+        #expect(String(decoding: bytes, as: UTF8.self) == r.logfmt)
+        #expect(!r.logfmt.contains("\n") && !r.logfmt.contains("\r"))
+    }
+
     /// The byte writers of the hot path produce exactly the string forms.
     @Test(arguments: [
         AccessRecord(method: "GET", path: "/a \"b\"", route: "/", status: 200, upstreamMicros: 1234, totalMicros: 56, bytes: 100,
