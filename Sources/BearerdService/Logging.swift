@@ -439,7 +439,7 @@ struct LineCursor: LineOutput {
 
     @inline(__always) mutating func checkValue(from start: Int) {
         // Most values (methods, short paths, names) are too short to hold a credential.
-        guard !valueHoldsCredential, count - start >= Redaction.shortestCredential, start >= 0 else { return }
+        guard !valueHoldsCredential, count - start >= Redaction.shortestCredential else { return }
         valueHoldsCredential = Redaction.containsCredential(UnsafeBufferPointer(rebasing: buffer[start..<count]))
     }
 }

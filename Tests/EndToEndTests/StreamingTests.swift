@@ -81,22 +81,24 @@ struct StreamingTests {
         let c = try TestClient(port: proxy.port, timeout: 30)
         try c.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
         // Wait until the origin is stalled: its count has not moved for 300 ms.
-        var streamed = 0
-        let deadline = Date().addingTimeInterval(20)
-        while true {
-            Thread.sleep(forTimeInterval: 0.3)
+        var streamed = -1
+        var movedAt = Date()
+        let stalled = eventually(seconds: 20) {
             let now = origin.streamedBytes
-            if now == streamed && now > 0 { break }
-            streamed = now
-            if Date() > deadline { break }
+            if now != streamed {
+                streamed = now
+                movedAt = Date()
+            }
+            return now > 0 && Date().timeIntervalSince(movedAt) >= 0.3
         }
+        #expect(stalled, "the origin never stalled: \(streamed >> 20) MiB sent")
         // What the origin got rid of sits in socket buffers (the origin's, bearerd's on both sides,
         // the client's; they autotune up to tcp_rmem max, 32 MiB on some machines) or in bearerd.
         // Subtracting what the kernel holds on both connections leaves what bearerd buffered, which
         // backpressure bounds by its channel's high-water mark plus one read, whatever the machine.
         // Measured on bytes, not process RSS: other suites run in this process at the same time.
         let kernel = KernelQueues.queuedBytes(ports: [origin.port, proxy.port])
-        #expect(origin.streamedBytes == streamed, "the origin never stalled: \(streamed >> 20) MiB sent")
+        #expect(origin.streamedBytes == streamed, "the origin sent more while the kernel queues were read")
         #expect(streamed < total, "the origin sent the whole body to a stalled client (bearerd buffered it, or the socket buffers took it all)")
         let held = streamed - kernel
         #expect(held < 2 << 20, "bearerd holds \(held >> 10) KiB for a stalled client (origin sent \(streamed >> 10) KiB, kernel queues \(kernel >> 10) KiB)")
