@@ -34,6 +34,10 @@ if [ -n "${CI:-}" ]; then
     [ "$(id -u)" -eq 0 ] || echo "note: not root, so the SO_PEERCRED tests (run a client as another uid) will be skipped"
 fi
 if [ "$#" -gt 0 ]; then exec swift test "$@"; fi
+# The OAuth fixture that most end-to-end suites run against is tested on its own first, over real
+# HTTP (a fixture bug would otherwise show up as puzzling failures, or hide one of bearerd's).
+echo "== the OAuth fixture's self-test (Tests/Fixtures/test_oauth_server.py)"
+.venv/bin/python3 Tests/Fixtures/test_oauth_server.py
 # Two runs: the module test targets on their own first, then the end-to-end tests. Swift Testing
 # runs tests in parallel on a cooperative pool as wide as the machine has cores; an end-to-end
 # test blocks its thread while a child process works, and on a 2-core machine two of them starve

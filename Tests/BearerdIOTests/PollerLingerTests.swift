@@ -68,6 +68,17 @@ struct PollerLingerTests {
             for fd in a + b { close(fd) }
         }
 
+        /// Waits until at least `count` events have been served, at most `within` nanoseconds
+        /// from `since` (default: now); false when the deadline passed first.
+        func waitForEvents(_ count: Int, within: UInt64 = 10_000_000_000, since: UInt64? = nil) -> Bool {
+            let t0 = since ?? monotonicNanos()
+            while events.load(ordering: .relaxed) < count {
+                if monotonicNanos() &- t0 >= within { return false }
+                usleep(1_000)
+            }
+            return true
+        }
+
         var wakeups: Int {
             let done = DispatchSemaphore(value: 0)
             nonisolated(unsafe) var n = 0
@@ -87,7 +98,7 @@ struct PollerLingerTests {
         defer { p.stop() }
         let before = p.wakeups
         let t0 = monotonicNanos()
-        while p.events.load(ordering: .relaxed) < 20_000 && monotonicNanos() - t0 < 10_000_000_000 { usleep(1_000) }
+        _ = p.waitForEvents(20_000, within: 10_000_000_000, since: t0)
         let events = p.events.load(ordering: .relaxed)
         let wakeups = max(1, p.wakeups - before)
         #expect(events >= 20_000, "the ping-pong stalled at \(events) events")
@@ -99,7 +110,11 @@ struct PollerLingerTests {
     @Test func executedWorkIsNotHeldBackByALingeringPoller() {
         let p = PingPong()
         defer { p.stop() }
-        while p.events.load(ordering: .relaxed) < 1_000 { usleep(1_000) }  // the loop is lingering now
+        // The loop is lingering once the ping-pong runs; a stalled ping-pong fails within 10 s.
+        guard p.waitForEvents(1_000) else {
+            Issue.record("the ping-pong stalled at \(p.events.load(ordering: .relaxed)) events")
+            return
+        }
         var worst: UInt64 = 0
         for _ in 0..<20 {
             let ran = DispatchSemaphore(value: 0)
@@ -128,7 +143,10 @@ struct PollerLingerTests {
     @Test func timersOnTheQueueFireWhileEventsKeepComing() {
         let p = PingPong()
         defer { p.stop() }
-        while p.events.load(ordering: .relaxed) < 1_000 { usleep(1_000) }
+        guard p.waitForEvents(1_000) else {
+            Issue.record("the ping-pong stalled at \(p.events.load(ordering: .relaxed)) events")
+            return
+        }
         let fired = DispatchSemaphore(value: 0)
         let armedAt = monotonicNanos()
         nonisolated(unsafe) var firedAt: UInt64 = 0

@@ -20,7 +20,7 @@ import BearerdTLS
         }
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func authSelectAndCommandsOverTCP() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func authSelectAndCommandsOverTCP() async throws {
         let redis = try RedisServer(password: "s3cret")
         var options = RedisOptions(endpoint: .tcp(host: "127.0.0.1", port: redis.port, tls: false), database: 3, password: "s3cret")
         options.commandTimeout = .seconds(2)
@@ -35,7 +35,7 @@ import BearerdTLS
         loop.execute { c.shutdown() }
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func wrongPasswordFailsWithoutShowingIt() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func wrongPasswordFailsWithoutShowingIt() async throws {
         let redis = try RedisServer(password: "right")
         let options = RedisOptions(endpoint: .tcp(host: "127.0.0.1", port: redis.port, tls: false), database: 0, password: "wrong-pw")
         let c = RedisConnection(options: options, loop: loop)
@@ -45,7 +45,7 @@ import BearerdTLS
         loop.execute { c.shutdown() }
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func unixSocket() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func unixSocket() async throws {
         let redis = try RedisServer()
         var options = RedisOptions(endpoint: .unix(path: redis.socketPath), database: 0)
         options.commandTimeout = .seconds(2)
@@ -54,7 +54,7 @@ import BearerdTLS
         loop.execute { c.shutdown() }
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func slowAnswerTimesOutAndTheConnectionRecovers() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func slowAnswerTimesOutAndTheConnectionRecovers() async throws {
         let redis = try RedisServer()
         let options = RedisOptions(endpoint: .tcp(host: "127.0.0.1", port: redis.port, tls: false), database: 0)
         let c = RedisConnection(options: options, loop: loop)
@@ -79,7 +79,7 @@ import BearerdTLS
         loop.execute { c.shutdown() }
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func serverGoneThenBack() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func serverGoneThenBack() async throws {
         let redis = try RedisServer()
         let options = RedisOptions(endpoint: .tcp(host: "127.0.0.1", port: redis.port, tls: false), database: 0)
         let c = RedisConnection(options: options, loop: loop)
@@ -97,7 +97,7 @@ import BearerdTLS
         loop.execute { c.shutdown() }
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func redissVerifiesTheServerAndSendsAClientCertificate() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func redissVerifiesTheServerAndSendsAClientCertificate() async throws {
         let pki = try TestPKI.generate()
         defer { pki.remove() }
         let redis = try RedisServer(tls: (pki.serverCertFile, pki.serverKeyFile, pki.caFile, true))

@@ -38,7 +38,7 @@ struct SharedRefreshTokenTests {
         return try condition()
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable))
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable)))
     func invalidGrantAdoptsTheRefreshTokenAnotherReplicaRotated() async throws {
         let redis = try RedisServer()
         let server = SessionRefreshTokenTests.RotatingServer()

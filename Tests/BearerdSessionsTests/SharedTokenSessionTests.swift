@@ -94,7 +94,7 @@ import BearerdTLS
         #expect(SharedTokenCache.identity(of: base, dpopThumbprint: "jkt") != id)
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func oneFetchesUnderTheLockTheOtherAdoptsItsRecord() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func oneFetchesUnderTheLockTheOtherAdoptsItsRecord() async throws {
         let redis = try RedisServer()
         let c = try cache(port: redis.port)
         // a's lock outlives anything a loaded machine does meanwhile (its TTL is no window of this test).
@@ -117,7 +117,7 @@ import BearerdTLS
         guard case .fetch = await before(session(c), current: "AT1", bound: .milliseconds(200)) else { Issue.record("own token is not new"); return }
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func aHolderThatLostTheLockDoesNotPublish() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func aHolderThatLostTheLockDoesNotPublish() async throws {
         let redis = try RedisServer()
         let c = try cache(port: redis.port)
         let a = session(c)
@@ -128,9 +128,17 @@ import BearerdTLS
         try await Task.sleep(for: .milliseconds(200))
         #expect(try redis.cli(["EXISTS", "t:id"]) == "0", "fencing: no record from a former holder")
         #expect(try redis.cli(["GET", "t:id:lock"]) == "someone-else", "and the other's lock is untouched")
+        // Positive control: a holder that does hold the lock publishes within the same 200 ms, so
+        // the absence above is the fencing, not a wait too short to see a record.
+        try redis.cli(["DEL", "t:id:lock"])
+        let d = session(c)
+        guard case .fetch = await before(d) else { Issue.record("d fetches"); return }
+        await onLoop { d.publish(accessToken: "AT-live", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: nil) }
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(try redis.cli(["EXISTS", "t:id"]) == "1", "the lock holder's record landed within the window")
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func aRejectedGenerationIsNotAdopted() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func aRejectedGenerationIsNotAdopted() async throws {
         let redis = try RedisServer()
         let c = try cache(port: redis.port)
         let a = session(c)
@@ -145,7 +153,7 @@ import BearerdTLS
         guard case .fetch = await before(session(c), bound: .milliseconds(300)) else { Issue.record("b must not adopt"); return }
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func corruptOrForeignRecordsAreIgnored() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func corruptOrForeignRecordsAreIgnored() async throws {
         let redis = try RedisServer()
         let other = session(try cache(port: redis.port, key: [UInt8](repeating: 9, count: 32)))
         guard case .fetch = await before(other) else { Issue.record("fetch"); return }
@@ -158,7 +166,7 @@ import BearerdTLS
         guard case .fetch(nil) = await before(session(c)) else { Issue.record("garbage is not adopted"); return }
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func redisDownMeansAnImmediateLocalFetch() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func redisDownMeansAnImmediateLocalFetch() async throws {
         let redis = try RedisServer()
         let c = try cache(port: redis.port)
         redis.stop()
@@ -181,7 +189,7 @@ import BearerdTLS
         #expect(recovered)
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func aFullRedisMeansALocalFetch() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func aFullRedisMeansALocalFetch() async throws {
         let redis = try RedisServer()
         let c = try cache(port: redis.port)
         // Full: every write is refused with an OOM error.
@@ -198,7 +206,7 @@ import BearerdTLS
         #expect(!c.isDegraded)
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func aWaitersPollsAndBoundRunOnTheSessionClock() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func aWaitersPollsAndBoundRunOnTheSessionClock() async throws {
         let redis = try RedisServer()
         let c = try cache(port: redis.port)
         let clock = FakeSessionClock()
@@ -215,7 +223,7 @@ import BearerdTLS
         #expect(try redis.cli(["GET", "t:id:lock"]).isEmpty == false, "a still holds the lock")
     }
 
-    @Test(.enabled(if: RedisServer.isAvailable)) func aWaiterIsWokenByThePublishNotNextPoll() async throws {
+    @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func aWaiterIsWokenByThePublishNotNextPoll() async throws {
         let redis = try RedisServer()
         let c = try cache(port: redis.port)
         let a = session(c), b = session(c)

@@ -148,8 +148,9 @@ struct AccessControlTests {
         Self.stop(second)
     }
 
-    @Test(.enabled(if: getuid() == 0 && AccessControlTests.tools, "needs root, /usr/bin/setpriv and /usr/bin/python3"))
+    @Test(.enabled(if: Prerequisite.runs(Prerequisite.isRoot && AccessControlTests.tools), "needs root, /usr/bin/setpriv and /usr/bin/python3"))
     func peerNotInAllowUIDsGets403() throws {
+        try Prerequisite.require(Prerequisite.isRoot && AccessControlTests.tools, "root, /usr/bin/setpriv and /usr/bin/python3 (a client run as uid 65534)")
         let origin = try TestOrigin(handler: echoHandler)
         defer { origin.stop() }
         let dir = try Self.tempDirectory()
@@ -175,8 +176,9 @@ struct AccessControlTests {
         #expect(origin.requests.count == 1)
     }
 
-    @Test(.enabled(if: getuid() == 0 && AccessControlTests.tools, "needs root, /usr/bin/setpriv and /usr/bin/python3"))
+    @Test(.enabled(if: Prerequisite.runs(Prerequisite.isRoot && AccessControlTests.tools), "needs root, /usr/bin/setpriv and /usr/bin/python3"))
     func peerInAllowUIDsIsServedAndOthersAreNot() throws {
+        try Prerequisite.require(Prerequisite.isRoot && AccessControlTests.tools, "root, /usr/bin/setpriv and /usr/bin/python3 (a client run as uid 65534)")
         let origin = try TestOrigin(handler: echoHandler)
         defer { origin.stop() }
         let dir = try Self.tempDirectory()
@@ -207,8 +209,9 @@ struct AccessControlTests {
         #expect(origin.requests.count == 1)
     }
 
-    @Test(.enabled(if: getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"), "needs root and /usr/bin/setpriv"))
+    @Test(.enabled(if: Prerequisite.runs(Prerequisite.isRoot && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")), "needs root and /usr/bin/setpriv"))
     func unprivilegedStartErrorsNameThePath() throws {
+        try Prerequisite.require(Prerequisite.isRoot && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"), "root and /usr/bin/setpriv (bearerd run as uid 65534)")
         // `bearerd run` as uid 65534: first in a directory it may not write, then in its own
         // directory but asked to give the socket to root.
         let dir = try Self.tempDirectory()

@@ -6,7 +6,7 @@ import BearerdTestSupport
 /// (`/_test/clock`: its `Date` headers, and the `iat` window it checks private_key_jwt
 /// assertions and DPoP proofs against). bearerd measures the skew from the first answer, logs it
 /// once at warning level, and what it signs afterwards carries the server's time.
-@Suite("Clock skew", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+@Suite("Clock skew", .serialized, .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct ClockSkewEndToEndTests {
     static func warnings(_ logs: String) -> [Substring] {
         logs.split(separator: "\n").filter { $0.contains("clock skew against the token endpoint") }

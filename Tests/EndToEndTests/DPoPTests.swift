@@ -8,7 +8,7 @@ import BearerdTestSupport
 /// the embedded key, htm/htu, ath, jti uniqueness, the key against the token's cnf.jkt, and a
 /// nonce it demands on first contact), with its tokens from the Authlib fixture's DPoP token
 /// endpoint (which demands its own nonce and binds tokens with cnf.jkt).
-@Suite("DPoP", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+@Suite("DPoP", .serialized, .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct DPoPEndToEndTests {
     static func json(_ r: TestClient.Response) -> [String: Any] {
         (try? JSONSerialization.jsonObject(with: Data(r.body))) as? [String: Any] ?? [:]

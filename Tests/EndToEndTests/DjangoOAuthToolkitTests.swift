@@ -14,7 +14,7 @@ import Glibc
 /// rotating refresh tokens without a grace period, RFC 7009 revocation of an access token that
 /// also revokes its refresh token, and a plain protected view answering a bad token with a bare 403.
 @Suite("django-oauth-toolkit: login, token and run", .serialized,
-       .enabled(if: DjangoOAuthFixture.isAvailable && AuthServerFixture.isAvailable,
+       .enabled(if: Prerequisite.runs(DjangoOAuthFixture.isAvailable) && Prerequisite.runs(AuthServerFixture.isAvailable),
                 "\(DjangoOAuthFixture.unavailableReason ?? AuthServerFixture.unavailableReason ?? "")"))
 struct DjangoOAuthToolkitTests {
     /// `routes`: the `routes:` entries, each line indented as in the file (default: `/` to the API).
@@ -270,7 +270,7 @@ struct DjangoOAuthToolkitTests {
 /// `device_authorization_url:` and `token_url:`; its 8-character user codes, `interval` and
 /// `authorization_pending` answers; a denial.
 @Suite("django-oauth-toolkit: device flow", .serialized,
-       .enabled(if: DjangoOAuthFixture.isAvailable, "\(DjangoOAuthFixture.unavailableReason ?? "")"))
+       .enabled(if: Prerequisite.runs(DjangoOAuthFixture.isAvailable), "\(DjangoOAuthFixture.unavailableReason ?? "")"))
 struct DjangoOAuthToolkitDeviceTests {
     static func config(_ dot: DjangoOAuthFixture, dir: String, endpoints: String? = nil) -> String {
         """

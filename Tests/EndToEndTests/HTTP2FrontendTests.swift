@@ -52,7 +52,7 @@ struct HTTP2FrontendTests {
         return ([r], [s])
     }
 
-    @Test(.enabled(if: Curl.available)) func priorKnowledgeH2CThroughToAnHTTP1Upstream() throws {
+    @Test(.enabled(if: Prerequisite.runs(Curl.available))) func priorKnowledgeH2CThroughToAnHTTP1Upstream() throws {
         let tokens = try ScriptedTokenEndpoint()
         defer { tokens.stop() }
         let origin = try TestOrigin(handler: echoHandler)
@@ -79,7 +79,7 @@ struct HTTP2FrontendTests {
         #expect(proxy.logs.text.contains("protocol=h2"))
     }
 
-    @Test(.enabled(if: Curl.available)) func httpsListenerNegotiatesH2WithALPN() throws {
+    @Test(.enabled(if: Prerequisite.runs(Curl.available))) func httpsListenerNegotiatesH2WithALPN() throws {
         let pki = try TestPKI.generate()
         defer { pki.remove() }
         let origin = try TestOrigin(handler: echoHandler)
@@ -96,7 +96,7 @@ struct HTTP2FrontendTests {
         #expect(h1.body.contains("target=/tls1"))
     }
 
-    @Test(.enabled(if: Curl.available)) func refusalsAndErrorsAreAnsweredOnTheStream() throws {
+    @Test(.enabled(if: Prerequisite.runs(Curl.available))) func refusalsAndErrorsAreAnsweredOnTheStream() throws {
         let tokens = try ScriptedTokenEndpoint { _ in .json(status: 400, body: #"{"error":"invalid_client","error_description":"nope"}"#) }
         defer { tokens.stop() }
         let origin = try TestOrigin(handler: echoHandler)
@@ -177,7 +177,7 @@ struct HTTP2DeadlineTests {
 struct HTTP2ReplayTests {
     /// DESIGN §6 for an HTTP/2 client: the first token is rejected, the POST body kept and
     /// replayed with the refreshed token on the same stream.
-    @Test(.enabled(if: Curl.available)) func aRejectedH2RequestIsReplayedWithItsBody() throws {
+    @Test(.enabled(if: Prerequisite.runs(Curl.available))) func aRejectedH2RequestIsReplayedWithItsBody() throws {
         let tokens = try ScriptedTokenEndpoint()
         defer { tokens.stop() }
         let origin = try TestOrigin { r in
@@ -374,7 +374,7 @@ struct HTTP2HostileFrameTests {
     }
 
     /// The listener's header count limit applies to HTTP/2 as to HTTP/1.1: 431 and the JSON error.
-    @Test(.enabled(if: Curl.available)) func tooManyHeaderFieldsAre431OnBothProtocols() throws {
+    @Test(.enabled(if: Prerequisite.runs(Curl.available))) func tooManyHeaderFieldsAre431OnBothProtocols() throws {
         let origin = try TestOrigin(handler: echoHandler)
         defer { origin.stop() }
         let proxy = try TestProxy(routes: [route(origin: origin.port)])

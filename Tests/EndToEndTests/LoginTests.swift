@@ -10,7 +10,7 @@ import Glibc
 /// (`$BROWSER` runs curl, which follows the redirects as a person's browser would), then `token`
 /// and `run` keep the session (DESIGN §3, §4).
 @Suite("bearerd login (authorization code + PKCE)", .serialized,
-       .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+       .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct LoginTests {
     /// A browser stand-in: curl follows the authorization endpoint's redirect to the loopback
     /// callback. `extra` is appended to the authorization URL (the fixture's test switches).
@@ -300,7 +300,7 @@ struct LoginTests {
 /// The device flow (RFC 8628): `bearerd login` prints the code, a person (the test) approves it at
 /// the fixture, and the polling `login` stores the session; a denial stops it clearly.
 @Suite("bearerd login (device flow)", .serialized,
-       .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+       .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct DeviceLoginTests {
     static func config(auth: AuthServerFixture, dir: String, endpoints: String? = nil) -> String {
         """

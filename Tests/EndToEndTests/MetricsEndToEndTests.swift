@@ -14,7 +14,7 @@ import BearerdService
 /// reference Prometheus parser (`prometheus_client`, Tests/Fixtures/parse_metrics.py), and
 /// `/readyz` both ways.
 @Suite("Admin metrics and readiness", .serialized,
-       .enabled(if: PrometheusParser.isAvailable, "\(PrometheusParser.unavailableReason ?? "")"))
+       .enabled(if: Prerequisite.runs(PrometheusParser.isAvailable), "\(PrometheusParser.unavailableReason ?? "")"))
 struct MetricsEndToEndTests {
     /// A token endpoint on 127.0.0.1 (TestOrigin): the n-th request gets `tok-<n>` (1 h), or
     /// RFC 6749 §5.2 `invalid_client` while `refusing`; each answer after `delay` seconds.

@@ -82,7 +82,7 @@ final class RunningBearerd {
 
 /// Operations with the real binary (DESIGN §3, §5): SIGHUP (changed secret file, sessions kept),
 /// SIGTERM while slow requests are in flight, JSON logs with credentials redacted at trace level.
-@Suite("Operations: signals and logs", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+@Suite("Operations: signals and logs", .serialized, .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct OperationsTests {
     /// The origin echoes the Authorization it received, so the test learns the injected token.
     static func echoAuthorization(_ r: TestOrigin.Request) -> TestOrigin.Reply {

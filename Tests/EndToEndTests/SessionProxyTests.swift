@@ -12,7 +12,7 @@ import BearerdService
 /// Token sessions end to end: bearerd in front of a real Authlib authorization server whose
 /// Bearer-protected `/api/` is the upstream (it validates tokens and answers 401 with
 /// `WWW-Authenticate`), with its fault hooks for the token endpoint.
-@Suite("Sessions against a real authorization server", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+@Suite("Sessions against a real authorization server", .serialized, .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct SessionProxyTests {
     static func session(_ name: String = "s", grant: GrantType = .clientCredentials, auth: AuthServerFixture,
                         clientID: String = "svc", secret: String? = "svc-secret", clientAuth: ClientAuthentication = .clientSecretBasic,

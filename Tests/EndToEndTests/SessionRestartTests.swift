@@ -8,7 +8,7 @@ import BearerdService
 /// A refresh_token session whose server rotates refresh tokens with no grace window: every
 /// rotated token must be persisted before use, or a restart after kill -9 loses the session
 /// (the server would answer `invalid_grant`). Runs the real `bearerd` binary.
-@Suite("Refresh-token rotation across kill -9", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+@Suite("Refresh-token rotation across kill -9", .serialized, .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct SessionRestartTests {
     @Test func rotationSurvivesKill9AndBearerdTokenSharesTheState() throws {
         let auth = try AuthServerFixture.start(tokenLifetime: 3600, rotateRefreshTokens: true, graceSeconds: 0)

@@ -18,7 +18,7 @@ import Logging
 /// Bounded: about 45 s of load (`BEARERD_SOAK_SECONDS` overrides it), every client loop ends at
 /// the deadline, every request has a 15 s timeout.
 @Suite("Session soak: revocations and token endpoint outages under load", .serialized,
-       .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+       .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct SessionSoakTests {
     /// Counts per status and the failures, from the client threads.
     final class Tally: @unchecked Sendable {  // @unchecked: state guarded by `lock`

@@ -4,7 +4,7 @@ import BearerdTestSupport
 
 /// `bearerd check` with `shared_cache:` (DESIGN §6 "Shared cache"): the connection (AUTH,
 /// SELECT) and the key are tested; failures are FILE:LINE: key errors without the password.
-@Suite("bearerd check: shared_cache", .serialized, .enabled(if: RedisServer.isAvailable))
+@Suite("bearerd check: shared_cache", .serialized, .enabled(if: Prerequisite.runs(RedisServer.isAvailable)))
 struct SharedCacheCheckTests {
     @Test func checkTestsTheConnectionAndTheKey() throws {
         let redis = try RedisServer(password: "pw-secret-1")

@@ -8,7 +8,7 @@ import Glibc
 /// DESIGN §6 "Shared cache": several bearerd processes (replicas) share one token per session
 /// through a real redis-server, against the real Authlib server (which counts token requests).
 @Suite("Shared token cache across replicas", .serialized,
-       .enabled(if: AuthServerFixture.isAvailable && RedisServer.isAvailable, "\(AuthServerFixture.unavailableReason ?? "redis-server missing")"))
+       .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable) && Prerequisite.runs(RedisServer.isAvailable), "\(AuthServerFixture.unavailableReason ?? "redis-server missing")"))
 struct SharedCacheTests {
     /// One `bearerd run` process with its own listener, admin port and state_dir.
     final class Replica {

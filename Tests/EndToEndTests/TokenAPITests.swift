@@ -7,7 +7,7 @@ import BearerdTestSupport
 /// is refused), a loopback TCP port that demands `Bearerd-Token-Request: 1` and refuses
 /// browser-like requests, sessions it is not configured for, and `bearerd check` refusing a
 /// non-loopback TCP listen.
-@Suite("Token API", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+@Suite("Token API", .serialized, .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct TokenAPITests {
     struct Answer {
         var status: Int
@@ -143,7 +143,7 @@ struct TokenAPITests {
         #expect(try Self.unixRequest(socket, Self.get("/v1/token/partner")).json["access_token"] as? String == token)
 
         // Another uid: refused, nothing handed out (a client run as uid 65534 needs root to start).
-        let asRoot = getuid() == 0
+        let asRoot = try Prerequisite.check(Prerequisite.isRoot, "root (a client run as uid 65534 with setpriv)")
         if asRoot {
             let stranger = try Self.unixRequest(socket, Self.get("/v1/token/partner"), uid: 65534)
             #expect(stranger.status == 403, "\(stranger.body)")

@@ -5,7 +5,7 @@ import BearerdTestSupport
 /// Sink files (DESIGN §4 `sinks:`) with the real binary and the Authlib fixture: atomic
 /// rewrites watched by another process, every format for bearer, inject and DPoP sessions, an
 /// unwritable directory (bearerd run as another uid), and a reload removing a sink.
-@Suite("Token sinks", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+@Suite("Token sinks", .serialized, .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct TokenSinkTests {
     static func read(_ path: String) -> String? { try? String(contentsOfFile: path, encoding: .utf8) }
 
@@ -225,8 +225,9 @@ struct TokenSinkTests {
         #expect(api.status == 200, "\(api.bodyText)")
     }
 
-    @Test(.enabled(if: getuid() == 0, "runs bearerd as uid 65534 (setpriv), which needs root"))
+    @Test(.enabled(if: Prerequisite.runs(Prerequisite.isRoot), "runs bearerd as uid 65534 (setpriv), which needs root"))
     func anUnwritableSinkDirectoryKeepsTheProxyServingShowsOnReadyzAndRecovers() throws {
+        try Prerequisite.require(Prerequisite.isRoot, "root (bearerd run as uid 65534 with setpriv)")
         let auth = try AuthServerFixture.start()
         defer { auth.stop() }
         let origin = try Self.echoOrigin()

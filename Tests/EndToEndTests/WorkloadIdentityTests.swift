@@ -11,7 +11,7 @@ import Glibc
 /// (subject and actor JWTs verified against the trusted cluster JWKS) and federated client
 /// assertions. The JWTs are signed by the fixture's test "cluster" key, as Kubernetes' API
 /// server signs projected service-account tokens.
-@Suite("workload identity", .serialized, .enabled(if: AuthServerFixture.isAvailable, "\(AuthServerFixture.unavailableReason ?? "")"))
+@Suite("workload identity", .serialized, .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct WorkloadIdentityTests {
     static let serviceAccount = "system:serviceaccount:default:bearerd"
 
