@@ -179,7 +179,7 @@ public enum RequestSigning {
         case .awsV4(let region, let service):
             if payload == .unsigned && !scheme.isS3 { return .failure(.payloadMustBeSigned(service: service)) }
             let query = pairs.map { "\($0.key)=\($0.value)" }.joined(separator: "&")
-            let wireTarget = query.isEmpty && queryBytes.isEmpty ? wirePath : wirePath + "?" + query
+            let wireTarget = query.isEmpty ? wirePath : wirePath + "?" + query  // a bare `?` is no query
             let canonicalURI: String
             if scheme.isS3 {
                 canonicalURI = wirePath
@@ -207,7 +207,7 @@ public enum RequestSigning {
         case .ossV4(let region, let bucket):
             let query = pairs.map { $0.value.isEmpty ? $0.key : "\($0.key)=\($0.value)" }.joined(separator: "&")
             let wireQuery = pairs.map { $0.hasValue ? "\($0.key)=\($0.value)" : $0.key }.joined(separator: "&")
-            let wireTarget = wireQuery.isEmpty && queryBytes.isEmpty ? wirePath : wirePath + "?" + wireQuery
+            let wireTarget = wireQuery.isEmpty ? wirePath : wirePath + "?" + wireQuery
             var resource: [UInt8] = [UInt8(ascii: "/")]
             if let bucket, !bucket.isEmpty {
                 resource += Array(bucket.utf8)
