@@ -147,7 +147,15 @@ public enum RequestSigning {
             return .failure(.invalidPercentEncoding(offset: firstBadPercent(pathBytes[(start + 1)...]) ?? start))
         }
         segments.append(last)
-        let wirePath = "/" + segments.map { encode($0) }.joined(separator: "/")
+        // S3 and OSS name an object by its whole decoded key, in which an encoded `/` is a `/`:
+        // encoded with `/` kept. Other services route by path segments: each encoded alone.
+        let byKey: Bool
+        switch scheme {
+        case .awsV4: byKey = scheme.isS3
+        case .ossV4: byKey = true
+        }
+        let wirePath = byKey ? encode(Array(([UInt8(ascii: "/")] + segments.joined(separator: [UInt8(ascii: "/")]))), keepSlash: true)
+                             : "/" + segments.map { encode($0) }.joined(separator: "/")
 
         // Query: pair by pair.
         var pairs: [(key: String, value: String, hasValue: Bool)] = []

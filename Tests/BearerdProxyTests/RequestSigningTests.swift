@@ -58,6 +58,19 @@ struct OpenSSLCrypto: RequestSigning.Crypto {
         #expect(Self.field(s, "Authorization") == "AWS4-HMAC-SHA256 Credential=ASIAEXAMPLE/20150830/us-east-1/s3/aws4_request, SignedHeaders=content-type;host;x-amz-content-sha256;x-amz-date;x-amz-security-token, Signature=224d3633a5a2d1a72402b1ca8b3eff141db85dae2868a629fec9330aa615d5b6")
     }
 
+    /// An encoded `/` inside a key: S3 and OSS name the object by its decoded key (a `/`), so it
+    /// is sent and signed as `/`; services routed by path keep `%2F` inside one segment.
+    @Test func anEncodedSlashIsAKeySlashForObjectStoresOnly() throws {
+        let creds = RequestSigning.Credentials(accessKeyID: "A", secretAccessKey: "S", sessionToken: nil)
+        let s3 = try Self.sign("GET", "/dir%2Fsub/x", host: "b.s3.amazonaws.com", .awsV4(region: "r", service: "s3"), creds, payload: .unsigned, at: 0)
+        #expect(s3.target == "/dir/sub/x")
+        let oss = try Self.sign("GET", "/dir%2fsub/x", host: "b.oss-r.aliyuncs.com", .ossV4(region: "r", bucket: "b"), creds, payload: .unsigned, at: 0)
+        #expect(oss.target == "/dir/sub/x")
+        let api = try Self.sign("GET", "/dir%2fsub/x", host: "api", .awsV4(region: "r", service: "execute-api"), creds,
+                                payload: .hashed(RequestSigning.Payload.emptyHash), at: 0)
+        #expect(api.target == "/dir%2Fsub/x")
+    }
+
     @Test func s3UnsignedPayload() throws {
         let s = try Self.sign("PUT", "/k?uploads", host: "bucket.s3.us-east-1.amazonaws.com", .awsV4(region: "us-east-1", service: "s3"),
                               .init(accessKeyID: "AK", secretAccessKey: "SK", sessionToken: "TOK"), payload: .unsigned, at: Self.t2015)
