@@ -3,7 +3,8 @@
 # `swift test` (module targets, then end-to-end). bearerd itself needs none of this:
 #   Debian packages: python3-venv (the fixtures' venv), systemd (systemd-socket-activate and
 #   systemd-analyze for the systemd and deploy/ tests), nginx (a real HTTP/2 upstream), curl (an
-#   HTTP/2 client), openssl (certificates made for the tests), redis-server (the shared token cache)
+#   HTTP/2 client), openssl (certificates made for the tests), redis-server (the shared token cache),
+#   tinyproxy (a real forward proxy for outbound_proxy)
 #   PyPI, pinned, into .venv: Authlib and Flask, and Django with django-oauth-toolkit (two real
 #   authorization servers), grpcio (a real gRPC server and client), websockets (a real WebSocket
 #   peer), prometheus_client (the metrics parser)
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 need=()
-for pkg in python3 python3-venv systemd nginx curl redis-server openssl libssl-dev libnghttp2-dev pkg-config; do
+for pkg in python3 python3-venv systemd nginx curl redis-server tinyproxy openssl libssl-dev libnghttp2-dev pkg-config; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -28,7 +29,7 @@ if [ ! -x .venv/bin/python3 ]; then python3 -m venv .venv; fi
 if [ -n "${CI:-}" ]; then
     echo "== the tests' prerequisites are present (CI must not skip a test for lack of them)"
     .venv/bin/python3 -c "import authlib, flask, prometheus_client.parser, grpc, websockets, django, oauth2_provider, kubernetes_validate, hypercorn"
-    for tool in systemd-socket-activate systemd-analyze setpriv curl /usr/sbin/nginx /usr/bin/redis-server; do
+    for tool in systemd-socket-activate systemd-analyze setpriv curl /usr/sbin/nginx /usr/bin/redis-server /usr/bin/tinyproxy; do
         command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
     done
     [ "$(id -u)" -eq 0 ] || echo "note: not root, so the SO_PEERCRED tests (run a client as another uid) will be skipped"

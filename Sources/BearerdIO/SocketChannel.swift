@@ -33,6 +33,10 @@ public enum ChannelError: Error, CustomStringConvertible {
     case tls(TLSError)
     case timeout(String)
     case protocolError(String)
+    /// A forward proxy did not open a CONNECT tunnel (RFC 9110 §9.3.6): `status` is its final
+    /// non-2xx answer, nil when it could not be reached or closed without answering. The text
+    /// names the proxy (never its credentials) and what happened.
+    case proxyTunnel(status: Int?, String)
 
     public var description: String {
         switch self {
@@ -41,6 +45,7 @@ public enum ChannelError: Error, CustomStringConvertible {
         case .tls(let e): return "\(e)"
         case .timeout(let what): return "\(what) timed out"
         case .protocolError(let what): return what
+        case .proxyTunnel(_, let what): return what
         }
     }
 }

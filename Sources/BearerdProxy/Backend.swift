@@ -868,7 +868,8 @@ final class BackendPool {
         }
     }
 
-    /// Resolves and connects. `stillWanted` is asked once the address is known: when no request
+    /// Resolves and connects. `stillWanted` is asked once the address is known (through an
+    /// outbound proxy's CONNECT tunnel also before CONNECT and once the tunnel is up): when no request
     /// waits any more, nothing is opened (`abandoned`), so a request cancelled while its name
     /// resolved costs the upstream nothing.
     private func open(_ target: UpstreamTarget, http1Only: Bool, stillWanted: @escaping () -> Bool, abandoned: @escaping () -> Void,
@@ -879,29 +880,42 @@ final class BackendPool {
         }
         if let proxy = target.proxy, target.url.isTLS || target.http2 == .priorKnowledge {
             // `outbound_proxy:` for https: a CONNECT tunnel, TLS to the upstream inside it.
+            // A request that went away before the tunnel is up opens none (`stillWanted`).
             ProxyTunnel.open(through: proxy, to: target.url.host, port: target.url.port,
-                             timeout: .nanoseconds(Int64(clamping: target.connectTimeout)), on: loop) { [self] result in
+                             timeout: .nanoseconds(Int64(clamping: target.connectTimeout)), on: loop,
+                             stillWanted: stillWanted) { [self] result in
                 switch result {
+                case .failure(let f) where f.kind == .abandoned:
+                    abandoned()
                 case .failure(let f):
-                    connected(.failure(.connect(IOError("proxy \(proxy)", ECONNREFUSED, hint: f.message))))
+                    // Classified: a proxy timeout, its refusal (with its status), or an unreachable proxy.
+                    connected(.failure(f.channelError))
                 case .success(let tunnel):
                     BackendConnection(target: target, pool: self).connectThroughTunnel(tunnel, http1Only: http1Only, completion: connected)
                 }
             }
             return
         }
-        // http through a proxy: connect to the proxy, requests in absolute form.
+        // http through a proxy: connect to the proxy, requests in absolute form. A connect error
+        // then names the proxy, not the origin that was never dialled.
         let (host, port) = target.proxy.map { ($0.host, $0.port) } ?? (target.url.host, target.url.port)
+        let attempted: (Result<BackendConnection.ConnectOutcome, ChannelError>) -> Void = { r in
+            if let proxy = target.proxy, case .failure(.connect(let e)) = r {
+                connected(.failure(.connect(IOError(e.call, e.errno, hint: (e.hint.map { $0 + "; " } ?? "") + "the outbound proxy \(proxy)"))))
+            } else {
+                connected(r)
+            }
+        }
         Resolver.shared.resolve(host: host, port: port, on: loop) { [self] result in
             switch result {
             case .failure(let e):
-                connected(.failure(.connect(e)))
+                attempted(.failure(.connect(e)))
             case .success(let addrs):
                 guard stillWanted() else {
                     abandoned()
                     return
                 }
-                BackendConnection(target: target, pool: self).connect(addresses: addrs, http1Only: http1Only, completion: connected)
+                BackendConnection(target: target, pool: self).connect(addresses: addrs, http1Only: http1Only, completion: attempted)
             }
         }
     }

@@ -711,8 +711,16 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             failureDetail = e.message
         case .protocolError: failure = .invalidResponse
         case .connect, .io: failure = .unreachable
+        // The outbound proxy refused the CONNECT tunnel: wanting credentials is its own answer
+        // (the operator's proxy credentials); any other status, or no answer, is an unreachable
+        // upstream whose detail names the proxy and its status.
+        case .proxyTunnel(let status, _): failure = ProxyExchange.UpstreamFailure(outboundProxyRefusal: status)
         }
-        if failure != .tls { failureDetail = "\(target.url.authority): \(error)" }
+        if case .proxyTunnel = error {
+            failureDetail = "\(error)"  // names the proxy and the target already
+        } else if failure != .tls {
+            failureDetail = "\(target.url.authority): \(error)"
+        }
         run(machine.upstreamFailed(failure, reusedConnection: reused, responseBytesSeen: responseBytesSeen, unprocessed: unprocessed))
     }
 
@@ -834,7 +842,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             detail = "\(target.url.authority): the upstream switched protocols (101) for a request that asked for no upgrade"
         case .proofUnavailable:
             detail = "\(target.url.authority): cannot sign a DPoP proof with the key of session \(session?.name ?? "?")"
-        case .unreachable, .timeout, .tls, .invalidResponse:
+        case .unreachable, .timeout, .tls, .invalidResponse, .outboundProxyAuthRequired:
             detail = failureDetail ?? "\(target.url.authority): upstream failed"
         }
         runtime.logger.warning("upstream failed", metadata: ["route": "\(route.match)", "upstream": "\(target.url.authority)",

@@ -120,6 +120,8 @@ public struct RouteMetrics: Sendable {
 /// The raw value indexes `RouteMetrics.upstreamErrors`; `label` is the JSON body's `error`.
 public enum UpstreamErrorKind: Int, CaseIterable, Sendable {
     case tokenUnavailable, upstreamUnreachable, upstreamTimeout, upstreamTLS, upstreamInvalidResponse
+    /// The outbound proxy answered CONNECT with 407: its credentials are missing or wrong (502).
+    case outboundProxyAuthRequired
 
     public var label: String {
         switch self {
@@ -128,6 +130,7 @@ public enum UpstreamErrorKind: Int, CaseIterable, Sendable {
         case .upstreamTimeout: "upstream_timeout"
         case .upstreamTLS: "upstream_tls"
         case .upstreamInvalidResponse: "upstream_invalid_response"
+        case .outboundProxyAuthRequired: "outbound_proxy_auth_required"
         }
     }
 }

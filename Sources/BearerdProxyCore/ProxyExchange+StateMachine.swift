@@ -735,6 +735,17 @@ extension ProxyExchange {
         case unexpectedSwitch
         /// No DPoP proof could be signed for the request (RFC 9449 §4): nothing was sent.
         case proofUnavailable
+        /// The outbound proxy answered CONNECT with 407 (RFC 9110 §15.5.8): its credentials
+        /// are missing or wrong, which only the operator can fix.
+        case outboundProxyAuthRequired
+
+        /// An outbound proxy that did not open the CONNECT tunnel: `status` its final answer, nil
+        /// when it could not be reached or closed without one. 407 asks for proxy credentials;
+        /// so does a 401 to CONNECT (tinyproxy answers wrong credentials so), since only the proxy
+        /// has seen the request. Any other status, or none, is an unreachable upstream.
+        public init(outboundProxyRefusal status: Int?) {
+            self = status == 407 || status == 401 ? .outboundProxyAuthRequired : .unreachable
+        }
     }
 
     /// bearerd's own answer in place of an upstream response (DESIGN §5): 502/503/504 with a
@@ -753,7 +764,7 @@ extension ProxyExchange {
             switch kind {
             case .tokenUnavailable: 503
             case .upstreamTimeout: 504
-            case .upstreamUnreachable, .upstreamTLS, .upstreamInvalidResponse: 502
+            case .upstreamUnreachable, .upstreamTLS, .upstreamInvalidResponse, .outboundProxyAuthRequired: 502
             }
         }
 
@@ -771,6 +782,7 @@ extension ProxyExchange {
             case .timeout: kind = .upstreamTimeout
             case .tls: kind = .upstreamTLS
             case .unreachable: kind = .upstreamUnreachable
+            case .outboundProxyAuthRequired: kind = .outboundProxyAuthRequired
             case .invalidResponse, .upgradeNotSwitched, .unexpectedSwitch, .proofUnavailable: kind = .upstreamInvalidResponse
             }
             self.init(kind: kind, grpc: grpc ? (kind == .upstreamTimeout ? .deadlineExceeded : .unavailable) : nil, keepAlive: keepAlive)

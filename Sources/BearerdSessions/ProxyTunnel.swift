@@ -19,9 +19,61 @@ import BearerdConfig
 public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
     /// Why the tunnel did not open; `message` is for the operator (never holds the credentials).
     public struct Failure: Error, Sendable, CustomStringConvertible {
+        /// What went wrong, which decides the answer to the request that waited (`channelError`).
+        public enum Kind: Sendable, Equatable {
+            /// The proxy's name did not resolve, it refused or reset the TCP connection, or it
+            /// closed the connection without answering CONNECT.
+            case proxyUnreachable
+            /// No connection to the proxy, or no answer to CONNECT, within the timeout.
+            case timeout
+            /// A final non-2xx answer to CONNECT (407: the proxy wants other credentials).
+            case refused(status: Int)
+            /// The answer is not HTTP/1.1, or its head is over `maxAnswerBytes`.
+            case invalidAnswer
+            /// Nobody wanted the tunnel any more (`stillWanted` said so); nothing was handed over.
+            case abandoned
+        }
+
+        public var kind: Kind
         public var message: String
-        public init(message: String) { self.message = message }
+        /// For a timeout: what timed out, for `ChannelError.timeout` ("… timed out").
+        var timedOut: String
+
+        public init(kind: Kind, message: String) {
+            self.kind = kind
+            self.message = message
+            timedOut = message
+        }
+
+        init(timeout what: String, message: String) {
+            kind = .timeout
+            self.message = message
+            timedOut = what
+        }
+
         public var description: String { message }
+
+        /// The proxy wants (other) credentials: 407, or 401 (tinyproxy's answer to wrong ones;
+        /// to CONNECT only the proxy can answer so). The same rule as the data path's
+        /// (`ProxyExchange.UpstreamFailure(outboundProxyRefusal:)`).
+        public var wantsCredentials: Bool { kind == .refused(status: 407) || kind == .refused(status: 401) }
+
+        /// `outbound_proxy_auth_required: ` when the proxy wants credentials (the error code a
+        /// routed request gets), else empty: for messages that are not JSON answers (the token
+        /// endpoint's).
+        public var codePrefix: String { wantsCredentials ? "outbound_proxy_auth_required: " : "" }
+
+        /// The failure as the data path's connect error: a timeout is a timeout (504 for the
+        /// request), a refusal carries the proxy's status (407 and others answered apart), an
+        /// answer that is not HTTP is a protocol error, anything else an unreachable proxy.
+        public var channelError: ChannelError {
+            switch kind {
+            case .timeout: .timeout(timedOut)
+            case .refused(let status): .proxyTunnel(status: status, message)
+            case .invalidAnswer: .protocolError(message)
+            case .proxyUnreachable, .abandoned: .proxyTunnel(status: nil, message)
+            }
+        }
     }
 
     /// An open tunnel: the channel (plaintext, reading on, delegate the tunnel until `start`)
@@ -65,12 +117,16 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
     private var answerStart: [UInt8] = []
     private var lastConnectError = "no address"
     private var completion: ((Result<Established, Failure>) -> Void)?
+    /// Asked before connecting, before sending CONNECT and before handing over an open tunnel:
+    /// false when the request it was for went away (the tunnel is then abandoned, unopened).
+    private let stillWanted: () -> Bool
     private var retainedSelf: ProxyTunnel?
     public private(set) var deadline: UInt64
 
     private init(loop: EventLoop, proxy: OutboundProxy.Endpoint, targetHost: String, targetPort: UInt16, timeout: Duration,
-                 completion: @escaping (Result<Established, Failure>) -> Void) {
+                 stillWanted: @escaping () -> Bool, completion: @escaping (Result<Established, Failure>) -> Void) {
         self.loop = loop
+        self.stillWanted = stillWanted
         self.proxy = proxy
         self.targetHost = targetHost
         self.targetPort = targetPort
@@ -81,21 +137,28 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
 
     /// Opens a tunnel through `proxy` to `targetHost:targetPort`; `completion` runs once on
     /// `loop` with the open tunnel or why not. Call on `loop`. The returned handle cancels.
+    /// `stillWanted` is asked at each step that would commit more (connecting, sending CONNECT,
+    /// handing over the open tunnel); once it says no, the tunnel ends `abandoned`: a request
+    /// whose client went away meanwhile opens no tunnel and sends nothing through one.
     @discardableResult
     public static func open(through proxy: OutboundProxy.Endpoint, to targetHost: String, port targetPort: UInt16, timeout: Duration,
-                            on loop: EventLoop, completion: @escaping (Result<Established, Failure>) -> Void) -> ProxyTunnel {
+                            on loop: EventLoop, stillWanted: @escaping () -> Bool = { true },
+                            completion: @escaping (Result<Established, Failure>) -> Void) -> ProxyTunnel {
         let tunnel = ProxyTunnel(loop: loop, proxy: proxy, targetHost: targetHost, targetPort: targetPort, timeout: timeout,
-                                 completion: completion)
+                                 stillWanted: stillWanted, completion: completion)
         tunnel.retainedSelf = tunnel
         loop.register(tunnel)
         Resolver.shared.resolve(host: proxy.host, port: proxy.port, on: loop) { [tunnel] result in
             switch result {
             case .success(let addresses): tunnel.attempt(addresses[...])
-            case .failure: tunnel.fail("cannot resolve the proxy \(proxy.host)")
+            case .failure: tunnel.fail(.proxyUnreachable, "cannot resolve the outbound proxy \(proxy.host)")
             }
         }
         return tunnel
     }
+
+    /// `host:port` as in the CONNECT line, for messages.
+    private var target: String { ForwardProxyRequest.authority(host: targetHost, port: targetPort) }
 
     /// Gives up now without calling `completion` (its owner went away). Call on `loop`.
     public func cancel() {
@@ -106,6 +169,10 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
 
     private func attempt(_ addresses: ArraySlice<SocketAddress>) {
         guard case .resolving = phase else { return }
+        guard stillWanted() else {
+            fail(.abandoned, "no request waits for the tunnel to \(target) any more")
+            return
+        }
         var rest = addresses
         while let address = rest.popFirst() {
             do {
@@ -116,7 +183,7 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
                 lastConnectError = "\(error)"
             }
         }
-        fail("cannot connect to the proxy \(proxy): \(lastConnectError)")
+        fail(.proxyUnreachable, "cannot connect to the outbound proxy \(proxy): \(lastConnectError)")
     }
 
     // MARK: LoopTimeoutable
@@ -124,9 +191,11 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
     public func deadlineExpired(now: UInt64) {
         switch phase {
         case .resolving, .connecting:
-            fail("cannot connect to the proxy \(proxy): timed out")
+            fail(Failure(timeout: "connecting to the outbound proxy \(proxy)",
+                         message: "cannot connect to the outbound proxy \(proxy): timed out"))
         case .awaitingAnswer:
-            fail("the proxy did not answer CONNECT in time")
+            fail(Failure(timeout: "the outbound proxy \(proxy)'s answer to CONNECT \(target)",
+                         message: "the outbound proxy \(proxy) did not answer CONNECT \(target) in time"))
         case .done:
             break
         }
@@ -137,6 +206,10 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
     public func channelActive(_ channel: SocketChannel) {
         guard case .connecting(let c, _) = phase, c === channel else { return }
         phase = .awaitingAnswer(channel)
+        guard stillWanted() else {
+            fail(.abandoned, "no request waits for the tunnel to \(target) any more; CONNECT not sent")
+            return
+        }
         parser.expectResponse(to: "CONNECT")
         channel.write(ForwardProxyRequest.connectBytes(host: targetHost, port: targetPort, proxyAuthorization: proxy.proxyAuthorization))
     }
@@ -150,7 +223,7 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
 
     public func channelEOF(_ channel: SocketChannel) {
         guard case .awaitingAnswer(let c) = phase, c === channel else { return }
-        fail("the proxy closed the connection instead of answering CONNECT")
+        fail(.proxyUnreachable, "the outbound proxy \(proxy) closed the connection instead of answering CONNECT")
     }
 
     public func channelError(_ channel: SocketChannel, _ error: ChannelError) {
@@ -161,13 +234,13 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
             phase = .resolving
             loop.execute { [self] in
                 if remaining.isEmpty {
-                    fail("cannot connect to the proxy \(proxy): \(lastConnectError)")
+                    fail(.proxyUnreachable, "cannot connect to the outbound proxy \(proxy): \(lastConnectError)")
                 } else {
                     attempt(remaining)
                 }
             }
         case .awaitingAnswer(let c) where c === channel:
-            fail("reading the proxy's answer to CONNECT: \(error)")
+            fail(.proxyUnreachable, "reading the outbound proxy \(proxy)'s answer to CONNECT: \(error)")
         default:
             break
         }
@@ -175,7 +248,7 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
 
     public func channelClosed(_ channel: SocketChannel) {
         guard case .awaitingAnswer(let c) = phase, c === channel else { return }
-        fail("the proxy closed the connection instead of answering CONNECT")
+        fail(.proxyUnreachable, "the outbound proxy \(proxy) closed the connection instead of answering CONNECT")
     }
 
     /// Reads the answer's events: 1xx are skipped, a 2xx opens the tunnel, any other final
@@ -187,10 +260,10 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
                 event = try parser.next()
             } catch {
                 if error.reason == "http1.header_too_large" {
-                    fail("the proxy's answer to CONNECT is too long")
+                    fail(.invalidAnswer, "the outbound proxy \(proxy)'s answer to CONNECT is too long")
                 } else {
                     let line = String(decoding: answerStart.prefix { $0 != 13 && $0 != 10 }.prefix(80), as: UTF8.self)
-                    fail("the proxy's answer to CONNECT is not HTTP: \(line) (\(error.message))")
+                    fail(.invalidAnswer, "the outbound proxy \(proxy)'s answer to CONNECT is not HTTP: \(line) (\(error.message))")
                 }
                 return
             }
@@ -199,8 +272,16 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
             if head.isInformational { continue }
             let statusLine = "\(head.version) \(head.status) \(head.reason)".prefix(120)
             guard head.status >= 200 && head.status <= 299 else {
-                let hint = head.status == 407 ? " (the proxy wants credentials: http://user:password@host:port)" : ""
-                fail("the proxy refused the tunnel: \(statusLine)\(hint)")
+                let hint = head.status == 407 || head.status == 401
+                    ? " (the proxy wants credentials: http://user:password@host:port; "
+                        + (proxy.credentials == nil ? "none were given)" : "the ones given were not accepted)")
+                    : ""
+                fail(.refused(status: head.status), "the outbound proxy \(proxy) refused the tunnel to \(target): \(statusLine)\(hint)")
+                return
+            }
+            // The tunnel is up; a request that went away meanwhile sends nothing through it.
+            guard stillWanted() else {
+                fail(.abandoned, "no request waits for the tunnel to \(target) any more; closed unused")
                 return
             }
             let established = Established(channel: channel, pending: parser.switchProtocols())
@@ -213,12 +294,16 @@ public final class ProxyTunnel: ChannelDelegate, LoopTimeoutable {
         }
     }
 
-    private func fail(_ message: String) {
+    private func fail(_ kind: Failure.Kind, _ message: String) {
+        fail(Failure(kind: kind, message: message))
+    }
+
+    private func fail(_ failure: Failure) {
         if case .done = phase { return }
         end(closing: true)
         let c = completion
         completion = nil
-        c?(.failure(Failure(message: message)))
+        c?(.failure(failure))
     }
 
     /// Leaves the phase: the deadline is dropped, the channel closed on failure, the self

@@ -140,7 +140,8 @@ final class TokenEndpointClient: ChannelDelegate {
                 }
                 switch result {
                 case .failure(let f):
-                    finish(.transportFailure(detail: "through the proxy \(proxy): \(f.message)", requestSent: false))
+                    // The same words as a routed request's answer (`outbound_proxy_auth_required` for a 407).
+                    finish(.transportFailure(detail: f.codePrefix + f.message, requestSent: false))
                 case .success(let t):
                     do {
                         var engine: TLSEngine?
@@ -244,6 +245,16 @@ final class TokenEndpointClient: ChannelDelegate {
             switch event {
             case .responseHead(let h, let framing):
                 if h.isInformational { continue }
+                if h.status == 407, let proxy, !url.isTLS {
+                    // The absolute-form request stopped at the outbound proxy (RFC 9110 §15.5.8):
+                    // the token endpoint never saw it.
+                    let reason = "\(h.status) \(h.reason)".prefix(80)
+                    finish(.transportFailure(detail: "outbound_proxy_auth_required: the outbound proxy \(proxy) answered \(reason)"
+                                             + (proxy.credentials == nil ? " (it wants credentials: http://user:password@host:port)"
+                                                                         : " (the credentials given were not accepted)"),
+                                             requestSent: false))
+                    return
+                }
                 head = h
                 if case .contentLength(let n) = framing, n > UInt64(Self.maxBodyBytes) {
                     finish(.tooLarge(status: h.status))

@@ -13,6 +13,13 @@ import Glibc
 /// (nginx's connection serial number) and the injected token. `/reject/…` answers 401 with
 /// `WWW-Authenticate: Bearer error="invalid_token"` when the Authorization equals `rejectToken`.
 ///
+/// For HTTP/1.1 framing against a parser that is not bearerd's (`NginxHTTP1OriginTests`):
+/// `/put/…` stores a PUT body as a file under `documentRoot` (nginx's DAV module: 201 Created,
+/// 204 No Content when it replaces one) and serves it back as a static file (ETag, so
+/// `If-None-Match` gets a 304; `/gz/put/…` the same gzip-compressed, which nginx sends chunked);
+/// `/post` reads a POST body (any framing) and proxies it on with a Content-Length to `/_posted`,
+/// which answers `posted length=<n> auth=<Authorization>`; `/nocontent` answers 204.
+///
 /// Owns the child and the directory; `stop()` (or deinit) ends both. Thread-safe: `stopped` is
 /// guarded by `lock`.
 public final class NginxOrigin: @unchecked Sendable {  // @unchecked: `stopped` guarded by `lock`
@@ -22,6 +29,8 @@ public final class NginxOrigin: @unchecked Sendable {  // @unchecked: `stopped` 
     public let tlsPort: UInt16
     public let h2cPort: UInt16
     public let h1Port: UInt16
+    /// Where `/put/…` bodies land (`documentRoot + "/put/NAME"`).
+    public var documentRoot: String { directory + "/www" }
     private let process: Process
     private let directory: String
     private let lock = NSLock()
@@ -48,8 +57,11 @@ public final class NginxOrigin: @unchecked Sendable {  // @unchecked: `stopped` 
     public init(pki: TestPKI, rejectToken: String = "Bearer at-1", maxConcurrentStreams: Int = 128) throws {
         directory = NSTemporaryDirectory() + "bearerd-nginx-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: directory + "/tmp", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: directory + "/www/put", withIntermediateDirectories: true)
         chmod(directory, 0o755)
         chmod(directory + "/tmp", 0o777)
+        chmod(directory + "/www", 0o755)
+        chmod(directory + "/www/put", 0o777)
         tlsPort = Self.freePort()
         h2cPort = Self.freePort()
         h1Port = Self.freePort()
@@ -83,6 +95,24 @@ public final class NginxOrigin: @unchecked Sendable {  // @unchecked: `stopped` 
                     }
                     \(answer)
                 }
+                location /put/ {
+                    root \(directory)/www;
+                    dav_methods PUT;
+                    client_max_body_size 64m;
+                }
+                location /gz/put/ {
+                    alias \(directory)/www/put/;
+                    gzip on;
+                    gzip_types application/octet-stream text/plain;
+                    gzip_min_length 0;
+                    gzip_proxied any;
+                }
+                location = /post {
+                    client_max_body_size 64m;
+                    proxy_pass http://127.0.0.1:\(h1Port)/_posted;
+                }
+                location = /_posted { return 200 "posted length=$http_content_length auth=$http_authorization\n"; }
+                location = /nocontent { return 204; }
                 location / { \(answer) }
             }
         }

@@ -21,7 +21,7 @@ struct ExchangeDecisionTests {
     @Test func theKindFixesTheStatus() {
         #expect(Answer(kind: .tokenUnavailable, grpc: nil, keepAlive: true).status == 503)
         #expect(Answer(kind: .upstreamTimeout, grpc: nil, keepAlive: true).status == 504)
-        for kind in [UpstreamErrorKind.upstreamUnreachable, .upstreamTLS, .upstreamInvalidResponse] {
+        for kind in [UpstreamErrorKind.upstreamUnreachable, .upstreamTLS, .upstreamInvalidResponse, .outboundProxyAuthRequired] {
             #expect(Answer(kind: kind, grpc: nil, keepAlive: true).status == 502)
         }
         #expect(MemoryLayout<ProxyExchange.Action>.size <= 8, "an action fits in a register")
@@ -38,6 +38,25 @@ struct ExchangeDecisionTests {
                 == .respondUpstreamError(.invalidResponse, Answer(kind: .upstreamInvalidResponse, grpc: nil, keepAlive: true)))
         #expect(failedWhileConnecting(.proofUnavailable, grpc: false)
                 == .respondUpstreamError(.proofUnavailable, Answer(kind: .upstreamInvalidResponse, grpc: nil, keepAlive: true)))
+    }
+
+    /// The outbound proxy's 407 to CONNECT is its own answer: 502 `outbound_proxy_auth_required`
+    /// (gRPC UNAVAILABLE), counted under that label.
+    @Test func outboundProxyCredentialsAreTheirOwnAnswer() {
+        #expect(failedWhileConnecting(.outboundProxyAuthRequired, grpc: false)
+                == .respondUpstreamError(.outboundProxyAuthRequired, Answer(kind: .outboundProxyAuthRequired, grpc: nil, keepAlive: true)))
+        #expect(failedWhileConnecting(.outboundProxyAuthRequired, grpc: true)
+                == .respondUpstreamError(.outboundProxyAuthRequired, Answer(kind: .outboundProxyAuthRequired, grpc: .unavailable, keepAlive: true)))
+        #expect(UpstreamErrorKind.outboundProxyAuthRequired.label == "outbound_proxy_auth_required")
+        // The proxy's answer to CONNECT, classified: wanting credentials (407, and 401 as
+        // tinyproxy answers wrong ones) apart; any other refusal, or none, is unreachable.
+        for status in [407, 401] {
+            #expect(ProxyExchange.UpstreamFailure(outboundProxyRefusal: status) == .outboundProxyAuthRequired)
+        }
+        for status: Int? in [403, 502, 503, 500, 400, nil] {
+            #expect(ProxyExchange.UpstreamFailure(outboundProxyRefusal: status) == .unreachable)
+        }
+        #expect(Answer(kind: .outboundProxyAuthRequired, grpc: nil, keepAlive: true).status == 502)
     }
 
     /// gRPC clients read the status from `grpc-status` (DESIGN §5): DEADLINE_EXCEEDED for a

@@ -93,6 +93,9 @@ struct OutboundProxyTests {
                                                env: ["http_proxy": "http://px:wrong@127.0.0.1:\(proxy.port)", "NO_PROXY": ""])
         #expect(refused.status != 0)
         #expect(refused.stderr.contains("407"), "\(refused.stderr)")
+        // The same words as a routed request's answer.
+        #expect(refused.stderr.contains("outbound_proxy_auth_required: the outbound proxy http://127.0.0.1:\(proxy.port) answered 407"),
+                "\(refused.stderr)")
         #expect(!refused.stderr.contains("wrong"))
         #expect(Self.seen(log).first?.authorized == false)
     }

@@ -5,6 +5,16 @@ and absolute-form HTTP requests (RFC 9112 §3.2.2), with optional Basic credenti
 
 Every request head it receives is appended as one JSON line to --log:
   {"method": "CONNECT", "target": "127.0.0.1:443", "authorized": true}
+and, when a CONNECT ends, how many bytes went through the tunnel towards the target (0 when the
+client closed before or right after the answer, without using the tunnel):
+  {"tunnel": "127.0.0.1:443", "bytes_to_target": 517, "answered": true}
+
+--mode changes the answer to CONNECT (absolute-form requests are always forwarded):
+  ok       200 and a tunnel (the default)
+  407      407 Proxy Authentication Required, whatever the credentials
+  403      403 Forbidden (a proxy policy refusing the target)
+  silent   read the CONNECT and never answer (until the client closes)
+  delay    wait --delay seconds, then as `ok` (the answer comes late)
 Prints `READY <port>` when listening; exits when stdin closes.
 """
 import argparse
@@ -13,6 +23,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from urllib.parse import urlsplit
 
 
@@ -29,12 +40,14 @@ def read_head(conn):
     return head.decode("latin-1"), rest
 
 
-def pipe(a, b):
+def pipe(a, b, counter=None):
     try:
         while True:
             data = a.recv(65536)
             if not data:
                 break
+            if counter is not None:
+                counter[0] += len(data)
             b.sendall(data)
     except OSError:
         pass
@@ -43,6 +56,11 @@ def pipe(a, b):
             b.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+
+def log_line(args, log_lock, record):
+    with log_lock, open(args.log, "a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def serve_client(conn, args, log_lock):
@@ -61,26 +79,41 @@ def serve_client(conn, args, log_lock):
         if args.user:
             expected = "Basic " + base64.b64encode(args.user.encode()).decode()
             authorized = headers.get("proxy-authorization") == expected
-        with log_lock, open(args.log, "a") as f:
-            f.write(json.dumps({"method": method, "target": target, "authorized": authorized}) + "\n")
-        if not authorized:
+        log_line(args, log_lock, {"method": method, "target": target, "authorized": authorized})
+        if not authorized or (method == "CONNECT" and args.mode == "407"):
             conn.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"test\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             return
         if method == "CONNECT":
+            if args.mode == "403":
+                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 9\r\nConnection: close\r\n\r\nforbidden")
+                return
+            if args.mode == "silent":
+                # Never answer: hold the connection until the client gives up.
+                while conn.recv(65536):
+                    pass
+                log_line(args, log_lock, {"tunnel": target, "bytes_to_target": 0, "answered": False})
+                return
+            if args.mode == "delay":
+                time.sleep(args.delay)
             host, _, port = target.rpartition(":")
             try:
                 upstream = socket.create_connection((host.strip("[]"), int(port)), timeout=10)
             except OSError:
                 conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 return
-            conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            try:
+                conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            except OSError:
+                pass  # the client is gone; the tunnel carries nothing (logged below)
+            counter = [len(rest)]
             if rest:
                 upstream.sendall(rest)
             t = threading.Thread(target=pipe, args=(upstream, conn), daemon=True)
             t.start()
-            pipe(conn, upstream)
+            pipe(conn, upstream, counter)
             t.join()
             upstream.close()
+            log_line(args, log_lock, {"tunnel": target, "bytes_to_target": counter[0], "answered": True})
             return
         # Absolute form: forward with an origin-form target, one request per connection.
         url = urlsplit(target)
@@ -110,6 +143,8 @@ def main():
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--log", required=True)
     p.add_argument("--user", default=None, help="user:password the proxy requires")
+    p.add_argument("--mode", default="ok", choices=["ok", "407", "403", "silent", "delay"])
+    p.add_argument("--delay", type=float, default=1.0, help="seconds before answering CONNECT in --mode delay")
     args = p.parse_args()
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
