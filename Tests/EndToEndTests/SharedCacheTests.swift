@@ -185,8 +185,12 @@ struct SharedCacheTests {
         // The record is sealed: no token in Redis, and its key shows no session name or URL.
         let keys = try redis.cli(["KEYS", "test:*"])
         #expect(!keys.isEmpty && !keys.contains("svc") && !keys.contains("s:"))
-        let metrics = replicas.map { $0.adminGet("/metrics") }.joined()
-        #expect(metrics.contains("bearerd_shared_cache_hits_total") || metrics.contains("bearerd_shared_cache_lock_waits_total"))
+        // One replica fetched under the lock; the four others adopted its record (at once or
+        // after waiting for the lock); nobody fell back to a fetch of its own.
+        let counts = replicas.map { Self.sharedCacheCounts($0) }
+        #expect(counts.map(\.misses).reduce(0, +) == 1, "\(counts)")
+        #expect(counts.map { $0.hits + $0.lockWaits }.reduce(0, +) == 4, "\(counts)")
+        #expect(counts.map(\.fallbacks).reduce(0, +) == 0, "\(counts)")
         for r in replicas { #expect(!r.log.contains("svc-secret")) }
         #expect(replicas.filter { $0.log.contains("token adopted from the shared cache") }.count == 4, "\(replicas.map(\.log))")
     }
@@ -252,7 +256,13 @@ struct SharedCacheTests {
         #expect(after.allSatisfy { !$0.contains("shared_cache_degraded") }, "\(after)")
         #expect(replicas.contains { $0.log.contains("shared cache unavailable") })
         #expect(replicas.contains { $0.log.contains("shared cache answers again") })
-        #expect(replicas.map { $0.adminGet("/metrics") }.joined().contains("bearerd_shared_cache_fallbacks_total{session=\"s\"} "))
+        // Each replica refreshed while Redis was away (4 s tokens, 6 s away): local fetches,
+        // counted as fallbacks; after it returned, fetches went through the lock again. Every
+        // fetch under the lock or as a fallback is one token request.
+        let counts = replicas.map { Self.sharedCacheCounts($0) }
+        #expect(counts.allSatisfy { $0.fallbacks >= 1 }, "\(counts)")
+        #expect(counts.map(\.misses).reduce(0, +) >= 1, "\(counts)")
+        #expect(counts.map { $0.misses + $0.fallbacks }.reduce(0, +) <= (try Self.tokenRequests(auth)), "\(counts)")
     }
 
     @Test func recordWrittenWithAnotherKeyIsIgnoredAndOverwritten() throws {
