@@ -383,6 +383,7 @@ struct SharedCacheTests {
         // A refresh (rejected again): from RT2, never from RT1 in the old record.
         try auth.revokeAll()
         #expect(replica.get("/api/after-rollback") == 200)
+        #expect(replica.get("/api/again") == 200, "the token from RT2's refresh serves on")
         let rt3 = Self.stateRefreshToken(replica)
         #expect(![rt1, rt2].contains(rt3), "the state file holds the lineage's newest refresh token")
         #expect(replica.log.contains("older than one this session already came from"))
