@@ -285,9 +285,6 @@ enum SharedLockVerdict: Equatable {
     /// Gone meanwhile (PTTL -2): try to take it again.
     case retake
 
-    /// - Parameters:
-    ///   - pttl: the lock's `PTTL` reply (milliseconds; -1: no expiry; -2: no key).
-    ///   - lockTTLMilliseconds: the TTL this replica gives its own locks.
     /// The longest lock TTL bearerd takes: `request_timeout` (at most 24 h) + 1 s.
     static let longestLockTTLMilliseconds: Int64 = 86_401_000
 
@@ -313,6 +310,10 @@ enum SharedLockVerdict: Equatable {
         judge(pttl: pttl, lockTTLMilliseconds: declaredTTL(ofLockValue: holder) ?? own)
     }
 
+    /// - Parameters:
+    ///   - pttl: the lock's `PTTL` reply (milliseconds; -1: no expiry; -2: no key).
+    ///   - lockTTLMilliseconds: the longest TTL the lock may have (its declared one, or this
+    ///     replica's own).
     static func judge(pttl: Int64, lockTTLMilliseconds: Int64) -> SharedLockVerdict {
         switch pttl {
         case -2: return .retake
