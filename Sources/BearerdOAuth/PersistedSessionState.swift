@@ -9,10 +9,15 @@
 /// Format (JSON object, version 1):
 ///
 ///     {"format":1,"refresh_token":"…","access_token":"…","access_token_expires_at":1700000000,
-///      "generation":4,"updated_at":1699999000,"source_fingerprint":"1a2b3c4d"}
+///      "generation":4,"updated_at":1699999000,"source_fingerprint":"1a2b3c4d",
+///      "shared_generation":1700000000123}
 ///
 /// `access_token`, `access_token_expires_at` and `generation` are present together or not at
-/// all; `source_fingerprint` is optional. Unknown members are refused (strict).
+/// all; `source_fingerprint` is optional. `shared_generation` (with `shared_cache:` only) is the
+/// generation of the shared-cache record this refresh token belongs to: after a restart, records
+/// below it are refused (an old record put back in Redis would carry a refresh token the server
+/// has already rotated). Files without it (written before it existed) read as nil. Unknown
+/// members are refused (strict).
 public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertible {
     public static let formatVersion: Int64 = 1
     /// The largest state file written or read: the token response's own limit (1 MiB, see
@@ -38,12 +43,16 @@ public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertibl
     public var accessToken: AccessToken?
     public var updatedAt: Int64
     public var sourceFingerprint: String?
+    /// The shared-cache record generation of this refresh token's lineage (nil: none known).
+    public var sharedGeneration: UInt64?
 
-    public init(refreshToken: OAuthSecret, accessToken: AccessToken? = nil, updatedAt: Int64, sourceFingerprint: String? = nil) {
+    public init(refreshToken: OAuthSecret, accessToken: AccessToken? = nil, updatedAt: Int64, sourceFingerprint: String? = nil,
+                sharedGeneration: UInt64? = nil) {
         self.refreshToken = refreshToken
         self.accessToken = accessToken
         self.updatedAt = updatedAt
         self.sourceFingerprint = sourceFingerprint
+        self.sharedGeneration = sharedGeneration
     }
 
     public var description: String {
@@ -68,6 +77,9 @@ public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertibl
         }
         members.append("\"updated_at\":\(updatedAt)")
         if let s = sourceFingerprint { members.append("\"source_fingerprint\":" + JSONWriter.quote(s)) }
+        // JSON integers are read back as Int64: a larger generation (only a key holder could seal
+        // one) is written clamped, a floor no lower than any real one.
+        if let g = sharedGeneration { members.append("\"shared_generation\":\(Int64(clamping: g))") }
         return Array(("{" + members.joined(separator: ",") + "}\n").utf8)
     }
 
@@ -85,7 +97,7 @@ public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertibl
     }
 
     static let knownFields: Set<String> = ["format", "refresh_token", "access_token", "access_token_expires_at",
-                                           "generation", "updated_at", "source_fingerprint"]
+                                           "generation", "updated_at", "source_fingerprint", "shared_generation"]
 
     public static func decode(_ bytes: [UInt8]) throws(DecodingError) -> PersistedSessionState {
         guard let value = try? JSONParser(maxDepth: 4, maxBytes: maxFileBytes).parse(bytes), let o = value.objectValue else {
@@ -116,11 +128,16 @@ public struct PersistedSessionState: Sendable, Equatable, CustomStringConvertibl
         default:
             throw DecodingError(reason: "state.invalid_field", field: "access_token")
         }
+        var sharedGeneration: UInt64?
+        if let g = try int("shared_generation") {
+            guard g >= 0 else { throw DecodingError(reason: "state.invalid_field", field: "shared_generation") }
+            sharedGeneration = UInt64(g)
+        }
         // Clamped into 0...9999-12-31: the driver stamps the next write `updatedAt + 1`, which
         // must not overflow whatever the file said.
         return PersistedSessionState(refreshToken: OAuthSecret(refresh), accessToken: accessToken,
                                      updatedAt: min(max(updatedAt, 0), Self.latestTimestamp),
-                                     sourceFingerprint: try string("source_fingerprint"))
+                                     sourceFingerprint: try string("source_fingerprint"), sharedGeneration: sharedGeneration)
     }
 
     /// The stored access token as a grant the state machine can take (`fetchSucceeded` with

@@ -244,6 +244,10 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
                    "Token fetches that waited for another replica holding the shared cache's lock.") { $0.counters.sharedCacheLockWaits }
         perSession("bearerd_shared_cache_fallbacks_total", .counter,
                    "Token fetches made locally because the shared cache failed or the wait for another replica ran out.") { $0.counters.sharedCacheFallbacks }
+        perSession("bearerd_shared_cache_stale_locks_total", .counter,
+                   "Shared cache locks without expiry (or longer than this replica's lock lifetime) replaced instead of waited for.") { $0.counters.sharedCacheStaleLocks }
+        perSession("bearerd_shared_cache_older_records_total", .counter,
+                   "Shared cache records older than the session's lineage refused (an old record put back in Redis).") { $0.counters.sharedCacheOlderRecords }
         perSession("bearerd_token_waits_total", .counter, "Callers that waited for a shared token fetch.") { $0.counters.waits }
         w.family("bearerd_token_waiters", .gauge, help: "Callers waiting for a shared token fetch now.")
         for s in sessions { w.sample("bearerd_token_waiters", [("session", s.name)], s.waiters) }

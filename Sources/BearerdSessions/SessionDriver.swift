@@ -968,7 +968,9 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                     accessToken: .init(token: grant.accessToken, expiresAt: wallAtSend + lifetimeSeconds,
                                        generation: machine.currentGeneration + 1),
                     updatedAt: max(clock.wallClockSeconds(), (own?.updatedAt ?? 0) + 1),
-                    sourceFingerprint: state.sourceFingerprint)
+                    sourceFingerprint: state.sourceFingerprint,
+                    // The generation of the record this result will be published as: a restart refuses older ones.
+                    sharedGeneration: shared?.reserveGeneration() ?? state.sharedGeneration)
                 persist(newState, rotated: grant.refreshToken != usedRefreshToken)
                 own = newState
                 store?.unlock()
@@ -1103,6 +1105,8 @@ extension TokenSessionDriver {
         // refresh_token lineages: wait out a holder's lock (presenting the refresh token it may be rotating would be refused).
         var bound = settings.config.waitTimeout
         if grant.usesRefreshToken { bound = max(bound, shared.lockTTL + .seconds(1)) }
+        // Records older than the lineage our refresh token belongs to are refused (rollback).
+        shared.raiseFloor(to: own?.sharedGeneration)
         shared.beforeFetch(current: machine.currentToken?.accessToken.exposedValue, rejected: request.reason == .rejected,
                            waitBound: bound) { [self] decision in
             guard !stopped, fetchSerial == serial else {
@@ -1152,6 +1156,7 @@ extension TokenSessionDriver {
     /// answer, `refused` runs: the session needs a new refresh token.
     private func rereadSharedLineage(_ shared: SharedTokenSession, refused usedRefreshToken: OAuthSecret,
                                      _ request: TokenSession.FetchRequest, startedAt: UInt64, refused: @escaping () -> Void) {
+        shared.raiseFloor(to: own?.sharedGeneration)
         shared.reread(current: machine.currentToken?.accessToken.exposedValue) { [self] record, adoptable in
             guard !stopped else {
                 store?.unlock()
@@ -1186,7 +1191,8 @@ extension TokenSessionDriver {
                               accessToken: .init(token: OAuthSecret(record.accessToken), expiresAt: record.expiresAt,
                                                  generation: machine.currentGeneration &+ 1),
                               updatedAt: max(clock.wallClockSeconds(), (own?.updatedAt ?? 0) &+ 1),
-                              sourceFingerprint: own?.sourceFingerprint ?? settings.operatorFingerprint)
+                              sourceFingerprint: own?.sourceFingerprint ?? settings.operatorFingerprint,
+                              sharedGeneration: record.generation)
     }
 
     /// Writes an adopted lineage under the state file's `flock` (taken off the session queue), then `then` on the queue.
@@ -1243,6 +1249,15 @@ extension TokenSessionDriver {
             case .miss: $0.sharedCacheMisses &+= 1
             case .lockWait: $0.sharedCacheLockWaits &+= 1
             case .fallback: $0.sharedCacheFallbacks &+= 1
+            }
+        }
+    }
+
+    func countSharedCache(_ notice: SharedTokenSession.Notice) {
+        count {
+            switch notice {
+            case .staleLockReplaced: $0.sharedCacheStaleLocks &+= 1
+            case .olderRecordRefused: $0.sharedCacheOlderRecords &+= 1
             }
         }
     }

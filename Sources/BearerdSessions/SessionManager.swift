@@ -86,6 +86,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
                                             keepsRefreshToken: session.grant.usesRefreshToken, requestTimeout: session.requestTimeout,
                                             clock: driver.clock)
             shared.onOutcome = { [weak driver] outcome in driver?.countSharedCache(outcome) }
+            shared.onNotice = { [weak driver] notice in driver?.countSharedCache(notice) }
             driver.shared = shared
         }
         return driver

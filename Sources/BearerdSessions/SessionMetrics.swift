@@ -38,6 +38,10 @@ public struct SessionMetrics: Sendable, Equatable {
     public var sharedCacheMisses: UInt64 = 0
     public var sharedCacheLockWaits: UInt64 = 0
     public var sharedCacheFallbacks: UInt64 = 0
+    /// Shared-cache locks without expiry (or longer than this replica's) replaced instead of
+    /// waited for, and records older than the session's lineage refused (rolled back in Redis).
+    public var sharedCacheStaleLocks: UInt64 = 0
+    public var sharedCacheOlderRecords: UInt64 = 0
     /// Every finished token fetch attempt, by what triggered it, how it ended and why.
     public var refreshes: [TokenRefreshKey: UInt64] = [:]
     /// Callers (requests, or rejected requests waiting to replay) that waited for a shared fetch.

@@ -140,7 +140,8 @@ struct SharedTokenRecord: Equatable {
     var expiresAt: Int64
     /// Its lifetime as issued, in seconds (for the adoption margin).
     var lifetimeSeconds: Int64
-    /// Increases with every record published; a rejection marks one (the fencing of DESIGN §6).
+    /// Increases with every record published; a rejection marks one (the fencing of DESIGN §6);
+    /// a session refuses records below the generation its lineage came from (`SharedRecordFence`).
     var generation: UInt64
     /// refresh_token sessions: the current refresh token of the shared lineage.
     var refreshToken: String?
@@ -223,6 +224,108 @@ struct SharedTokenRecord: Equatable {
     }
 }
 
+/// The rollback fence of one session's shared records. Pure (no I/O), a value owned by its
+/// `SharedTokenSession` on the session's queue.
+///
+/// Anyone who can write to Redis can put an old sealed record back (it opens: the AEAD's
+/// additional data is only the key). Adopting it would make this replica present a refresh
+/// token the server has already rotated, and servers with reuse detection then revoke the whole
+/// lineage. Every record carries a generation that only goes up (the publisher picks one above
+/// every generation it has seen), inside the sealed bytes, so it cannot be changed without the
+/// key. Invariant: `floor` is the highest generation this session's lineage has come from (read,
+/// adopted, published, or restored from the state file); a record below it is refused.
+///
+/// Migration: records always carried a generation; a state file written before this fence has
+/// none, so the floor starts at 0 and the first record read is accepted (as before), then the
+/// floor is persisted with the next state write.
+struct SharedRecordFence: Equatable {
+    private(set) var floor: UInt64 = 0
+
+    enum Verdict: Equatable {
+        case accept
+        /// Older than a record this lineage already came from: rolled back (or a very late
+        /// write), never adopted.
+        case refuseOlder(floor: UInt64)
+    }
+
+    /// Same generation is accepted: only a holder of the key can seal a record, so an equal one
+    /// is the record already seen.
+    func verdict(for generation: UInt64) -> Verdict {
+        generation < floor ? .refuseOlder(floor: floor) : .accept
+    }
+
+    /// A record was accepted (or a state file names the lineage's generation): never go below it.
+    mutating func raise(to generation: UInt64) {
+        floor = max(floor, generation)
+    }
+
+    /// The generation of a record about to be published: above every one seen (saturating), and
+    /// at least the wall clock in milliseconds, so a replica that has not read the latest record
+    /// (or restarted without a state file) still publishes above what earlier replicas wrote.
+    mutating func next(wallClockMilliseconds: Int64) -> UInt64 {
+        let above = floor == .max ? .max : floor + 1
+        let g = max(above, UInt64(clamping: wallClockMilliseconds))
+        floor = g
+        return g
+    }
+}
+
+/// What to do about a `<key>:lock` another client holds. Pure.
+///
+/// A lock set without a TTL (or with one longer than bearerd's) would keep every replica
+/// waiting for a publish that never comes, longer than its clients' `wait_timeout`: such a lock is
+/// not one bearerd took (every bearerd lock is `PX` its lock TTL), so it is replaced at once.
+/// A bearerd lock's value starts with the TTL it was taken with (`<ms>-<random hex>`), so a
+/// replica with a longer `request_timeout` (a rollout changing it) is waited for, not replaced.
+enum SharedLockVerdict: Equatable {
+    /// A live lock within the lock TTL: another replica is fetching; wait for its record.
+    case wait
+    /// No expiry (PTTL -1) or longer than any lock bearerd takes: replace it (compare-and-set).
+    case replace
+    /// Gone meanwhile (PTTL -2): try to take it again.
+    case retake
+
+    /// The longest lock TTL bearerd takes: `request_timeout` (at most 24 h) + 1 s.
+    static let longestLockTTLMilliseconds: Int64 = 86_401_000
+
+    /// The value of a lock taken with `ttl` milliseconds.
+    static func lockValue(ttlMilliseconds ttl: Int64, random: String) -> String {
+        "\(ttl)-\(random)"
+    }
+
+    /// The TTL a bearerd lock value declares (`<ms>-…`, at most `longestLockTTLMilliseconds`);
+    /// nil for any other value (a hand-set lock, or an older bearerd's plain hex).
+    static func declaredTTL(ofLockValue value: [UInt8]) -> Int64? {
+        guard let dash = value.firstIndex(of: 0x2D), dash > 0, dash <= 8 else { return nil }
+        var ms: Int64 = 0
+        for b in value[..<dash] {
+            guard b >= 0x30, b <= 0x39 else { return nil }
+            ms = ms * 10 + Int64(b - 0x30)  // at most 8 digits: no overflow
+        }
+        return ms <= longestLockTTLMilliseconds ? ms : nil
+    }
+
+    /// `judge` of the lock `holder` holds: its declared TTL bounds it, else this replica's own.
+    static func judge(pttl: Int64, holder: [UInt8], ownLockTTLMilliseconds own: Int64) -> SharedLockVerdict {
+        judge(pttl: pttl, lockTTLMilliseconds: declaredTTL(ofLockValue: holder) ?? own)
+    }
+
+    /// - Parameters:
+    ///   - pttl: the lock's `PTTL` reply (milliseconds; -1: no expiry; -2: no key).
+    ///   - lockTTLMilliseconds: the longest TTL the lock may have (its declared one, or this
+    ///     replica's own).
+    static func judge(pttl: Int64, lockTTLMilliseconds: Int64) -> SharedLockVerdict {
+        switch pttl {
+        case -2: return .retake
+        case -1: return .replace
+        case let t where t > lockTTLMilliseconds: return .replace
+        // 0...lockTTL: a lock bearerd took. No other negative reply exists; should one come,
+        // wait (the wait stays bounded).
+        default: return .wait
+        }
+    }
+}
+
 /// One session's use of the shared cache, on the session's queue (DESIGN §6 "Shared cache").
 ///
 /// Before a token request: read the record (adopt a fresh one: no IdP call); else take the
@@ -232,11 +335,14 @@ struct SharedTokenRecord: Equatable {
 /// passes (fetch anyway). After the request: publish the sealed record only
 /// while still the lock holder (a Lua compare of the lock value: fencing), release the lock
 /// with compare-and-delete. A rejection marks the record's generation as rejected so no replica
-/// adopts it again.
+/// adopts it again. A record older than the session's `fence` is refused (rollback through
+/// Redis); a lock without expiry, or longer than it declares (else than `lockTTL`), is replaced
+/// instead of waited for.
 ///
 /// Owns, on `queue`: the Redis connection and the subscriber connection, the lock value held
 /// (nil: none), the wait in progress, the generation of the record the session's current
-/// token came from. Invariants: every `beforeFetch`
+/// token came from, the rollback fence and a generation reserved for the next publish.
+/// Invariants: every `beforeFetch`
 /// completion runs exactly once, on `queue`; any Redis failure means a local fetch (counted as
 /// a fallback) and never a failed request.
 final class SharedTokenSession {
@@ -249,6 +355,14 @@ final class SharedTokenSession {
 
     /// How the `beforeFetch` went, for the session's counters.
     enum Outcome: Equatable { case hit, miss, lockWait, fallback }
+
+    /// Things refused along the way, for the session's counters (besides the outcome).
+    enum Notice: Equatable {
+        /// A lock without expiry, or longer than any bearerd lock, was replaced.
+        case staleLockReplaced
+        /// A record older than the fence was refused (counted once per generation).
+        case olderRecordRefused
+    }
 
     let cache: SharedTokenCache
     let sessionName: String
@@ -268,7 +382,12 @@ final class SharedTokenSession {
     private var heldLock: String?
     /// The generation of the record the current token came from (adopted or published).
     private(set) var currentGeneration: UInt64?
-    private var highestGenerationSeen: UInt64 = 0
+    /// Refuses records older than the lineage this session came from.
+    private(set) var fence = SharedRecordFence()
+    /// The generation `reserveGeneration()` chose for the next publish (persisted before it).
+    private var reservedGeneration: UInt64?
+    /// The last older generation refused (logged and counted once each).
+    private var lastRefusedGeneration: UInt64?
     private var loggedCorrupt = false
     /// The wait in progress for another replica's record, if any.
     private var wait: Wait?
@@ -279,6 +398,8 @@ final class SharedTokenSession {
     private var serial: UInt64 = 0
     /// Counts each outcome (the driver adds them to its metrics).
     var onOutcome: ((Outcome) -> Void)?
+    /// Counts each notice (the driver adds them to its metrics).
+    var onNotice: ((Notice) -> Void)?
 
     init(cache: SharedTokenCache, identity: String, sessionName: String, queue: EventLoop, keepsRefreshToken: Bool,
          requestTimeout: Duration, clock: any SessionClock = SystemSessionClock()) {
@@ -292,6 +413,23 @@ final class SharedTokenSession {
         rejectedKey = recordKey + ":rejected"
         self.keepsRefreshToken = keepsRefreshToken
         lockTTL = requestTimeout + .seconds(1)
+    }
+
+    // MARK: The rollback fence
+
+    /// The generation the state file names for its refresh token's lineage (nil: a file
+    /// written before generations were kept): records below it are refused from now on.
+    func raiseFloor(to generation: UInt64?) {
+        if let generation { fence.raise(to: generation) }
+    }
+
+    /// Chooses the generation of the record the next `publish` writes, so the state file can
+    /// name it before the token is handed out (a restarted replica then refuses every older
+    /// record, including the one this refresh superseded).
+    func reserveGeneration() -> UInt64 {
+        let g = fence.next(wallClockMilliseconds: clock.wallClockSeconds().multipliedSaturating(1000))
+        reservedGeneration = g
+        return g
     }
 
     // MARK: Before a token request
@@ -338,37 +476,107 @@ final class SharedTokenSession {
         return record.isFresh(wallClockNow: clock.wallClockSeconds())
     }
 
+    /// Takes the lock (`SET NX PX`), or answers who holds it and its PTTL, in one atomic step
+    /// (so the PTTL is the holder's): `{1}` taken; `{0, value, pttl}` held by another.
+    static let takeLockScript = "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1} end; "
+        + "return {0, redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}"
+    /// Replaces the lock only while it still holds the value judged stale (another replica may
+    /// have replaced it meanwhile): 1 replaced, 0 not.
+    static let replaceLockScript = "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]); return 1 else return 0 end"
+
+    /// The answer of `takeLockScript`.
+    enum LockReply: Equatable {
+        case taken
+        /// Another holder: its value (nil if gone) and the `PTTL` reply.
+        case held(value: [UInt8]?, pttl: Int64)
+
+        init?(_ value: RESPValue) {
+            guard case .array(let items?) = value, let first = items.first else { return nil }
+            switch (first, items.count) {
+            case (.integer(1), 1):
+                self = .taken
+            case (.integer(0), 3):
+                guard case .integer(let pttl) = items[2] else { return nil }
+                self = .held(value: items[1].bytes, pttl: pttl)
+            default:
+                return nil
+            }
+        }
+    }
+
     private func tryLock(current: String?, deadline: MonotonicInstant, waited: Bool, lastRecord: SharedTokenRecord?,
                          finish: @escaping (Decision, Outcome) -> Void) {
-        let value = BearerdOAuth.hex((0..<16).map { _ in UInt8.random(in: 0...255) })
-        connection.send(["SET", lockKey, value, "NX", "PX", String(lockTTL.wholeMilliseconds)]) { [self] r in
+        let ttl = lockTTL.wholeMilliseconds
+        let value = SharedLockVerdict.lockValue(ttlMilliseconds: ttl, random: BearerdOAuth.hex((0..<16).map { _ in UInt8.random(in: 0...255) }))
+        connection.send(["EVAL", Self.takeLockScript, "1", lockKey, value, String(ttl)]) { [self] r in
+            observe(r)
+            guard case .success(let reply) = r else {
+                finish(.fetch(record: lastRecord), .fallback)
+                return
+            }
+            switch LockReply(reply) {
+            case .taken?:
+                locked(value, current: current, waited: waited, lastRecord: lastRecord, finish: finish)
+            case .held(let holder?, let pttl)?:
+                switch SharedLockVerdict.judge(pttl: pttl, holder: holder, ownLockTTLMilliseconds: ttl) {
+                case .wait:
+                    // Another replica fetches: wait for its record.
+                    poll(current: current, deadline: deadline, lastRecord: lastRecord, judgedLock: holder, finish: finish)
+                case .retake:
+                    poll(current: current, deadline: deadline, lastRecord: lastRecord, judgedLock: nil, finish: finish)
+                case .replace:
+                    replaceStaleLock(holder, pttl: pttl, with: value, current: current, deadline: deadline, lastRecord: lastRecord, finish: finish)
+                }
+            case .held(nil, _)?:
+                // Gone meanwhile: the next poll takes it.
+                poll(current: current, deadline: deadline, lastRecord: lastRecord, judgedLock: nil, finish: finish)
+            case nil:
+                // An error reply (e.g. OOM, read-only replica, scripts refused): fall back.
+                cache.noteFailure(RedisFailure(kind: "server_error", detail: "taking the lock was refused"), session: sessionName)
+                finish(.fetch(record: lastRecord), .fallback)
+            }
+        }
+    }
+
+    /// A lock no bearerd took (no expiry, or longer than any bearerd lock): replaced by ours, so
+    /// nobody waits out a holder that will never publish.
+    private func replaceStaleLock(_ holder: [UInt8], pttl: Int64, with value: String, current: String?, deadline: MonotonicInstant,
+                                  lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
+        let ttl = lockTTL.wholeMilliseconds
+        connection.send([Array("EVAL".utf8), Array(Self.replaceLockScript.utf8), Array("1".utf8), Array(lockKey.utf8),
+                         holder, Array(value.utf8), Array(String(ttl).utf8)]) { [self] r in
             observe(r)
             switch r {
+            case .success(.integer(1)):
+                cache.logger.warning("shared cache lock without expiry (or longer than bearerd's lock lifetime) replaced", metadata: [
+                    "session": "\(sessionName)", "lock.pttl_ms": "\(pttl)", "lock.ttl_ms": "\(ttl)",
+                ])
+                onNotice?(.staleLockReplaced)
+                locked(value, current: current, waited: false, lastRecord: lastRecord, finish: finish)
+            case .success(.integer):
+                // Replaced by someone else meanwhile: judge the new holder at the next poll.
+                poll(current: current, deadline: deadline, lastRecord: lastRecord, judgedLock: nil, finish: finish)
+            case .success, .failure:
+                finish(.fetch(record: lastRecord), .fallback)
+            }
+        }
+    }
+
+    /// The lock is ours: read again under it (a record may have been published since the first read).
+    private func locked(_ value: String, current: String?, waited: Bool, lastRecord: SharedTokenRecord?,
+                        finish: @escaping (Decision, Outcome) -> Void) {
+        heldLock = value
+        read { [self] result in
+            switch result {
             case .failure:
                 finish(.fetch(record: lastRecord), .fallback)
-            case .success(.simple("OK")):
-                heldLock = value
-                // Read again under the lock: a record may have been published since the first read.
-                read { [self] result in
-                    switch result {
-                    case .failure:
-                        finish(.fetch(record: lastRecord), .fallback)
-                    case .success(let (record, rejectedGeneration)):
-                        if let record, adoptable(record, current: current, rejectedGeneration: rejectedGeneration) {
-                            release()
-                            finish(.adopt(record), waited ? .lockWait : .hit)
-                        } else {
-                            finish(.fetch(record: record), waited ? .lockWait : .miss)
-                        }
-                    }
+            case .success(let (record, rejectedGeneration)):
+                if let record, adoptable(record, current: current, rejectedGeneration: rejectedGeneration) {
+                    release()
+                    finish(.adopt(record), waited ? .lockWait : .hit)
+                } else {
+                    finish(.fetch(record: record), waited ? .lockWait : .miss)
                 }
-            case .success(.bulk(nil)):
-                // Another replica fetches: wait for its record.
-                poll(current: current, deadline: deadline, lastRecord: lastRecord, finish: finish)
-            case .success:
-                // An error reply (e.g. OOM, read-only replica): fall back.
-                cache.noteFailure(RedisFailure(kind: "server_error", detail: "SET NX refused"), session: sessionName)
-                finish(.fetch(record: lastRecord), .fallback)
             }
         }
     }
@@ -386,19 +594,24 @@ final class SharedTokenSession {
         let deadline: MonotonicInstant
         /// The newest record read (its refresh token is the lineage's newest known).
         var lastRecord: SharedTokenRecord?
+        /// The holder's lock value judged live (nil: none judged yet); another value is judged again.
+        let judgedLock: [UInt8]?
         let finish: (Decision, Outcome) -> Void
         var step: Step = .sleeping(serial: 0)
         var serial: UInt64 = 0
-        init(current: String?, deadline: MonotonicInstant, lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
+        init(current: String?, deadline: MonotonicInstant, lastRecord: SharedTokenRecord?, judgedLock: [UInt8]?,
+             finish: @escaping (Decision, Outcome) -> Void) {
             self.current = current
             self.deadline = deadline
             self.lastRecord = lastRecord
+            self.judgedLock = judgedLock
             self.finish = finish
         }
     }
 
-    private func poll(current: String?, deadline: MonotonicInstant, lastRecord: SharedTokenRecord?, finish: @escaping (Decision, Outcome) -> Void) {
-        let w = Wait(current: current, deadline: deadline, lastRecord: lastRecord, finish: finish)
+    private func poll(current: String?, deadline: MonotonicInstant, lastRecord: SharedTokenRecord?, judgedLock: [UInt8]?,
+                      finish: @escaping (Decision, Outcome) -> Void) {
+        let w = Wait(current: current, deadline: deadline, lastRecord: lastRecord, judgedLock: judgedLock, finish: finish)
         wait = w
         subscribe()
         sleep(w)
@@ -444,13 +657,18 @@ final class SharedTokenSession {
                 w.finish(.adopt(record), .lockWait)
                 return
             }
-            if case .bulk(nil) = items[2] {
+            switch items[2] {
+            case .bulk(nil):
                 // The holder released (or died and its lock expired) without a usable record.
                 wait = nil
                 tryLock(current: w.current, deadline: w.deadline, waited: true, lastRecord: w.lastRecord, finish: w.finish)
-                return
+            case .bulk(let holder?) where holder != w.judgedLock:
+                // Another holder than the one judged live (it may have set no expiry): judge it.
+                wait = nil
+                tryLock(current: w.current, deadline: w.deadline, waited: true, lastRecord: w.lastRecord, finish: w.finish)
+            default:
+                sleep(w)
             }
-            sleep(w)
         }
     }
 
@@ -515,8 +733,21 @@ final class SharedTokenSession {
             }
             return nil
         }
-        highestGenerationSeen = max(highestGenerationSeen, record.generation)
-        return record
+        switch fence.verdict(for: record.generation) {
+        case .accept:
+            fence.raise(to: record.generation)
+            return record
+        case .refuseOlder(let floor):
+            // Put back in Redis (or written very late): its refresh token may be one the server
+            // has rotated already. Ignored, and overwritten by our next publish.
+            if lastRefusedGeneration != record.generation {
+                lastRefusedGeneration = record.generation
+                cache.logger.warning("shared cache record older than one this session already came from (rolled back in Redis?): ignored and overwritten",
+                                     metadata: ["session": "\(sessionName)", "record.generation": "\(record.generation)", "fence.generation": "\(floor)"])
+                onNotice?(.olderRecordRefused)
+            }
+            return nil
+        }
     }
 
     private func observe(_ r: Result<RESPValue, RedisFailure>) {
@@ -541,9 +772,15 @@ final class SharedTokenSession {
         let now = clock.wallClockSeconds()
         let seconds = Int64(clamping: lifetime.components.seconds)
         // Above every generation seen, and (through the wall clock in ms) unlikely to repeat one
-        // another replica published without this one reading it.
-        let generation = max(highestGenerationSeen &+ 1, UInt64(clamping: now.multipliedSaturating(1000)))
-        highestGenerationSeen = generation
+        // another replica published without this one reading it. The one reserved for this
+        // refresh (and persisted with its refresh token) unless a newer record was seen since.
+        let generation: UInt64
+        if let reserved = reservedGeneration, reserved >= fence.floor {
+            generation = reserved
+        } else {
+            generation = fence.next(wallClockMilliseconds: now.multipliedSaturating(1000))
+        }
+        reservedGeneration = nil
         currentGeneration = generation
         let record = SharedTokenRecord(accessToken: accessToken, tokenType: tokenType, expiresAt: now.addingSaturating(seconds),
                                        lifetimeSeconds: seconds, generation: generation,

@@ -208,7 +208,8 @@ public final class AuthServerFixture: @unchecked Sendable {  // @unchecked: `sto
     // MARK: - Test hooks
 
     /// `GET /_test/stats`: `token_requests`, `by_grant` and `by_client` (dictionaries of counts),
-    /// `token_errors` (by RFC 6749 error code), `tokens_issued`, `grace_replays`, `revocations`,
+    /// `token_errors` (by RFC 6749 error code), `tokens_issued`, `grace_replays`, `refresh_token_reuses`
+    /// (a rotated refresh token presented again outside the grace window), `revocations`,
     /// `api_requests`, `api_rejected`, `injected_faults` (all `Int`).
     public func stats() throws -> [String: Any] {
         try json(request("GET", "/_test/stats"))

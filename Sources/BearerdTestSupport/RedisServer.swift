@@ -95,4 +95,19 @@ public final class RedisServer: @unchecked Sendable {  // @unchecked: `process` 
         p.waitUntilExit()
         return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
     }
+
+    /// `GET key` of a binary value (a sealed record), as lowercase hex (a Lua script encodes it:
+    /// redis-cli's output is text); empty when the key is missing.
+    public func getHex(_ key: String) throws -> String {
+        try cli(["EVAL", "local v = redis.call('get', KEYS[1]); if not v then return '' end; "
+                 + "return (string.gsub(v, '.', function(c) return string.format('%02x', string.byte(c)) end))", "1", key])
+    }
+
+    /// `SET key` to the bytes of `hex` (as `getHex` gave them), without a TTL: what anyone who
+    /// can write to Redis can do.
+    public func setHex(_ key: String, _ hex: String) throws {
+        let reply = try cli(["EVAL", "return redis.call('set', KEYS[1], (string.gsub(ARGV[1], '..', "
+                             + "function(h) return string.char(tonumber(h, 16)) end)))", "1", key, hex])
+        guard reply == "OK" else { throw NginxOrigin.Failure(description: "SET \(key) answered \(reply)") }
+    }
 }

@@ -90,6 +90,30 @@ import Testing
         #expect(!full.description.contains("rt-") && !full.description.contains("at-1"))
     }
 
+    /// The shared-cache generation of the lineage (issue 31, rollback through Redis): written
+    /// only when known, so a file without it (every file before it existed) reads as nil.
+    @Test func sharedGenerationRoundTripAndOlderFiles() throws {
+        var withGeneration = full
+        withGeneration.sharedGeneration = 1_700_000_000_123
+        let text = String(decoding: withGeneration.encode(), as: UTF8.self)
+        #expect(text.hasSuffix(",\"shared_generation\":1700000000123}\n"))
+        #expect(try PersistedSessionState.decode(withGeneration.encode()) == withGeneration)
+        #expect(try PersistedSessionState.decode(full.encode()).sharedGeneration == nil)
+        #expect(!String(decoding: full.encode(), as: UTF8.self).contains("shared_generation"))
+        // Kept when the access token is left out for size.
+        var lean = withGeneration
+        lean.accessToken = .init(token: OAuthSecret(String(repeating: "a", count: PersistedSessionState.maxFileBytes)), expiresAt: 9, generation: 2)
+        #expect(try PersistedSessionState.decode(#require(lean.encodeForFile())).sharedGeneration == 1_700_000_000_123)
+        // A generation beyond Int64 (only a key holder could seal one) is written clamped, still readable.
+        withGeneration.sharedGeneration = .max
+        #expect(try PersistedSessionState.decode(withGeneration.encode()).sharedGeneration == UInt64(Int64.max))
+        for bad in [#""1""#, "-1", "1.5"] {
+            #expect(throws: PersistedSessionState.DecodingError.self) {
+                try PersistedSessionState.decode(Array(#"{"format":1,"refresh_token":"r","updated_at":1,"shared_generation":"#.utf8) + Array(bad.utf8) + [0x7D])
+            }
+        }
+    }
+
     /// Whatever is written is read back; what cannot fit is never written.
     @Test func oneSizeLimitForWritingAndReading() throws {
         let large = PersistedSessionState(refreshToken: OAuthSecret(String(repeating: "r", count: 100 * 1024)), updatedAt: 1)

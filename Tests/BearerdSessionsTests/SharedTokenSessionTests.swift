@@ -1,5 +1,6 @@
 // The shared cache's per-session protocol (DESIGN §6 "Shared cache") against a real redis-server:
-// adopt, lock and wait, fencing, rejection marks, corrupt records, Redis down.
+// adopt, lock and wait, fencing, rejection marks, corrupt records, Redis down, records rolled
+// back in Redis, locks without expiry.
 
 import Foundation
 import Testing
@@ -240,5 +241,138 @@ import BearerdTLS
         guard case .adopt(let record) = waited.wait(seconds: 30) else { Issue.record("b adopts"); return }
         #expect(record.accessToken == "AT1")
         #expect(ContinuousClock.now - started < .seconds(20), "woken by the notification, not the 30 s poll")
+    }
+
+    // MARK: Rollback through Redis
+
+    @Test func fenceRefusesOlderGenerationsAndPublishesAboveEverySeen() {
+        var f = SharedRecordFence()
+        // No floor yet (a state file written before generations were kept): the first record is accepted.
+        #expect(f.verdict(for: 0) == .accept && f.verdict(for: 5) == .accept)
+        f.raise(to: 10)
+        #expect(f.verdict(for: 9) == .refuseOlder(floor: 10))
+        #expect(f.verdict(for: 10) == .accept, "the same record again")
+        #expect(f.verdict(for: 11) == .accept)
+        f.raise(to: 5)
+        #expect(f.floor == 10, "never lowered")
+        // Published above every generation seen, at least the wall clock in ms.
+        #expect(f.next(wallClockMilliseconds: 3) == 11 && f.floor == 11)
+        #expect(f.next(wallClockMilliseconds: 1_000) == 1_000)
+        #expect(f.next(wallClockMilliseconds: -5) == 1_001, "a clock before 1970 is 0")
+        #expect(f.verdict(for: 1_000) == .refuseOlder(floor: 1_001))
+        // Saturating at the top: no trap, no wrap to 0.
+        f.raise(to: .max)
+        #expect(f.next(wallClockMilliseconds: .max) == .max)
+        #expect(f.verdict(for: .max) == .accept && f.verdict(for: .max - 1) == .refuseOlder(floor: .max))
+    }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func aRecordRolledBackInRedisIsRefused() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        let a = session(c)
+        var notices: [SharedTokenSession.Notice] = []
+        await onLoop { a.onNotice = { notices.append($0) } }
+        guard case .fetch(nil) = await before(a) else { Issue.record("a fetches"); return }
+        await onLoop { a.publish(accessToken: "AT1", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: "RT1") }
+        #expect(try eventually { try !redis.getHex("t:id").isEmpty })
+        let old = try redis.getHex("t:id")
+        // The lineage moves on: a refreshes (RT1 → RT2) and publishes the next record.
+        guard case .fetch(let seen?) = await before(a, current: "AT1"), seen.refreshToken == "RT1" else { Issue.record("a refreshes"); return }
+        await onLoop { _ = a.reserveGeneration() }
+        await onLoop { a.publish(accessToken: "AT2", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: "RT2") }
+        #expect(try eventually { try redis.getHex("t:id") != old })
+        var newer: UInt64 = 0
+        await onLoop { newer = a.currentGeneration ?? 0 }
+        // Anyone who can write to Redis puts the old record back.
+        try redis.setHex("t:id", old)
+        // a refuses it: neither adopted nor its refresh token handed to the driver.
+        guard case .fetch(nil) = await before(a, current: "AT2") else { Issue.record("the old record is refused"); return }
+        await onLoop { #expect(notices == [.olderRecordRefused]) }
+        await onLoop { a.release() }
+        // So does a restarted replica whose state file names the newer generation…
+        let restarted = session(c)
+        await onLoop { restarted.raiseFloor(to: newer) }
+        guard case .fetch(nil) = await before(restarted, bound: .milliseconds(300)) else { Issue.record("refused after a restart"); return }
+        await onLoop { restarted.release() }
+        // …while one that never saw the lineage (no state file) cannot tell: that is the limit.
+        guard case .adopt(let r) = await before(session(c)), r.refreshToken == "RT1" else { Issue.record("no floor: accepted"); return }
+    }
+
+    // MARK: Locks without expiry
+
+    @Test func lockVerdictFromPTTL() {
+        let ttl: Int64 = 3_000
+        #expect(SharedLockVerdict.judge(pttl: -1, lockTTLMilliseconds: ttl) == .replace, "no expiry")
+        #expect(SharedLockVerdict.judge(pttl: -2, lockTTLMilliseconds: ttl) == .retake, "gone")
+        #expect(SharedLockVerdict.judge(pttl: ttl + 1, lockTTLMilliseconds: ttl) == .replace, "longer than any bearerd lock")
+        #expect(SharedLockVerdict.judge(pttl: .max, lockTTLMilliseconds: ttl) == .replace)
+        #expect(SharedLockVerdict.judge(pttl: ttl, lockTTLMilliseconds: ttl) == .wait)
+        #expect(SharedLockVerdict.judge(pttl: 1, lockTTLMilliseconds: ttl) == .wait)
+        #expect(SharedLockVerdict.judge(pttl: 0, lockTTLMilliseconds: ttl) == .wait)
+        #expect(SharedLockVerdict.judge(pttl: -3, lockTTLMilliseconds: ttl) == .wait, "no such reply: wait, bounded")
+        #expect(SharedLockVerdict.judge(pttl: 0, lockTTLMilliseconds: -1) == .replace, "a negative TTL does not trap")
+        // A bearerd lock declares its TTL: another replica's longer request_timeout is waited for.
+        func v(_ s: String) -> [UInt8] { Array(s.utf8) }
+        #expect(SharedLockVerdict.lockValue(ttlMilliseconds: 121_000, random: "ab12") == "121000-ab12")
+        #expect(SharedLockVerdict.declaredTTL(ofLockValue: v("121000-ab12")) == 121_000)
+        #expect(SharedLockVerdict.declaredTTL(ofLockValue: v("86401000-x")) == 86_401_000)
+        for other in ["ab12", "-x", "", "12a-x", "86401001-x", "123456789-x", "99999999999999999999999-x"] {
+            #expect(SharedLockVerdict.declaredTTL(ofLockValue: v(other)) == nil, "\(other)")
+        }
+        #expect(SharedLockVerdict.judge(pttl: 100_000, holder: v("121000-x"), ownLockTTLMilliseconds: ttl) == .wait)
+        #expect(SharedLockVerdict.judge(pttl: 121_001, holder: v("121000-x"), ownLockTTLMilliseconds: ttl) == .replace)
+        #expect(SharedLockVerdict.judge(pttl: -1, holder: v("121000-x"), ownLockTTLMilliseconds: ttl) == .replace)
+        #expect(SharedLockVerdict.judge(pttl: 100_000, holder: v("stuck"), ownLockTTLMilliseconds: ttl) == .replace)
+        #expect(SharedLockVerdict.judge(pttl: 2_000, holder: v("stuck"), ownLockTTLMilliseconds: ttl) == .wait)
+        typealias Reply = SharedTokenSession.LockReply
+        #expect(Reply(.array([.integer(1)])) == .taken)
+        #expect(Reply(.array([.integer(0), .bulk(Array("v".utf8)), .integer(-1)])) == .held(value: Array("v".utf8), pttl: -1))
+        #expect(Reply(.array([.integer(0), .bulk(nil), .integer(-2)])) == .held(value: nil, pttl: -2))
+        #expect(Reply(.array([.integer(0), .bulk(nil)])) == nil)
+        #expect(Reply(.array([.integer(0), .bulk(nil), .bulk(nil)])) == nil)
+        #expect(Reply(.error("NOSCRIPT")) == nil && Reply(.array(nil)) == nil && Reply(.array([])) == nil)
+    }
+
+    @Test(.enabled(if: RedisServer.isAvailable)) func aLockWithoutExpiryOrLongerThanOursIsReplaced() async throws {
+        let redis = try RedisServer()
+        let c = try cache(port: redis.port)
+        // Lock TTL 3 s; the waits below would take 60 s.
+        let s = session(c, requestTimeout: .seconds(2))
+        var outcomes: [SharedTokenSession.Outcome] = []
+        var notices: [SharedTokenSession.Notice] = []
+        await onLoop {
+            s.onOutcome = { outcomes.append($0) }
+            s.onNotice = { notices.append($0) }
+        }
+        for extra in [[], ["PX", "86400000"]] {
+            try redis.cli(["SET", "t:id:lock", "stuck"] + extra)
+            let started = ContinuousClock.now
+            guard case .fetch = await before(s, bound: .seconds(60)) else { Issue.record("fetch"); return }
+            #expect(ContinuousClock.now - started < .seconds(5), "replaced, not waited for (\(extra))")
+            let value = try redis.cli(["GET", "t:id:lock"])
+            #expect(!value.isEmpty && value != "stuck", "our lock now")
+            let pttl = Int(try redis.cli(["PTTL", "t:id:lock"])) ?? -9
+            #expect(pttl > 0 && pttl <= 3_000)
+            await onLoop { s.release() }
+        }
+        await onLoop {
+            #expect(outcomes == [.miss, .miss])
+            #expect(notices == [.staleLockReplaced, .staleLockReplaced])
+        }
+        // A lock within our TTL is another replica's fetch: waited for (here until the bound)…
+        try redis.cli(["SET", "t:id:lock", "live", "PX", "3000"])
+        guard case .fetch = await before(s, bound: .milliseconds(300)) else { Issue.record("waits, then fetches"); return }
+        #expect(try redis.cli(["GET", "t:id:lock"]) == "live", "left alone")
+        // …unless, while waiting, it is replaced by one without expiry: judged again and replaced.
+        try redis.cli(["SET", "t:id:lock", "live", "PX", "3000"])
+        let started = ContinuousClock.now
+        let answer = OneAnswer<SharedTokenSession.Decision>()
+        loop.execute { s.beforeFetch(current: nil, rejected: false, waitBound: .seconds(60)) { answer.put($0) } }
+        try await Task.sleep(for: .milliseconds(200))
+        try redis.cli(["SET", "t:id:lock", "stuck-again"])
+        guard case .fetch = answer.wait(seconds: 30) else { Issue.record("fetch after replacing"); return }
+        #expect(ContinuousClock.now - started < .seconds(10))
+        #expect(try redis.cli(["GET", "t:id:lock"]) != "stuck-again")
+        await onLoop { #expect(notices.count == 3) }
     }
 }

@@ -313,6 +313,7 @@ class Stats:
             self.token_errors = {}
             self.tokens_issued = 0
             self.grace_replays = 0
+            self.refresh_token_reuses = 0
             self.revocations = 0
             self.api_requests = 0
             self.api_rejected = 0
@@ -328,6 +329,7 @@ class Stats:
                 "token_errors": dict(self.token_errors),
                 "tokens_issued": self.tokens_issued,
                 "grace_replays": self.grace_replays,
+                "refresh_token_reuses": self.refresh_token_reuses,
                 "revocations": self.revocations,
                 "api_requests": self.api_requests,
                 "api_rejected": self.api_rejected,
@@ -482,6 +484,11 @@ class RefreshTokenGrant(grants.RefreshTokenGrant):
             and time.time() - t.rotated_at <= Config.grace_seconds
         ):
             return t
+        if t.rotated_to is not None:
+            # A rotated refresh token presented again outside the grace window: what servers with
+            # reuse detection take as theft (and revoke the whole lineage for).
+            with STATS.lock:
+                STATS.refresh_token_reuses += 1
         return None
 
     def authenticate_user(self, refresh_token):

@@ -169,6 +169,7 @@ def test_password_grant_and_refresh_without_rotation():
         # A refresh token is bound to its client.
         status, _, body = s.token({"grant_type": "refresh_token", "refresh_token": c["refresh_token"]}, basic=("app", "app-secret"))
         assert status == 400 and body["error"] == "invalid_grant", body
+        assert s.request("GET", "/_test/stats")[2]["refresh_token_reuses"] == 1
         status, _, body = s.token({"grant_type": "refresh_token", "client_id": "cli", "refresh_token": "garbage"})
         assert status == 400 and body["error"] == "invalid_grant", body
 
