@@ -132,7 +132,7 @@ import BearerdTLS
         // Positive control: a holder that does hold the lock publishes within the same 200 ms, so
         // the absence above is the fencing, not a wait too short to see a record.
         try redis.cli(["DEL", "t:id:lock"])
-        let d = session(c)
+        let d = session(c, requestTimeout: .seconds(120))
         guard case .fetch = await before(d) else { Issue.record("d fetches"); return }
         await onLoop { d.publish(accessToken: "AT-live", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: nil) }
         try await Task.sleep(for: .milliseconds(200))
@@ -142,7 +142,9 @@ import BearerdTLS
     @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func aRejectedGenerationIsNotAdopted() async throws {
         let redis = try RedisServer()
         let c = try cache(port: redis.port)
-        let a = session(c)
+        // a's lock (its request timeout + 1 s) outlives a loaded machine's pauses: an expired
+        // lock would fence its publish and no record would appear.
+        let a = session(c, requestTimeout: .seconds(120))
         guard case .fetch = await before(a) else { Issue.record("a fetches"); return }
         await onLoop { a.publish(accessToken: "AT1", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: nil) }
         #expect(try eventually { try redis.cli(["EXISTS", "t:id"]) == "1" })
