@@ -263,6 +263,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     public var isClosed: Bool { phase == .closed }
 
+    /// Runs once, right after the descriptor is closed (on the loop): an accepted connection
+    /// gives its slot back to the process's `AcceptBudget`.
+    @exclusivity(unchecked) public var onDescriptorClosed: (() -> Void)?
+
     /// Whether the socket holds unread bytes or the peer's EOF, without consuming anything. An
     /// idle pooled connection for which this holds must not carry a new request: those bytes
     /// would be read as its response (DESIGN §5).
@@ -300,7 +304,10 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         // (libdispatch releases the handlers after cancellation, breaking the cycle).
         let closeFD: () -> Void = { [fd] in
             self.cancelsPending -= 1
-            if self.cancelsPending == 0 { self.sys.closeFD(fd) }
+            if self.cancelsPending == 0 {
+                self.sys.closeFD(fd)
+                self.descriptorClosed()
+            }
         }
         readSource.setCancelHandler(handler: closeFD)
         writeSource.setCancelHandler(handler: closeFD)
@@ -864,6 +871,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         } else {
             loop.forgetPollable(fd: fd)  // close(2) leaves the epoll set: no EPOLL_CTL_DEL
             sys.closeFD(fd)
+            descriptorClosed()
         }
         // Nothing is written once closed (every write checks the phase): the output buffer
         // goes to the loop's next connection, emptied.
@@ -871,6 +879,12 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         let d = delegate
         delegate = nil
         d?.channelClosed(self)
+    }
+
+    private func descriptorClosed() {
+        guard let hook = onDescriptorClosed else { return }
+        onDescriptorClosed = nil
+        hook()
     }
 
     private func fail(_ error: ChannelError) {

@@ -358,6 +358,50 @@ public enum Sys {
         return PeerCredentials(pid: pid, uid: uid, gid: gid)
     }
 
+    /// RLIMIT_NOFILE: the soft and hard limits (nil when getrlimit fails).
+    public static func descriptorLimits() -> (soft: Int, hard: Int)? {
+        var rl = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &rl) == 0 else { return nil }
+        return (clampLimit(rl.rlim_cur), clampLimit(rl.rlim_max))
+    }
+
+    private static func clampLimit(_ v: rlim_t) -> Int {
+        v > rlim_t(Int32.max) ? Int(Int32.max) : Int(v)  // RLIM_INFINITY is all ones: above too
+    }
+
+    /// Raises the soft RLIMIT_NOFILE to the hard limit (as Go's runtime does at start, and
+    /// nginx with `worker_rlimit_nofile`): the soft limit's default, 1024, is there for
+    /// programs that use select(2); bearerd uses epoll. Returns the limits before and after
+    /// (equal when nothing changed or setrlimit failed).
+    @discardableResult
+    public static func raiseDescriptorLimit() -> (before: Int, after: Int) {
+        var rl = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &rl) == 0 else { return (0, 0) }
+        let before = clampLimit(rl.rlim_cur)
+        guard rl.rlim_cur < rl.rlim_max else { return (before, before) }
+        var raised = rl
+        raised.rlim_cur = rl.rlim_max
+        if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) != 0 {
+            // A hard limit of "unlimited" above the kernel's nr_open: take the kernel's ceiling.
+            raised.rlim_cur = 1 << 20
+            guard raised.rlim_cur > rl.rlim_cur, setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 else { return (before, before) }
+        }
+        return (before, clampLimit(raised.rlim_cur))
+    }
+
+    /// How many descriptors the process has open now (the entries of /proc/self/fd, less the
+    /// one reading them); nil without /proc.
+    public static func openDescriptorCount() -> Int? {
+        guard let dir = opendir("/proc/self/fd") else { return nil }
+        defer { closedir(dir) }
+        var n = 0
+        while let entry = readdir(dir) {
+            let name = entry.pointee.d_name.0
+            if name != CChar(UInt8(ascii: ".")) { n += 1 }  // ".", ".."; descriptor names are digits
+        }
+        return max(0, n - 1)
+    }
+
     /// Ignore SIGPIPE process-wide (writes use MSG_NOSIGNAL too; TLS and pipes may not).
     public static func ignoreSIGPIPE() {
         signal(SIGPIPE, SIG_IGN)

@@ -587,6 +587,9 @@ final class LocalExchange: FrontendExchange {
         /// The body is complete; the responder was asked.
         case responding
         case done
+        /// The responder takes no body and the request has one: answered 413 at its head, the
+        /// body never read (the connection closes).
+        case bodyRefused
     }
     private var phase: Phase = .collecting
     private var body: [UInt8] = []
@@ -602,6 +605,15 @@ final class LocalExchange: FrontendExchange {
     }
 
     func start() {
+        if framing != .none && !responder.acceptsRequestBody {
+            // Neither a 100 Continue nor a byte of the body: answered at the head, then closed.
+            phase = .bodyRefused
+            guard let frontend else { return }
+            frontend.writeRaw(ErrorResponse.make(status: 413, error: "request_body_not_allowed",
+                                                 detail: "this endpoint takes no request body", close: true))
+            frontend.exchangeFinished(self, keepAlive: false, abort: false)
+            return
+        }
         if framing == .none {
             // Weak: the connection (which owns this exchange) may be gone by the end of the
             // event (a client that sent its request and closed at once).
@@ -614,14 +626,16 @@ final class LocalExchange: FrontendExchange {
 
     var requestComplete: Bool {
         switch phase {
-        case .collecting, .tooLarge: return framing == .none
+        case .collecting, .tooLarge, .bodyRefused: return framing == .none
         case .responding, .done: return true
         }
     }
     var wantsBody: Bool { true }
     var responseStarted: Bool {
-        if case .done = phase { return true }
-        return false
+        switch phase {
+        case .done, .bodyRefused: return true
+        case .collecting, .tooLarge, .responding: return false
+        }
     }
 
     func requestBody(_ bytes: ArraySlice<UInt8>) {
@@ -648,7 +662,7 @@ final class LocalExchange: FrontendExchange {
             frontend.writeRaw(ErrorResponse.make(status: 413, error: "body_too_large", close: true))
             frontend.exchangeFinished(self, keepAlive: false, abort: false)
             return
-        case .responding, .done:
+        case .responding, .done, .bodyRefused:
             return
         }
         responder.respond(to: head, body: body, loop: loop) { [weak self] resp, respBody in
@@ -656,12 +670,14 @@ final class LocalExchange: FrontendExchange {
             self.phase = .done
             var h = resp
             h.headers.set("Content-Length", String(respBody.count))
-            if !self.keepAlive { h.headers.set("Connection", "close") }
+            // The responder may end the connection with its answer (`Connection: close`).
+            let keepAlive = self.keepAlive && !h.headers.values("Connection").contains { $0.lowercased().contains("close") }
+            if !keepAlive { h.headers.set("Connection", "close") }
             var buf: [UInt8] = []
             HTTP1Serializer.writeResponseHead(h, into: &buf)
             if self.head.method != "HEAD" { buf.append(contentsOf: respBody) }
             frontend.writeTaking(&buf)
-            frontend.exchangeFinished(self, keepAlive: self.keepAlive, abort: false)
+            frontend.exchangeFinished(self, keepAlive: keepAlive, abort: false)
         }
     }
 

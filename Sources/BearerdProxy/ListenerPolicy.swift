@@ -7,6 +7,19 @@ import BearerdTLS
 /// the browser guard.
 /// Immutable; shared by every loop.
 public final class ListenerPolicy: Sendable {
+    /// Which of bearerd's surfaces the listener serves: what its Host check admits and whether
+    /// the browser guard runs.
+    public enum Surface: Sendable {
+        /// A `listen:` entry: loopback names, its routes' hosts and `allowed_hosts`; browser guard.
+        case proxy
+        /// `token_api.listen`: loopback names only (a route's `host:` is a name a DNS-rebinding
+        /// page could own); browser guard (the responder refuses browsers on top).
+        case tokenAPI
+        /// `admin`: loopback names only (`/readyz` and `/metrics` carry session names, token
+        /// endpoint errors and paths); no browser guard (nothing there acts on a request).
+        case admin
+    }
+    public let surface: Surface
     public let config: ListenerConfig
     /// `unix:/path` or `host:port`, for messages.
     public let label: String
@@ -21,7 +34,13 @@ public final class ListenerPolicy: Sendable {
     /// The listener's server TLS context (`tls:`), nil for plain HTTP.
     public let tls: TLSContext?
 
-    public init(_ config: ListenerConfig, tls: TLSContext? = nil) {
+    /// The Host check admits the built-in loopback names and the listener's own host only.
+    public var loopbackNamesOnly: Bool { surface != .proxy }
+    /// Requests pass the browser guard.
+    public var guardsBrowsers: Bool { surface != .admin }
+
+    public init(_ config: ListenerConfig, tls: TLSContext? = nil, surface: Surface = .proxy) {
+        self.surface = surface
         self.config = config
         self.tls = tls
         label = config.address.description

@@ -46,10 +46,12 @@ struct RequestGate {
             runtime.logger.warning("host refused", metadata: ["client": "\(clientAddress)", "listener": "\(policy.label)", "host": "\(shown)"])
             let detail = authority == nil
                 ? "the request names no host; \(policy.label) needs a Host header naming it"
+                : policy.loopbackNamesOnly
+                ? "\(policy.label) answers only localhost and loopback addresses (a DNS-rebinding guard)"
                 : "\(policy.label) answers only localhost, loopback addresses, its routes' hosts and allowed_hosts; add \(shown) to allowed_hosts if it is meant to reach bearerd"
             return Refusal(status: 421, error: "host_not_allowed", detail: detail, fields: [("host", shown)], closes: true)
         }
-        if case .refuse(let r) = policy.browserGuard.check(head) {
+        if policy.guardsBrowsers, case .refuse(let r) = policy.browserGuard.check(head) {
             runtime.logger.warning("cross-site request refused", metadata: [
                 "client": "\(clientAddress)", "listener": "\(policy.label)", "reason": "\(r.reason)", "origin": "\(r.origin ?? "")",
             ])

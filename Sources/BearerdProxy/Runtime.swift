@@ -200,7 +200,8 @@ final class LoopContext {
                 hostChecks.removeFirst()
                 admittedPolicy = nil  // it may have been the one removed
             }
-            allowlist = runtime.hostAllowlist(for: policy.config)
+            allowlist = policy.loopbackNamesOnly ? HostAllowlist(listener: policy.config, routeHosts: [])
+                                                 : runtime.hostAllowlist(for: policy.config)
             hostChecks.append(HostCheck(policy: policy, allowlist: allowlist))
         }
         let authority = HostAllowlist.requestAuthority(target: target, hostField: hostField)

@@ -27,6 +27,11 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     private var adminListener: Listener?
     /// `token_api:` (TokenAPIListener.swift).
     let tokenAPI = TokenAPIHost()
+    /// The client-connection budget every listener accepts under (RLIMIT_NOFILE less a reserve,
+    /// halved for the upstream connections); configured once the listeners are bound.
+    public let acceptBudget = AcceptBudget()
+    /// Descriptors open once `start()` had bound everything (the budget's baseline).
+    private var descriptorsAtStart = 0
     /// Where the token API listens (nil without `token_api:`).
     public var tokenAPIAddress: SocketAddress? { tokenAPI.localAddress }
     public private(set) var boundAddresses: [SocketAddress] = []
@@ -64,6 +69,26 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
     /// inherited fds that match no listener are logged and closed.
     public func start(inheriting inherited: [SocketActivation.Inherited] = []) throws(IOError) {
         Sys.ignoreSIGPIPE()
+        let rlimit = Sys.raiseDescriptorLimit()
+        if rlimit.after > rlimit.before {
+            logger.info("raised the descriptor limit (RLIMIT_NOFILE) to its hard limit", metadata: ["from": "\(rlimit.before)", "to": "\(rlimit.after)"])
+        }
+        acceptBudget.events = { [logger] event in
+            switch event {
+            case .pausedAtBudget(let open, let budget, let limit):
+                logger.warning("connection budget reached: accepting paused until a connection closes", metadata: [
+                    "connections": "\(open)", "connection_budget": "\(budget)", "rlimit_nofile": "\(limit)",
+                ])
+            case .streakEnded(let refused, let open, let budget):
+                logger.info("below the connection budget again: accepting freely", metadata: [
+                    "pauses": "\(refused)", "connections": "\(open)", "connection_budget": "\(budget)",
+                ])
+            case .outOfDescriptors(let e, let budget, let limit):
+                logger.warning("out of descriptors although below the connection budget: accepting paused briefly", metadata: [
+                    "error": "\(String(cString: strerror(e)))", "connection_budget": "\(budget)", "rlimit_nofile": "\(limit)",
+                ])
+            }
+        }
         sessions.start()
         let activation = SocketActivation.match(inherited, listeners: runtime.config.listeners, admin: runtime.config.admin)
         for s in activation.unmatched {
@@ -75,18 +100,36 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         }
         boundAddresses = running.map(\.listener.localAddress)
         if let admin = runtime.config.admin {
-            let l = try bind(admin, policy: PolicyBox(nil), responder: AdminResponder(server: self), inherited: activation.admin)
+            let l = try bind(admin, policy: Self.adminPolicy(admin), responder: AdminResponder(server: self), inherited: activation.admin)
             adminListener = l
             adminAddress = l.localAddress
         }
         try tokenAPI.start(runtime.config, server: self)
+        descriptorsAtStart = Sys.openDescriptorCount() ?? 0
+        configureBudget(runtime.config)
         publishListeners()
         lifecycle.phase = .serving
         logger.info("bearerd started", metadata: [
             "listen": "\(boundAddresses.map(\.description).joined(separator: ","))",
             "loops": "\(group.loops.count)",
             "routes": "\(runtime.config.routes.count)",
+            "connection_budget": "\(acceptBudget.snapshot.budget)",
         ])
+    }
+
+    /// The budget under `config`: the soft RLIMIT_NOFILE, the descriptors open at start, and
+    /// the reserve for `config`'s sessions and listeners (`DescriptorBudget.reserve`).
+    private func configureBudget(_ config: BearerdConfig) {
+        guard let limit = Sys.descriptorLimits()?.soft else { return }
+        let listeners = config.listeners.count + (config.admin == nil ? 0 : 1) + (config.tokenAPI == nil ? 0 : 1)
+        acceptBudget.configure(limit: limit, inUse: descriptorsAtStart,
+                               reserve: DescriptorBudget.reserve(sessions: config.sessions.count, listeners: listeners))
+    }
+
+    /// The admin listener's policy: on a loopback address, the Host check with loopback names
+    /// only (a DNS-rebinding page must not read `/metrics` or `/readyz`); no browser guard.
+    static func adminPolicy(_ address: ListenAddress) -> PolicyBox {
+        PolicyBox(ListenerPolicy(ListenerConfig(address: address), surface: .admin))
     }
 
     /// A proxy listener with its access-control policy, bound (or adopted from `inherited`).
@@ -102,32 +145,36 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         let accept = acceptHandler(policy: policy, responder: responder)
         if let inherited {
             logger.info("using a socket-activated listener", metadata: ["listen": "\(address)", "fd": "\(inherited)"])
-            return try Listener.adopt(fd: inherited, group: group, onAccept: accept)
+            return try Listener.adopt(fd: inherited, group: group, budget: acceptBudget, onAccept: accept)
         }
         switch address {
         case .tcp(let host, let port):
-            return try Listener.bind(host: host, port: port, group: group, onAccept: accept)
+            return try Listener.bind(host: host, port: port, group: group, budget: acceptBudget, onAccept: accept)
         case .unix(let path):
             let c = policy.policy?.config
-            return try Listener.bindUnix(path: path, mode: c?.mode ?? 0o660, owner: c?.owner, fileGroup: c?.group, group: group, onAccept: accept)
+            return try Listener.bindUnix(path: path, mode: c?.mode ?? 0o660, owner: c?.owner, fileGroup: c?.group, group: group,
+                                         budget: acceptBudget, onAccept: accept)
         }
     }
 
     /// What a listener runs for each accepted fd: a `FrontendConnection` on the loop it was
-    /// handed to, under `policy` (SO_PEERCRED and Host checks; nil: none, as for admin).
+    /// handed to, under `policy` (SO_PEERCRED and Host checks; nil: none). The connection's
+    /// slot of `acceptBudget` is given back when its descriptor is closed.
     func acceptHandler(policy box: PolicyBox, responder: LocalResponder?) -> (Int32, SocketAddress, EventLoop) -> Void {
         let contexts = self.contexts
+        let budget = acceptBudget
         return { fd, peer, loop in
             let ctx = contexts[loop.index]
             let policy = box.policy  // as of the accept: a reload may change it
             loop.runEvent {
                 let channel = SocketChannel(fd: fd, loop: loop)
+                channel.onDescriptorClosed = { budget.release() }
                 if let tls = policy?.tls {
                     do {
                         channel.serveTLS(try TLSEngine(server: tls))
                     } catch {
                         ctx.runtime.logger.error("cannot start TLS on an accepted connection", metadata: ["error": "\(error)"])
-                        loop.syscalls.closeFD(fd)
+                        channel.close()
                         return
                     }
                 }
@@ -160,7 +207,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
         var newAdmin: Listener?
         if let admin = config.admin, admin != oldAdmin {
             do throws(IOError) {
-                newAdmin = try bind(admin, policy: PolicyBox(nil), responder: AdminResponder(server: self))
+                newAdmin = try bind(admin, policy: Self.adminPolicy(admin), responder: AdminResponder(server: self))
             } catch {
                 undo()
                 throw ConfigErrors([ConfigError(file: config.file, line: 0, key: "admin", message: "cannot listen on \(admin): \(error)")])
@@ -205,9 +252,9 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             } else if var r = running.first(where: { $0.config.address == l.address }) {
                 if r.config != l {
                     r.policy.policy = ListenerPolicy(l, tls: next.tlsContext(for: l))
-                    if case .unix(let path) = l.address, l.mode != r.config.mode || l.owner != r.config.owner || l.group != r.config.group {
+                    if case .unix = l.address, l.mode != r.config.mode || l.owner != r.config.owner || l.group != r.config.group {
                         do throws(IOError) {
-                            try Listener.applyUnixPermissions(path: path, mode: l.mode, owner: l.owner, group: l.group)
+                            try r.listener.applyUnixPermissions(mode: l.mode, owner: l.owner, group: l.group)
                         } catch {
                             logger.error("cannot change the socket file's owner or mode", metadata: ["listen": "\(l.address)", "error": "\(error)"])
                         }
@@ -230,6 +277,7 @@ public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable 
             logger.info("admin listener moved", metadata: ["admin": "\(adminAddress.map { "\($0)" } ?? "none")"])
         }
         tokenAPI.commit(config, logger: logger)
+        configureBudget(config)
         publishListeners()
         logger.info("configuration reloaded", metadata: ["routes": "\(config.routes.count)", "listeners": "\(running.count)"])
     }

@@ -5,6 +5,7 @@ import BearerdSessions
 /// The running server as the service layer sees it: the admin endpoints' status source.
 extension BearerdServer: AdminStatusSource {
     public var lifecyclePhase: ServerLifecycle.Phase { lifecycle.phase }
+    public var acceptBudgetSnapshot: AcceptBudget.Snapshot? { acceptBudget.snapshot }
 }
 
 extension SystemdService.Probe {

@@ -67,12 +67,28 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
             }
             server.collectMetrics { [weak server] m in
                 let sessions = server.map(Self.sessionSnapshots) ?? []
-                let text = Self.renderMetrics(m, sessions: sessions, now: monotonicNanos())
+                let text = Self.renderMetrics(m, sessions: sessions, now: monotonicNanos(), accept: server?.acceptBudgetSnapshot)
                 loop.execute { send(200, text, type: Self.metricsType) }
             }
         default:
             send(404, "{\"error\":\"not_found\"}\n", type: Self.jsonType)
         }
+    }
+
+    /// The client-connection budget (`DescriptorBudget`): its size, what it counts now, and the
+    /// accepts it (or a lack of descriptors) turned away.
+    static func renderAcceptBudget(_ a: AcceptBudget.Snapshot, into w: inout PrometheusText) {
+        w.family("bearerd_descriptor_limit", .gauge, help: "The soft RLIMIT_NOFILE in force.")
+        w.sample("bearerd_descriptor_limit", [], UInt64(clamping: a.limit))
+        w.family("bearerd_connection_budget", .gauge,
+                 help: "Client connections (all listeners) accepted at most at once: half of what RLIMIT_NOFILE leaves after the descriptors open at start and a reserve.")
+        w.sample("bearerd_connection_budget", [], UInt64(clamping: a.budget))
+        w.family("bearerd_budget_connections", .gauge, help: "Client connections (all listeners) open now, counted against the budget.")
+        w.sample("bearerd_budget_connections", [], UInt64(clamping: a.open))
+        w.family("bearerd_accept_pauses_total", .counter,
+                 help: "Times accepting paused instead of taking a waiting connection, by reason (connection_budget: at the budget, until a connection closes; out_of_descriptors: accept failed with EMFILE/ENFILE, for 100 ms).")
+        w.sample("bearerd_accept_pauses_total", [("reason", "connection_budget")], a.pausesAtBudget)
+        w.sample("bearerd_accept_pauses_total", [("reason", "out_of_descriptors")], a.outOfDescriptors)
     }
 
     static func sessionSnapshots(_ server: AdminStatusSource) -> [SessionSnapshot] {
@@ -138,7 +154,7 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
 
     /// The whole exposition: proxy families from the loops' summed counters, then session
     /// families. Every family documented in README "Metrics"; names are stable.
-    static func renderMetrics(_ m: LoopMetrics, sessions: [SessionSnapshot], now: UInt64) -> String {
+    static func renderMetrics(_ m: LoopMetrics, sessions: [SessionSnapshot], now: UInt64, accept: AcceptBudget.Snapshot? = nil) -> String {
         var w = PrometheusText()
         w.family("bearerd_build_info", .gauge, help: "Always 1; the version label says which bearerd runs.")
         w.sample("bearerd_build_info", [("version", BearerdVersion.string)], 1)
@@ -198,6 +214,7 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         w.sample("bearerd_open_connections", [], m.openConnections)
         w.family("bearerd_upstream_idle_connections", .gauge, help: "Idle keep-alive upstream connections in the pools.")
         w.sample("bearerd_upstream_idle_connections", [], m.idleUpstreamConnections)
+        if let a = accept { Self.renderAcceptBudget(a, into: &w) }
 
         guard !sessions.isEmpty else { return w.text }
         func perSession(_ name: String, _ kind: PrometheusText.Kind, _ help: String, _ value: (SessionSnapshot) -> UInt64) {

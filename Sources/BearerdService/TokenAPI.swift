@@ -43,12 +43,72 @@ public final class TokenAPISettings: @unchecked Sendable {  // @unchecked: `valu
     }
 }
 
+/// At most `burst` log lines per `interval` for one kind of refusal: a local process that
+/// hammers the token API with refused requests cannot flood the log. Lines not written are
+/// counted and the next line written says how many were left out. A value with no clock of its
+/// own (`now` is the caller's monotonic nanoseconds); `RefusalLog` keeps one under a lock.
+public struct LogRateLimit: Sendable, Equatable {
+    public let interval: UInt64
+    public let burst: Int
+    private var windowStart: UInt64?
+    private var linesInWindow = 0
+    /// Lines left out since the last one written.
+    public private(set) var suppressed: UInt64 = 0
+
+    public init(interval: UInt64 = 10_000_000_000, burst: Int = 5) {
+        self.interval = max(1, interval)
+        self.burst = max(1, burst)
+    }
+
+    /// Whether to write a line now; when written, how many were left out before it.
+    public mutating func admit(now: UInt64) -> (write: Bool, leftOut: UInt64) {
+        if let start = windowStart, now >= start, now - start < interval {
+            guard linesInWindow < burst else {
+                suppressed &+= 1
+                return (false, 0)
+            }
+        } else {
+            windowStart = now
+            linesInWindow = 0
+        }
+        linesInWindow += 1
+        defer { suppressed = 0 }
+        return (true, suppressed)
+    }
+}
+
+/// The token API's refusal log lines, rate-limited (`LogRateLimit`) across every connection of
+/// one token API listener. Owns the limit under `lock`; any loop.
+public final class RefusalLog: @unchecked Sendable {  // @unchecked: `limit` guarded by `lock`
+    private let lock = Lock()
+    private var limit: LogRateLimit
+    private let logger: Logger
+
+    public init(logger: Logger, limit: LogRateLimit = LogRateLimit()) {
+        self.logger = logger
+        self.limit = limit
+    }
+
+    /// Writes `message` with `metadata` (and `refusals.not_logged` when lines were left out) if
+    /// the rate allows.
+    public func warning(_ message: Logger.Message, _ metadata: Logger.Metadata) {
+        let (write, leftOut) = lock.withLock { limit.admit(now: monotonicNanos()) }
+        guard write else { return }
+        var m = metadata
+        if leftOut > 0 { m["refusals.not_logged"] = "\(leftOut)" }
+        logger.warning(message, metadata: m)
+    }
+}
+
 /// `GET /v1/token/NAME` for local programs (DESIGN §4 `token_api:`): the JSON form of
 /// `bearerd token --format json` (`access_token`, `token_type`, `expires_at` RFC 3339,
 /// `session`), with the token obtained exactly as the proxy obtains it (the published token, else
 /// coalesced through the session driver).
 ///
-/// One per connection (it carries the caller); holds no mutable state. Checks, in order:
+/// One per connection (it carries the caller); holds no mutable state. A unix peer whose uid
+/// is not allowed is refused at accept, before anything is read (`TokenAPIHost`); a request
+/// with a body is refused 413 at its head (`acceptsRequestBody`); every 403 closes the
+/// connection. Checks, in order:
 /// the unix peer's uid against `allowed_uids` (default: bearerd's own uid) → 403; any `Origin`
 /// or `Sec-Fetch-*` field (a browser is asking: the SSRF and DNS-rebinding guard) → 403; on TCP
 /// a missing `Bearerd-Token-Request: 1` → 403; a method other than GET/HEAD → 405; a path
@@ -63,22 +123,34 @@ public final class TokenAPIResponder: LocalResponder, @unchecked Sendable {  // 
     let settings: TokenAPISettings
     let sessions: SessionManager
     let logger: Logger
+    let refusals: RefusalLog
     let ownUID: UInt32
 
-    public init(caller: TokenAPICaller, settings: TokenAPISettings, sessions: SessionManager, logger: Logger) {
+    public init(caller: TokenAPICaller, settings: TokenAPISettings, sessions: SessionManager, logger: Logger, refusals: RefusalLog? = nil) {
         self.caller = caller
         self.settings = settings
         self.sessions = sessions
         self.logger = logger
+        self.refusals = refusals ?? RefusalLog(logger: logger)
         ownUID = getuid()
+    }
+
+    /// The token API reads no request body: GET and HEAD carry none.
+    public var acceptsRequestBody: Bool { false }
+
+    /// Whether a unix peer with `uid` may ask: `allowed_uids`, by default bearerd's own uid.
+    public static func admits(uid: UInt32?, _ api: TokenAPIConfig?, ownUID: UInt32 = getuid()) -> Bool {
+        guard let uid, let api else { return false }
+        return (api.allowedUIDs ?? [ownUID]).contains(uid)
     }
 
     public func respond(to head: HTTPRequestHead, body: [UInt8], loop: EventLoop, reply: @escaping (HTTPResponseHead, [UInt8]) -> Void) {
         func refuse(_ status: Int, _ code: String, _ detail: String, extra: [(String, String)] = [], session: String? = nil) {
-            let (h, b) = ErrorResponse.parts(status: status, error: code, detail: detail, extra: extra,
+            // A 403 ends the connection: a refused caller gets no second try on it.
+            let (h, b) = ErrorResponse.parts(status: status, error: code, detail: detail, extra: extra + (status == 403 ? [("Connection", "close")] : []),
                                             fields: session.map { [("session", $0)] } ?? [])
             if status == 403 || status == 404 {
-                logger.warning("token API request refused", metadata: [
+                refusals.warning("token API request refused", [
                     "caller": "\(caller)", "status": "\(status)", "error": "\(code)", "session": "\(session ?? "-")",
                 ])
             }
@@ -90,8 +162,8 @@ public final class TokenAPIResponder: LocalResponder, @unchecked Sendable {  // 
         }
         switch caller.identity {
         case .unix(let uid, _):
-            let allowed = api.allowedUIDs ?? [ownUID]
-            guard let uid, allowed.contains(uid) else {
+            // Checked at accept too; again here, as a reload may have changed allowed_uids since.
+            guard Self.admits(uid: uid, api, ownUID: ownUID) else {
                 refuse(403, "peer_not_allowed", uid.map { "uid \($0) is not in token_api.allowed_uids" } ?? "the peer's credentials could not be read")
                 return
             }

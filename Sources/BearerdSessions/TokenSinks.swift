@@ -255,6 +255,7 @@ public final class TokenOutlets: @unchecked Sendable {  // @unchecked: state con
         let dir = slash.map { $0 == path.startIndex ? "/" : String(path[..<$0]) } ?? "."
         let base = slash.map { String(path[path.index(after: $0)...]) } ?? path
         try ensureDirectory(dir)
+        if DirectoryTrust.problem(dir) != nil { throw SinkWriteError(step: "sink.untrusted_directory", path: dir, errno: EPERM) }
         var suffix = ""
         for _ in 0..<4 { suffix += String(UInt16.random(in: 0...UInt16.max), radix: 16) }
         let temp = (dir == "/" ? "" : dir) + "/." + base + ".tmp-" + String(getpid()) + "-" + suffix

@@ -3,7 +3,11 @@
 #include <errno.h>
 #include <sched.h>
 #include <sys/uio.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include "bearerd_sys.h"
+int bearerd_open_path_nofollow(const char *path) { return open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC); }
+int bearerd_fchown_path_fd(int fd, unsigned int owner, unsigned int group) { return fchownat(fd, "", owner, group, AT_EMPTY_PATH); }
 int bearerd_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) { return accept4(fd, addr, len, flags); }
 int bearerd_stream_socket(int family) { return socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0); }
 int bearerd_SOCK_STREAM(void) { return SOCK_STREAM; }

@@ -19,7 +19,9 @@ struct DeferredAcceptTests {
         let tcp = try Listener.bind(host: "127.0.0.1", port: 0, group: group) { fd, _, _ in _ = Glibc.close(fd) }
         defer { tcp.stop() }
         #expect(Self.deferAccept(tcp.fd) > 0)
-        let path = "/tmp/bearerd-defer-\(getpid()).sock"
+        let dir = "/tmp/bearerd-defer-\(getpid())"  // not /tmp itself: others can write there
+        mkdir(dir, 0o700)
+        let path = dir + "/api.sock"
         unlink(path)
         let unix = try Listener.bindUnix(path: path, group: group) { fd, _, _ in _ = Glibc.close(fd) }
         defer { unix.stop() }

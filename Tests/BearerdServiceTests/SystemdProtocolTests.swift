@@ -290,7 +290,9 @@ struct SocketActivationTests {
         defer { tcp.stop() }
         let bound = try #require(Listener.boundAddress(fd: tcp.fd))
         #expect(SocketActivation.listenAddress(bound) == .tcp(host: "127.0.0.1", port: tcp.localAddress.port))
-        let path = NSTemporaryDirectory() + "bearerd-sa-\(UUID().uuidString.prefix(8)).sock"
+        let dir = NSTemporaryDirectory() + "bearerd-sa-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: false)  // not /tmp itself: others can write there
+        let path = dir + "/api.sock"
         let unix = try Listener.bindUnix(path: path, group: group) { fd, _, _ in close(fd) }
         defer { unix.stop() }
         #expect(SocketActivation.listenAddress(try #require(Listener.boundAddress(fd: unix.fd))) == .unix(path: path))

@@ -101,7 +101,7 @@ struct LifecycleTests {
     @Test func reloadAppliesANewSocketFileMode() throws {
         let origin = try TestOrigin(handler: echoHandler)
         defer { origin.stop() }
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("bearerd-\(UUID().uuidString.prefix(8)).sock").path
+        let path = try RunningBearerd.tempDir("sock") + "/api.sock"  // a directory of its own: never one others can write
         let config = BearerdConfig(file: "<test>", listen: [.unix(path: path)], loops: 1, routes: [route(origin: origin.port)])
         let server = try BearerdServer(config: config, logger: .init(label: "t") { _ in SwiftLogNoOpLogHandler() })
         try server.start()
@@ -141,7 +141,7 @@ struct LifecycleTests {
     @Test func unixSocketListener() throws {
         let origin = try TestOrigin(handler: echoHandler)
         defer { origin.stop() }
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("bearerd-\(UUID().uuidString.prefix(8)).sock").path
+        let path = try RunningBearerd.tempDir("sock") + "/api.sock"  // a directory of its own: never one others can write
         let config = BearerdConfig(file: "<test>", listen: [.unix(path: path)], loops: 1, routes: [route(origin: origin.port)])
         let server = try BearerdServer(config: config, logger: .init(label: "t") { _ in SwiftLogNoOpLogHandler() })
         try server.start()

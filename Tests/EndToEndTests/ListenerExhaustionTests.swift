@@ -6,11 +6,15 @@ import BearerdConfig
 import BearerdSessions
 import BearerdService
 
-/// The real `bearerd run` under a low RLIMIT_NOFILE (through util-linux's
-/// `prlimit`) runs out of descriptors, so its accept source is suspended; a SIGHUP then moves
-/// the listener to another port, which stops the suspended listener. libdispatch trapped with
-/// "release of a suspended object"; now the process stays up and serves on the new port once
-/// the clients are gone. Run in both `io:` modes (the listener's code differs).
+/// The real `bearerd run` under a low RLIMIT_NOFILE (through util-linux's `prlimit`) and a
+/// connection flood. bearerd derives a client-connection budget from the limit (half of what
+/// is left after the descriptors open at start and a reserve: each client may need an upstream
+/// connection) and stops accepting at it, so it never runs out of descriptors: accepted clients
+/// still get their upstream connection, a SIGHUP still reads its config and binds a new
+/// listener (which also stops the old one, paused: libdispatch once trapped on releasing a
+/// suspended source), and accepting resumes as clients leave, with one log line per streak and
+/// the pauses counted in `/metrics`. Run in both `io:` modes (the listener's code differs).
+/// The soft limit is raised to the hard one at start.
 @Suite("Listener out of descriptors", .serialized)
 struct ListenerExhaustionTests {
     static let prlimit = "/usr/bin/prlimit"
@@ -19,9 +23,10 @@ struct ListenerExhaustionTests {
     }
     static let limit = 64
 
-    static func yaml(port: UInt16, origin: UInt16, io: String) -> String {
+    static func yaml(ports: [UInt16], admin: UInt16, origin: UInt16, io: String) -> String {
         """
-        listen: [127.0.0.1:\(port)]
+        listen: [\(ports.map { "127.0.0.1:\($0)" }.joined(separator: ", "))]
+        admin: 127.0.0.1:\(admin)
         loops: 1
         io: \(io)
         timeouts:
@@ -41,69 +46,124 @@ struct ListenerExhaustionTests {
         (try? TestClient(port: port, timeout: 1)) != nil
     }
 
-    static func alive(_ p: SystemdTests.Running) -> Bool { p.process.isRunning }
+    static func count(_ text: String, in logs: String) -> Int {
+        logs.components(separatedBy: text).count - 1
+    }
+
+    /// A client that connected and sent part of a head: accepted past TCP_DEFER_ACCEPT, then
+    /// held open by the 60 s header timeout.
+    static func heldClient(_ port: UInt16) throws -> TestClient {
+        let c = try TestClient(port: port, timeout: 10)
+        try c.send("GET /held HTTP/1.1\r\n")
+        return c
+    }
+
+    static func metrics(_ admin: UInt16) -> String? {
+        (try? TestClient.get(port: admin, path: "/metrics"))?.bodyText
+    }
+
+    /// `/metrics` once bearerd serves (at most 10 s).
+    static func firstMetrics(_ admin: UInt16) -> String? {
+        var text: String?
+        _ = TokenSinkTests.wait(seconds: 10) {
+            text = metrics(admin)
+            return text != nil
+        }
+        return text
+    }
 
     @Test(.enabled(if: havePrlimit), arguments: ["sources", "poller"])
-    func reloadMovingTheListenerWhileOutOfDescriptors(io: String) throws {
+    func aFloodStopsAtTheBudgetAndAReloadStillWorks(io: String) throws {
         let origin = try TestOrigin(handler: echoHandler)
         defer { origin.stop() }
-        let oldPort = try SystemdTests.freePort()
-        let newPort = try SystemdTests.freePort()
-        let path = try SystemdTests.config(Self.yaml(port: oldPort, origin: origin.port, io: io))
-        let p = try SystemdTests.Running(Self.prlimit, ["--nofile=\(Self.limit):\(Self.limit)", CommandLineTests.binary, "run", "-c", path],
-                                         env: [:])
-        var up = false
-        for _ in 0..<100 where !up {
-            up = Self.listening(oldPort)
-            if !up { Thread.sleep(forTimeInterval: 0.05) }
-        }
-        try #require(up, "bearerd listens on the first port")
+        let oldPort = try RunningBearerd.freePort()
+        let newPort = try RunningBearerd.freePort()
+        let admin = try RunningBearerd.freePort()
+        let dir = try RunningBearerd.tempDir("nofile")
+        let b = try RunningBearerd(config: Self.yaml(ports: [oldPort], admin: admin, origin: origin.port, io: io), dir: dir,
+                                   wrapper: [Self.prlimit, "--nofile=\(Self.limit):\(Self.limit)"])
+        defer { _ = b.stop() }
+        let pid = b.process.processIdentifier
+        let first = try #require(Self.firstMetrics(admin), "bearerd serves: \(b.logs)")
+        let budget = Int(try #require(TokenSinkTests.metric(first, "bearerd_connection_budget"), "\(first)"))
+        #expect(TokenSinkTests.metric(first, "bearerd_descriptor_limit") == Double(Self.limit))
+        #expect(budget >= 4 && budget < Self.limit / 2, "budget \(budget)")
 
-        // More clients than descriptors: the first ones are accepted (in order), the rest wait
-        // in the kernel's backlog while the accept source is paused.
+        // The flood: far more clients than descriptors. bearerd takes `budget` of them and
+        // leaves the rest in the kernel's backlog; it never reaches its limit.
         var clients: [TestClient] = []
-        for _ in 0..<(Self.limit + 40) { clients.append(try TestClient(port: oldPort)) }
-        var exhausted = false
-        for _ in 0..<100 where !exhausted {
-            exhausted = Self.openDescriptors(p.pid) >= Self.limit
-            if !exhausted { Thread.sleep(forTimeInterval: 0.02) }
-        }
-        try #require(exhausted, "bearerd ran out of descriptors (\(Self.openDescriptors(p.pid)) open)")
-        Thread.sleep(forTimeInterval: 0.3)  // a few pause/retry rounds
-        #expect(Self.alive(p))
-
-        // Move the listener. The reload needs a descriptor or two (the file, the new socket):
-        // free some by closing accepted clients, then SIGHUP at once. A retry of the paused
-        // accept may take them first (the reload then fails and says so): free more and repeat.
-        let moved = Self.yaml(port: newPort, origin: origin.port, io: io)
-        try moved.write(toFile: path, atomically: true, encoding: .utf8)
-        var reloaded = false
-        for _ in 0..<8 where !reloaded && Self.alive(p) {
-            clients.removeFirst(min(8, clients.count))
-            p.signal(SIGHUP)
-            for _ in 0..<20 where !reloaded && Self.alive(p) {
-                reloaded = Self.listening(newPort)
-                if !reloaded { Thread.sleep(forTimeInterval: 0.05) }
-            }
-        }
-        #expect(reloaded, "the reload bound the new port")
+        for _ in 0..<(Self.limit + 40) { clients.append(try Self.heldClient(oldPort)) }
+        #expect(b.waitLog("connection budget reached"), "\(b.logs)")
         Thread.sleep(forTimeInterval: 0.3)
-        #expect(Self.alive(p), "bearerd survived stopping a listener paused for lack of descriptors")
+        let held = Self.openDescriptors(pid)
+        #expect(held < Self.limit, "\(held) descriptors open")
+        #expect(!b.logs.contains("Too many open files"), "\(b.logs)")
 
-        // The clients leave: descriptors come back, the new port serves, the old one is gone.
-        clients.removeAll()
-        var served: TestClient.Response?
-        for _ in 0..<50 where served == nil && Self.alive(p) {
-            served = try? TestClient.get(port: newPort, path: "/after")
-            if served == nil { Thread.sleep(forTimeInterval: 0.1) }
+        // Clients within the budget are served: each needs an upstream connection.
+        for c in clients.prefix(4) {
+            try c.send("Host: localhost\r\n\r\n")
+            let r = try c.readResponse()
+            #expect(r.status == 200, "\(r.bodyText) \(b.logs)")
+            #expect(r.bodyText.contains("target=/held"))
         }
-        #expect(served?.status == 200)
-        #expect(served?.bodyText.contains("target=/after") == true)
-        #expect(!Self.listening(oldPort), "the old port no longer listens")
 
-        p.signal(SIGTERM)
-        let (status, logs) = p.finish()
-        #expect(status == 0, "\(logs.suffix(2000))")
-        #expect(!logs.contains("suspended object"))
+        // Clients leave one at a time: each frees a slot that one waiting connection takes, and
+        // accepting pauses again, all within one streak (one log line).
+        for _ in 0..<3 {
+            clients.removeFirst()
+            Thread.sleep(forTimeInterval: 0.2)
+        }
+        #expect(Self.count("connection budget reached", in: b.logs) == 1, "\(b.logs)")
+        #expect(Self.openDescriptors(pid) < Self.limit)
+
+        // While the flood holds every slot: the listener moves to another port. The reload
+        // reads its file and binds the new socket from the reserve.
+        try b.rewrite(Self.yaml(ports: [newPort], admin: admin, origin: origin.port, io: io))
+        b.signal(SIGHUP)
+        #expect(b.waitLog("configuration reloaded"), "\(b.logs)")
+        #expect(!b.logs.contains("cannot read"), "\(b.logs)")
+        #expect(b.process.isRunning)
+        // The new listener is bound; its first client waits for a slot.
+        let newClient = try TestClient(port: newPort, timeout: 20)
+        try newClient.send("GET /after HTTP/1.1\r\nHost: localhost\r\n\r\n")
+
+        // All gone: descriptors come back, the new listener is served.
+        clients.removeAll()
+        let served = try newClient.readResponse()
+        #expect(served.status == 200)
+        #expect(served.bodyText.contains("target=/after"))
+        #expect(!Self.listening(oldPort), "the old port no longer listens")
+        var text = ""
+        #expect(TokenSinkTests.wait(seconds: 10) {
+            text = Self.metrics(admin) ?? ""
+            return TokenSinkTests.metric(text, "bearerd_budget_connections") ?? 99 <= 2
+        }, "\(text)")
+        #expect(TokenSinkTests.metric(text, "bearerd_accept_pauses_total{reason=\"connection_budget\"}") ?? 0 >= 4, "\(text)")
+        #expect(TokenSinkTests.metric(text, "bearerd_accept_pauses_total{reason=\"out_of_descriptors\"}") == 0, "\(text)")
+        #expect(b.waitLog("below the connection budget again"), "\(b.logs)")
+
+        #expect(b.stop() == 0, "\(b.logs.suffix(2000))")
+        #expect(!b.logs.contains("suspended object"))
+    }
+
+    /// A soft limit below the hard one is raised at start (as Go's runtime and nginx's
+    /// `worker_rlimit_nofile` do): the budget comes from the raised limit.
+    @Test(.enabled(if: havePrlimit))
+    func theSoftLimitIsRaisedToTheHardLimit() throws {
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        let port = try RunningBearerd.freePort()
+        let admin = try RunningBearerd.freePort()
+        let dir = try RunningBearerd.tempDir("nofile-raise")
+        let b = try RunningBearerd(config: Self.yaml(ports: [port], admin: admin, origin: origin.port, io: "poller"), dir: dir,
+                                   wrapper: [Self.prlimit, "--nofile=64:300"])
+        defer { _ = b.stop() }
+        let text = try #require(Self.firstMetrics(admin), "\(b.logs)")
+        let limits = try String(contentsOfFile: "/proc/\(b.process.processIdentifier)/limits", encoding: .utf8)
+        let line = try #require(limits.split(separator: "\n").first { $0.hasPrefix("Max open files") })
+        let values = line.split(separator: " ").compactMap { Int($0) }
+        #expect(values == [300, 300], "\(line)")
+        #expect(TokenSinkTests.metric(text, "bearerd_descriptor_limit") == 300, "\(text)")
+        #expect(b.waitLog("raised the descriptor limit"), "\(b.logs)")
     }
 }

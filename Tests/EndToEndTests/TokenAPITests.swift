@@ -24,10 +24,16 @@ struct TokenAPITests {
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(10)
         s.connect(sys.argv[1])
-        s.sendall(sys.argv[2].encode())
+        try:
+            s.sendall(sys.argv[2].encode())
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused at accept and closed already: the answer is still there to read
         data = b""
         while True:
-            chunk = s.recv(65536)
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break  # a peer refused at accept: its answer, then the close of an unread socket
             if not chunk:
                 break
             data += chunk
@@ -51,6 +57,66 @@ struct TokenAPITests {
         p.waitUntilExit()
         #expect(p.terminationStatus == 0, "\(String(decoding: errors, as: UTF8.self))")
         return parse(String(decoding: data, as: UTF8.self))
+    }
+
+    /// What a raw unix-socket client saw: every byte until the server closed (or `seconds`
+    /// passed: `timedOut`), and whether the close was a reset.
+    struct Raw {
+        var text: String
+        var timedOut: Bool
+        var reset: Bool
+        var statusLines: [Substring] { text.split(separator: "\r\n").filter { $0.hasPrefix("HTTP/1.1 ") } }
+    }
+
+    /// Connects to `socket` (as `uid` when given), sends `request` (nothing when empty), and
+    /// reads until the server closes, at most `seconds`. The client never sends more, and never
+    /// closes first: whatever ends the connection is the server's doing.
+    static func rawUnix(_ socket: String, _ request: String, uid: UInt32? = nil, seconds: Double = 5) throws -> Raw {
+        let script = #"""
+        import socket, sys, time
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(sys.argv[1])
+        if sys.argv[2]:
+            try:
+                s.sendall(sys.argv[2].encode())
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed by the server already (refused at accept): its answer is still there to read
+        s.settimeout(float(sys.argv[3]))
+        data, end = b"", "eof"
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                end = "timeout"
+                break
+            except ConnectionResetError:
+                end = "reset"
+                break
+            if not chunk:
+                break
+            data += chunk
+        sys.stdout.write(end + "\n" + data.decode("utf-8", "replace"))
+        """#
+        let p = Process()
+        let python = ["/usr/bin/python3", "-c", script, socket, request, String(seconds)]
+        if let uid {
+            p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+            p.arguments = ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups"] + python
+        } else {
+            p.executableURL = URL(fileURLWithPath: python[0])
+            p.arguments = Array(python.dropFirst())
+        }
+        let out = Pipe(), err = Pipe()
+        p.standardOutput = out
+        p.standardError = err
+        try p.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        let errors = err.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        #expect(p.terminationStatus == 0, "\(String(decoding: errors, as: UTF8.self))")
+        let text = String(decoding: data, as: UTF8.self)
+        let end = text.prefix { $0 != "\n" }
+        return Raw(text: String(text.dropFirst(end.count + 1)), timedOut: end == "timeout", reset: end == "reset")
     }
 
     static func parse(_ text: String) -> Answer {
@@ -187,6 +253,108 @@ struct TokenAPITests {
         #expect(line.contains("token.fingerprint"), "\(line)")
         #expect(!b.logs.contains(token))
         if asRoot { #expect(b.logs.contains("uid 65534"), "the refusal names the caller: \(b.logs)") }
+    }
+
+    /// A stranger on the unix socket is refused at accept: a 403 arrives before it sends a byte,
+    /// and with a body announced (`Expect: 100-continue`) it never gets a 100. The allowed uid
+    /// cannot send a body either (413 at the head, no 100), and a 403 ends its connection.
+    @Test func strangersAreRefusedAtAcceptAndBodiesAreNeverRead() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("token-api-accept")
+        #expect(chmod(dir, 0o755) == 0)
+        let socket = dir + "/token.sock"
+        let port = try RunningBearerd.freePort()
+        let admin = try RunningBearerd.freePort()
+        let b = try RunningBearerd(config: Self.config(auth: auth, port: port, admin: admin, tokenAPI: """
+              listen: unix:\(socket)
+              sessions: [partner]
+            """), dir: dir)
+        defer { _ = b.stop() }
+        #expect(b.waitServing(port: admin, path: "/healthz") != nil, "\(b.logs)")
+        #expect(TokenSinkTests.wait(seconds: 10) { FileManager.default.fileExists(atPath: socket) })
+        #expect(try Self.unixRequest(socket, Self.get("/v1/token/partner")).status == 200, "\(b.logs)")
+
+        if getuid() == 0 {
+            // Sends nothing at all: the answer comes anyway, then the close.
+            let silent = try Self.rawUnix(socket, "", uid: 65534)
+            #expect(!silent.timedOut, "refused at accept, not after reading a request: \(silent.text)")
+            #expect(silent.statusLines == ["HTTP/1.1 403 Forbidden"], "\(silent.text)")
+            #expect(silent.text.contains("peer_not_allowed"))
+            // Announces a body and waits for 100 Continue: none comes, only the 403.
+            let expecting = try Self.rawUnix(socket, "POST /v1/token/partner HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n",
+                                             uid: 65534)
+            #expect(!expecting.timedOut)
+            #expect(!expecting.text.contains("100 Continue"), "\(expecting.text)")
+            #expect(expecting.statusLines == ["HTTP/1.1 403 Forbidden"], "\(expecting.text)")
+            #expect(b.waitLog("token API peer refused at accept"), "\(b.logs)")
+            #expect(b.logs.contains("uid 65534"))
+        } else if ProcessInfo.processInfo.environment["CI"] != nil {
+            Issue.record("a client as another uid needs root (setpriv)")
+        }
+
+        // The allowed uid announcing a body: 413 at once, no 100 Continue, the connection closed.
+        let body = try Self.rawUnix(socket, "POST /v1/token/partner HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        #expect(!body.timedOut, "\(body.text)")
+        #expect(!body.text.contains("100 Continue"), "\(body.text)")
+        #expect(body.statusLines == ["HTTP/1.1 413 Content Too Large"] || body.statusLines == ["HTTP/1.1 413 Payload Too Large"], "\(body.text)")
+        #expect(body.text.contains("request_body_not_allowed"))
+        // A GET with a body sent along: the same.
+        let getBody = try Self.rawUnix(socket, "GET /v1/token/partner HTTP/1.1\r\nHost: localhost\r\nContent-Length: 3\r\n\r\nabc")
+        #expect(getBody.statusLines.count == 1 && getBody.statusLines[0].hasPrefix("HTTP/1.1 413"), "\(getBody.text)")
+        #expect(!getBody.text.contains("access_token"))
+
+        // A 403 ends the connection: the request pipelined behind it is never answered.
+        let pipelined = try Self.rawUnix(socket, Self.get("/v1/token/partner", ["Origin: http://127.0.0.1"]).replacingOccurrences(of: "Connection: close\r\n", with: "")
+                                         + "GET /v1/token/partner HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        #expect(!pipelined.timedOut, "closed after the 403: \(pipelined.text)")
+        #expect(pipelined.statusLines == ["HTTP/1.1 403 Forbidden"], "\(pipelined.text)")
+        #expect(pipelined.text.contains("browser_request_refused"))
+        #expect(!pipelined.text.contains("access_token"))
+    }
+
+    /// The TCP token API answers loopback names only, not a route's `host:` (a DNS-rebinding
+    /// page on that name would read tokens); the admin listener on a loopback address checks
+    /// Host the same way.
+    @Test func tcpTokenAPIAndAdminAdmitLoopbackHostsOnly() throws {
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        let dir = try RunningBearerd.tempDir("token-api-host")
+        let port = try RunningBearerd.freePort()
+        let admin = try RunningBearerd.freePort()
+        let apiPort = try RunningBearerd.freePort()
+        let cfg = Self.config(auth: auth, port: port, admin: admin, tokenAPI: """
+              listen: 127.0.0.1:\(apiPort)
+              sessions: [partner]
+            """).replacingOccurrences(of: "  - match: /\n", with: "  - match: /\n    host: api.example.com\n")
+        #expect(cfg.contains("host: api.example.com"))
+        let b = try RunningBearerd(config: cfg, dir: dir)
+        defer { _ = b.stop() }
+        #expect(b.waitServing(port: apiPort, path: "/v1/token/partner") != nil, "\(b.logs)")
+        let marker = ("Bearerd-Token-Request", "1")
+        for host in ["api.example.com", "api.example.com:\(apiPort)", "evil.example"] {
+            let r = try Self.tcp(apiPort, "/v1/token/partner", [marker, ("Host", host)])
+            #expect(r.status == 421, "\(host): \(r.status) \(r.body)")
+            #expect(r.json["access_token"] == nil)
+        }
+        for host in ["localhost", "127.0.0.1:\(apiPort)", "[::1]:\(apiPort)", "localhost."] {
+            let r = try Self.tcp(apiPort, "/v1/token/partner", [marker, ("Host", host)])
+            #expect(r.status == 200, "\(host): \(r.status) \(r.body)")
+        }
+
+        for host in ["evil.example", "api.example.com", "evil.example:\(admin)"] {
+            for path in ["/metrics", "/readyz", "/healthz"] {
+                let r = try TestClient.get(port: admin, path: path, headers: [("Host", host)])
+                #expect(r.status == 421, "\(host)\(path): \(r.status)")
+                #expect(!r.bodyText.contains("bearerd_"), "\(r.bodyText)")
+                #expect(!r.bodyText.contains("partner"), "\(r.bodyText)")
+            }
+        }
+        for host in ["localhost:\(admin)", "127.0.0.1:\(admin)", "[::1]:\(admin)", "127.0.0.2"] {
+            let r = try TestClient.get(port: admin, path: "/metrics", headers: [("Host", host)])
+            #expect(r.status == 200, "\(host): \(r.status)")
+            #expect(r.bodyText.contains("bearerd_build_info"))
+        }
     }
 
     @Test func loopbackTCPNeedsTheRequestHeaderAndRefusesBrowsers() throws {

@@ -20,4 +20,10 @@ ssize_t bearerd_send2(int fd, const void *first, size_t first_len, const void *s
    file stays in the page cache, a later call faults its page back in). Bytes of address space
    released. Objects with text relocations and writable segments are left alone. */
 long bearerd_release_code_pages(void);
+/* open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC): a descriptor of the file itself, never of a
+   symlink's target (O_PATH needs _GNU_SOURCE). The descriptor, or -1 with errno. */
+int bearerd_open_path_nofollow(const char *path);
+/* fchownat(fd, "", owner, group, AT_EMPTY_PATH): changes the file an O_PATH descriptor names.
+   0, or -1 with errno. */
+int bearerd_fchown_path_fd(int fd, unsigned int owner, unsigned int group);
 #endif
