@@ -108,6 +108,9 @@ public enum HTTP2Event: Sendable, Equatable {
 /// - Streams the client ends unanswered are counted against `streamResetBudget`; over it the
 ///   connection ends with GOAWAY ENHANCE_YOUR_CALM (RFC 9113 §10.5), decided inside the read
 ///   that went over, so nothing after it is processed.
+/// - A stream's state is freed when it closes, in nghttp2 (`no_closed_streams`) and here (its
+///   entries in `outbound`, `peerOpen`, `refusedStreams`, `opened`): what a connection holds is
+///   bounded by its open streams, however many it carried.
 /// Not thread-safe: one owner, the connection's event loop. Its stored state is exempt from
 /// run-time exclusivity checks (~30 per proxied request, measured): no access to one of them
 /// overlaps another, callbacks from nghttp2 included.
@@ -259,6 +262,12 @@ public final class HTTP2Session {
         guard nghttp2_option_new(&option) == 0, let option else { throw HTTP2Error(code: -901, message: "out of memory") }
         defer { nghttp2_option_del(option) }
         nghttp2_option_set_no_auto_window_update(option, 1)
+        // A server session keeps every closed client stream for RFC 7540's priority tree, up to
+        // its local SETTINGS_MAX_CONCURRENT_STREAMS; ours is unlimited inside nghttp2 (see the
+        // type's comment), so without this a long-lived connection (a gRPC channel) kept ~250
+        // bytes per finished request until it closed. A frame on a stream that closed is then
+        // ignored (RFC 9113 §5.1 lets it arrive while our END_STREAM/RST_STREAM is in flight).
+        nghttp2_option_set_no_closed_streams(option, 1)
         if role == .client {
             // Until the server's SETTINGS say otherwise (RFC 9113 §6.5.2: initially unlimited;
             // nghttp2's default is 100).
