@@ -484,6 +484,14 @@ public final class HTTP2Session {
     /// Streams we opened (client role) that are not closed yet.
     public var openStreamCount: Int { opened.count }
 
+    /// Whether nghttp2 still holds state for `stream` (open, or closed and kept), and how many
+    /// entries the per-stream tables here hold: what a long-lived connection keeps.
+    var retainedState: (nghttp2Knows: (Int32) -> Bool, swiftEntries: Int) {
+        let s = session
+        return ({ id in s.map { nghttp2_session_find_stream($0, id) != nil } ?? false },
+                outbound.count + opened.count + peerOpen.count + refusedStreams.count)
+    }
+
     /// Whether the session accepts new requests at all (client role): no GOAWAY received or
     /// sent, not closing. The peer's concurrency limit is not counted here.
     public var acceptsRequests: Bool {
