@@ -56,8 +56,8 @@ struct LongConnectionMemoryTests {
         let dir = try RunningBearerd.tempDir(tag)
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let port = try RunningBearerd.freePort()
-        // One loop: the connection and its upstream connections share it. No access log: 440,000
-        // lines would only slow the test down.
+        // One loop: the connection and its upstream connections share it. No access log: a line per
+        // request would only slow the test down.
         let b = try RunningBearerd(config: """
             listen: [127.0.0.1:\(port)]
             loops: 1
