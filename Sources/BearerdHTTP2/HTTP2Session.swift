@@ -97,7 +97,10 @@ public enum HTTP2Event: Sendable, Equatable {
 /// nghttp2 1.52 gets wrong or leaves to us):
 /// - Input first goes through an `HTTP2FrameScanner`: a HEADERS frame on a lower stream id the
 ///   client never opened ends the connection with PROTOCOL_ERROR (RFC 9113 §5.1.1); nghttp2
-///   would ignore it.
+///   would ignore it. A DATA or HEADERS frame on a stream the client already finished (its
+///   END_STREAM or RST_STREAM) ends the connection with STREAM_CLOSED (RFC 9113 §5.1), as
+///   nghttp2 did while it kept closed streams; the scanner remembers the last
+///   `HTTP2FrameScanner.maxFinishedStreams` of them (a bounded record, see below).
 /// - SETTINGS_MAX_CONCURRENT_STREAMS is enforced here, a stream over it refused alone with
 ///   RST_STREAM REFUSED_STREAM (RFC 9113 §5.1.2). nghttp2 makes that a connection error
 ///   (PROTOCOL_ERROR, aborting every stream in flight) once our SETTINGS are acknowledged and
@@ -110,7 +113,8 @@ public enum HTTP2Event: Sendable, Equatable {
 ///   that went over, so nothing after it is processed.
 /// - A stream's state is freed when it closes, in nghttp2 (`no_closed_streams`) and here (its
 ///   entries in `outbound`, `peerOpen`, `refusedStreams`, `opened`): what a connection holds is
-///   bounded by its open streams, however many it carried.
+///   bounded by its open streams, however many it carried (plus the scanner's fixed-size record
+///   of recently finished streams).
 /// Not thread-safe: one owner, the connection's event loop. Its stored state is exempt from
 /// run-time exclusivity checks (~30 per proxied request, measured): no access to one of them
 /// overlaps another, callbacks from nghttp2 included.
@@ -266,7 +270,9 @@ public final class HTTP2Session {
         // its local SETTINGS_MAX_CONCURRENT_STREAMS; ours is unlimited inside nghttp2 (see the
         // type's comment), so without this a long-lived connection (a gRPC channel) kept ~250
         // bytes per finished request until it closed. A frame on a stream that closed is then
-        // ignored (RFC 9113 §5.1 lets it arrive while our END_STREAM/RST_STREAM is in flight).
+        // ignored by nghttp2 (RFC 9113 §5.1 lets it arrive while our RST_STREAM is in flight);
+        // DATA or HEADERS after the client's own END_STREAM/RST_STREAM, which no race makes legal,
+        // is answered STREAM_CLOSED by the scanner (see the type's comment).
         nghttp2_option_set_no_closed_streams(option, 1)
         if role == .client {
             // Until the server's SETTINGS say otherwise (RFC 9113 §6.5.2: initially unlimited;
@@ -327,7 +333,7 @@ public final class HTTP2Session {
             if let fatal { throw fatal }
             if rc < 0 { throw HTTP2Error(rc, "invalid HTTP/2 input") }
         }
-        if violation != nil { terminate(.protocolError) }
+        if let violation { terminate(violation.errorCode) }
     }
 
     /// `receive` with the owner's clock (monotonic nanoseconds), which the stream reset budget
@@ -491,6 +497,10 @@ public final class HTTP2Session {
         return ({ id in s.map { nghttp2_session_find_stream($0, id) != nil } ?? false },
                 outbound.count + opened.count + peerOpen.count + refusedStreams.count)
     }
+
+    /// Server role: how many streams the client finished the scanner remembers (at most
+    /// `HTTP2FrameScanner.maxFinishedStreams`).
+    var rememberedFinishedStreams: Int { scanner?.rememberedFinishedStreams ?? 0 }
 
     /// Whether the session accepts new requests at all (client role): no GOAWAY received or
     /// sent, not closing. The peer's concurrency limit is not counted here.

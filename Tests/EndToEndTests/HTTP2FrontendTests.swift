@@ -373,6 +373,40 @@ struct HTTP2HostileFrameTests {
         #expect(c.goAway == nil)
     }
 
+    /// h2spec http2/5.1 "closed": DATA or HEADERS on a stream the client finished, after the
+    /// response ended it both ways or after the client's own RST_STREAM, ends the connection with
+    /// GOAWAY STREAM_CLOSED (the server session frees closed streams, so bearerd remembers the
+    /// recently finished ones itself).
+    @Test func framesOnAStreamTheClientFinishedAreStreamClosed() throws {
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route(origin: origin.port)])
+        defer { proxy.stop() }
+        let lateFrames: [(String, [UInt8])] = [
+            ("DATA", RawH2Client.frame(type: 0x0, flags: 0x1, stream: 1, Array("test".utf8))),
+            ("HEADERS", RawH2Client.headers(stream: 1)),
+        ]
+        for (name, late) in lateFrames {
+            // Ended both ways: the whole response came back first.
+            let c = try RawH2Client(port: proxy.port)
+            c.send(RawH2Client.preface + RawH2Client.settings() + RawH2Client.headers(stream: 1, path: "/closed"))
+            #expect(c.read { $0.contains { $0.stream == 1 && ($0.type == 0x0 || $0.type == 0x1) && $0.flags & 0x1 != 0 } }, "\(name): stream 1 answered")
+            c.send(late)
+            #expect(c.read { $0.contains { $0.type == 0x7 } }, "\(name) after the response: no GOAWAY; frames \(c.frames.map(\.type))")
+            #expect(c.goAway?.errorCode == HTTP2ErrorCode.streamClosed.rawValue, "\(name) after the response")
+            #expect(c.read { _ in false } == false && c.sawEOF, "\(name) after the response: the connection is closed")
+
+            // Reset by the client, in one write with the frame after it.
+            let r = try RawH2Client(port: proxy.port)
+            r.send(RawH2Client.preface + RawH2Client.settings() + RawH2Client.headers(stream: 1, path: "/reset", endStream: false)
+                   + RawH2Client.rst(stream: 1) + late)
+            #expect(r.read { $0.contains { $0.type == 0x7 } }, "\(name) after RST_STREAM: no GOAWAY; frames \(r.frames.map(\.type))")
+            #expect(r.goAway?.errorCode == HTTP2ErrorCode.streamClosed.rawValue, "\(name) after RST_STREAM")
+        }
+        // The listener is unharmed.
+        #expect(try TestClient.get(port: proxy.port, path: "/after").status == 200)
+    }
+
     /// The listener's header count limit applies to HTTP/2 as to HTTP/1.1: 431 and the JSON error.
     @Test(.enabled(if: Curl.available)) func tooManyHeaderFieldsAre431OnBothProtocols() throws {
         let origin = try TestOrigin(handler: echoHandler)
