@@ -97,7 +97,10 @@ public enum HTTP2Event: Sendable, Equatable {
 /// nghttp2 1.52 gets wrong or leaves to us):
 /// - Input first goes through an `HTTP2FrameScanner`: a HEADERS frame on a lower stream id the
 ///   client never opened ends the connection with PROTOCOL_ERROR (RFC 9113 §5.1.1); nghttp2
-///   would ignore it.
+///   would ignore it. A DATA or HEADERS frame on a stream the client already finished (its
+///   END_STREAM or RST_STREAM) ends the connection with STREAM_CLOSED (RFC 9113 §5.1), as
+///   nghttp2 did while it kept closed streams; the scanner remembers the last
+///   `HTTP2FrameScanner.maxFinishedStreams` of them (a bounded record, see below).
 /// - SETTINGS_MAX_CONCURRENT_STREAMS is enforced here, a stream over it refused alone with
 ///   RST_STREAM REFUSED_STREAM (RFC 9113 §5.1.2). nghttp2 makes that a connection error
 ///   (PROTOCOL_ERROR, aborting every stream in flight) once our SETTINGS are acknowledged and
@@ -108,6 +111,10 @@ public enum HTTP2Event: Sendable, Equatable {
 /// - Streams the client ends unanswered are counted against `streamResetBudget`; over it the
 ///   connection ends with GOAWAY ENHANCE_YOUR_CALM (RFC 9113 §10.5), decided inside the read
 ///   that went over, so nothing after it is processed.
+/// - A stream's state is freed when it closes, in nghttp2 (`no_closed_streams`) and here (its
+///   entries in `outbound`, `peerOpen`, `refusedStreams`, `opened`): what a connection holds is
+///   bounded by its open streams, however many it carried (plus the scanner's fixed-size record
+///   of recently finished streams).
 /// Not thread-safe: one owner, the connection's event loop. Its stored state is exempt from
 /// run-time exclusivity checks (~30 per proxied request, measured): no access to one of them
 /// overlaps another, callbacks from nghttp2 included.
@@ -259,6 +266,14 @@ public final class HTTP2Session {
         guard nghttp2_option_new(&option) == 0, let option else { throw HTTP2Error(code: -901, message: "out of memory") }
         defer { nghttp2_option_del(option) }
         nghttp2_option_set_no_auto_window_update(option, 1)
+        // A server session keeps every closed client stream for RFC 7540's priority tree, up to
+        // its local SETTINGS_MAX_CONCURRENT_STREAMS; ours is unlimited inside nghttp2 (see the
+        // type's comment), so without this a long-lived connection (a gRPC channel) kept ~250
+        // bytes per finished request until it closed. A frame on a stream that closed is then
+        // ignored by nghttp2 (RFC 9113 §5.1 lets it arrive while our RST_STREAM is in flight);
+        // DATA or HEADERS after the client's own END_STREAM/RST_STREAM, which no race makes legal,
+        // is answered STREAM_CLOSED by the scanner (see the type's comment).
+        nghttp2_option_set_no_closed_streams(option, 1)
         if role == .client {
             // Until the server's SETTINGS say otherwise (RFC 9113 §6.5.2: initially unlimited;
             // nghttp2's default is 100).
@@ -318,7 +333,7 @@ public final class HTTP2Session {
             if let fatal { throw fatal }
             if rc < 0 { throw HTTP2Error(rc, "invalid HTTP/2 input") }
         }
-        if violation != nil { terminate(.protocolError) }
+        if let violation { terminate(violation.errorCode) }
     }
 
     /// `receive` with the owner's clock (monotonic nanoseconds), which the stream reset budget
@@ -474,6 +489,18 @@ public final class HTTP2Session {
 
     /// Streams we opened (client role) that are not closed yet.
     public var openStreamCount: Int { opened.count }
+
+    /// Whether nghttp2 still holds state for `stream` (open, or closed and kept), and how many
+    /// entries the per-stream tables here hold: what a long-lived connection keeps.
+    var retainedState: (nghttp2Knows: (Int32) -> Bool, swiftEntries: Int) {
+        let s = session
+        return ({ id in s.map { nghttp2_session_find_stream($0, id) != nil } ?? false },
+                outbound.count + opened.count + peerOpen.count + refusedStreams.count)
+    }
+
+    /// Server role: how many streams the client finished the scanner remembers (at most
+    /// `HTTP2FrameScanner.maxFinishedStreams`).
+    var rememberedFinishedStreams: Int { scanner?.rememberedFinishedStreams ?? 0 }
 
     /// Whether the session accepts new requests at all (client role): no GOAWAY received or
     /// sent, not closing. The peer's concurrency limit is not counted here.

@@ -410,7 +410,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
             respondError(status: r.status, reason: r.error, message: r.detail, allow: !r.extra.isEmpty)
         case .proxy(let routeIndex, let upstreamHead, let logPath, let websocket):
             let ex = ProxyExchangeDriver(client: self, ctx: ctx, head: consume head, framing: framing, routeIndex: routeIndex,
-                                         upstreamHead: upstreamHead, logPath: logPath, keepAlive: keepAlive, upgrade: websocket)
+                                         upstreamHead: upstreamHead, logPath: logPath, keepAlive: keepAlive, upgrade: websocket ? .http1 : .none)
             phase = .exchanging(ex)
             ex.start()
         }

@@ -267,7 +267,8 @@ final class FrontendH2Connection: ChannelDelegate, LoopTimeoutable, ClientConnec
             // connection-specific and was refused by the mapping.
             stream.websocket = websocket && isWebSocket
             let ex = ProxyExchangeDriver(client: stream, ctx: ctx, head: head, framing: framing, routeIndex: routeIndex,
-                                         upstreamHead: upstreamHead, logPath: logPath, keepAlive: true, upgrade: stream.websocket)
+                                         upstreamHead: upstreamHead, logPath: logPath, keepAlive: true,
+                                         upgrade: stream.websocket ? .extendedConnect : .none)
             stream.exchange = ex
             pendingStarts.append(stream)
         }

@@ -197,7 +197,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
 
     /// `keepAlive`: the client asked for a persistent connection and the server is not draining.
     init(client: ExchangeClient, ctx: LoopContext, head: HTTPRequestHead, framing: HTTP1BodyFraming,
-         routeIndex: Int, upstreamHead: HTTPRequestHead, logPath: Substring, keepAlive: Bool, upgrade: Bool = false) {
+         routeIndex: Int, upstreamHead: HTTPRequestHead, logPath: Substring, keepAlive: Bool,
+         upgrade: ProxyExchange.Upgrade = .none) {
         self.client = client
         self.ctx = ctx
         let runtime = ctx.runtime
@@ -360,8 +361,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             respondTokenUnavailable(reason, answer)
         case .respondUpstreamError(let failure, let answer):
             noteVerdict(carried)
-            // An upgrade the upstream answered without switching: not relayed, its connection
-            // (body unread) closed. Every other failure's connection is gone already.
+            // An extended CONNECT the upstream answered 2xx without switching: not relayed, its
+            // connection (body unread) closed. Every other failure's connection is gone already.
             responseHead = nil
             closeBackend()
             respondUpstreamError(failure, answer)
@@ -481,7 +482,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         upstreamHeadAt = 0
         headSentAt = 0
         // A pooled connection or a stream on an open HTTP/2 connection: no closure, no wait.
-        if !fresh, let conn = ctx.pool.takeReady(target, http1Only: machine.setup.upgrade) {
+        if !fresh, let conn = ctx.pool.takeReady(target, http1Only: machine.setup.upgrade.isRequested) {
             run(machine.backendAcquired(), .stream(conn))
             return
         }
@@ -501,9 +502,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             }
         }
         if fresh {
-            pendingAcquire = ctx.pool.connectNew(target, http1Only: machine.setup.upgrade, completion: completion)
+            pendingAcquire = ctx.pool.connectNew(target, http1Only: machine.setup.upgrade.isRequested, completion: completion)
         } else {
-            pendingAcquire = ctx.pool.acquire(target, http1Only: machine.setup.upgrade, completion: completion)
+            pendingAcquire = ctx.pool.acquire(target, http1Only: machine.setup.upgrade.isRequested, completion: completion)
         }
     }
 
@@ -552,7 +553,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 "token.generation": "\(token?.generation ?? 0)"])
         }
         headSentAt = ctx.loop.now
-        conn.sendHead(upstreamHead, body: framing, upgrade: machine.setup.upgrade, teTrailers: clientAcceptsTrailers,
+        conn.sendHead(upstreamHead, body: framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
                       credential: credential)
         // The stream may have failed while sending (an HTTP/2 connection that just went away).
         guard let conn = backend else { return }

@@ -33,7 +33,9 @@ extension ProxyExchange {
     ///   `.tokenUnavailable` → `.finished` (503, DESIGN §6: never the upstream's rejection).
     /// - `.forwarding(_, .sent, .awaitingHead)` of an upgrade request → `upstreamSwitchedProtocols`
     ///   (a 101) → `.tunnelling` → `tunnelEnded` / `clientClosed` / `upstreamFailed` → `.finished`.
-    ///   A 2xx final head instead → `.finished` (502: the upstream did not switch).
+    ///   A final head instead is the upstream declining: relayed like any response to an HTTP/1.1
+    ///   upgrade (RFC 9110 §7.8), except a 2xx to an extended CONNECT → `.finished` (502: to an
+    ///   HTTP/2 client a 2xx would say the tunnel is open).
     /// - any state → `clientClosed` → `.finished`.
     ///
     /// Every answer bearerd gives in place of the upstream's (502/503/504, JSON or gRPC
@@ -258,6 +260,11 @@ extension ProxyExchange {
         /// A final response head arrived. `wwwAuthenticate` is read only when the status is one of
         /// `reject_statuses` on a route with a session.
         ///
+        /// A final head is an answer, never a protocol switch: a switch arrives as
+        /// `upstreamSwitchedProtocols` (an HTTP/1.1 upstream's 101; an upstream reached by
+        /// extended CONNECT over HTTP/2 would switch with its 2xx, which its connection must
+        /// report as the switch). Upgrades go upstream over HTTP/1.1 only.
+        ///
         /// `grpcUnauthenticated`: the head is a trailers-only gRPC answer with `grpc-status: 16`,
         /// a rejection like a listed status. A gRPC call is replayed only when its whole body is
         /// already kept (unary calls): a streaming client waits for responses before it ends its
@@ -266,13 +273,14 @@ extension ProxyExchange {
         public mutating func upstreamFinalHead(status: Int, grpcUnauthenticated: Bool = false,
                                                wwwAuthenticate: () -> [String]) -> Action {
             guard case .forwarding(let attempt, let upstreamBody, .awaitingHead) = state else { return .none }
-            if setup.upgrade && status >= 200 && status < 300 {
-                // An upgrade answered 2xx instead of 101: the upstream did not switch. To an
-                // HTTP/2 client a 2xx to its extended CONNECT would mean the tunnel is open
-                // (RFC 8441 §5, RFC 9113 §8.5), to an HTTP/1.1 one it is a silent downgrade
-                // (DESIGN §5): neither is relayed. The client gets a 502, the connection with
-                // its unread body is closed (`respondUpstreamError` from this input: the driver
-                // closes the backend). Other statuses (a refusal, a rejection) are answers.
+            if setup.upgrade == .extendedConnect && status >= 200 && status < 300 {
+                // An extended CONNECT whose HTTP/1.1 handshake was answered 2xx instead of 101:
+                // the upstream did not switch, and to the HTTP/2 client a 2xx means the tunnel is
+                // open (RFC 8441 §5, RFC 9113 §8.5). Not relayed: the client gets a 502, the
+                // connection with its unread body is closed (`respondUpstreamError` from this
+                // input: the driver closes the backend). Other statuses (a refusal, a rejection)
+                // are answers. An HTTP/1.1 upgrade answered 2xx is an answer too (RFC 9110 §7.8:
+                // the server ignored `Upgrade`), relayed below like any response.
                 state = .finished
                 return upstreamErrorAnswer(.upgradeNotSwitched, closing: true)
             }
@@ -470,7 +478,7 @@ extension ProxyExchange {
         /// The upstream answered the upgrade request with 101 (RFC 9110 §15.2.2): both connections
         /// become one byte tunnel.
         public mutating func upstreamSwitchedProtocols() -> Action {
-            guard case .forwarding(_, .sent, .awaitingHead) = state, setup.upgrade else {
+            guard case .forwarding(_, .sent, .awaitingHead) = state, setup.upgrade.isRequested else {
                 if case .finished = state { return .none }
                 state = .finished
                 return upstreamErrorAnswer(.unexpectedSwitch, closing: true)
@@ -566,8 +574,8 @@ extension ProxyExchange {
         public var methodReplayable: Bool
         /// RFC 9110 §9.2.2: may be retried on a fresh connection after a stale pooled one.
         public var methodIdempotent: Bool
-        /// A WebSocket handshake: a 101 turns the exchange into a tunnel.
-        public var upgrade: Bool
+        /// A WebSocket handshake (`.none`: none): a 101 turns the exchange into a tunnel.
+        public var upgrade: Upgrade
         /// A gRPC call (`content-type: application/grpc`): UNAUTHENTICATED is a rejection, and
         /// failures are answered in gRPC's form.
         public var grpc: Bool
@@ -578,14 +586,14 @@ extension ProxyExchange {
         public var clientKeepAlive = true
 
         public init(hasBody: Bool, clientSpeaksHTTP11: Bool, expectsContinue: Bool, hasSession: Bool, replayBodyLimit: Int,
-                    rejectStatuses: [Int], methodReplayable: Bool, methodIdempotent: Bool, upgrade: Bool = false, grpc: Bool = false) {
+                    rejectStatuses: [Int], methodReplayable: Bool, methodIdempotent: Bool, upgrade: Upgrade = .none, grpc: Bool = false) {
             self.init(hasBody: hasBody, clientSpeaksHTTP11: clientSpeaksHTTP11, expectsContinue: expectsContinue, hasSession: hasSession,
                       replayBodyLimit: replayBodyLimit, rejectSet: StatusCodeSet(rejectStatuses), methodReplayable: methodReplayable,
                       methodIdempotent: methodIdempotent, upgrade: upgrade, grpc: grpc)
         }
 
         public init(hasBody: Bool, clientSpeaksHTTP11: Bool, expectsContinue: Bool, hasSession: Bool, replayBodyLimit: Int,
-                    rejectSet: StatusCodeSet, methodReplayable: Bool, methodIdempotent: Bool, upgrade: Bool = false, grpc: Bool = false) {
+                    rejectSet: StatusCodeSet, methodReplayable: Bool, methodIdempotent: Bool, upgrade: Upgrade = .none, grpc: Bool = false) {
             self.upgrade = upgrade
             self.grpc = grpc
             self.hasBody = hasBody
@@ -605,6 +613,22 @@ extension ProxyExchange {
             default: return false
             }
         }
+    }
+
+    /// Which protocol switch a request asks for; it decides what an upstream's 2xx means.
+    public enum Upgrade: Sendable, Equatable {
+        case none
+        /// An HTTP/1.1 `Upgrade: websocket` handshake (RFC 6455 §4.1). The upstream may decline
+        /// by answering normally (RFC 9110 §7.8: a server may ignore `Upgrade`): that answer
+        /// (200, 404, 426 …) is relayed as a response and the client's connection stays HTTP/1.1.
+        case http1
+        /// An HTTP/2 extended CONNECT (RFC 8441) sent upstream as an HTTP/1.1 handshake: only a
+        /// 101 opens the tunnel, and a 2xx that is not one is never relayed (to the client it
+        /// would mean the tunnel is open).
+        case extendedConnect
+
+        /// A switch is asked for: the upstream connection must be HTTP/1.1.
+        public var isRequested: Bool { self != .none }
     }
 
     /// The one DPoP nonce replay of an exchange (RFC 9449 §9).
@@ -729,7 +753,7 @@ extension ProxyExchange {
         case tls
         /// A response that is not HTTP as the parser knows it.
         case invalidResponse
-        /// An upgrade request answered 2xx instead of 101 (DESIGN §5: not relayed).
+        /// An extended CONNECT answered 2xx instead of 101 (not relayed: RFC 8441 §5).
         case upgradeNotSwitched
         /// A 101 to a request that asked for no upgrade.
         case unexpectedSwitch

@@ -158,7 +158,7 @@ struct HTTP2HardeningTests {
     }
 
     @Test func scannerIsTheSameInEveryTwoWaySplit() {
-        let input = Frames.preface + Frames.settings([(4, 65535)]) + Frames.headers(stream: 3) + Frames.data(stream: 3, Array(repeating: 7, count: 40), endStream: true)
+        let input = Frames.preface + Frames.settings([(4, 65535)]) + Frames.headers(stream: 3, endStream: false) + Frames.data(stream: 3, Array(repeating: 7, count: 40), endStream: true)
             + Frames.headers(stream: 9) + Frames.headers(stream: 7)
         let violationAt = input.count - Frames.headers(stream: 7).count
         for cut in 0...input.count {
@@ -181,6 +181,162 @@ struct HTTP2HardeningTests {
         let bytes: [UInt8] = [0xFF, 0xFF, 0xFF, 0x01, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]
         #expect(bytes.withUnsafeBytes { scanner.scan($0) } == nil)
         #expect(scanner.highestOpened == 0x7FFF_FFFF)
+    }
+
+    // MARK: frames after the client finished a stream (RFC 9113 §5.1; h2spec http2/5.1)
+
+    /// What h2spec sends after the client finished stream 1, in its http2/5.1 cases.
+    enum Late: CaseIterable { case data, headers }
+
+    static func late(_ kind: Late, stream: UInt32) -> [UInt8] {
+        switch kind {
+        case .data: return Frames.data(stream: stream, Array("test".utf8), endStream: true)
+        case .headers: return Frames.headers(stream: stream)
+        }
+    }
+
+    /// The connection ended with GOAWAY STREAM_CLOSED, and nothing after the offending frame was
+    /// read.
+    static func expectStreamClosed(_ s: RawServer, _ comment: Comment? = nil) {
+        let goAway = s.goAway
+        #expect(goAway?.errorCode == HTTP2ErrorCode.streamClosed.rawValue, "\(comment?.rawValue ?? ""): frames \(s.frames.map(\.type))")
+        #expect(s.server.terminatedWith == .streamClosed)
+        #expect(!s.server.wantsRead)
+    }
+
+    /// h2spec "half closed (remote)": HEADERS with END_STREAM, then DATA or HEADERS on it before
+    /// the answer (nghttp2 still has the stream), in one read or byte by byte.
+    @Test(arguments: Late.allCases, [0, 1, 7])
+    func framesAfterTheClientsEndStreamBeforeTheAnswer(late: Late, chunk: Int) throws {
+        let s = try RawServer()
+        try s.feed(Frames.preface + Frames.settings() + Frames.headers(stream: 1) + Self.late(late, stream: 1), chunk: chunk)
+        #expect(s.requests() == [1])
+        Self.expectStreamClosed(s)
+    }
+
+    /// h2spec "closed: Sends a DATA/HEADERS frame": the same once the answer ended the stream
+    /// both ways (nghttp2 freed it, so it no longer knew to answer).
+    @Test(arguments: Late.allCases)
+    func framesAfterTheStreamEndedBothWays(late: Late) throws {
+        let s = try RawServer()
+        try s.feed(Frames.preface + Frames.settings() + Frames.headers(stream: 1))
+        try s.server.submitResponse(stream: 1, [HTTPField(name: ":status", value: "204")], endStream: true)
+        try s.drain()
+        #expect(s.events.contains(.streamClosed(stream: 1, errorCode: 0)))
+        #expect(!s.server.retainedState.nghttp2Knows(1))
+        try s.feed(Self.late(late, stream: 1))
+        Self.expectStreamClosed(s)
+        // GOAWAY's last stream id: stream 1 was processed.
+        #expect(s.goAway.map { Array($0.payload.prefix(4)) } == [0, 0, 0, 1])
+    }
+
+    /// h2spec "closed: Sends a DATA/HEADERS frame after sending RST_STREAM frame": the client
+    /// resets its open stream and then sends on it, in one read or split anywhere.
+    @Test(arguments: Late.allCases, [0, 1, 5, 13])
+    func framesAfterTheClientsResetAreStreamClosed(late: Late, chunk: Int) throws {
+        let s = try RawServer()
+        try s.feed(Frames.preface + Frames.settings() + Frames.headers(stream: 1, endStream: false) + Frames.rst(stream: 1)
+                   + Self.late(late, stream: 1), chunk: chunk)
+        #expect(s.requests() == [1])
+        #expect(s.events.contains(.streamClosed(stream: 1, errorCode: HTTP2ErrorCode.cancel.rawValue)))
+        Self.expectStreamClosed(s)
+    }
+
+    /// After the client's RST_STREAM and our answer both, in separate reads.
+    @Test func dataAfterTheClientResetALaterRead() throws {
+        let s = try RawServer()
+        try s.feed(Frames.preface + Frames.settings() + Frames.headers(stream: 1, endStream: false))
+        try s.server.submitResponse(stream: 1, [HTTPField(name: ":status", value: "200")], endStream: false)
+        try s.drain()
+        try s.feed(Frames.rst(stream: 1))
+        try s.drain()
+        #expect(s.goAway == nil)
+        try s.feed(Frames.data(stream: 1, [1, 2, 3], endStream: false))
+        Self.expectStreamClosed(s)
+    }
+
+    /// Frames the client sent before it saw OUR RST_STREAM are ignored (RFC 9113 §5.4.2), the
+    /// connection goes on, and their bytes still count against the connection window and are
+    /// given back: a client that keeps to the window (as it sees it from our WINDOW_UPDATEs) sends
+    /// four windows' worth of DATA on the reset stream and never runs out.
+    @Test func framesOnAStreamWeResetAreIgnoredAndTheirBytesGivenBack() throws {
+        var settings = HTTP2Settings()
+        settings.connectionWindowSize = 65_535  // RFC 9113 §6.9.2's initial window: no raise
+        let s = try RawServer(settings)
+        try s.feed(Frames.preface + Frames.settings() + Frames.settingsAck + Frames.headers(stream: 1, endStream: false))
+        s.server.resetStream(1, error: .cancel)
+        try s.drain()
+        #expect(s.frames.contains { $0.type == 0x3 && $0.stream == 1 })
+        #expect(s.events.contains(.streamClosed(stream: 1, errorCode: HTTP2ErrorCode.cancel.rawValue)))
+        // 16 × 16 KiB = 256 KiB, four times the connection window, then trailers ending it.
+        func windowGiven() -> Int {
+            s.frames.filter { $0.type == 0x8 && $0.stream == 0 && $0.payload.count == 4 }
+                .reduce(0) { $0 + Int($1.payload.reduce(UInt32(0)) { $0 << 8 | UInt32($1) } & 0x7FFF_FFFF) }
+        }
+        var sent = 0
+        for _ in 0..<16 {
+            #expect(65_535 + windowGiven() - sent >= 16_384, "the connection window ran out after \(sent) bytes")
+            try s.feed(Frames.data(stream: 1, Array(repeating: 0x61, count: 16_384), endStream: false))
+            sent += 16_384
+        }
+        try s.feed(Frames.trailers(stream: 1))
+        #expect(s.goAway == nil, "frames: \(s.frames.map(\.type))")
+        #expect(s.server.wantsRead)
+        #expect(!s.events.contains { if case .data(1, _, _) = $0 { return true }; return false })
+        #expect(s.frames.contains { $0.type == 0x8 && $0.stream == 0 }, "no connection WINDOW_UPDATE")
+        // A new stream's body still flows.
+        try s.feed(Frames.headers(stream: 3, endStream: false) + Frames.data(stream: 3, Array(repeating: 0x62, count: 16_000), endStream: true))
+        let body = s.events.reduce(0) { n, e in if case .data(3, let b, _) = e { return n + b.count }; return n }
+        #expect(body == 16_000)
+        #expect(s.goAway == nil)
+    }
+
+    /// A long-lived connection: 10,000 finished streams later, a frame on the latest finished one
+    /// is still STREAM_CLOSED, one on a stream finished long ago is ignored (the record is
+    /// bounded), and neither nghttp2 nor the session kept the streams.
+    @Test func theRecordOfFinishedStreamsIsBounded() throws {
+        let s = try RawServer()
+        try s.feed(Frames.preface + Frames.settings() + Frames.settingsAck)
+        var last: UInt32 = 0
+        for i in 0..<UInt32(10_000) {
+            last = 1 + 2 * i
+            try s.feed(Frames.headers(stream: last))
+            try s.server.submitResponse(stream: Int32(last), [HTTPField(name: ":status", value: "204")], endStream: true)
+            try s.drain()
+            if i % 1000 == 0 {
+                s.events.removeAll()
+                s.wire.removeAll()
+            }
+        }
+        #expect(s.server.rememberedFinishedStreams == HTTP2FrameScanner.maxFinishedStreams)
+        let state = s.server.retainedState
+        #expect(state.swiftEntries == 0)
+        #expect(!state.nghttp2Knows(1) && !state.nghttp2Knows(Int32(last)))
+        try s.feed(Frames.data(stream: 1, [1], endStream: false))
+        #expect(s.goAway == nil)
+        try s.feed(Frames.data(stream: last - 2 * UInt32(HTTP2FrameScanner.maxFinishedStreams - 1), [1], endStream: false))
+        Self.expectStreamClosed(s, "the oldest stream still remembered")
+    }
+
+    /// The scanner alone, at its capacity: the ring forgets in the order streams finished, not by
+    /// id (a long request finished late is remembered over newer short ones).
+    @Test func scannerForgetsInTheOrderStreamsFinished() {
+        var scanner = HTTP2FrameScanner(expectPreface: false)
+        func scan(_ bytes: [UInt8]) -> HTTP2FrameScanner.Violation? { bytes.withUnsafeBytes { scanner.scan($0) } }
+        #expect(scan(Frames.headers(stream: 1, endStream: false)) == nil)
+        let n = UInt32(HTTP2FrameScanner.maxFinishedStreams)
+        for i in 1...n { #expect(scan(Frames.headers(stream: 1 + 2 * i)) == nil) }
+        // Stream 1 finishes last; stream 3 (first to finish) falls out.
+        #expect(scan(Frames.data(stream: 1, [], endStream: true)) == nil)
+        #expect(scanner.rememberedFinishedStreams == Int(n))
+        #expect(scan(Frames.data(stream: 3, [0], endStream: false)) == nil)
+        #expect(scan(Frames.data(stream: 5, [0], endStream: false))?.errorCode == .streamClosed)
+        var again = HTTP2FrameScanner(expectPreface: false)
+        for i in 1...n { _ = Frames.headers(stream: 1 + 2 * i).withUnsafeBytes { again.scan($0) } }
+        _ = Frames.rst(stream: 1 + 2 * n).withUnsafeBytes { again.scan($0) }  // already finished: not twice
+        _ = Frames.headers(stream: 1 + 2 * (n + 1)).withUnsafeBytes { again.scan($0) }
+        #expect(Frames.data(stream: 3, [0], endStream: false).withUnsafeBytes { again.scan($0) } == nil, "stream 3 is forgotten")
+        #expect(Frames.trailers(stream: 5).withUnsafeBytes { again.scan($0) }?.errorCode == .streamClosed)
     }
 
     // MARK: concurrency (RFC 9113 §5.1.2)

@@ -59,6 +59,35 @@ let getRequest = f([(":method", "GET"), (":scheme", "http"), (":authority", "api
 
 @Suite("HTTP2Session: two engines in memory")
 struct HTTP2SessionTests {
+    /// A long-lived connection keeps nothing of its finished streams: neither nghttp2 (which
+    /// kept every closed client stream for the priority tree, ~300 bytes a request, until the
+    /// connection closed) nor the session's own tables.
+    @Test func finishedStreamsLeaveNoStateBehind() throws {
+        let p = try Pair()
+        var ids: [Int32] = []
+        for i in 0..<300 {
+            let id = try p.client.submitRequest(getRequest, endStream: true)
+            ids.append(id)
+            try p.pump()
+            try p.server.submitResponse(stream: id, f([(":status", "200")]), endStream: false)
+            Array("answer \(i)".utf8).withUnsafeBytes { p.server.sendData(stream: id, $0) }
+            p.server.endStream(stream: id, trailers: nil)
+            try p.pump()
+            p.consumeAll(p.client, p.clientEvents)
+            p.clientEvents.removeAll()
+            #expect(p.serverEvents.contains { if case .streamClosed(id, 0) = $0 { return true }; return false })
+            p.serverEvents.removeAll()
+        }
+        let server = p.server.retainedState
+        let client = p.client.retainedState
+        for id in ids {
+            #expect(!server.nghttp2Knows(id), "the server session still holds stream \(id)")
+            #expect(!client.nghttp2Knows(id), "the client session still holds stream \(id)")
+        }
+        #expect(server.swiftEntries == 0)
+        #expect(client.swiftEntries == 0)
+    }
+
     @Test func requestAndResponseRoundTrip() throws {
         let p = try Pair()
         let id = try p.client.submitRequest(getRequest, endStream: true)

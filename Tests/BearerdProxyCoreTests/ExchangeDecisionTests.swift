@@ -82,9 +82,9 @@ struct ExchangeDecisionTests {
         #expect(n.tokenUnavailable() == .respondTokenUnavailable(Answer(kind: .tokenUnavailable, grpc: nil, keepAlive: true)))
     }
 
-    @Test func anUpgradeAnswered2xxNamesTheStatus() {
+    @Test func anExtendedConnectAnswered2xxNamesTheStatus() {
         var s = setup()
-        s.upgrade = true
+        s.upgrade = .extendedConnect
         var m = forwarding(s)
         #expect(m.upstreamFinalHead(status: 204, wwwAuthenticate: { [] })
                 == .respondUpstreamError(.upgradeNotSwitched, Answer(kind: .upstreamInvalidResponse, grpc: nil, keepAlive: false)))
@@ -164,7 +164,7 @@ struct ExchangeDecisionTests {
 
     @Test func tunnelBytesFlowOnlyWhileTunnelling() {
         var s = setup()
-        s.upgrade = true
+        s.upgrade = .http1
         var m = forwarding(s)
         #expect(m.clientTunnelBytes() == .none)
         #expect(m.upstreamTunnelBytes() == .none)

@@ -473,7 +473,7 @@ struct ExchangeTunnelAndGRPCTests {
 
     @Test func aSwitchOnAnUpgradeRequestStartsTheTunnel() {
         var s = setup()
-        s.upgrade = true
+        s.upgrade = .http1
         var m = forwarding(s)
         #expect(m.upstreamSwitchedProtocols() == .startTunnel)
         #expect(m.state == .tunnelling)
@@ -493,33 +493,72 @@ struct ExchangeTunnelAndGRPCTests {
         #expect(m.isFinished)
     }
 
-    /// An upgrade answered 2xx (not 101) is not relayed: to an HTTP/2 client a 2xx to extended
-    /// CONNECT means the tunnel is open. Other answers (a refusal) are relayed.
-    @Test func anUpgradeAnswered2xxIsAnUpstreamError() {
+    /// An extended CONNECT answered 2xx (not 101) is not relayed: to an HTTP/2 client a 2xx
+    /// means the tunnel is open (RFC 8441 §5). Other answers (a refusal) are relayed.
+    @Test func anExtendedConnectAnswered2xxIsAnUpstreamError() {
         var s = setup()
-        s.upgrade = true
+        s.upgrade = .extendedConnect
         for status in [200, 204, 299] {
             var m = forwarding(s)
             #expect(m.upstreamFinalHead(status: status, wwwAuthenticate: { [] }) == .upstreamError(.upgradeNotSwitched, closeClient: true))
             #expect(m.isFinished)
         }
-        var refused = forwarding(s)
-        #expect(refused.upstreamFinalHead(status: 403, wwwAuthenticate: { [] }) == .none)
-        #expect(!refused.isFinished)
+        for status in [403, 404, 426] {
+            var refused = forwarding(s)
+            #expect(refused.upstreamFinalHead(status: status, wwwAuthenticate: { [] }) == .none)
+            #expect(!refused.isFinished)
+        }
         var plain = forwarding(setup())
         #expect(plain.upstreamFinalHead(status: 200, wwwAuthenticate: { [] }) == .none)
     }
 
-    /// A rejected handshake is replayed like any GET.
+    /// RFC 9110 §7.8: a server may ignore `Upgrade` and answer normally. An HTTP/1.1 upgrade
+    /// answered 200, 404 or 426 is relayed as a response (head, body, end), the backend released
+    /// and the client's connection kept for the next request.
+    @Test func aDeclinedHTTP11UpgradeIsRelayedAndTheConnectionStays() {
+        for session in [true, false] {
+            var s = setup(session: session)
+            s.upgrade = .http1
+            for status in [200, 204, 404, 426] {
+                var m = forwarding(s)
+                #expect(m.upstreamFinalHead(status: status, wwwAuthenticate: { [] }) == .none, "\(status)")
+                #expect(m.state == .forwarding(ProxyExchange.Attempt(kind: .original, freshConnection: false), .sent, .headPending))
+                #expect(m.upstreamBodyReceived(count: 5) == .forwardResponseBody(writeHeadFirst: true, keepAlive: true))
+                #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: false, backend: .release, keepAlive: true))
+                #expect(m.isFinished)
+                // Declined: no tunnel starts afterwards.
+                #expect(m.upstreamSwitchedProtocols() == .none)
+            }
+        }
+    }
+
+    /// A rejected handshake is replayed like any GET, from an HTTP/1.1 client or an extended
+    /// CONNECT alike.
     @Test func aRejectedHandshakeIsReplayed() {
+        for upgrade in [ProxyExchange.Upgrade.http1, .extendedConnect] {
+            var s = setup()
+            s.upgrade = upgrade
+            var m = forwarding(s)
+            #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] }) == .holdRejection)
+            #expect(m.upstreamEnded() == .rejectionDrained(backend: .release, reportNow: true))
+            #expect(m.rejectionOutcome(.replay) == .acquireBackend(fresh: false))
+            _ = m.backendAcquired()
+            #expect(m.upstreamSwitchedProtocols() == .startTunnel)
+        }
+    }
+
+    /// A handshake rejected again after its replay goes to the client (refreshed, not replayed
+    /// twice) and, declined over HTTP/1.1, leaves the connection usable.
+    @Test func aHandshakeRejectedAfterItsReplayIsRelayed() {
         var s = setup()
-        s.upgrade = true
+        s.upgrade = .http1
         var m = forwarding(s)
         #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] }) == .holdRejection)
-        #expect(m.upstreamEnded() == .rejectionDrained(backend: .release, reportNow: true))
-        #expect(m.rejectionOutcome(.replay) == .acquireBackend(fresh: false))
+        _ = m.upstreamEnded()
+        _ = m.rejectionOutcome(.replay)
         _ = m.backendAcquired()
-        #expect(m.upstreamSwitchedProtocols() == .startTunnel)
+        #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { [] }) == .rejectionNotReplayed(reason: .rejectedAgain, refreshOnly: false))
+        #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: true, backend: .release, keepAlive: true))
     }
 
     /// DESIGN §5: a trailers-only UNAUTHENTICATED answers a unary call whose body is complete:

@@ -373,6 +373,40 @@ struct HTTP2HostileFrameTests {
         #expect(c.goAway == nil)
     }
 
+    /// h2spec http2/5.1 "closed": DATA or HEADERS on a stream the client finished, after the
+    /// response ended it both ways or after the client's own RST_STREAM, ends the connection with
+    /// GOAWAY STREAM_CLOSED (the server session frees closed streams, so bearerd remembers the
+    /// recently finished ones itself).
+    @Test func framesOnAStreamTheClientFinishedAreStreamClosed() throws {
+        let origin = try TestOrigin(handler: echoHandler)
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [route(origin: origin.port)])
+        defer { proxy.stop() }
+        let lateFrames: [(String, [UInt8])] = [
+            ("DATA", RawH2Client.frame(type: 0x0, flags: 0x1, stream: 1, Array("test".utf8))),
+            ("HEADERS", RawH2Client.headers(stream: 1)),
+        ]
+        for (name, late) in lateFrames {
+            // Ended both ways: the whole response came back first.
+            let c = try RawH2Client(port: proxy.port)
+            c.send(RawH2Client.preface + RawH2Client.settings() + RawH2Client.headers(stream: 1, path: "/closed"))
+            #expect(c.read { $0.contains { $0.stream == 1 && ($0.type == 0x0 || $0.type == 0x1) && $0.flags & 0x1 != 0 } }, "\(name): stream 1 answered")
+            c.send(late)
+            #expect(c.read { $0.contains { $0.type == 0x7 } }, "\(name) after the response: no GOAWAY; frames \(c.frames.map(\.type))")
+            #expect(c.goAway?.errorCode == HTTP2ErrorCode.streamClosed.rawValue, "\(name) after the response")
+            #expect(c.read { _ in false } == false && c.sawEOF, "\(name) after the response: the connection is closed")
+
+            // Reset by the client, in one write with the frame after it.
+            let r = try RawH2Client(port: proxy.port)
+            r.send(RawH2Client.preface + RawH2Client.settings() + RawH2Client.headers(stream: 1, path: "/reset", endStream: false)
+                   + RawH2Client.rst(stream: 1) + late)
+            #expect(r.read { $0.contains { $0.type == 0x7 } }, "\(name) after RST_STREAM: no GOAWAY; frames \(r.frames.map(\.type))")
+            #expect(r.goAway?.errorCode == HTTP2ErrorCode.streamClosed.rawValue, "\(name) after RST_STREAM")
+        }
+        // The listener is unharmed.
+        #expect(try TestClient.get(port: proxy.port, path: "/after").status == 200)
+    }
+
     /// The listener's header count limit applies to HTTP/2 as to HTTP/1.1: 431 and the JSON error.
     @Test(.enabled(if: Prerequisite.runs(Curl.available))) func tooManyHeaderFieldsAre431OnBothProtocols() throws {
         let origin = try TestOrigin(handler: echoHandler)
@@ -404,7 +438,7 @@ func eventually(seconds: Double = 10, _ condition: () -> Bool) -> Bool {
     return true
 }
 
-@Suite("Upgrades the origin does not switch (RFC 8441 §5)", .serialized)
+@Suite("Upgrades the origin does not switch (RFC 9110 §7.8, RFC 8441 §5)", .serialized)
 struct UnswitchedUpgradeTests {
     /// An origin that answers every WebSocket handshake with 200 and a body.
     func origin() throws -> TestOrigin {
@@ -437,19 +471,94 @@ struct UnswitchedUpgradeTests {
         #expect(origin.requests.count == 1)
     }
 
-    /// The HTTP/1.1 path is consistent: a 200 to an `Upgrade: websocket` handshake is not a
-    /// silent downgrade either.
-    @Test func http1UpgradeAnswered200Is502() throws {
-        let origin = try origin()
+    static let handshake = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+
+    /// RFC 9110 §7.8: a server may ignore `Upgrade` and answer normally. Over HTTP/1.1 that
+    /// answer is the client's: 200 with its body, 426 with its body, and the connection stays
+    /// HTTP/1.1 and serves the next request.
+    @Test func http1UpgradeDeclinedIsRelayedAndTheConnectionStays() throws {
+        let origin = try TestOrigin { r in
+            switch r.head.target {
+            case "/ws/required":
+                return .response(status: 426, headers: [("Content-Type", "text/plain")], body: Array("upgrade required".utf8))
+            case "/ws/chat":
+                return .response(status: 200, headers: [("Content-Type", "text/plain")], body: Array("not a websocket".utf8))
+            default:
+                return echoHandler(r)
+            }
+        }
         defer { origin.stop() }
-        let proxy = try TestProxy(routes: [route("/ws/", origin: origin.port)])
+        let proxy = try TestProxy(routes: [route("/", origin: origin.port)])
         defer { proxy.stop() }
         let c = try TestClient(port: proxy.port)
-        try c.send("GET /ws/chat HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        try c.send("GET /ws/chat HTTP/1.1\r\nHost: x\r\n" + Self.handshake)
+        let declined = try c.readResponse()
+        #expect(declined.status == 200)
+        #expect(declined.bodyText == "not a websocket")
+        try c.send("GET /ws/required HTTP/1.1\r\nHost: x\r\n" + Self.handshake)
+        let required = try c.readResponse()
+        #expect(required.status == 426)
+        #expect(required.bodyText == "upgrade required")
+        // The same connection, still HTTP/1.1, serves a plain request.
+        try c.send("GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+        let next = try c.readResponse()
+        #expect(next.status == 200)
+        #expect(next.bodyText.contains("target=/next"))
+        #expect(origin.requests.count == 3)
+        #expect(origin.requests.first?.head.headers["Upgrade"] == "websocket")
+        #expect(!proxy.logs.text.contains("upstream failed"))
+    }
+
+    /// The same with a real origin: nginx ignores `Upgrade` on a plain location and answers 200.
+    @Test(.enabled(if: NginxOrigin.isAvailable || ProcessInfo.processInfo.environment["CI"] != nil, "nginx is not installed"))
+    func http1UpgradeIgnoredByNginxIsRelayed() throws {
+        let nginx = try NginxOrigin(pki: try TestPKI.generate())
+        defer { nginx.stop() }
+        let proxy = try TestProxy(routes: [route("/", origin: nginx.h1Port)])
+        defer { proxy.stop() }
+        let c = try TestClient(port: proxy.port)
+        try c.send("GET /ws/chat HTTP/1.1\r\nHost: x\r\n" + Self.handshake)
+        let declined = try c.readResponse()
+        #expect(declined.status == 200)
+        #expect(declined.bodyText.hasPrefix("proto=HTTP/1.1 "), "\(declined.bodyText)")
+        #expect(declined.bodyText.contains("uri=/ws/chat"))
+        try c.send("GET /after HTTP/1.1\r\nHost: x\r\n\r\n")
+        let next = try c.readResponse()
+        #expect(next.status == 200)
+        #expect(next.bodyText.contains("uri=/after"))
+    }
+
+    /// A 401 to an upgrade is still a rejection: the token is refreshed and the handshake
+    /// replayed; the replay declined with 200 reaches the client, whose connection stays.
+    @Test func http1UpgradeRejectedIsReplayedThenItsDeclineRelayed() throws {
+        let tokens = try ScriptedTokenEndpoint()
+        defer { tokens.stop() }
+        let origin = try TestOrigin { r in
+            if r.head.headers["Authorization"] == "Bearer at-1" {
+                return .response(status: 401, headers: [("WWW-Authenticate", #"Bearer error="invalid_token""#)], body: Array("stale".utf8))
+            }
+            if r.head.target == "/ws/chat" {
+                return .response(status: 200, headers: [("Content-Type", "text/plain")], body: Array("not a websocket".utf8))
+            }
+            return echoHandler(r)
+        }
+        defer { origin.stop() }
+        let proxy = try TestProxy(routes: [withSession(route("/", origin: origin.port))], sessions: [scriptedSession(tokens)])
+        defer { proxy.stop() }
+        let c = try TestClient(port: proxy.port)
+        try c.send("GET /ws/chat HTTP/1.1\r\nHost: x\r\n" + Self.handshake)
         let r = try c.readResponse()
-        #expect(r.status == 502)
-        #expect(r["Content-Type"] == "application/json")
-        #expect(r.bodyText.contains("not 101"))
-        #expect(!r.bodyText.contains("not a websocket"))
+        #expect(r.status == 200)
+        #expect(r.bodyText == "not a websocket")
+        let seen = origin.requests
+        #expect(seen.count == 2)
+        #expect(seen.first?.head.headers["Authorization"] == "Bearer at-1")
+        #expect(seen.last?.head.headers["Authorization"] == "Bearer at-2")
+        #expect(seen.last?.head.headers["Upgrade"] == "websocket")
+        #expect(proxy.logs.text.contains("replaying rejected request"))
+        try c.send("GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+        let next = try c.readResponse()
+        #expect(next.status == 200)
+        #expect(next.bodyText.contains("authorization: Bearer at-2"))
     }
 }
