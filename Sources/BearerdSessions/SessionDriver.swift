@@ -357,7 +357,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                     "breaker.open_for_s": "\(Int((until - now()).secondsDouble.rounded(.up)))",
                 ])
             case .reportNeedsReauthentication(let failure):
-                store?.markNeedsReauthentication(operatorFingerprint: settings.operatorFingerprint)
+                store?.markNeedsReauthentication(.of(failure), operatorFingerprint: settings.operatorFingerprint)
                 if settings.config.grant.isPersonal {
                     logger.error("session \(name) needs a new sign-in: run `bearerd login \(name)`", metadata: failureMetadata(failure))
                 } else {
