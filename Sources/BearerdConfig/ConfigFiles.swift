@@ -15,9 +15,11 @@ enum ConfigFiles {
         var reason: String
     }
 
-    /// Reads a whole regular file, refusing directories and files over `limit` bytes.
-    static func readAll(_ path: String, limit: Int) throws(Failure) -> [UInt8] {
-        let fd = try openForReading(path)
+    /// Reads a whole file, refusing directories and files over `limit` bytes. `credential`
+    /// (every secret, key and token file; the default): the file must be a regular file — see
+    /// `openForReading`. The configuration file itself may be a pipe (`-c <(…)`).
+    static func readAll(_ path: String, limit: Int, credential: Bool = true) throws(Failure) -> [UInt8] {
+        let fd = try openForReading(path, credential: credential)
         defer { close(fd) }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16 * 1024)
@@ -34,14 +36,17 @@ enum ConfigFiles {
         return bytes
     }
 
-    /// Checks that `path` can be opened for reading and is not a directory.
+    /// Checks that `path` can be opened for reading and is a regular file.
     static func checkReadable(_ path: String) throws(Failure) {
-        close(try openForReading(path))
+        close(try openForReading(path, credential: true))
     }
 
     /// Opens `path` read-only, refusing directories; the caller closes the descriptor.
-    private static func openForReading(_ path: String) throws(Failure) -> Int32 {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
+    /// `credential`: opened with `O_NONBLOCK` (opening a FIFO would otherwise wait for a writer
+    /// and hang the session or the start) and refused unless `fstat` says it is a regular file
+    /// (symlinks, as Kubernetes mounts secrets, are followed to the file they name).
+    private static func openForReading(_ path: String, credential: Bool) throws(Failure) -> Int32 {
+        let fd = open(path, O_RDONLY | O_CLOEXEC | (credential ? O_NONBLOCK : 0))
         guard fd >= 0 else { throw Failure(reason: errnoText()) }
         var info = stat()
         guard fstat(fd, &info) == 0 else {
@@ -49,9 +54,15 @@ enum ConfigFiles {
             close(fd)
             throw failure
         }
-        if (info.st_mode & S_IFMT) == S_IFDIR {
+        let type = info.st_mode & S_IFMT
+        if type == S_IFDIR {
             close(fd)
             throw Failure(reason: "is a directory")
+        }
+        if credential, type != S_IFREG {
+            close(fd)
+            let kind = type == S_IFIFO ? "a FIFO" : type == S_IFSOCK ? "a socket" : type == S_IFCHR || type == S_IFBLK ? "a device" : "not a regular file"
+            throw Failure(reason: "is \(kind), not a regular file (credentials are read from regular files only)")
         }
         return fd
     }

@@ -21,7 +21,7 @@ public enum ConfigLoader {
                             checkFiles: Bool = true) throws(ConfigErrors) -> BearerdConfig {
         let bytes: [UInt8]
         do throws(ConfigFiles.Failure) {
-            bytes = try ConfigFiles.readAll(path, limit: maxConfigBytes)
+            bytes = try ConfigFiles.readAll(path, limit: maxConfigBytes, credential: false)
         } catch {
             throw ConfigErrors([ConfigError(file: path, line: 0, key: "", message: "cannot read: \(error.reason)")])
         }

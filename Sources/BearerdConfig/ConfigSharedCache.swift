@@ -27,7 +27,8 @@ public struct SharedCacheConfig: Sendable, Equatable {
     public var username: String?
     /// The URL's password, or `password_file:` (read at start-up). Never logged.
     public var password: SecretSource?
-    /// AES-256-GCM key file: 32 raw bytes or their base64 on one line.
+    /// AES-256-GCM key file: the base64 of 32 random bytes on one line, or exactly 32 raw
+    /// bytes that are not text (`SharedCacheKey`).
     public var keyFile: String
     /// Prefix of every Redis key bearerd writes.
     public var prefix: String
@@ -163,7 +164,7 @@ extension ConfigBuilder {
         }
         let keyFile = path(f, "key_file", mustRead: true)
         if f["key_file"] == nil {
-            missing(f, "key_file", "32 random bytes, raw or base64 on one line: head -c 32 /dev/urandom | base64")
+            missing(f, "key_file", "32 random bytes as base64 on one line: openssl rand -base64 32")
         }
         if checkFiles, let keyFile, let e = f["key_file"] {
             if let why = SharedCacheConfig.keyFileProblem(keyFile) { fail(e.valueLine, f.key("key_file"), why) }
@@ -203,24 +204,25 @@ extension SharedCacheConfig {
         }
     }
 
-    /// Why the key file cannot be a 32-byte key (checked again when the sessions start).
-    static func keyFileProblem(_ path: String) -> String? {
+    /// The key in `key_file` and its form (`SharedCacheKey.parse`), or why there is none
+    /// (`PATH: …`). Read at start-up, on SIGHUP and by `bearerd check`.
+    public func readKey() -> Result<SharedCacheKey, ConfigValueError> {
+        Self.readKey(keyFile)
+    }
+
+    static func readKey(_ path: String) -> Result<SharedCacheKey, ConfigValueError> {
         let bytes: [UInt8]
         do throws(ConfigFiles.Failure) {
             bytes = try ConfigFiles.readAll(path, limit: 4096)
         } catch {
-            return "cannot read \(path): \(error.reason)"
+            return .failure(ConfigValueError("cannot read \(path): \(error.reason)"))
         }
-        return keyProblem(bytes).map { "\(path): \($0)" }
+        return SharedCacheKey.parse(bytes).mapError { ConfigValueError("\(path): \($0.message)") }
     }
 
-    /// Mirrors `RecordSealer.key(fromFile:)` (BearerdTLS) without decoding: 32 raw bytes, or 44
-    /// base64 characters (one `=`) on one line.
-    static func keyProblem(_ bytes: [UInt8]) -> String? {
-        if bytes.count == 32 { return nil }
-        var text = bytes
-        while let last = text.last, last == 0x0A || last == 0x0D || last == 0x20 { text.removeLast() }
-        if text.count == 44, text.last == 0x3D, text.dropLast().allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2B || $0 == 0x2F }) { return nil }
-        return "expected 32 random bytes, raw or base64 on one line (head -c 32 /dev/urandom | base64), got \(bytes.count) bytes"
+    /// Why the key file holds no usable key (checked again when the sessions start).
+    static func keyFileProblem(_ path: String) -> String? {
+        if case .failure(let e) = readKey(path) { return e.message }
+        return nil
     }
 }

@@ -198,8 +198,8 @@ public final class DPoPProofer: Sendable {
     }
 
     /// The session's DPoP key: `dpop_key_file`, else the key generated once in `state_dir` (made
-    /// now if absent: 0600, written to a temp file, fsynced, then linked into place so two
-    /// processes starting at once end up with the same key). Blocking file I/O: call off the loops.
+    /// now if absent, under `<session>.dpop.lock`: see `generateIfMissing`). Blocking file I/O:
+    /// call off the loops.
     static func load(_ session: SessionConfig, stateDir: String?, clockSkew: ClockSkew) throws(KeyProblem) -> DPoPProofer {
         if let file = session.dpopKeyFile {
             do throws(TLSError) {
@@ -211,7 +211,7 @@ public final class DPoPProofer: Sendable {
         guard let stateDir else { throw .store("dpop: true without dpop_key_file needs state_dir to keep the generated key") }
         let path = generatedKeyPath(stateDir: stateDir, session: session.name)
         if access(path, F_OK) != 0 {
-            try generate(at: path, stateDir: stateDir)
+            try generateIfMissing(at: path, stateDir: stateDir, session: session.name)
         }
         do throws(TLSError) {
             return DPoPProofer(signer: try JWTSigner(pemFile: path), keyPath: path, clockSkew: clockSkew)
@@ -220,33 +220,44 @@ public final class DPoPProofer: Sendable {
         }
     }
 
-    private static func generate(at path: String, stateDir: String) throws(KeyProblem) {
+    /// Makes the key at `path` unless it exists, holding the `flock` of
+    /// `<state_dir>/<session>.dpop.lock` (its own lock: `bearerd token` may hold the session's
+    /// `.lock` meanwhile), so processes starting at once (`bearerd run`, concurrent `bearerd
+    /// token`s, replicas on a shared `state_dir`) end up with one key: whoever comes second finds
+    /// it. The key goes to a new temp file (random name, `O_EXCL|O_NOFOLLOW`, 0600 by `fchmod`),
+    /// is fsynced, then linked into place (`link` never replaces nor follows a symlink).
+    static func generateIfMissing(at path: String, stateDir: String, session: String) throws(KeyProblem) {
+        let lockFD: Int32
         do throws(StateStoreError) {
             try StateStore.ensureDirectory(stateDir)
+            lockFD = try StateStore.takeLock((stateDir.hasSuffix("/") ? String(stateDir.dropLast()) : stateDir) + "/" + session + ".dpop.lock")
         } catch {
             throw .store(error.description)
         }
+        defer { close(lockFD) }  // releases the flock
+        var st = stat()
+        if lstat(path, &st) == 0 { return }  // made by whoever held the lock before us
         let pem: [UInt8]
         do throws(TLSError) {
             pem = try JWTSigner.generateP256PrivateKeyPEM()
         } catch {
             throw .store(error.message)
         }
-        let temp = path + ".tmp." + String(getpid())
+        let temp = StateStore.tempPath(for: path)
         do throws(StateStoreError) {
             try StateStore.writeSynced(pem, toNewFile: temp)
         } catch {
             throw .store(error.description)
         }
         defer { unlink(temp) }
-        // link(2) never replaces: a key another process put there first wins, and is used.
+        // Under the lock nobody else makes it; link(2) still never replaces what is there.
         if link(temp, path) != 0, errno != EEXIST {
             throw .store(StateStoreError(reason: "state.rename", path: path, errno: errno).description)
         }
-        let dfd = open(stateDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if dfd >= 0 {
-            _ = fsync(dfd)
-            close(dfd)
+        do throws(StateStoreError) {
+            try StateStore.syncDirectory(stateDir)
+        } catch {
+            throw .store(error.description)
         }
     }
 }

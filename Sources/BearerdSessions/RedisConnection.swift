@@ -1,4 +1,5 @@
 import BearerdIO
+import BearerdOAuth
 import BearerdProxyCore
 import BearerdTLS
 import BearerdConfig
@@ -20,8 +21,8 @@ struct RedisOptions {
     var endpoint: SharedCacheConfig.Endpoint
     var database: Int
     var username: String?
-    /// Never logged.
-    var password: String?
+    /// Never logged (`OAuthSecret` prints `<redacted>`).
+    var password: OAuthSecret?
     var tlsContext: TLSContext?
     /// Bound on connecting (and the TLS handshake and AUTH/SELECT).
     var connectTimeout: Duration = .milliseconds(500)
@@ -148,7 +149,7 @@ final class RedisConnection: ChannelDelegate {
         parser = RESPParser()
         // The handshake goes first: AUTH (ACL user or the default user), then SELECT.
         var handshake: [[String]] = []
-        if let password = options.password {
+        if let password = options.password?.exposedValue {
             handshake.append(options.username.map { ["AUTH", $0, password] } ?? ["AUTH", password])
         }
         if options.database != 0 { handshake.append(["SELECT", String(options.database)]) }

@@ -357,7 +357,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                     "breaker.open_for_s": "\(Int((until - now()).secondsDouble.rounded(.up)))",
                 ])
             case .reportNeedsReauthentication(let failure):
-                store?.markNeedsReauthentication(operatorFingerprint: settings.operatorFingerprint)
+                store?.markNeedsReauthentication(.of(failure), operatorFingerprint: settings.operatorFingerprint)
                 if settings.config.grant.isPersonal {
                     logger.error("session \(name) needs a new sign-in: run `bearerd login \(name)`", metadata: failureMetadata(failure))
                 } else {
@@ -1117,7 +1117,7 @@ extension TokenSessionDriver {
             case .adopt(let record):
                 let grant = grant(from: record)
                 shared.adopted(record)
-                if self.grant.usesRefreshToken, let rt = record.refreshToken, rt != own?.refreshToken.exposedValue {
+                if self.grant.usesRefreshToken, let rt = record.refreshToken, rt != own?.refreshToken {
                     // The lineage moved on elsewhere: persist its refresh token before handing the token out.
                     let state = sharedLineage(record, refreshToken: rt)
                     persistAdoptedLineage(state) { [self] in
@@ -1131,9 +1131,9 @@ extension TokenSessionDriver {
                 finishFetch(request, startedAt: startedAt, sentAt: now(), result: .success(grant), requestSent: false, adopted: true)
                 adoptionSource = .stateFile
             case .fetch(let record):
-                if self.grant.usesRefreshToken, let record, let rt = record.refreshToken, rt != own?.refreshToken.exposedValue {
+                if self.grant.usesRefreshToken, let record, let rt = record.refreshToken, rt != own?.refreshToken {
                     // Refresh from the shared lineage's newest refresh token (persisted after the refresh).
-                    logger.info("using the refresh token another replica rotated", metadata: ["refresh_token.fingerprint": "\(OAuthSecret(rt).fingerprint)"])
+                    logger.info("using the refresh token another replica rotated", metadata: ["refresh_token.fingerprint": "\(rt.fingerprint)"])
                     own = sharedLineage(record, refreshToken: rt)
                 }
                 performLocalFetch(request, startedAt: startedAt)
@@ -1143,9 +1143,9 @@ extension TokenSessionDriver {
 
     private func grant(from record: SharedTokenRecord) -> TokenGrant {
         let remaining = record.remaining(wallClockNow: clock.wallClockSeconds())
-        return TokenGrant(accessToken: OAuthSecret(record.accessToken), tokenType: record.tokenType,
+        return TokenGrant(accessToken: record.accessToken, tokenType: record.tokenType,
                           lifetime: min(.seconds(remaining), TokenGrant.maximumLifetime), lifetimeSource: .expiresIn,
-                          refreshToken: record.refreshToken.map(OAuthSecret.init))
+                          refreshToken: record.refreshToken)
     }
 
     /// `invalid_grant` on a refresh with a shared cache (DESIGN §6 "Rotation durability"), the
@@ -1162,12 +1162,12 @@ extension TokenSessionDriver {
                 store?.unlock()
                 return
             }
-            guard let record, let rt = record.refreshToken, rt != usedRefreshToken.exposedValue else {
+            guard let record, let rt = record.refreshToken, rt != usedRefreshToken else {
                 refused()
                 return
             }
             logger.info("refresh token refused; adopting the newer one another replica published in the shared cache", metadata: [
-                "refresh_token.fingerprint": "\(OAuthSecret(rt).fingerprint)",
+                "refresh_token.fingerprint": "\(rt.fingerprint)",
             ])
             let state = sharedLineage(record, refreshToken: rt)
             own = state
@@ -1186,9 +1186,9 @@ extension TokenSessionDriver {
         }
     }
 
-    private func sharedLineage(_ record: SharedTokenRecord, refreshToken: String) -> PersistedSessionState {
-        PersistedSessionState(refreshToken: OAuthSecret(refreshToken),
-                              accessToken: .init(token: OAuthSecret(record.accessToken), expiresAt: record.expiresAt,
+    private func sharedLineage(_ record: SharedTokenRecord, refreshToken: OAuthSecret) -> PersistedSessionState {
+        PersistedSessionState(refreshToken: refreshToken,
+                              accessToken: .init(token: record.accessToken, expiresAt: record.expiresAt,
                                                  generation: machine.currentGeneration &+ 1),
                               updatedAt: max(clock.wallClockSeconds(), (own?.updatedAt ?? 0) &+ 1),
                               sourceFingerprint: own?.sourceFingerprint ?? settings.operatorFingerprint,

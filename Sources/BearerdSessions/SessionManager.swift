@@ -40,6 +40,15 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         self.clock = clock
         var errors: [ConfigError] = []
         var built: [String: TokenSessionDriver] = [:]
+        // An existing state_dir someone else owns or can write to is refused at start (a missing
+        // one is created 0700 when first needed).
+        if let dir = config.stateDir {
+            do throws(StateStoreError) {
+                try StateStore.checkDirectory(dir)
+            } catch {
+                errors.append(ConfigError(file: config.file, line: 0, key: "state_dir", message: error.description))
+            }
+        }
         if let shared = config.sharedCache {
             do throws(ConfigErrors) {
                 sharedCache = try SharedTokenCache.make(shared, file: config.file, environment: environment, logger: logger)
@@ -158,29 +167,53 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
 
     /// For `bearerd check` (DESIGN §6): refresh_token sessions whose refresh token the server
     /// refused (`invalid_grant`) while their `refresh_token_file` still holds the same content,
-    /// as `FILE:LINE: sessions.NAME.refresh_token_file: …` errors. Reads only: creates nothing.
+    /// or that have none at all, as `FILE:LINE: sessions.NAME.refresh_token_file: …` errors; and
+    /// people's sessions whose stored sign-in the server refused. A person's session nobody has
+    /// signed in to yet is not among them (`pendingSignIns`). Reads only: creates nothing.
     public static func reauthenticationProblems(config: BearerdConfig,
                                                 environment: [String: String]) -> [ConfigError] {
         guard let dir = config.stateDir else { return [] }
         var problems: [ConfigError] = []
         for session in config.sessions where session.grant.usesRefreshToken {
-            let fingerprint = session.refreshTokenFile.flatMap { path in
-                try? ConfigLoader.resolveSecret(.file(path), environment: environment)
-            }.map { OAuthSecret($0.value).fingerprint }
             if session.grant.isPersonal {
-                if StateStore.needsReauthentication(directory: dir, session: session.name, operatorFingerprint: nil) {
+                if StateStore.reauthentication(directory: dir, session: session.name, operatorFingerprint: nil) == .refused {
                     problems.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name)",
                                                 message: "the token endpoint refused the stored sign-in (invalid_grant): run `bearerd login \(session.name)`"))
                 }
                 continue
             }
-            if StateStore.needsReauthentication(directory: dir, session: session.name, operatorFingerprint: fingerprint) {
-                let file = session.refreshTokenFile ?? "refresh_token_file"
+            let fingerprint = session.refreshTokenFile.flatMap { path in
+                try? ConfigLoader.resolveSecret(.file(path), environment: environment)
+            }.map { OAuthSecret($0.value).fingerprint }
+            let file = session.refreshTokenFile ?? "refresh_token_file"
+            switch StateStore.reauthentication(directory: dir, session: session.name, operatorFingerprint: fingerprint) {
+            case .refused?:
                 problems.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).refresh_token_file",
                                             message: "the token endpoint refused the refresh token (invalid_grant): put a new one in \(file) and send SIGHUP"))
+            case .noRefreshToken?:
+                problems.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).refresh_token_file",
+                                            message: "no refresh token in \(file) or the state file: put one in \(file) and send SIGHUP"))
+            case nil:
+                break
             }
         }
         return problems
+    }
+
+    /// For `bearerd check`: the people's sessions (`authorization_code`, `device_code`) nobody has
+    /// signed in to yet — a running bearerd found no refresh token for them, or there is no state
+    /// file at all. Not an error: the configuration is fine, a person still has to run
+    /// `bearerd login NAME`. Reads only: creates nothing.
+    public static func pendingSignIns(config: BearerdConfig) -> [String] {
+        guard let dir = config.stateDir else { return [] }
+        return config.sessions.filter { session in
+            guard session.grant.isPersonal else { return false }
+            switch StateStore.reauthentication(directory: dir, session: session.name, operatorFingerprint: nil) {
+            case .noRefreshToken?: return true
+            case .refused?: return false
+            case nil: return StateStore.stateFileIsMissing(directory: dir, session: session.name)
+            }
+        }.map(\.name)
     }
 
     /// Stops every session: timers disarmed, the request in flight abandoned, waiters failed.

@@ -39,21 +39,22 @@ public final class SharedTokenCache: @unchecked Sendable {  // @unchecked: immut
             errors.append(ConfigError(file: file, line: config.line, key: "shared_cache." + key, message: message))
         }
         var sealer: RecordSealer?
-        switch config.readKeyFile() {
-        case .success(let bytes):
+        switch config.readKey() {  // SharedCacheKey: base64 or raw, text refused
+        case .success(let key):
             do throws(RecordSealer.KeyError) {
-                sealer = try RecordSealer(key: RecordSealer.key(fromFile: bytes))
+                sealer = try RecordSealer(key: key.bytes)
+                logger.info("shared_cache key_file read", metadata: ["key_file": "\(config.keyFile)", "key_file.form": "\(key.form.rawValue)"])
             } catch {
                 problem("key_file", "\(config.keyFile): \(error.description)")
             }
         case .failure(let f):
             problem("key_file", f.message)
         }
-        var password: String?
+        var password: OAuthSecret?
         if let source = config.password {
             do throws(ConfigError) {
-                password = try ConfigLoader.resolveSecret(source, environment: environment, file: file, line: config.line,
-                                                          key: "shared_cache.password_file").value
+                password = OAuthSecret(try ConfigLoader.resolveSecret(source, environment: environment, file: file, line: config.line,
+                                                                      key: "shared_cache.password_file").value)
             } catch let e {
                 errors.append(e)
             }
@@ -132,9 +133,10 @@ public final class SharedTokenCache: @unchecked Sendable {  // @unchecked: immut
     }
 }
 
-/// What one shared record holds (sealed with AES-256-GCM under the record's key).
+/// What one shared record holds (sealed with AES-256-GCM under the record's key). The tokens
+/// are `OAuthSecret`s: a record printed or logged by mistake shows `<redacted>`.
 struct SharedTokenRecord: Equatable {
-    var accessToken: String
+    var accessToken: OAuthSecret
     var tokenType: String
     /// Wall clock (Unix seconds) when the access token expires.
     var expiresAt: Int64
@@ -144,7 +146,7 @@ struct SharedTokenRecord: Equatable {
     /// a session refuses records below the generation its lineage came from (`SharedRecordFence`).
     var generation: UInt64
     /// refresh_token sessions: the current refresh token of the shared lineage.
-    var refreshToken: String?
+    var refreshToken: OAuthSecret?
 
     static let version: UInt8 = 1
     /// Largest field accepted when decoding (a record is a few KiB at most).
@@ -161,11 +163,11 @@ struct SharedTokenRecord: Equatable {
         u64(generation)
         u64(UInt64(bitPattern: expiresAt))
         u64(UInt64(bitPattern: lifetimeSeconds))
-        field(accessToken)
+        field(accessToken.exposedValue)
         field(tokenType)
         if let refreshToken {
             out.append(1)
-            field(refreshToken)
+            field(refreshToken.exposedValue)
         } else {
             out.append(0)
         }
@@ -205,8 +207,8 @@ struct SharedTokenRecord: Equatable {
         // Tokens go into header fields and forms: visible ASCII only (RFC 6750 §2.1 b64token and more), never CR/LF.
         func visible(_ t: String) -> Bool { t.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F } }
         guard visible(access), visible(type), refresh.map(visible) ?? true else { return nil }
-        return SharedTokenRecord(accessToken: access, tokenType: type, expiresAt: Int64(bitPattern: expires),
-                                 lifetimeSeconds: Int64(bitPattern: lifetime), generation: generation, refreshToken: refresh)
+        return SharedTokenRecord(accessToken: OAuthSecret(access), tokenType: type, expiresAt: Int64(bitPattern: expires),
+                                 lifetimeSeconds: Int64(bitPattern: lifetime), generation: generation, refreshToken: refresh.map(OAuthSecret.init))
     }
 
     /// Seconds of life left at `now` (saturating), 0 when expired.
@@ -472,7 +474,7 @@ final class SharedTokenSession {
 
     private func adoptable(_ record: SharedTokenRecord, current: String?, rejectedGeneration: UInt64?) -> Bool {
         if record.generation == rejectedGeneration { return false }
-        if let current, record.accessToken == current { return false }
+        if let current, record.accessToken.exposedValue == current { return false }
         return record.isFresh(wallClockNow: clock.wallClockSeconds())
     }
 
@@ -782,9 +784,9 @@ final class SharedTokenSession {
         }
         reservedGeneration = nil
         currentGeneration = generation
-        let record = SharedTokenRecord(accessToken: accessToken, tokenType: tokenType, expiresAt: now.addingSaturating(seconds),
+        let record = SharedTokenRecord(accessToken: OAuthSecret(accessToken), tokenType: tokenType, expiresAt: now.addingSaturating(seconds),
                                        lifetimeSeconds: seconds, generation: generation,
-                                       refreshToken: keepsRefreshToken ? refreshToken : nil)
+                                       refreshToken: keepsRefreshToken ? refreshToken.map(OAuthSecret.init) : nil)
         guard let sealed = cache.sealer.seal(record.encoded(), aad: Array(recordKey.utf8)) else {
             release()
             return

@@ -8,20 +8,25 @@ import BearerdConfig
 
 /// Why the state store could not do what was asked. Never carries a token.
 public struct StateStoreError: Error, Sendable, Equatable, CustomStringConvertible {
-    /// Stable dotted reason: `state.mkdir`, `state.not_a_directory`, `state.open`, `state.write`,
-    /// `state.fsync`, `state.rename`, `state.lock`, `state.read`, `state.too_large`.
+    /// Stable dotted reason: `state.mkdir`, `state.not_a_directory`, `state.unsafe_directory`,
+    /// `state.open`, `state.write`, `state.fsync`, `state.rename`, `state.lock`, `state.read`,
+    /// `state.too_large`.
     public let reason: String
     public let path: String
     public let errno: Int32
+    /// A sentence for the operator, when the reason alone does not say what to do.
+    public let detail: String?
 
-    public init(reason: String, path: String, errno: Int32) {
+    public init(reason: String, path: String, errno: Int32, detail: String? = nil) {
         self.reason = reason
         self.path = path
         self.errno = errno
+        self.detail = detail
     }
 
     public var description: String {
-        errno == 0 ? "\(reason): \(path)" : "\(reason): \(path): \(String(cString: strerror(errno)))"
+        if let detail { return "\(reason): \(path): \(detail)" }
+        return errno == 0 ? "\(reason): \(path)" : "\(reason): \(path): \(String(cString: strerror(errno)))"
     }
 }
 
@@ -61,19 +66,45 @@ final class StateStore {
 
     deinit { unlock() }
 
+    /// `path` exists as a safe directory (`checkDirectory`), or is created 0700.
     static func ensureDirectory(_ path: String) throws(StateStoreError) {
-        var st = stat()
-        if stat(path, &st) == 0 {
-            guard (st.st_mode & S_IFMT) == S_IFDIR else {
-                throw StateStoreError(reason: "state.not_a_directory", path: path, errno: 0)
-            }
-            return
-        }
+        if try checkDirectory(path) { return }
         guard mkdir(path, 0o700) == 0 || errno == EEXIST else {
             throw StateStoreError(reason: "state.mkdir", path: path, errno: errno)
         }
         // mkdir is subject to the umask; make sure of 0700.
         _ = chmod(path, 0o700)
+        _ = try checkDirectory(path)
+    }
+
+    /// True when `path` is a directory bearerd may keep secrets in; false when it does not
+    /// exist. Refused: not a directory, not owned by the effective uid, or writable by group or
+    /// others — whoever else can write there can plant a symlink or a file under a name bearerd
+    /// writes or reads (refresh tokens, the DPoP private key) or replace what it wrote. `stat`
+    /// follows a symlinked `state_dir` itself: the directory it names is checked.
+    @discardableResult
+    static func checkDirectory(_ path: String) throws(StateStoreError) -> Bool {
+        var st = stat()
+        guard stat(path, &st) == 0 else {
+            if errno == ENOENT { return false }
+            throw StateStoreError(reason: "state.open", path: path, errno: errno)
+        }
+        guard (st.st_mode & S_IFMT) == S_IFDIR else {
+            throw StateStoreError(reason: "state.not_a_directory", path: path, errno: 0)
+        }
+        let mode = "0" + String(st.st_mode & 0o7777, radix: 8)
+        let uid = geteuid()
+        guard st.st_uid == uid else {
+            throw StateStoreError(reason: "state.unsafe_directory", path: path, errno: 0,
+                                  detail: "state_dir is owned by uid \(st.st_uid) (mode \(mode)), not by bearerd's effective uid \(uid); "
+                                      + "it holds refresh tokens and keys: chown it to uid \(uid) or choose another state_dir")
+        }
+        guard st.st_mode & 0o022 == 0 else {
+            throw StateStoreError(reason: "state.unsafe_directory", path: path, errno: 0,
+                                  detail: "state_dir has mode \(mode): group or others can write there (and plant symlinks where "
+                                      + "bearerd writes refresh tokens and keys); chmod 0700 \(path)")
+        }
+        return true
     }
 
     // MARK: Lock
@@ -82,15 +113,22 @@ final class StateStore {
     /// store object on the same files) releases it. Re-entrant calls are no-ops.
     func lock() throws(StateStoreError) {
         guard !isLocked else { return }
-        let fd = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw StateStoreError(reason: "state.open", path: lockPath, errno: errno) }
+        let fd = try Self.takeLock(lockPath)
+        fdLock.withLock { lockFD = fd }
+    }
+
+    /// Opens (creating it 0600, never through a symlink) and `flock`s `path`, blocking until
+    /// other holders release it; returns the descriptor (closing it releases the lock).
+    static func takeLock(_ path: String) throws(StateStoreError) -> Int32 {
+        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { throw StateStoreError(reason: "state.open", path: path, errno: errno) }
         while flock(fd, LOCK_EX) != 0 {
             if errno == EINTR { continue }
             let e = errno
             close(fd)
-            throw StateStoreError(reason: "state.lock", path: lockPath, errno: e)
+            throw StateStoreError(reason: "state.lock", path: path, errno: e)
         }
-        fdLock.withLock { lockFD = fd }
+        return fd
     }
 
     /// Releases the lock (closing the descriptor releases the `flock`).
@@ -193,24 +231,42 @@ final class StateStore {
         }
     }
 
-    /// Writes `bytes` to a new file at `tempPath` (0600, truncated if it exists) and fsyncs it;
-    /// on failure the file is removed. The first half of every durable replace (the caller
+    /// A fresh name for a temp file next to `path`: `.<name>.tmp-<pid>-<64 random bits>`. The
+    /// random part keeps two writers apart that share a pid (two containers that are both pid 1
+    /// on one shared `state_dir`, or two threads of one process).
+    static func tempPath(for path: String) -> String {
+        let slash = path.lastIndex(of: "/")
+        let dir = slash.map { String(path[...$0]) } ?? ""
+        let name = slash.map { String(path[path.index(after: $0)...]) } ?? path
+        var g = SystemRandomNumberGenerator()
+        let random = String(UInt64.random(in: 0...UInt64.max, using: &g), radix: 16)
+        return dir + "." + name + ".tmp-" + String(getpid()) + "-" + random
+    }
+
+    /// Writes `bytes` to a new file at `tempPath` and fsyncs it; on failure the file is removed.
+    /// The file must not exist (`O_EXCL`: a name someone planted — a file or a symlink — is never
+    /// opened, so the secret never lands anywhere else), and its mode is set to 0600 with
+    /// `fchmod` (the umask does not matter). The first half of every durable replace (the caller
     /// renames or links it into place, then fsyncs the directory).
     static func writeSynced(_ bytes: [UInt8], toNewFile tempPath: String) throws(StateStoreError) {
-        let fd = open(tempPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        let fd = open(tempPath, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw StateStoreError(reason: "state.open", path: tempPath, errno: errno) }
         var failure: StateStoreError?
-        _ = fchmod(fd, 0o600)
+        if fchmod(fd, 0o600) != 0 { failure = StateStoreError(reason: "state.write", path: tempPath, errno: errno) }
         var offset = 0
-        while offset < bytes.count {
-            // Non-empty here (offset < count), so the base address exists.
-            let n = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, bytes.count - offset) }
+        while failure == nil, offset < bytes.count {
+            let n = bytes.withUnsafeBytes { p -> Int in
+                guard let base = p.baseAddress else { return 0 }
+                return Glibc.write(fd, base + offset, bytes.count - offset)
+            }
             if n < 0 {
                 if errno == EINTR { continue }
                 failure = StateStoreError(reason: "state.write", path: tempPath, errno: errno)
-                break
+            } else if n == 0 {
+                failure = StateStoreError(reason: "state.write", path: tempPath, errno: EIO)
+            } else {
+                offset += n
             }
-            offset += n
         }
         if failure == nil, fsync(fd) != 0 { failure = StateStoreError(reason: "state.fsync", path: tempPath, errno: errno) }
         close(fd)
@@ -220,21 +276,75 @@ final class StateStore {
         }
     }
 
-    /// Replaces `path` durably: temp file (0600) in the same directory, write, fsync, rename,
-    /// fsync the directory.
+    /// Replaces `path` durably: a new temp file (0600, `tempPath(for:)`) in the same directory,
+    /// write, fsync, rename, fsync the directory. `rename` replaces a symlink at `path` itself,
+    /// never what it points to.
     func writeDurably(_ bytes: [UInt8], to path: String) throws(StateStoreError) {
-        let name = path.split(separator: "/").last.map(String.init) ?? session
-        let tempPath = directory + "/." + name + ".tmp." + String(getpid())
+        try Self.writeDurably(bytes, to: path, directory: directory)
+    }
+
+    static func writeDurably(_ bytes: [UInt8], to path: String, directory: String) throws(StateStoreError) {
+        let tempPath = Self.tempPath(for: path)
         try Self.writeSynced(bytes, toNewFile: tempPath)
         guard rename(tempPath, path) == 0 else {
             let e = errno
             unlink(tempPath)
             throw StateStoreError(reason: "state.rename", path: path, errno: e)
         }
+        try syncDirectory(directory)
+    }
+
+    static func syncDirectory(_ directory: String) throws(StateStoreError) {
         let dfd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard dfd >= 0 else { throw StateStoreError(reason: "state.open", path: directory, errno: errno) }
         defer { close(dfd) }
         guard fsync(dfd) == 0 else { throw StateStoreError(reason: "state.fsync", path: directory, errno: errno) }
+    }
+}
+
+/// What a `<session>.reauth` marker says: why the session waits for a person or an operator.
+public enum ReauthenticationMarker: Sendable, Equatable {
+    /// There never was a refresh token (nobody ran `bearerd login`; an empty
+    /// `refresh_token_file`): nothing was refused.
+    case noRefreshToken
+    /// The token endpoint refused the refresh token (`invalid_grant`). Markers written before
+    /// the reason was recorded (one `operator_file=` line) read as this.
+    case refused
+
+    /// The marker's `reason=` value.
+    var reason: String {
+        switch self {
+        case .noRefreshToken: "no_refresh_token"
+        case .refused: "invalid_grant"
+        }
+    }
+
+    /// The marker for a failure that put the session in `needsReauthentication`.
+    static func of(_ failure: TokenEndpointFailure) -> ReauthenticationMarker {
+        failure.reason == "token.no_refresh_token" ? .noRefreshToken : .refused
+    }
+
+    /// The file's text: `operator_file=<fingerprint or ->` then `reason=<reason>`.
+    static func text(_ marker: ReauthenticationMarker, operatorFingerprint: String?) -> String {
+        "operator_file=\(operatorFingerprint ?? "-")\nreason=\(marker.reason)\n"
+    }
+
+    /// What `text` says for the operator file with this fingerprint: nil when it names another
+    /// file content (that file has been replaced since) or does not parse. An old marker (the
+    /// `operator_file=` line alone) is a refusal.
+    static func parse(_ text: String, operatorFingerprint: String?) -> ReauthenticationMarker? {
+        let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
+        guard lines.count >= 2, lines[0] == "operator_file=\(operatorFingerprint ?? "-")" else { return nil }
+        switch lines.count {
+        case 2 where lines[1].isEmpty: return .refused
+        case 3 where lines[2].isEmpty:
+            switch lines[1] {
+            case "reason=no_refresh_token": return .noRefreshToken
+            case "reason=invalid_grant": return .refused
+            default: return nil
+            }
+        default: return nil
+        }
     }
 }
 
@@ -243,32 +353,46 @@ extension StateStore {
         directory + "/" + session + ".reauth"
     }
 
-    /// Records that the server refused the refresh token descending from the operator file
-    /// with fingerprint `operatorFingerprint` (`-` when none). Best effort.
-    func markNeedsReauthentication(operatorFingerprint: String?) {
-        let text = "operator_file=\(operatorFingerprint ?? "-")\n"
-        let fd = open(reauthPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return }
-        _ = text.utf8CString.withUnsafeBufferPointer { Glibc.write(fd, $0.baseAddress, $0.count - 1) }
-        close(fd)
+    /// Records why the session needs a (new) refresh token, for the refresh token descending
+    /// from the operator file with fingerprint `operatorFingerprint` (`-` when none). Best
+    /// effort; written as the state file is (new temp file, rename), never through a symlink.
+    func markNeedsReauthentication(_ marker: ReauthenticationMarker, operatorFingerprint: String?) {
+        let text = ReauthenticationMarker.text(marker, operatorFingerprint: operatorFingerprint)
+        try? writeDurably(Array(text.utf8), to: reauthPath)
+    }
+
+    /// True when `<directory>/<session>.json` does not exist (nobody signed in, nothing stored).
+    static func stateFileIsMissing(directory: String, session: String) -> Bool {
+        var st = stat()
+        return lstat(directory + "/" + session + ".json", &st) != 0 && errno == ENOENT
     }
 
     func clearNeedsReauthentication() {
         unlink(reauthPath)
     }
 
-    /// True when `<directory>/<session>.reauth` says the refresh token descending from the
-    /// operator file with this fingerprint was refused (so that file still needs replacing).
-    /// Reads only; creates nothing.
-    static func needsReauthentication(directory: String, session: String, operatorFingerprint: String?) -> Bool {
-        let fd = open(reauthPath(directory: directory, session: session), O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return false }
+    /// What `<directory>/<session>.reauth` says about the refresh token descending from the
+    /// operator file with this fingerprint (nil: nothing is pending for it). Reads only;
+    /// creates nothing.
+    static func reauthentication(directory: String, session: String, operatorFingerprint: String?) -> ReauthenticationMarker? {
+        let fd = open(reauthPath(directory: directory, session: session), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW)
+        guard fd >= 0 else { return nil }
         defer { close(fd) }
+        var st = stat()
+        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else { return nil }
         var buf = [UInt8](repeating: 0, count: 256)
         let n = buf.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-        guard n > 0 else { return false }
-        let text = String(decoding: buf[0..<n], as: UTF8.self)
-        return text == "operator_file=\(operatorFingerprint ?? "-")\n"
+        guard n > 0 else { return nil }
+        return ReauthenticationMarker.parse(String(decoding: buf[0..<n], as: UTF8.self), operatorFingerprint: operatorFingerprint)
+    }
+}
+
+/// `state_dir` as a whole, for the commands (`bearerd check`).
+public enum StateDirectory {
+    /// Throws when an existing `path` is not a directory bearerd may keep secrets in
+    /// (`StateStore.checkDirectory`); a missing one is fine (it is created 0700 when needed).
+    public static func check(_ path: String) throws(StateStoreError) {
+        try StateStore.checkDirectory(path)
     }
 }
 

@@ -30,15 +30,16 @@ public struct TokenSinkPlan: Sendable, Equatable {
                   tokenType: BearerdConfig.tokenType(for: session))
     }
 
-    /// The file content for `format` (one line, newline-terminated); `expiresAt` in Unix seconds.
+    /// The file content for `format`; `expiresAt` in Unix seconds. `token` is exactly the token,
+    /// without a line ending (as Vault Agent's file sink and Kubernetes' projected token files):
+    /// programs read the file straight into a header value, and a trailing newline there makes
+    /// it invalid (RFC 9110 §5.5). `header` and `json` are one newline-terminated line.
     public func render(_ format: SinkFormat, token: String, expiresAt: Int64) -> [UInt8] {
-        let line: String
         switch format {
-        case .token: line = token
-        case .header: line = TokenFormat.header(name: header.header, prefix: header.prefix, token: token, suffix: header.suffix)
-        case .json: line = TokenFormat.json(token: token, tokenType: tokenType, expiresAt: expiresAt, session: session)
+        case .token: return Array(token.utf8)
+        case .header: return Array((TokenFormat.header(name: header.header, prefix: header.prefix, token: token, suffix: header.suffix) + "\n").utf8)
+        case .json: return Array((TokenFormat.json(token: token, tokenType: tokenType, expiresAt: expiresAt, session: session) + "\n").utf8)
         }
-        return Array((line + "\n").utf8)
     }
 }
 

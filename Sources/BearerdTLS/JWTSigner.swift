@@ -21,12 +21,19 @@ public final class JWTSigner: @unchecked Sendable {  // @unchecked: the key is o
 
     /// Reads a PEM private key (PKCS#8 or traditional). Errors name the file and what is wrong.
     public init(pemFile path: String) throws(TLSError) {
-        ERR_clear_error()
-        guard let bio = BIO_new_file(path, "r") else {
-            throw .config(OpenSSLErrorQueue.message("cannot read the client key \(path)"))
+        let pem: [UInt8]
+        switch RegularFile.read(path) {
+        case .success(let bytes): pem = bytes
+        case .failure(let why): throw .config("cannot read the key \(path): \(why.reason)")
         }
-        defer { BIO_free(bio) }
-        guard let pkey = PEM_read_bio_PrivateKey(bio, nil, nil, nil) else {
+        ERR_clear_error()
+        // The memory BIO reads `pem` in place: used and freed within the closure.
+        let read: OpaquePointer? = pem.withUnsafeBytes { buffer in
+            guard let base = buffer.baseAddress, let bio = BIO_new_mem_buf(base, Int32(clamping: buffer.count)) else { return nil }
+            defer { BIO_free(bio) }
+            return PEM_read_bio_PrivateKey(bio, nil, nil, nil)
+        }
+        guard let pkey = read else {
             throw .config(OpenSSLErrorQueue.message("\(path) holds no PEM private key"))
         }
         switch EVP_PKEY_get_base_id(pkey) {

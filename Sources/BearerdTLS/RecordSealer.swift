@@ -25,33 +25,6 @@ public final class RecordSealer: @unchecked Sendable {  // @unchecked: the key i
         self.key = key
     }
 
-    /// A key file's content: exactly 32 raw bytes, or their base64 on one line (a trailing
-    /// newline allowed), e.g. `head -c 32 /dev/urandom | base64`.
-    public static func key(fromFile content: [UInt8]) throws(KeyError) -> [UInt8] {
-        if content.count == keyBytes { return content }
-        var text = content
-        while let last = text.last, last == 0x0A || last == 0x0D || last == 0x20 { text.removeLast() }
-        guard !text.isEmpty, text.count <= 128,
-              text.allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x30 && $0 <= 0x39)
-                                || $0 == 0x2B || $0 == 0x2F || $0 == 0x3D }),
-              text.count % 4 == 0 else {
-            throw KeyError(description: "expected \(keyBytes) raw bytes or their base64 on one line (e.g. `head -c 32 /dev/urandom | base64`), got \(content.count) bytes")
-        }
-        var out = [UInt8](repeating: 0, count: text.count / 4 * 3)
-        let n = text.withUnsafeBufferPointer { src in
-            out.withUnsafeMutableBufferPointer { dst in
-                EVP_DecodeBlock(dst.baseAddress, src.baseAddress, Int32(src.count))
-            }
-        }
-        guard n >= 0 else { throw KeyError(description: "the key file's base64 is invalid") }
-        let padding = text.reversed().prefix { $0 == 0x3D }.count
-        let length = Int(n) - padding
-        guard length == keyBytes else {
-            throw KeyError(description: "the key file's base64 decodes to \(max(length, 0)) bytes; expected \(keyBytes)")
-        }
-        return Array(out.prefix(length))
-    }
-
     /// `nonce ‖ ciphertext ‖ tag` of `plaintext`, authenticated together with `aad`. Nil only
     /// if OpenSSL fails (no randomness).
     public func seal(_ plaintext: [UInt8], aad: [UInt8]) -> [UInt8]? {

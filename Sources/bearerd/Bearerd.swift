@@ -217,6 +217,14 @@ struct Check: ParsableCommand {
                 problems.append(ConfigError(file: config.file, line: r.line, key: "routes[\(i)].tls", message: error.message))
             }
         }
+        // state_dir: a start refuses one owned by someone else or writable by group or others.
+        if let dir = config.stateDir, !example {
+            do throws(StateStoreError) {
+                try StateDirectory.check(dir)
+            } catch {
+                problems.append(ConfigError(file: config.file, line: 0, key: "state_dir", message: error.description))
+            }
+        }
         problems += SessionManager.reauthenticationProblems(config: config, environment: ProcessInfo.processInfo.environment)
         // DPoP keys: readable, P-256 or RSA ≥ 2048 (RFC 9449); their jkt is printed below.
         var dpopKeys: [(String, DPoPKeyDescription)] = []
@@ -243,12 +251,31 @@ struct Check: ParsableCommand {
             // The same missing files again, from the TLS set-up: already noted.
             problems.removeAll()
         }
+        // Secrets others can read, credentials in clear: warnings, not errors; printed (to stderr)
+        // whether or not there are errors.
+        let warnings = example ? [] : CheckWarnings.all(config)
+        func printWarnings() {
+            var stderr = FileHandle.standardError
+            for w in warnings { print("warning: \(w.description)", to: &stderr) }
+        }
         if !problems.isEmpty {
             printErrors(ConfigErrors(problems))
+            printWarnings()
             throw ExitCode(1)
         }
         print("\(configOption.path): OK (\(config.listen.count) listener(s), \(config.sessions.count) session(s), \(config.routes.count) route(s))")
         if let sharedCacheNote { print("shared_cache: \(sharedCacheNote)") }
+        if let shared = config.sharedCache, !example, case .success(let key) = shared.readKey() {
+            print("shared_cache: key_file \(shared.keyFile) holds " + (key.form == .base64 ? "the base64 of a 32-byte key" : "a raw 32-byte key"))
+        }
+        // A person's session nobody has signed in to yet: not a configuration error (exit 0);
+        // `bearerd login` needs this very configuration to be valid first.
+        if !example {
+            for name in SessionManager.pendingSignIns(config: config) {
+                print("sessions.\(name): nobody has signed in yet: run `bearerd login \(name)`")
+            }
+        }
+        printWarnings()
         // private_key_jwt: the kid bearerd sends and the public key to register with the server.
         for s in config.sessions {
             guard case .success(let key)? = ClientKeyDescription.of(s) else { continue }

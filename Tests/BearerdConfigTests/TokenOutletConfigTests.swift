@@ -124,7 +124,8 @@ import Testing
         #expect(BearerdConfig.tokenType(for: bound) == "DPoP")
         let plan = TokenSinkPlan(bound, in: d)
         #expect(plan.render(.header, token: "T", expiresAt: 0) == Array("Authorization: DPoP T\n".utf8))
-        #expect(plan.render(.token, token: "T", expiresAt: 0) == Array("T\n".utf8))
+        // `token` is exactly the token: no line ending (issue 31 item 4).
+        #expect(plan.render(.token, token: "T", expiresAt: 0) == Array("T".utf8))
         #expect(String(decoding: plan.render(.json, token: "T", expiresAt: 0), as: UTF8.self)
                 == "{\"access_token\":\"T\",\"token_type\":\"DPoP\",\"expires_at\":\"1970-01-01T00:00:00Z\",\"session\":\"partner\"}\n")
     }

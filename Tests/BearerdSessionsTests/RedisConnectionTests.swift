@@ -8,6 +8,7 @@ import BearerdProxyCore
 import BearerdConfig
 import BearerdIO
 import BearerdTLS
+import BearerdOAuth
 @testable import BearerdSessions
 
 @Suite(.serialized) struct RedisConnectionTests {
@@ -22,7 +23,7 @@ import BearerdTLS
 
     @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func authSelectAndCommandsOverTCP() async throws {
         let redis = try RedisServer(password: "s3cret")
-        var options = RedisOptions(endpoint: .tcp(host: "127.0.0.1", port: redis.port, tls: false), database: 3, password: "s3cret")
+        var options = RedisOptions(endpoint: .tcp(host: "127.0.0.1", port: redis.port, tls: false), database: 3, password: OAuthSecret("s3cret"))
         options.commandTimeout = .seconds(2)
         let c = RedisConnection(options: options, loop: loop)
         #expect(try await send(c, ["SET", "k", "v"]).get() == .simple("OK"))
@@ -37,7 +38,7 @@ import BearerdTLS
 
     @Test(.enabled(if: Prerequisite.runs(RedisServer.isAvailable))) func wrongPasswordFailsWithoutShowingIt() async throws {
         let redis = try RedisServer(password: "right")
-        let options = RedisOptions(endpoint: .tcp(host: "127.0.0.1", port: redis.port, tls: false), database: 0, password: "wrong-pw")
+        let options = RedisOptions(endpoint: .tcp(host: "127.0.0.1", port: redis.port, tls: false), database: 0, password: OAuthSecret("wrong-pw"))
         let c = RedisConnection(options: options, loop: loop)
         guard case .failure(let f) = await send(c, ["GET", "k"]) else { Issue.record("AUTH should fail"); return }
         #expect(f.kind == "auth")

@@ -55,7 +55,7 @@ struct SharedRefreshTokenTests {
         defer { endpoint.stop() }
         let root = temporaryDirectory()
         defer { removeTree(root) }
-        writeFile(root + "/cache-key", String(repeating: "k", count: 32))
+        writeFile(root + "/cache-key", Data(repeating: 0x6B, count: 32).base64EncodedString() + "\n")
         writeFile(root + "/me.refresh", "refresh-RRR-0\n")
         let session = SessionConfig(name: "me", grant: .refreshToken, tokenURL: endpoint.url, clientID: "cli",
                                     clientAuth: .none, refreshTokenFile: root + "/me.refresh")

@@ -10,6 +10,7 @@ import BearerdProxyCore
 import BearerdConfig
 import BearerdIO
 import BearerdTLS
+import BearerdOAuth
 @testable import BearerdSessions
 
 @Suite(.serialized) struct SharedTokenSessionTests {
@@ -51,8 +52,8 @@ import BearerdTLS
     }
 
     @Test func recordCodecRoundTripAndRejectsMalformed() {
-        let r = SharedTokenRecord(accessToken: "at", tokenType: "Bearer", expiresAt: 1_900_000_000, lifetimeSeconds: 3600,
-                                  generation: 42, refreshToken: "rt")
+        let r = SharedTokenRecord(accessToken: OAuthSecret("at"), tokenType: "Bearer", expiresAt: 1_900_000_000, lifetimeSeconds: 3600,
+                                  generation: 42, refreshToken: OAuthSecret("rt"))
         #expect(SharedTokenRecord.decode(r.encoded()) == r)
         var noRT = r
         noRT.refreshToken = nil
@@ -69,7 +70,7 @@ import BearerdTLS
         #expect(SharedTokenRecord.decode(huge) == nil)
         // A token that would break a header field is refused.
         var crlf = r
-        crlf.accessToken = "at\r\nX-Injected: 1"
+        crlf.accessToken = OAuthSecret("at\r\nX-Injected: 1")
         #expect(SharedTokenRecord.decode(crlf.encoded()) == nil)
         // Freshness: outside the hard margin min(60 s, L/4); saturating at extremes.
         #expect(r.isFresh(wallClockNow: 1_900_000_000 - 61))
@@ -108,7 +109,7 @@ import BearerdTLS
         #expect(try eventually { try redis.cli(["PUBSUB", "NUMSUB", "t:id"]).hasSuffix("1") })
         await onLoop { a.publish(accessToken: "AT1", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: "RT1") }
         guard case .adopt(let record) = waited.wait(seconds: 30) else { Issue.record("b adopts"); return }
-        #expect(record.accessToken == "AT1" && record.refreshToken == "RT1")
+        #expect(record.accessToken.exposedValue == "AT1" && record.refreshToken?.exposedValue == "RT1")
         // Released, sealed, with a TTL; no plaintext token in Redis.
         #expect(try eventually { try redis.cli(["EXISTS", "t:id:lock"]) == "0" })
         #expect(try !redis.cli(["GET", "t:id"]).contains("AT1"))
@@ -241,7 +242,7 @@ import BearerdTLS
         #expect(try eventually { try redis.cli(["PUBSUB", "NUMSUB", "t:id"]).hasSuffix("1") })
         await onLoop { a.publish(accessToken: "AT1", tokenType: "Bearer", lifetime: .seconds(3600), refreshToken: nil) }
         guard case .adopt(let record) = waited.wait(seconds: 30) else { Issue.record("b adopts"); return }
-        #expect(record.accessToken == "AT1")
+        #expect(record.accessToken.exposedValue == "AT1")
         #expect(ContinuousClock.now - started < .seconds(20), "woken by the notification, not the 30 s poll")
     }
 

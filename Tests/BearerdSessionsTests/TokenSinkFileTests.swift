@@ -54,6 +54,25 @@ import Logging
         #expect(written == plan.render(.json, token: "tok", expiresAt: 1_000_000_600))
     }
 
+    /// A `format: token` sink holds exactly the token (no line ending): a consumer that reads
+    /// the file into a header value (Go's os.ReadFile, Python's requests) gets a valid one.
+    /// `header` and `json` stay newline-terminated lines.
+    @Test func aTokenSinkHoldsExactlyTheToken() throws {
+        let root = NSTemporaryDirectory() + "bearerd-sink-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let plan = TokenSinkPlan(session: "s", sinks: [SinkConfig(path: root + "/t.token", format: .token),
+                                                       SinkConfig(path: root + "/t.header", format: .header)])
+        let clock = FixedClock()
+        let outlets = TokenOutlets(plan: plan, logger: Logger(label: "test"), clock: clock)
+        defer { outlets.stop() }
+        let token = TokenSession.CurrentToken(accessToken: OAuthSecret("tok-123"), generation: 1, expiresAt: clock.now() + .seconds(600),
+                                              usableWithoutWaitingUntil: clock.now() + .seconds(500))
+        outlets.tokenPublished(token, published: PublishedToken(value: "tok-123", generation: 1, fingerprint: "fp", usableUntil: 0))
+        for _ in 0..<500 where !outlets.sinkStatuses.allSatisfy({ $0.writes == 1 }) { usleep(10_000) }
+        #expect(FileManager.default.contents(atPath: root + "/t.token").map { Array($0) } == Array("tok-123".utf8))
+        #expect(FileManager.default.contents(atPath: root + "/t.header").map { Array($0) } == Array("Authorization: Bearer tok-123\n".utf8))
+    }
+
     @Test func sinkRetryBackoffIsBoundedAndJittered() {
         #expect(TokenOutlets.retryDelay(attempt: 1, random: 1) == 1_000_000_000)
         #expect(TokenOutlets.retryDelay(attempt: 3, random: 1) == 4_000_000_000)

@@ -45,14 +45,8 @@ import Testing
         #expect(sealer.open([], aad: aad) == nil)
     }
 
-    @Test func keyFiles() throws {
-        #expect(try RecordSealer.key(fromFile: key) == key)
-        let b64 = Array("AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n".utf8)
-        #expect(try RecordSealer.key(fromFile: b64) == key)
-        #expect(try RecordSealer.key(fromFile: Array(b64.dropLast())) == key)
-        #expect(throws: RecordSealer.KeyError.self) { try RecordSealer.key(fromFile: Array("short".utf8)) }
-        #expect(throws: RecordSealer.KeyError.self) { try RecordSealer.key(fromFile: Array("AAECAwQFBgcICQoLDA0ODxAREhMUFRYX\n".utf8)) }
-        #expect(throws: RecordSealer.KeyError.self) { try RecordSealer.key(fromFile: Array("AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\nAAAA\n".utf8)) }
+    @Test func keysAre32Bytes() throws {
+        // Key files are parsed by BearerdConfig's SharedCacheKey (ConfigSharedCacheTests).
         #expect(throws: RecordSealer.KeyError.self) { try RecordSealer(key: [1, 2, 3]) }
     }
 

@@ -41,7 +41,8 @@ struct TokenSinkTests {
 
     /// A python3 process that reads the files in a loop until `stop` exists (at most 120 s) and
     /// prints `{"reads", "bad", "distinct"}`: a read is bad when a file is missing, empty, not
-    /// one newline-terminated line, or (`.json`) not the 4-key JSON object.
+    /// one newline-terminated line (`.token`: not exactly the token, without a line ending), or
+    /// (`.json`) not the 4-key JSON object.
     static let readerScript = #"""
     import json, os, sys, time
     stop, files = sys.argv[1], sys.argv[2:]
@@ -56,7 +57,11 @@ struct TokenSinkTests {
                 bad.append([f, "missing"]); continue
             reads += 1
             text = data.decode("utf-8", "replace")
-            if not text or not text.endswith("\n") or text.count("\n") != 1:
+            # `.token` files hold exactly the token; the others one newline-terminated line.
+            if f.endswith(".token"):
+                if not text or "\n" in text or "\r" in text:
+                    bad.append([f, repr(text)]); continue
+            elif not text or not text.endswith("\n") or text.count("\n") != 1:
                 bad.append([f, repr(text)]); continue
             if f.endswith(".json"):
                 try:
@@ -131,7 +136,7 @@ struct TokenSinkTests {
         let left = try FileManager.default.contentsOfDirectory(atPath: sinkDir)
         #expect(Set(left) == ["b.json", "b.token"], "\(left)")
         // The token file holds the same token as the JSON one (one rewrite per token).
-        let token = Self.read(sinkDir + "/b.token")?.dropLast()
+        let token = Self.read(sinkDir + "/b.token")
         let fromJSON = Self.read(sinkDir + "/b.json").flatMap(Self.jsonObject)?["access_token"] as? String
         #expect(token != nil && fromJSON != nil)
         // Tokens are never logged (fingerprints only).
@@ -201,8 +206,9 @@ struct TokenSinkTests {
             let base = dir + "/sinks/" + e.session
             #expect(Self.wait(seconds: 15) { [".token", ".header", ".json"].allSatisfy { Self.read(base + $0) != nil } }, "\(e.session): \(b.logs)")
             let token = try #require(Self.read(base + ".token"))
-            #expect(token.hasSuffix("\n") && token.count > 10)
-            let value = String(token.dropLast())
+            // Exactly the token: the bytes a consumer reads go straight into a header value.
+            #expect(!token.contains("\n") && !token.contains("\r") && token.count > 10, "\(token.debugDescription)")
+            let value = token
             #expect(Self.read(base + ".header") == e.header(value) + "\n")
             let jsonText = try #require(Self.read(base + ".json"))
             #expect(jsonText.hasPrefix("{\"access_token\":") && jsonText.hasSuffix("}\n"))
@@ -219,7 +225,7 @@ struct TokenSinkTests {
         }
         // The bearer sink holds the token the proxy sends, and the fixture accepts it.
         let viaProxy = try TestClient.get(port: port, path: "/bearer/x")
-        #expect(viaProxy.bodyText == "Bearer " + String(try #require(Self.read(dir + "/sinks/bearer.token")).dropLast()))
+        #expect(viaProxy.bodyText == "Bearer " + (try #require(Self.read(dir + "/sinks/bearer.token"))))
         let api = try TestClient.get(port: auth.port, path: "/api/x",
                                      headers: [("Authorization", try #require(Self.read(dir + "/sinks/bearer.header")).dropFirst("Authorization: ".count).trimmingCharacters(in: .newlines))])
         #expect(api.status == 200, "\(api.bodyText)")
@@ -290,7 +296,7 @@ struct TokenSinkTests {
         #expect(chmod(sinkDir, 0o700) == 0)
         #expect(Self.wait(seconds: 30) { Self.read(sinkDir + "/b.token") != nil }, "\(b.logs)")
         let token = try #require(Self.read(sinkDir + "/b.token"))
-        #expect(try TestClient.get(port: port, path: "/z").bodyText == "Bearer " + token.dropLast())
+        #expect(try TestClient.get(port: port, path: "/z").bodyText == "Bearer " + token)
         let attrs = try FileManager.default.attributesOfItem(atPath: sinkDir + "/b.token")
         #expect((attrs[.ownerAccountID] as? Int) == 65534)
         #expect((attrs[.groupOwnerAccountID] as? Int) == 65534)
@@ -329,7 +335,7 @@ struct TokenSinkTests {
         let b = try RunningBearerd(config: cfg([("kept", "token"), ("removed", "token")]), dir: dir)
         defer { _ = b.stop() }
         #expect(Self.wait(seconds: 15) { Self.read(dir + "/kept") != nil && Self.read(dir + "/kept") == Self.read(dir + "/removed") }, "\(b.logs)")
-        let first = String(try #require(Self.read(dir + "/removed")).dropLast())
+        let first = try #require(Self.read(dir + "/removed"))
 
         // kept changes format, removed goes, added is new: both written at once with the
         // current token (tokens last an hour here: no refresh happens meanwhile).
@@ -352,6 +358,6 @@ struct TokenSinkTests {
             second = (Self.read(dir + "/added").flatMap(Self.jsonObject)?["access_token"] as? String) ?? first
             return second != first && Self.read(dir + "/kept") == "Authorization: Bearer \(second)\n"
         }, "\(b.logs)")
-        #expect(Self.read(dir + "/removed") == first + "\n")
+        #expect(Self.read(dir + "/removed") == first)
     }
 }
