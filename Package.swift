@@ -1,7 +1,7 @@
 // swift-tools-version:6.0
 import PackageDescription
 
-/// Module split (shared/DESIGN.md §2). Pure cores import neither Foundation, Dispatch nor a C
+/// Module split (docs/architecture.md §2). Pure cores import neither Foundation, Dispatch nor a C
 /// module: BearerdHTTP, BearerdOAuth, BearerdProxyCore (which imports only the other two).
 /// BearerdTLS: the OpenSSL engine; BearerdIO: Dispatch loops and sockets; BearerdConfig: the YAML
 /// contract (no I/O module); BearerdSessions: session drivers, token endpoint client, state store;

@@ -4,14 +4,14 @@ import Logging
 import Yams
 import BearerdProxyCore
 
-/// One entry of `listen:` with its access-control settings (DESIGN §4).
+/// One entry of `listen:` with its access-control settings (docs/architecture.md §4).
 ///
 /// A plain address (`127.0.0.1:8080`, `unix:/run/bearerd/api.sock`) gets the defaults; the
 /// mapping form adds, for `unix:` sockets, the socket file's `mode`/`owner`/`group` and the peers
 /// allowed in (`allow_uids`/`allow_gids`, checked with SO_PEERCRED), and for TCP `allow_remote`
 /// (required for a non-loopback address) and `allowed_hosts` (the Host allowlist of loopback
 /// listeners, against DNS rebinding). Every listener, TCP or unix, takes `allowed_origins` (the
-/// web apps its browser guard admits, DESIGN §5). `name` matches a socket-activated fd (`LISTEN_FDNAMES`).
+/// web apps its browser guard admits, docs/architecture.md §5). `name` matches a socket-activated fd (`LISTEN_FDNAMES`).
 /// Equality ignores `line`, so a reload sees an unchanged listener as unchanged.
 /// `tls:` of a TCP listener: it serves HTTPS with ALPN `h2,http/1.1`.
 public struct ListenerTLS: Sendable, Equatable {
@@ -258,7 +258,7 @@ extension ConfigBuilder {
         return hosts
     }
 
-    /// `allowed_origins:` — exact origins of web apps the browser guard admits (DESIGN §5), stored
+    /// `allowed_origins:` — exact origins of web apps the browser guard admits (docs/architecture.md §5), stored
     /// RFC 6454 serialised (`BrowserGuard.normalizedOrigin`). A wildcard and `null` are refused:
     /// either would let any web page spend bearerd's tokens.
     func originList(_ entry: Entry, key: String) -> [String]? {

@@ -3,7 +3,7 @@ import Foundation
 import Yams
 import BearerdProxyCore
 
-/// Reads `bearerd.yaml` (shared/DESIGN.md §4) into a validated `BearerdConfig`.
+/// Reads `bearerd.yaml` (docs/architecture.md §4) into a validated `BearerdConfig`.
 ///
 /// Every problem found is reported, not just the first, each as `FILE:LINE: key: what is wrong`
 /// with the key as a dotted path (`sessions.partner.client_secret_file`, `routes[1].timeouts.connect`).
@@ -118,7 +118,7 @@ public enum ConfigLoader {
     }
 }
 
-/// The keys each section of the file accepts, exactly as DESIGN §4 spells them (plus the
+/// The keys each section of the file accepts, exactly as docs/architecture.md §4 spells them (plus the
 /// documented extensions). The loader rejects any other key; the example-file test checks
 /// that every key listed here is documented in `config.example.yaml`.
 enum ConfigKeys {

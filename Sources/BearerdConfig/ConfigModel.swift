@@ -2,7 +2,7 @@ import BearerdOAuth
 import BearerdHTTP
 import BearerdProxyCore
 
-/// The validated configuration (shared/DESIGN.md §4). Produced by `ConfigLoader`; immutable
+/// The validated configuration (docs/architecture.md §4). Produced by `ConfigLoader`; immutable
 /// once loaded. Every value here has already been checked: ports in range, durations positive,
 /// routes pointing at existing sessions, secrets readable.
 public struct BearerdConfig: Sendable {
@@ -18,7 +18,7 @@ public struct BearerdConfig: Sendable {
     public var loops: Int?
     /// How sockets get readiness events (`io:`; extension). nil: `$BEARERD_IO`, else the loop poller (`IOMode.defaultMode`).
     public var ioMode: IOModeSetting?
-    /// Frontend limits (`limits:`; an extension of DESIGN §4).
+    /// Frontend limits (`limits:`; an extension of docs/architecture.md §4).
     public var limits: HTTP1Limits
     /// Frontend timeouts (`timeouts:` at top level).
     public var frontendTimeouts: FrontendTimeouts
@@ -29,13 +29,13 @@ public struct BearerdConfig: Sendable {
     public var startupTimeout: Duration = .seconds(30)
     /// `outbound_proxy:` resolved (for `env`, from the environment at load).
     public var outboundProxy: OutboundProxy = .direct
-    /// `shared_cache:` (DESIGN §6 "Shared cache"), nil when replicas do not share tokens.
+    /// `shared_cache:` (docs/architecture.md §6.13), nil when replicas do not share tokens.
     public var sharedCache: SharedCacheConfig?
     /// Sessions by name, in file order.
     public var sessions: [SessionConfig]
     /// Routes in file order; first match wins.
     public var routes: [RouteConfig]
-    /// `token_api:` (DESIGN §4), if configured.
+    /// `token_api:` (docs/architecture.md §4), if configured.
     public var tokenAPI: TokenAPIConfig?
 
     public init(file: String, listen: [ListenAddress], admin: ListenAddress? = nil, stateDir: String? = nil,
@@ -102,7 +102,7 @@ public enum SecretSource: Sendable, Equatable {
     case literal(Secret)
 }
 
-/// `io:` (DESIGN §2.2): how the event loops get readiness events. BearerdIO's `EventLoop.IOMode`
+/// `io:` (docs/architecture.md §2.2): how the event loops get readiness events. BearerdIO's `EventLoop.IOMode`
 /// has the same raw values; the server maps one to the other.
 public enum IOModeSetting: String, Sendable, CaseIterable {
     /// A Dispatch read and write source per socket.
@@ -168,7 +168,7 @@ public struct UpstreamURL: Sendable, Equatable, CustomStringConvertible {
 }
 
 /// An authorization server's endpoint: token, authorization, device authorization, revocation,
-/// introspection, discovery or `issuer` (DESIGN §5). Unlike `UpstreamURL`, whose base path is
+/// introspection, discovery or `issuer` (docs/architecture.md §5). Unlike `UpstreamURL`, whose base path is
 /// joined with request paths, an endpoint is used exactly as configured or published: `text`
 /// is the URL as written, and requests go to `path` and `query` byte for byte, a trailing slash
 /// included (Django-based servers serve `/authorize/` and answer 404 to `/authorize`).
@@ -332,7 +332,7 @@ public struct SessionConfig: Sendable, Equatable {
             && a.dpop == b.dpop && a.dpopKeyFile == b.dpopKeyFile
     }
 
-    /// The files whose content is a JWT sent as a credential (DESIGN §6 "Files that hold
+    /// The files whose content is a JWT sent as a credential (docs/architecture.md §6 "Files that hold
     /// credentials"), with the key naming each: opened by path for every token request.
     public var credentialFiles: [(key: String, path: String)] {
         var out: [(key: String, path: String)] = []
@@ -419,7 +419,7 @@ public struct InjectConfig: Sendable, Equatable {
     public func value(_ token: String) -> String { prefix + token + suffix }
 }
 
-/// How a route talks to its upstream (DESIGN §4 `http2:`).
+/// How a route talks to its upstream (docs/architecture.md §4 `http2:`).
 public enum HTTP2Mode: String, Sendable, Equatable, CaseIterable {
     /// ALPN `h2,http/1.1` on https upstreams (HTTP/2 when the server picks it); HTTP/1.1 on http.
     case auto

@@ -6,7 +6,7 @@ import BearerdProxyCore
 import Glibc
 #endif
 
-/// The walk over the sections of DESIGN §4: top level, `sessions:`, `routes:`, then the checks
+/// The walk over the sections of docs/architecture.md §4: top level, `sessions:`, `routes:`, then the checks
 /// that span sections (routes naming sessions, `state_dir` for refresh tokens, shadowed routes).
 extension ConfigBuilder {
     /// A secret key as written, for cross-checks and the deferred file checks.
@@ -162,7 +162,7 @@ extension ConfigBuilder {
 
     // MARK: - Sessions
 
-    /// `dpop:` and `dpop_key_file:` (RFC 9449, DESIGN §6 "DPoP"): the key file only with
+    /// `dpop:` and `dpop_key_file:` (RFC 9449, docs/architecture.md §6.11): the key file only with
     /// `dpop: true`. Its type and size are checked where it is read (`bearerd check`, start).
     private func dpopSettings(_ f: Fields) -> (Bool, String?) {
         let dpop = bool(f, "dpop") ?? false

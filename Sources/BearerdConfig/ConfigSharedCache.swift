@@ -1,6 +1,6 @@
 import BearerdOAuth
 
-/// `shared_cache:` (DESIGN §4, §6 "Shared cache"): replicas share one token per session through
+/// `shared_cache:` (docs/architecture.md §4, §6 "Shared cache"): replicas share one token per session through
 /// Redis or Valkey. Never required: any failure falls back to the local session.
 public struct SharedCacheConfig: Sendable, Equatable {
     /// Where the server listens.

@@ -1,7 +1,7 @@
 import BearerdProxyCore
 import Yams
 
-/// What a sink file holds (DESIGN §4 `sinks:`): the token alone, the header line the proxy
+/// What a sink file holds (docs/architecture.md §4 `sinks:`): the token alone, the header line the proxy
 /// would send, or the JSON object of `bearerd token --format json`.
 public enum SinkFormat: String, Sendable, Equatable, CaseIterable {
     case token, header, json
@@ -30,7 +30,7 @@ public struct SinkConfig: Sendable, Equatable {
     }
 }
 
-/// `token_api:` (DESIGN §4): `GET /v1/token/NAME` for local programs, on a unix socket
+/// `token_api:` (docs/architecture.md §4): `GET /v1/token/NAME` for local programs, on a unix socket
 /// (SO_PEERCRED against `allowed_uids`) or a loopback TCP port (requests carry
 /// `Bearerd-Token-Request: 1`; browser requests are refused).
 public struct TokenAPIConfig: Sendable, Equatable {

@@ -2,7 +2,7 @@ import BearerdOAuth
 import Foundation
 import BearerdProxyCore
 
-/// Parsers for the scalar syntaxes of the configuration (shared/DESIGN.md §4): durations, sizes,
+/// Parsers for the scalar syntaxes of the configuration (docs/architecture.md §4): durations, sizes,
 /// listen addresses and upstream URLs, plus the "did you mean" helper.
 ///
 /// Each parser takes the raw scalar text and either returns the value or throws a `Problem`
@@ -222,7 +222,7 @@ enum ConfigValues {
 
     /// An authorization server endpoint (token, authorization, device authorization, revocation,
     /// introspection, discovery, issuer): kept exactly as written, path (trailing slash included)
-    /// and query byte for byte (DESIGN §5).
+    /// and query byte for byte (docs/architecture.md §5).
     static func endpointURL(_ text: String, allowQuery: Bool) throws(Problem) -> EndpointURL {
         let parts = try urlParts(text, allowQuery: allowQuery)
         return EndpointURL(text: text, scheme: parts.scheme, host: parts.host, port: parts.port, path: parts.path, query: parts.query)

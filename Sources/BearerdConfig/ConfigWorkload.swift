@@ -2,8 +2,8 @@ import BearerdOAuth
 import Foundation
 import Yams
 
-/// The keys of keyless workload identity (DESIGN §4 `jwt_bearer`, `token_exchange`,
-/// `client_assertion`, `audience`, `resource`; DESIGN §6 "Files that hold credentials"): read
+/// The keys of keyless workload identity (docs/architecture.md §4 `jwt_bearer`, `token_exchange`,
+/// `client_assertion`, `audience`, `resource`; docs/architecture.md §6.10): read
 /// and checked here, so `ConfigSections.session` only calls in. Part of `ConfigBuilder`'s one
 /// pass (same thread, same error list).
 extension ConfigBuilder {

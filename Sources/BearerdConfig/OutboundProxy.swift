@@ -1,6 +1,6 @@
 import BearerdOAuth
 
-/// `outbound_proxy:` (DESIGN §4): how token endpoints and upstreams are reached from behind a
+/// `outbound_proxy:` (docs/architecture.md §4): how token endpoints and upstreams are reached from behind a
 /// forward proxy. `env` reads `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` (and their lower-case forms)
 /// as curl does; a URL sends everything through that proxy; `none` (default) connects directly.
 /// Resolved once per configuration; pure (the environment is an argument).

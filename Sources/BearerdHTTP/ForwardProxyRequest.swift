@@ -1,4 +1,4 @@
-/// What a request to a forward proxy (`outbound_proxy:`, DESIGN §4) looks like, for both users
+/// What a request to a forward proxy (`outbound_proxy:`, docs/architecture.md §4) looks like, for both users
 /// (the token endpoint client and upstream connections): the `CONNECT` that opens a tunnel for an
 /// https (or h2c prior-knowledge) target (RFC 9110 §9.3.6, authority-form target RFC 9112
 /// §3.2.3), and the absolute form of a plain http request sent to the proxy itself (RFC 9112

@@ -1,4 +1,4 @@
-/// Parser limits (the defaults of DESIGN §4 `limits:`, where they are configurable).
+/// Parser limits (the defaults of docs/architecture.md §4 `limits:`, where they are configurable).
 public struct HTTP1Limits: Sendable, Equatable {
     /// Largest request or status line plus all header fields, in bytes. Exceeding it: 431.
     public var maxHeaderBytes: Int = 64 * 1024

@@ -1262,7 +1262,7 @@ public struct HTTP1Parser: Sendable {
                 i += 1
             }
             if i == start { return fail("http1.invalid_chunk_size", i, "chunk size is not 1*HEXDIG") }
-            // A size no signed 64-bit counter can hold is refused, never waited for (DESIGN §5).
+            // A size no signed 64-bit counter can hold is refused, never waited for (docs/architecture.md §5).
             if size > UInt64(Int64.max) { return fail("http1.chunk_size_too_large", start, "chunk size above 2^63-1") }
             if i == end { return .success(size) }
             if !(HTTP1Syntax.isOWS(p[i]) || p[i] == UInt8(ascii: ";")) {

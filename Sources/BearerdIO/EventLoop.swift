@@ -16,7 +16,7 @@ public func monotonicNanos() -> UInt64 {
 extension Duration {
     /// Whole nanoseconds, saturating at zero for negative durations and at `Int64.max` (292
     /// years) for huge ones, so `Int(d.nanoseconds)` and `monotonicNanos() + d.nanoseconds`
-    /// never trap nor wrap, whatever duration got in (DESIGN §2.7).
+    /// never trap nor wrap, whatever duration got in (docs/architecture.md §2.7).
     public var nanoseconds: UInt64 {
         let (s, a) = components
         if s < 0 || a < 0 { return 0 }  // `components` truncates: -0.5 s is (0, -5e17).
@@ -47,7 +47,7 @@ public protocol LoopFlushable: AnyObject {
 }
 
 /// One event loop: a serial `DispatchQueue` that every connection assigned to it lives on for its
-/// whole life (DESIGN §2.2). Owns a coarse tick timer (100 ms) that checks registered deadlines,
+/// whole life (docs/architecture.md §2.2). Owns a coarse tick timer (100 ms) that checks registered deadlines,
 /// the per-loop read buffer shared by all its sockets, and the list of channels to flush at the
 /// end of the current event (write coalescing). All its mutable state is touched only on `queue`.
 public final class EventLoop: @unchecked Sendable {  // @unchecked: state confined to `queue`
@@ -56,11 +56,11 @@ public final class EventLoop: @unchecked Sendable {  // @unchecked: state confin
         /// One `DispatchSourceRead` and one `DispatchSourceWrite` per socket (config `io: sources`).
         case socketSources = "sources"
         /// One edge-triggered epoll set per loop, watched by a single `DispatchSourceRead` on its
-        /// fd: one Dispatch event drains every ready socket of the loop (DESIGN §2.2; the default,
+        /// fd: one Dispatch event drains every ready socket of the loop (docs/architecture.md §2.2; the default,
         /// config `io: poller`; about twice the requests/s at 64 connections, see bench/RESULTS.md).
         case loopPoller = "poller"
 
-        /// The mode when neither the config nor the environment names one (DESIGN §2.2).
+        /// The mode when neither the config nor the environment names one (docs/architecture.md §2.2).
         public static let defaultMode = IOMode.loopPoller
 
         /// From `$BEARERD_IO` (`sources` or `poller`); `defaultMode` when unset or unknown.

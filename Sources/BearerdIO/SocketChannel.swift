@@ -26,7 +26,7 @@ extension ChannelDelegate {
     public func channelActive(_ channel: SocketChannel) {}
 }
 
-/// Why a channel failed, classified for the 502/504 bodies of DESIGN §5.
+/// Why a channel failed, classified for the 502/504 bodies of docs/architecture.md §5.
 public enum ChannelError: Error, CustomStringConvertible {
     case connect(IOError)
     case io(IOError)
@@ -269,7 +269,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
 
     /// Whether the socket holds unread bytes or the peer's EOF, without consuming anything. An
     /// idle pooled connection for which this holds must not carry a new request: those bytes
-    /// would be read as its response (DESIGN §5).
+    /// would be read as its response (docs/architecture.md §5).
     ///
     /// With Dispatch sources, and in poller mode for a socket quiet for a while
     /// (`recentlyActive` false), it asks the kernel (`MSG_PEEK`). In poller mode a socket that
@@ -453,7 +453,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
             return
         }
         let buf = loop.readBuffer
-        // Drain until EAGAIN (DESIGN §2.2), bounded so one busy peer cannot starve the loop.
+        // Drain until EAGAIN (docs/architecture.md §2.2), bounded so one busy peer cannot starve the loop.
         var rounds = 0
         while phase != .closed && pauseReasons.isEmpty {
             if rounds == 16 {
@@ -479,7 +479,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
                     close()
                 } else if case .flushingBeforeClose = phase {
                     // The owner is closing already: its last output still goes out, the EOF
-                    // ends only the input (RFC 9112 §9.6; DESIGN §5). It stays readable, so stop reading.
+                    // ends only the input (RFC 9112 §9.6; docs/architecture.md §5). It stays readable, so stop reading.
                     phase = .flushingAfterPeerEOF
                     pauseReasons.insert(.owner)
                     gates?.read.suspend()
@@ -851,7 +851,7 @@ public final class SocketChannel: LoopFlushable, LoopPollable, @unchecked Sendab
         pauseReasons = []
         if wasPaused { readsResumed() }
         // Bound the linger: at most 2 s more, on the loop's tick (a Dispatch timer per closing
-        // connection cost a manager-thread wake-up each, DESIGN §2.2).
+        // connection cost a manager-thread wake-up each, docs/architecture.md §2.2).
         lingerDeadline = loop.now &+ 2_000_000_000
         loop.register(self)
     }

@@ -1,4 +1,4 @@
-/// An access token kept in `state_dir` for `bearerd token` (DESIGN §3), so that a script
+/// An access token kept in `state_dir` for `bearerd token` (docs/architecture.md §3), so that a script
 /// calling it in a loop costs one token request per token lifetime, not one per call. For
 /// sessions without a refresh token (client_credentials, password, exec); refresh_token sessions
 /// keep theirs in `PersistedSessionState`.

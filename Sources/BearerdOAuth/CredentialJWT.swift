@@ -1,7 +1,7 @@
 /// A JWT read from a credential file (`assertion_file`, `subject_token_file`, `actor_token_file`,
 /// `client_assertion_file`), looked at without verification: bearerd only needs to know that the
 /// file holds a compact JWS (RFC 7515 §7.1) and whether its `exp` (RFC 7519 §4.1.4) has passed,
-/// so an expired projected token is reported instead of sent (DESIGN §6 "Files that hold
+/// so an expired projected token is reported instead of sent (docs/architecture.md §6 "Files that hold
 /// credentials"). Pure: the wall clock is an argument.
 public enum CredentialJWT {
     /// What a credential file holds.

@@ -46,7 +46,7 @@ public struct JSONParser: Sendable {
     public var maxDepth: Int
     public var maxBytes: Int
 
-    /// Defaults: depth 64, 1 MiB (the largest token response bearerd accepts, DESIGN §6).
+    /// Defaults: depth 64, 1 MiB (the largest token response bearerd accepts, docs/architecture.md §6).
     public init(maxDepth: Int = 64, maxBytes: Int = 1 << 20) {
         self.maxDepth = maxDepth
         self.maxBytes = maxBytes

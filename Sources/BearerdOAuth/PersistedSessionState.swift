@@ -1,4 +1,4 @@
-/// The state file of a refresh_token session (DESIGN §6 "Rotation durability"), as bytes.
+/// The state file of a refresh_token session (docs/architecture.md §6.7), as bytes.
 ///
 /// Owns the refresh token in use, optionally the access token obtained with it, and where the
 /// refresh token came from (`sourceFingerprint`: the fingerprint of the `refresh_token_file`

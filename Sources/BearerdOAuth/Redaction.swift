@@ -1,4 +1,4 @@
-/// What may be shown of credentials in logs (DESIGN §5): header values that carry credentials
+/// What may be shown of credentials in logs (docs/architecture.md §5): header values that carry credentials
 /// become a scheme and a fingerprint, credential query parameters are cut, and every log line
 /// passes `scrub` as a last line of defence, at every level and in both formats. Here (not in
 /// BearerdProxyCore) so the session shell scrubs without the proxy core; the header-section

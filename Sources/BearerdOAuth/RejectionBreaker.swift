@@ -1,4 +1,4 @@
-/// The rejection breaker of DESIGN §6: it guards against an upstream that rejects *every*
+/// The rejection breaker of docs/architecture.md §6: it guards against an upstream that rejects *every*
 /// token (wrong audience, clock skew, a misrouted request), never against revocation. Only
 /// refreshes forced by the rejection of a token that was never *proven* (never answered by an
 /// upstream with a status that is not a rejection) are admitted here; more than

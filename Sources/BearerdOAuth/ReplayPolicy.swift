@@ -1,4 +1,4 @@
-/// The "401 → refresh → replay once" decision of DESIGN §6, for one upstream response.
+/// The "401 → refresh → replay once" decision of docs/architecture.md §6, for one upstream response.
 ///
 /// Pure: everything it looks at is an argument. It decides only whether a response is a
 /// rejection of our token and whether the request can be sent again; *which* token the replay
@@ -48,7 +48,7 @@ public enum ReplayPolicy {
         /// This response already answers a replay.
         public var alreadyReplayed: Bool
         /// A trailers-only gRPC response with `grpc-status: 16` (UNAUTHENTICATED): a rejection
-        /// whatever its HTTP status (DESIGN §5).
+        /// whatever its HTTP status (docs/architecture.md §5).
         public var grpcUnauthenticated: Bool = false
 
         public init(status: Int, rejectStatuses: [Int] = [401], wwwAuthenticate: [String] = [],

@@ -98,7 +98,7 @@ extension BearerdOAuth {
     }
 
     /// What logs show instead of a token or secret: the first 8 hex digits of SHA-256 of
-    /// its UTF-8 bytes (shared/DESIGN.md §5).
+    /// its UTF-8 bytes (docs/architecture.md §5).
     public static func fingerprint(_ token: String) -> String {
         String(hex(SHA256.hash(token.utf8)).prefix(8))
     }

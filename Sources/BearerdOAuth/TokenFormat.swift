@@ -1,4 +1,4 @@
-/// What `bearerd token --format` prints (DESIGN §3): the token alone, a ready-made header line,
+/// What `bearerd token --format` prints (docs/architecture.md §3): the token alone, a ready-made header line,
 /// a JSON object, or a Kubernetes `client.authentication.k8s.io/v1` ExecCredential.
 public enum TokenOutputFormat: String, CaseIterable, Sendable {
     case token

@@ -14,7 +14,7 @@ public struct TokenGrant: Sendable, Equatable {
     public var accessToken: OAuthSecret
     /// As sent, e.g. `Bearer` or `bearer`.
     public var tokenType: String
-    /// `L` of DESIGN §6, counted from the moment the request was sent.
+    /// `L` of docs/architecture.md §6, counted from the moment the request was sent.
     public var lifetime: Duration
     public var lifetimeSource: LifetimeSource
     /// The server's `refresh_in` hint (seconds after issue at which to refresh), if any.
@@ -51,7 +51,7 @@ public struct TokenGrant: Sendable, Equatable {
     }
 }
 
-/// A failed token request, classified for the retry policy of DESIGN §6.
+/// A failed token request, classified for the retry policy of docs/architecture.md §6.
 ///
 /// Carries the server's RFC 6749 §5.2 fields for logs and for the 503 `detail`; never a
 /// token or secret.
@@ -116,7 +116,7 @@ public struct TokenEndpointFailure: Error, Sendable, Equatable, CustomStringConv
     public var description: String { "TokenEndpointFailure(\(classification.rawValue), \(detail))" }
 }
 
-/// Token endpoint response codec (RFC 6749 §5.1, §5.2) with the rules of DESIGN §6.
+/// Token endpoint response codec (RFC 6749 §5.1, §5.2) with the rules of docs/architecture.md §6.
 ///
 /// Pure: the wall clock (for a JWT `exp` and an HTTP-date `Retry-After`) is a parameter.
 extension TokenEndpointFailure {
@@ -131,7 +131,7 @@ extension TokenEndpointFailure {
 public struct TokenResponseParser: Sendable {
     /// Lifetime assumed without `expires_in` and without a JWT `exp` (`default_lifetime`, 300 s).
     public var defaultLifetime: Duration
-    /// Larger bodies are refused (DESIGN §6: 1 MiB).
+    /// Larger bodies are refused (docs/architecture.md §6: 1 MiB).
     public var maxBodyBytes: Int
     /// `Retry-After` is capped at this (1 h).
     public var retryAfterCap: Duration
@@ -155,14 +155,14 @@ public struct TokenResponseParser: Sendable {
     /// RFC 8693 §2.2.1 `token_type` of an issued token that is not an access token.
     public static let notApplicableTokenType = "N_A"
 
-    /// `error` codes that end retries and are negative-cached (DESIGN §6).
+    /// `error` codes that end retries and are negative-cached (docs/architecture.md §6).
     public static let permanentErrors: Set<String> = ["invalid_client", "unauthorized_client", "invalid_scope", "unsupported_grant_type"]
     /// `error` codes that are retried.
     public static let retryableErrors: Set<String> = ["temporarily_unavailable", "server_error"]
 
     /// Classifies one response. `wallClockNow` is Unix seconds.
     ///
-    /// DESIGN §6: only the RFC 6749 §5.2 errors that name the client's own credentials or grant
+    /// docs/architecture.md §6: only the RFC 6749 §5.2 errors that name the client's own credentials or grant
     /// end retries (`permanentErrors` → `.permanent`, `invalid_grant` → `.invalidGrant`). Any other
     /// failure, an unparseable or non-JSON body (any status) included, is `.retryable`: a token
     /// endpoint answering `200` with an HTML page is down, not refusing us, and must not lock the
@@ -231,7 +231,7 @@ public struct TokenResponseParser: Sendable {
         }
         let tokenType = object["token_type"]?.stringValue ?? "Bearer"
 
-        // DESIGN §6 "Lifetime": `expires_in` > 0, else the JWT `exp` if it lies ahead, else
+        // docs/architecture.md §6.1: `expires_in` > 0, else the JWT `exp` if it lies ahead, else
         // `default_lifetime`. An `exp` at or before `wallClockNow` (an expired token, or clocks
         // that disagree) is treated like a missing one: `default_lifetime`, not "expired", which
         // would refresh every second; an upstream 401 still refreshes at once. Every source is

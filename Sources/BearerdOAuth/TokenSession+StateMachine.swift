@@ -1,7 +1,7 @@
 // Theory of operation
 // ===================
 //
-// One `TokenSession.StateMachine` holds everything a token session decides (DESIGN §6):
+// One `TokenSession.StateMachine` holds everything a token session decides (docs/architecture.md §6):
 // the current access token and its generation, the one token request that may be in flight,
 // the callers waiting for it, the retry schedule and the rejection breaker. It performs no
 // I/O and reads no clock: every input carries `now` (a `MonotonicInstant`), every output is
@@ -25,7 +25,7 @@
 // * `sentAt` is the monotonic instant the request was handed to the transport: the token's
 //   expiry counts from it. Persist a rotated refresh token *before* `fetchSucceeded`.
 // * A fetch may be answered from the state file instead of the server (another process
-//   rotated first, DESIGN §6): `fetchSucceeded(stored.adoptableGrant(…), sentAt: now, now:)`.
+//   rotated first, docs/architecture.md §6): `fetchSucceeded(stored.adoptableGrant(…), sentAt: now, now:)`.
 //   On `invalid_grant`, re-read the state file once under the lock first; only if nothing
 //   newer is there, report `fetchFailed(invalid_grant)`.
 // * There is one session timer: `.scheduleRefresh` / `.scheduleRetry` replace it,
@@ -47,9 +47,9 @@
 // last attempt of a round, backoff 1, 2, 4 … s (≤ 30 s, ±20 %) before the next round.
 // Waiters without a usable token wait for the next attempt when it starts within the wait
 // bound (within a round or between rounds alike); only when it does not, or when their own
-// bound runs out, are they failed (with the delay as `retryAfter`: the 503 of DESIGN §5).
+// bound runs out, are they failed (with the delay as `retryAfter`: the 503 of docs/architecture.md §5).
 //
-// Rejections (DESIGN §6 "401 → refresh → replay once", "Breaker"): a token is *proven* once an
+// Rejections (docs/architecture.md §6.8, "Breaker"): a token is *proven* once an
 // upstream answered a request carrying it with a status that is not a rejection
 // (`upstreamAccepted`, reported by the driver once per generation). A rejected token is never
 // served again, not even while the refresh fails: its callers wait for the refresh or get a
@@ -59,7 +59,7 @@
 // is open such a rejection is resumed with `.passThrough` (relay the upstream's answer).
 
 extension TokenSession {
-    /// The token session's decisions (DESIGN §6). Owns the current token, the generation
+    /// The token session's decisions (docs/architecture.md §6). Owns the current token, the generation
     /// counter, the in-flight fetch and its waiters, the retry schedule and the breaker.
     ///
     /// Lives on the session's serial queue (a value type; the driver owns the only copy).
@@ -276,7 +276,7 @@ extension TokenSession {
 
             case .backingOff(var b):
                 if let t = token, t.servableAfterFailure(now) { return [.resumeWaiters([waiter], with: .token(t.published))] }
-                // DESIGN §6: wait for the next attempt when it starts within the wait bound.
+                // docs/architecture.md §6: wait for the next attempt when it starts within the wait bound.
                 if b.at - now <= policy.waitTimeout {
                     b.waiters.append(waiter)
                     phase = .backingOff(b)
@@ -353,7 +353,7 @@ extension TokenSession {
             var proven = false
             var requestedAt = sentAt
             if let old = token {
-                // DESIGN §6 "No progress": only the *same* access token is no
+                // docs/architecture.md §6.6: only the *same* access token is no
                 // progress. A different token is progress even when it expires sooner: servers
                 // shorten lifetimes, and holding those refreshes back starved clients with 503s.
                 let sameToken = old.accessToken == grant.accessToken
@@ -385,7 +385,7 @@ extension TokenSession {
         public mutating func fetchFailed(_ failure: TokenEndpointFailure, requestSent: Bool, now: MonotonicInstant) -> [Action] {
             guard case .fetching(var f) = phase else { return [] }
 
-            // The one immediate same-token retry (DESIGN §6 "Rotation durability").
+            // The one immediate same-token retry (docs/architecture.md §6.7).
             if policy.grant == .refreshToken, failure.isTransport, requestSent, !f.sameTokenRetryUsed {
                 f.sameTokenRetryUsed = true
                 phase = .fetching(f)
@@ -435,7 +435,7 @@ extension TokenSession {
                     // The old token is still good: serve it rather than keep anyone waiting.
                     if !f.waiters.isEmpty { actions.append(.resumeWaiters(f.waiters, with: .token(t.published))) }
                 } else if delay <= policy.waitTimeout {
-                    // DESIGN §6: the next attempt starts within the wait bound (in this round or
+                    // docs/architecture.md §6: the next attempt starts within the wait bound (in this round or
                     // the next): wait for it; each waiter's own timeout still bounds its wait.
                     b.waiters = f.waiters
                 } else if !f.waiters.isEmpty {
@@ -469,7 +469,7 @@ extension TokenSession {
         }
 
         /// An upstream answered a request that carried `generation` with a status that is not a
-        /// rejection (DESIGN §6 "Breaker"): that token is proven, and a rejection of it counted
+        /// rejection (docs/architecture.md §6.9): that token is proven, and a rejection of it counted
         /// by the breaker before this report arrived is forgiven. The driver reports only the
         /// first such answer per generation.
         public mutating func upstreamAccepted(generation: UInt64, now: MonotonicInstant) -> [Action] {
@@ -484,7 +484,7 @@ extension TokenSession {
         /// `.refreshThenReplay` or `.refreshOnlyPassThrough`). With a `waiter`, it is resumed
         /// with the token to replay with, `.passThrough` (relay the rejection: the breaker is
         /// open), or a failure (no newer token within the wait bound: the client gets the 503 of
-        /// DESIGN §5, never the upstream's rejection).
+        /// docs/architecture.md §5, never the upstream's rejection).
         ///
         /// Compare-and-swap: only the current generation is marked rejected; an older one gets
         /// the current token at once (or, if that one was rejected too, waits for its refresh;
@@ -530,7 +530,7 @@ extension TokenSession {
                 return actions + timeout
 
             case .backingOff(var b):
-                // Wait for the next attempt when it starts within the wait bound (DESIGN §6).
+                // Wait for the next attempt when it starts within the wait bound (docs/architecture.md §6).
                 guard b.at - now <= policy.waitTimeout else {
                     return actions + fail("token.unavailable", b.at - now, b.lastFailure)
                 }
@@ -589,7 +589,7 @@ extension TokenSession {
         }
 
         /// Starts the forced refresh now, or at `lastForcedRefreshAt + forcedRefreshInterval`
-        /// (DESIGN §6: at most one per second per session; later rejections wait for it).
+        /// (docs/architecture.md §6: at most one per second per session; later rejections wait for it).
         private mutating func forceRefresh(waiters: [WaiterID], now: MonotonicInstant) -> [Action] {
             if let last = lastForcedRefreshAt, now < last + policy.forcedRefreshInterval {
                 let at = last + policy.forcedRefreshInterval

@@ -1,5 +1,5 @@
 /// Namespace of the token session: its state machine, policy and the values it exchanges
-/// with the driver (DESIGN §6). The driver (BearerdProxy) runs one `StateMachine` per
+/// with the driver (docs/architecture.md §6). The driver (BearerdProxy) runs one `StateMachine` per
 /// session on the session's serial queue and carries out its actions.
 public enum TokenSession {}
 
@@ -106,7 +106,7 @@ extension TokenSession {
         public func isExpired(at now: MonotonicInstant) -> Bool { now >= expiresAt }
 
         /// Whether this token was requested at or after `instant` — for a replay, the moment the
-        /// session learned of the rejection (DESIGN §6 "401 → refresh → replay"). Whatever made
+        /// session learned of the rejection (docs/architecture.md §6.8). Whatever made
         /// the upstream reject (a revocation, a key rotation at the IdP) happened before that
         /// moment, so it cannot have killed such a token. A token requested earlier (the current
         /// one handed to a request that carried an older generation, or one from a fetch that was
@@ -118,7 +118,7 @@ extension TokenSession {
         }
     }
 
-    /// Why no token can be handed out: what the 503 of DESIGN §5 is built from.
+    /// Why no token can be handed out: what the 503 of docs/architecture.md §5 is built from.
     public struct TokenUnavailable: Error, Sendable, Equatable, CustomStringConvertible {
         /// Stable dotted reason: `token.unavailable` (fetch failed, the next attempt is not
         /// within the wait bound), `token.negative_cached`, `token.needs_reauthentication`,
@@ -152,11 +152,11 @@ extension TokenSession {
     /// How a waiter is resumed.
     public enum WaiterResult: Sendable, Equatable {
         case token(CurrentToken)
-        /// No token within the wait bound: the client gets the 503 of DESIGN §5 (for a held
+        /// No token within the wait bound: the client gets the 503 of docs/architecture.md §5 (for a held
         /// rejection too: never the upstream's rejection).
         case failure(TokenUnavailable)
         /// Only for a rejection: relay the upstream's answer, the rejection is not about our
-        /// token (the breaker is open, DESIGN §6 "Breaker").
+        /// token (the breaker is open, docs/architecture.md §6.9).
         case passThrough(TokenUnavailable)
     }
 
@@ -170,7 +170,7 @@ extension TokenSession {
             case soft
             /// Hard window or expired token: callers wait for this request.
             case hard
-            /// An upstream rejected the current generation (DESIGN §6 "401 → refresh → replay").
+            /// An upstream rejected the current generation (docs/architecture.md §6.8).
             case rejected
         }
 
@@ -180,7 +180,7 @@ extension TokenSession {
         /// 1-based retry round.
         public let round: Int
         /// The one immediate retry of a refresh_token request whose transport failed after it
-        /// was sent (same refresh token, DESIGN §6 "Rotation durability").
+        /// was sent (same refresh token, docs/architecture.md §6.7).
         public let isSameTokenRetry: Bool
         /// The shared request's own timeout (never a client's), 15 s by default.
         public let timeout: Duration
@@ -203,7 +203,7 @@ extension TokenSession {
         case password
     }
 
-    /// The numbers of DESIGN §6. Every field is a documented default; `refreshBefore`,
+    /// The numbers of docs/architecture.md §6. Every field is a documented default; `refreshBefore`,
     /// `defaultLifetime` (in `TokenResponseParser`) and the reject statuses are per-session config.
     public struct Policy: Sendable, Equatable {
         public var grant: GrantKind
@@ -246,7 +246,7 @@ extension TokenSession {
         public var reauthenticationRetryAfter: Duration = .seconds(60)
         /// `Retry-After` after a wait timeout while the fetch is still running. 1 s.
         public var waitTimeoutRetryAfter: Duration = .seconds(1)
-        /// Rejection breaker (DESIGN §6 "Breaker").
+        /// Rejection breaker (docs/architecture.md §6.9).
         public var breaker: RejectionBreaker.Configuration = .init()
         /// At most one forced (rejection-triggered) refresh per this interval; later
         /// rejections wait for the next one. 1 s.

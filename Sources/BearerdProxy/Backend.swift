@@ -69,7 +69,7 @@ public final class UpstreamTarget: @unchecked Sendable {  // @unchecked: immutab
         key = Key(scheme: url.scheme, host: url.host, port: url.port, tls: url.isTLS ? tls : nil, http2: http2, proxy: proxy)
         poolID = UpstreamTarget.intern(key)
         if url.isTLS {
-            // DESIGN §2.3: ALPN h2,http/1.1 where HTTP/2 is enabled.
+            // docs/architecture.md §2.3: ALPN h2,http/1.1 where HTTP/2 is enabled.
             let alpn: [String]
             switch http2 {
             case .auto: alpn = ["h2", "http/1.1"]
@@ -237,7 +237,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     }
 
     /// Hands the connection to an exchange. Every read pause of the previous exchange is lifted: a
-    /// connection parked while its client was slow must not stay deaf (DESIGN §2.2 backpressure).
+    /// connection parked while its client was slow must not stay deaf (docs/architecture.md §2.2 backpressure).
     func assign(to delegate: BackendConnectionDelegate) {
         self.delegate = delegate
         phase = .busy(responseSeen: false, reusable: false)
@@ -768,7 +768,7 @@ final class BackendPool {
             slot.machine.connectionClosed(id)
             return nil
         }
-        // Stray bytes or a close that the loop has not read yet: never reuse (DESIGN §5).
+        // Stray bytes or a close that the loop has not read yet: never reuse (docs/architecture.md §5).
         guard conn.isIdle, let ch = conn.channel, !ch.isClosed,
               !ch.hasUnreadInput(recentlyActive: loop.now &- idleSince < 1_000_000_000) else {
             drop(slot, id)
@@ -945,7 +945,7 @@ final class BackendPool {
             return
         }
         // Bytes after a complete response (a second response, a body on 204/304/HEAD) mean the
-        // connection's framing cannot be trusted: close it, never pool it (DESIGN §5).
+        // connection's framing cannot be trusted: close it, never pool it (docs/architecture.md §5).
         let reusable = conn.isReusable && !conn.hasBufferedInput && !(conn.channel?.isClosed ?? true)
         switch slot.machine.released(conn.poolID, reusable: reusable, now: loop.now) {
         case .park(let deadline):

@@ -17,7 +17,7 @@ import BearerdService
 /// → `awaitingHead(.idle)`; `exchanging` → a 101 relayed → `tunnelling` (bytes pass unparsed);
 /// any phase → `closing` (error answered, refusal, close, drain).
 ///
-/// A client's EOF (FIN) ends its input, not the answers it is owed (RFC 9112 §9.6, DESIGN §5): the
+/// A client's EOF (FIN) ends its input, not the answers it is owed (RFC 9112 §9.6, docs/architecture.md §5): the
 /// parser records it (`parser.receivedEOF`), reading stops, and whatever was received is still
 /// parsed and answered in order (pipelined requests, a request still running, a 400 for a
 /// malformed or unfinished one); the connection closes once the input is used up.
@@ -25,7 +25,7 @@ import BearerdService
 /// As the `ExchangeClient` of its exchanges it writes HTTP/1.1: it owns the framing of the
 /// response in progress (`responseFraming`: Content-Length, chunked or until close).
 ///
-/// Access control (DESIGN §4 `listen:`) comes from the listener's `policy`: a unix peer refused by
+/// Access control (docs/architecture.md §4 `listen:`) comes from the listener's `policy`: a unix peer refused by
 /// SO_PEERCRED gets 403 for its first request, a Host outside the loopback allowlist gets 421;
 /// either way nothing is forwarded and the connection closes.
 final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnection {
@@ -189,7 +189,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
 
     /// While an exchange waits for the client's body, the upload must keep moving (`idle`); once the
     /// body is complete (or we stopped reading it ourselves) the client owes nothing, and the
-    /// upstream's response timeout governs (DESIGN §5).
+    /// upstream's response timeout governs (docs/architecture.md §5).
     private func armBodyDeadline() {
         guard let ex = exchange else { return }
         if !ex.requestComplete && ex.wantsBody {
@@ -232,7 +232,7 @@ final class FrontendConnection: ChannelDelegate, LoopTimeoutable, ClientConnecti
             return
         }
         parser.feedEOF()
-        // The input is over, the answers are not (RFC 9112 §9.6, DESIGN §5). Stop reading: EOF
+        // The input is over, the answers are not (RFC 9112 §9.6, docs/architecture.md §5). Stop reading: EOF
         // stays readable and would fire again and again.
         channel.pauseReading(.owner)
         switch phase {

@@ -27,7 +27,7 @@ public final class ListenerPolicy: Sendable {
     public let checksPeer: Bool
     /// A loopback TCP listener without `allowed_hosts: ["*"]`: every request's Host is checked.
     public let checksHost: Bool
-    /// The browser guard (DESIGN §5), with the listener's `allowed_origins`: every request is checked.
+    /// The browser guard (docs/architecture.md §5), with the listener's `allowed_origins`: every request is checked.
     public let browserGuard: BrowserGuard
     /// `https` for a listener with `tls:`, else `http` (X-Forwarded-Proto, the guard's own origin).
     public let scheme: String

@@ -107,7 +107,7 @@ protocol UpstreamStream: AnyObject {
 /// upstream stream of the current attempt. The client side (`ExchangeClient`: an HTTP/1.1
 /// connection or an HTTP/2 stream) and the upstream side (`UpstreamStream`: HTTP/1.1 or HTTP/2)
 /// each frame bytes in their own protocol. The route, its session, target and metrics slot are
-/// captured at start, so a reload never changes a running exchange (DESIGN §2.6). Besides bytes,
+/// captured at start, so a reload never changes a running exchange (docs/architecture.md §2.6). Besides bytes,
 /// the only state here is socket backpressure (`bodyHold`) and the access log's timings.
 final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// Strong: an HTTP/2 stream lives as long as its exchange; a connection outlives it anyway.
@@ -405,7 +405,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         }
     }
 
-    /// DESIGN §5: 503 JSON with Retry-After (gRPC clients: UNAVAILABLE); the upstream is not called.
+    /// docs/architecture.md §5: 503 JSON with Retry-After (gRPC clients: UNAVAILABLE); the upstream is not called.
     private func respondTokenUnavailable(_ reason: TokenUnavailable?, _ answer: ProxyExchange.ErrorAnswer) {
         let u = reason ?? TokenUnavailable(session: session?.name ?? "", retryAfterSeconds: 1, detail: "no token")
         status = answer.status
@@ -436,7 +436,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             guard let self else { return }
             let verdict: ProxyExchange.RejectionVerdict
             switch outcome {
-            // DESIGN §6: a token requested before the session learned of this rejection may
+            // docs/architecture.md §6: a token requested before the session learned of this rejection may
             // have been killed by the same revocation; a rejection of it is replayed once more.
             case .replay(_, let refreshed): verdict = refreshed ? .replay : .provisionalReplay
             case .passThrough: verdict = .passThrough
@@ -468,7 +468,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             runtime.logger.debug("not replaying rejected request", metadata: [
                 "session": "\(session?.name ?? "")", "route": "\(route.match)", "reason": "\(reason)"])
         case .unavailable(let unavailable):
-            // DESIGN §6: no newer token within the wait bound is a 503, never the upstream's 401.
+            // docs/architecture.md §6: no newer token within the wait bound is a 503, never the upstream's 401.
             ctx.metrics.countReplay(slot: metricsSlot, .refreshFailed)
             runtime.logger.debug("not replaying rejected request", metadata: [
                 "session": "\(session?.name ?? "")", "route": "\(route.match)", "reason": "\(unavailable.detail)"])
@@ -510,7 +510,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
 
     private func sendRequest(_ send: ProxyExchange.SendRequest) {
         guard let conn = backend else { return }
-        // Set, never add: the client's own copy never reaches the upstream (DESIGN §5, `inject:`).
+        // Set, never add: the client's own copy never reaches the upstream (docs/architecture.md §5, `inject:`).
         let inject = routeRef.config.inject
         if let dpop = session?.dpop {
             sendDPoPRequest(send, conn: conn, dpop: dpop)
@@ -672,7 +672,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             // Trailers-only (gRPC over HTTP/2: the head carries the status and ends the stream).
             grpcUnauthenticated = endStream && g == "16"
         }
-        // DESIGN §6 "Breaker": a status that is not a rejection proves the token it carried.
+        // docs/architecture.md §6.9: a status that is not a rejection proves the token it carried.
         if let session, let token, !grpcUnauthenticated, !routeRef.rejectSet.contains(upstream.status) {
             session.noteAccepted(generation: token.generation)
         }
@@ -828,7 +828,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         if client.isOverHighWater { backend?.pauseReading() }
     }
 
-    /// The answer the machine chose for `failure` (DESIGN §5), with the failure's words.
+    /// The answer the machine chose for `failure` (docs/architecture.md §5), with the failure's words.
     private func respondUpstreamError(_ failure: ProxyExchange.UpstreamFailure, _ answer: ProxyExchange.ErrorAnswer) {
         let code = answer.kind.label
         let upstreamStatus = status
@@ -849,7 +849,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         runtime.logger.warning("upstream failed", metadata: ["route": "\(route.match)", "upstream": "\(target.url.authority)",
                                                              "error": "\(code)", "detail": "\(detail)"])
         if let grpc = answer.grpc {
-            // gRPC clients read the status from trailers, not from a JSON body (DESIGN §5).
+            // gRPC clients read the status from trailers, not from a JSON body (docs/architecture.md §5).
             respondGRPC(grpc, message: "\(code): \(detail)", keepAlive: keepAlive)
             return
         }

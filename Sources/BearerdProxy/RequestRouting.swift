@@ -20,7 +20,7 @@ enum RoutingDecision {
     case refuse(Refusal)
 }
 
-/// Admission (DESIGN §4 `listen:` access control and §5 browser guard: Host allowlist of loopback listeners, browser guard) and routing of one
+/// Admission (docs/architecture.md §4 `listen:` access control and §5 browser guard: Host allowlist of loopback listeners, browser guard) and routing of one
 /// request, shared by the HTTP/1.1 connection and HTTP/2 streams. One per client connection,
 /// on its loop. Immutable (what it remembers between requests is the loop's, `LoopContext.checkHost`),
 /// and held in a `let` of the connection, so a request's calls borrow it: no copy, and no object
@@ -60,11 +60,11 @@ struct RequestGate {
         return nil
     }
 
-    /// Upgrade rules, target checks and the route (DESIGN §5). `framing`: the request body's.
+    /// Upgrade rules, target checks and the route (docs/architecture.md §5). `framing`: the request body's.
     func route(_ head: HTTPRequestHead, framing: HTTP1BodyFraming, ctx: LoopContext) -> RoutingDecision {
         let upgrade = ProxyHeaders.upgradeRequest(head)
         if case .unsupported(let why) = upgrade {
-            // Never a silent downgrade (DESIGN §5).
+            // Never a silent downgrade (docs/architecture.md §5).
             return .refuse(Refusal(status: 400, error: "proxy.unsupported_upgrade", detail: why, closes: true))
         }
         guard let parts = RequestTarget.split(head.target) else {

@@ -158,7 +158,7 @@ final class LoopContext {
     /// The text of the client address this loop's last connection came from (`clientHost`).
     @exclusivity(unchecked) private var peerHosts = SocketAddress.HostMemo()
 
-    /// One listener's Host allowlist under `runtime` (DESIGN §4 `listen:`), built once per
+    /// One listener's Host allowlist under `runtime` (docs/architecture.md §4 `listen:`), built once per
     /// loop, not per connection. The policy is held, so its identity is never another's.
     private struct HostCheck {
         let policy: ListenerPolicy
@@ -259,7 +259,7 @@ final class LoopContext {
 
     /// This loop's copy of each route's published token (`runtime.routeSessions[i]`), with the
     /// publication version it was read at: the request path reads it with one atomic load and no
-    /// mutex; the session's lock is taken only when the version moved (DESIGN §2.5).
+    /// mutex; the session's lock is taken only when the version moved (docs/architecture.md §2.5).
     private struct CachedToken {
         var version: UInt64 = .max
         var token: PublishedToken?

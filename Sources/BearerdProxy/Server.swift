@@ -17,7 +17,7 @@ import BearerdService
 public final class BearerdServer: @unchecked Sendable {  // @unchecked: mutable state below is only touched from the controlling thread
     public private(set) var runtime: ProxyRuntime
     public let group: EventLoopGroup
-    /// The token sessions (DESIGN §6), each on its own serial queue.
+    /// The token sessions (docs/architecture.md §6), each on its own serial queue.
     public let sessions: SessionManager
     /// Starting, serving or shutting down (for `/readyz`).
     public let lifecycle = ServerLifecycle()

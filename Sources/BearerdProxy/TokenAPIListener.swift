@@ -5,7 +5,7 @@ import BearerdService
 import BearerdSessions
 import Logging
 
-/// The token API's listener (DESIGN §4 `token_api:`): binds `listen`, and gives every accepted
+/// The token API's listener (docs/architecture.md §4 `token_api:`): binds `listen`, and gives every accepted
 /// connection a `TokenAPIResponder` that knows its caller (the unix peer's SO_PEERCRED, read at
 /// accept, or the TCP peer's address). A unix peer whose uid `allowed_uids` does not list is
 /// refused at accept: a 403 is written and the connection closed before a byte of its request

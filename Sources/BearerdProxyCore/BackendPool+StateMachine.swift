@@ -1,4 +1,4 @@
-/// The upstream connection pool's decisions, without sockets (DESIGN §2: the shell only executes).
+/// The upstream connection pool's decisions, without sockets (docs/architecture.md §2: the shell only executes).
 /// The shell (`BackendPool` in BearerdProxy) keeps one `StateMachine` per upstream key and maps
 /// its `ConnectionID`s to connection objects and its `RequestID`s to waiting requests.
 public enum BackendPool {}

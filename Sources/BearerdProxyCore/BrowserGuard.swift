@@ -1,6 +1,6 @@
 import BearerdHTTP
 
-/// The browser guard of one proxy listener (DESIGN §5): refuses requests that a web page makes
+/// The browser guard of one proxy listener (docs/architecture.md §5): refuses requests that a web page makes
 /// on its own, so that a page the developer happens to visit cannot make the local bearerd
 /// spend its tokens (a cross-site `fetch(…, {method: "POST", mode: "no-cors"})` needs no CORS
 /// approval to be *sent*, and bearerd would inject the token into it).

@@ -1,7 +1,7 @@
 import BearerdHTTP
 import BearerdOAuth
 
-/// The JSON error bodies bearerd itself answers with (DESIGN §5), built in one place.
+/// The JSON error bodies bearerd itself answers with (docs/architecture.md §5), built in one place.
 public enum ErrorResponse {
     /// `{"error":"<code>","route":"...","detail":"..."}` with the status and extra headers, as
     /// HTTP/1.1 bytes.
@@ -38,7 +38,7 @@ public enum ErrorResponse {
 
     /// A trailers-only gRPC error (gRPC over HTTP/2 spec: `:status 200`, `content-type:
     /// application/grpc`, `grpc-status`, `grpc-message` percent-encoded), for gRPC clients where
-    /// others get the JSON answer (DESIGN §5).
+    /// others get the JSON answer (docs/architecture.md §5).
     public static func grpcTrailersOnly(_ code: GRPCCode, message: String) -> HTTPResponseHead {
         var headers = HTTPHeaders()
         headers.add("content-type", "application/grpc")

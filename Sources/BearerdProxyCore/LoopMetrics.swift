@@ -116,7 +116,7 @@ public struct RouteMetrics: Sendable {
     }
 }
 
-/// Why a routed request got an error from bearerd instead of an upstream response (DESIGN §5).
+/// Why a routed request got an error from bearerd instead of an upstream response (docs/architecture.md §5).
 /// The raw value indexes `RouteMetrics.upstreamErrors`; `label` is the JSON body's `error`.
 public enum UpstreamErrorKind: Int, CaseIterable, Sendable {
     case tokenUnavailable, upstreamUnreachable, upstreamTimeout, upstreamTLS, upstreamInvalidResponse
@@ -136,7 +136,7 @@ public enum UpstreamErrorKind: Int, CaseIterable, Sendable {
 }
 
 /// What became of an upstream response whose status is in the route's `reject_statuses`
-/// (DESIGN §6 "401 → refresh → replay once"). The raw value indexes `RouteMetrics.replays`.
+/// (docs/architecture.md §6.8). The raw value indexes `RouteMetrics.replays`.
 public enum ReplayOutcome: Int, CaseIterable, Sendable {
     /// Replayed with a token the session requested before it learned of the rejection (the
     /// request carried an older generation and got the current token at once, or the rejection

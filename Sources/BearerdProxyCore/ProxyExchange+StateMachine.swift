@@ -1,6 +1,6 @@
 import BearerdOAuth
 
-/// Namespace of one proxied request's pipeline (DESIGN §2.6). The driver is
+/// Namespace of one proxied request's pipeline (docs/architecture.md §2.6). The driver is
 /// `BearerdProxy.ProxyExchangeDriver`; everything it decides lives here, free of I/O.
 public enum ProxyExchange {}
 
@@ -30,7 +30,7 @@ extension ProxyExchange {
     /// - `.awaitingReplayToken` → `rejectionOutcome(.replay / .provisionalReplay)` → `.connecting(replay)`
     ///   (a rejection of a provisional replay is held and reported like the first one);
     ///   `.passThrough` → `.finished` (the held rejection goes to the client);
-    ///   `.tokenUnavailable` → `.finished` (503, DESIGN §6: never the upstream's rejection).
+    ///   `.tokenUnavailable` → `.finished` (503, docs/architecture.md §6: never the upstream's rejection).
     /// - `.forwarding(_, .sent, .awaitingHead)` of an upgrade request → `upstreamSwitchedProtocols`
     ///   (a 101) → `.tunnelling` → `tunnelEnded` / `clientClosed` / `upstreamFailed` → `.finished`.
     ///   A final head instead is the upstream declining: relayed like any response to an HTTP/1.1
@@ -120,7 +120,7 @@ extension ProxyExchange {
         /// decided with `close` (RFC 9112 §9.3: not after an unread body or a close-delimited one).
         private func keepAlive(closing close: Bool) -> Bool { setup.clientKeepAlive && !close }
 
-        /// The client's answer for an upstream failure (DESIGN §5).
+        /// The client's answer for an upstream failure (docs/architecture.md §5).
         private func upstreamErrorAnswer(_ failure: UpstreamFailure, closing close: Bool) -> Action {
             .respondUpstreamError(failure, ErrorAnswer(upstream: failure, grpc: setup.grpc, keepAlive: keepAlive(closing: close)))
         }
@@ -151,7 +151,7 @@ extension ProxyExchange {
             return connect(Attempt(kind: .original, freshConnection: false))
         }
 
-        /// No token can be had (DESIGN §5: 503, the upstream is not called).
+        /// No token can be had (docs/architecture.md §5: 503, the upstream is not called).
         public mutating func tokenUnavailable() -> Action {
             guard case .awaitingToken = state else { return .none }
             state = .finished
@@ -772,7 +772,7 @@ extension ProxyExchange {
         }
     }
 
-    /// bearerd's own answer in place of an upstream response (DESIGN §5): 502/503/504 with a
+    /// bearerd's own answer in place of an upstream response (docs/architecture.md §5): 502/503/504 with a
     /// JSON body, or for a gRPC client a trailers-only response with `grpc-status` `grpc`.
     /// Three bytes, so every `Action` still fits in a register.
     public struct ErrorAnswer: Sendable, Equatable {
@@ -812,7 +812,7 @@ extension ProxyExchange {
             self.init(kind: kind, grpc: grpc ? (kind == .upstreamTimeout ? .deadlineExceeded : .unavailable) : nil, keepAlive: keepAlive)
         }
 
-        /// No token (DESIGN §5 and §6): 503 with Retry-After (gRPC UNAVAILABLE); the upstream is not called.
+        /// No token (docs/architecture.md §5 and §6): 503 with Retry-After (gRPC UNAVAILABLE); the upstream is not called.
         public init(tokenUnavailableFor grpc: Bool, keepAlive: Bool) {
             self.init(kind: .tokenUnavailable, grpc: grpc ? .unavailable : nil, keepAlive: keepAlive)
         }
@@ -833,7 +833,7 @@ extension ProxyExchange {
     /// rejection (breaker open), or answer 503 (no newer token within the wait bound).
     public enum RejectionVerdict: Sendable, Equatable {
         /// Replay with a token requested after the session learned of the rejection: a
-        /// rejection of this replay goes to the client (DESIGN §6 "A replayed request that is
+        /// rejection of this replay goes to the client (docs/architecture.md §6 "A replayed request that is
         /// rejected again goes to the client").
         case replay
         /// Replay with a token the session requested *before* it learned of the rejection (its

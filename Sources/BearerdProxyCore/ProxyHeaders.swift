@@ -1,6 +1,6 @@
 import BearerdHTTP
 
-/// Header rewriting for both directions (DESIGN §5). Pure functions.
+/// Header rewriting for both directions (docs/architecture.md §5). Pure functions.
 public enum ProxyHeaders {
     public static let viaToken = "1.1 bearerd"
 
@@ -146,7 +146,7 @@ public enum ProxyHeaders {
         return clientFraming
     }
 
-    /// What a request's `Upgrade` asks for (RFC 9110 §7.8; DESIGN §5).
+    /// What a request's `Upgrade` asks for (RFC 9110 §7.8; docs/architecture.md §5).
     public enum UpgradeRequest: Equatable, Sendable {
         /// No upgrade request: no `Upgrade` field, or one that does not make an upgrade request
         /// (not named in `Connection`, or on HTTP/1.0). The field is dropped as hop-by-hop.
@@ -165,7 +165,7 @@ public enum ProxyHeaders {
         // RFC 9110 §7.8: a sender of Upgrade must also send the "upgrade" connection option, and
         // a server must ignore Upgrade in an HTTP/1.0 request. Either way this is no upgrade
         // request: `Upgrade` is removed like any hop-by-hop field and the request is forwarded
-        // (DESIGN §5), whatever protocol it names.
+        // (docs/architecture.md §5), whatever protocol it names.
         guard head.version == .http1_1, HTTPHeaderRules.connectionOptions(head.headers).upgrade else { return .none }
         let protocols = HTTPHeaderRules.listValues(head.headers, "Upgrade")
         if protocols.isEmpty { return .unsupported("an empty Upgrade field") }

@@ -1,5 +1,5 @@
 // RESP2, the Redis serialization protocol (https://redis.io/docs/latest/develop/reference/protocol-spec/),
-// as far as the shared token cache (DESIGN §6 "Shared cache") needs it: commands are arrays of
+// as far as the shared token cache (docs/architecture.md §6.13) needs it: commands are arrays of
 // bulk strings; replies are parsed incrementally from bytes with hard bounds. Pure: imports
 // nothing (fuzzed by Tests/Fuzz/RESPFuzz.swift).
 

@@ -26,7 +26,7 @@ public final class RouteRule: Sendable {
     }
 }
 
-/// The route table: first match wins on path prefix and optional Host (DESIGN §4 `routes`).
+/// The route table: first match wins on path prefix and optional Host (docs/architecture.md §4 `routes`).
 /// Immutable; built once per configuration and shared by all loops.
 public struct Router: Sendable {
     public let routes: [RouteRule]

@@ -134,14 +134,14 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
             missing.append(entry)
         }
         // A session serving tokens whose refresh token is only in memory: a restart would lose
-        // it (DESIGN §6 "Rotation durability"). Not ready, so an operator sees it before restarting.
+        // it (docs/architecture.md §6.7). Not ready, so an operator sees it before restarting.
         for s in sessions where s.holdsValidToken(now: now) {
             guard let why = s.persistFailure else { continue }
             missing.append("{\"session\":" + ErrorResponse.jsonString(s.name) + ",\"state\":\"state_not_persisted\",\"detail\":"
                            + ErrorResponse.jsonString("the rotated refresh token is only in memory: " + why + " (retrying)") + "}")
         }
-        // Degraded, still ready: sink files that cannot be written (DESIGN §4 `sinks:`, see
-        // `TokenSinkReadiness`) and a shared cache in trouble (DESIGN §6 "Shared cache": Redis is
+        // Degraded, still ready: sink files that cannot be written (docs/architecture.md §4 `sinks:`, see
+        // `TokenSinkReadiness`) and a shared cache in trouble (docs/architecture.md §6.13: Redis is
         // never required, so its trouble is shown, not failed on).
         var degraded = TokenSinkReadiness.degraded(sessions)
         if sessions.contains(where: \.sharedCacheDegraded) { degraded.insert("\"shared_cache_degraded\"", at: 0) }

@@ -125,7 +125,7 @@ public final class LogSink: @unchecked Sendable {  // @unchecked: `buffer` and `
     }
 }
 
-/// One access-log line (DESIGN: method, path without query, route, status, upstream time,
+/// One access-log line (docs/architecture.md §5: method, path without query, route, status, upstream time,
 /// bytes), logged as the single metadata value `access` so the handler can write it without
 /// building a dictionary of strings. Other handlers print its `description` (logfmt).
 public struct AccessRecord: CustomStringConvertible, Sendable {
@@ -239,7 +239,7 @@ public struct AccessRecord: CustomStringConvertible, Sendable {
 }
 
 /// swift-log handler writing one line per message, `text` (logfmt-like) or `json`.
-/// Never give it a secret: callers log fingerprints (DESIGN §5).
+/// Never give it a secret: callers log fingerprints (docs/architecture.md §5).
 public struct BearerdLogHandler: LogHandler {
     /// The level: the shared settings' (changed on SIGHUP) unless set on this handler.
     public var logLevel: Logger.Level {

@@ -100,7 +100,7 @@ public final class RefusalLog: @unchecked Sendable {  // @unchecked: `limit` gua
     }
 }
 
-/// `GET /v1/token/NAME` for local programs (DESIGN §4 `token_api:`): the JSON form of
+/// `GET /v1/token/NAME` for local programs (docs/architecture.md §4 `token_api:`): the JSON form of
 /// `bearerd token --format json` (`access_token`, `token_type`, `expires_at` RFC 3339,
 /// `session`), with the token obtained exactly as the proxy obtains it (the published token, else
 /// coalesced through the session driver).
@@ -113,7 +113,7 @@ public final class RefusalLog: @unchecked Sendable {  // @unchecked: `limit` gua
 /// or `Sec-Fetch-*` field (a browser is asking: the SSRF and DNS-rebinding guard) → 403; on TCP
 /// a missing `Bearerd-Token-Request: 1` → 403; a method other than GET/HEAD → 405; a path
 /// other than `/v1/token/NAME` or a NAME not in `sessions` → 404; no token to be had → 503 with
-/// Retry-After (DESIGN §5). Every hand-out is counted per session and logged with the caller
+/// Retry-After (docs/architecture.md §5). Every hand-out is counted per session and logged with the caller
 /// and the token's fingerprint, never the token.
 public final class TokenAPIResponder: LocalResponder, @unchecked Sendable {  // @unchecked: immutable after init
     public static let requestHeader = "Bearerd-Token-Request"

@@ -1,7 +1,7 @@
 import BearerdProxyCore
 import BearerdSessions
 
-/// How sink files and the token API show on the admin endpoints (DESIGN §4 `sinks:`,
+/// How sink files and the token API show on the admin endpoints (docs/architecture.md §4 `sinks:`,
 /// `token_api:`). Stateless.
 ///
 /// A sink that cannot be written makes `/readyz` report it under `degraded` but does not fail

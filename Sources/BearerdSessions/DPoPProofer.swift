@@ -6,7 +6,7 @@ import Synchronization
 import Glibc
 #endif
 
-/// The clock skew a session observed from its token endpoint's `Date` header (DESIGN §6 "Clock
+/// The clock skew a session observed from its token endpoint's `Date` header (docs/architecture.md §6 "Clock
 /// skew"): `local - server` in seconds, kept only when it exceeds 5 s, so the assertions and
 /// proofs bearerd signs take their `iat` from the server's idea of now.
 ///
@@ -78,7 +78,7 @@ enum HTTPDate {
     }
 }
 
-/// One DPoP session's key and the state its proofs need (RFC 9449; DESIGN §6 "DPoP"): the
+/// One DPoP session's key and the state its proofs need (RFC 9449; docs/architecture.md §6.11): the
 /// signer, its public JWK and thumbprint (`jkt`), the server nonces last seen per token endpoint
 /// and per upstream origin, the session's clock skew, and the nonce-retry counters.
 ///

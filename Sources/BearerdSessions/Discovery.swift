@@ -26,7 +26,7 @@ public enum Discovery {
                 errors.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).issuer", message: failure.message))
             case .success(let meta):
                 do throws(ConfigURLError) {
-                    // DESIGN §5: each endpoint exactly as published (path, trailing slash, query).
+                    // docs/architecture.md §5: each endpoint exactly as published (path, trailing slash, query).
                     out.sessions[i].tokenURL = try EndpointURL.parse(meta.tokenEndpoint).get()
                     out.sessions[i].authorizationEndpoint = try meta.authorizationEndpoint.map { u throws(ConfigURLError) in try EndpointURL.parse(u).get() }
                     out.sessions[i].deviceAuthorizationEndpoint = try meta.deviceAuthorizationEndpoint.map { u throws(ConfigURLError) in try EndpointURL.parse(u).get() }

@@ -3,7 +3,7 @@ import BearerdIO
 import BearerdTLS
 import BearerdConfig
 
-/// A tunnel through a forward proxy (`outbound_proxy:`, DESIGN §4) as the first phase of a
+/// A tunnel through a forward proxy (`outbound_proxy:`, docs/architecture.md §4) as the first phase of a
 /// connection, for the token endpoint client and for upstream connections: resolve the proxy,
 /// connect a non-blocking `SocketChannel` to it, send `CONNECT host:port` (RFC 9110 §9.3.6;
 /// the head from `ForwardProxyRequest`, with `Proxy-Authorization` when the proxy URL carried

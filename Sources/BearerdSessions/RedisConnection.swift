@@ -26,7 +26,7 @@ struct RedisOptions {
     var tlsContext: TLSContext?
     /// Bound on connecting (and the TLS handshake and AUTH/SELECT).
     var connectTimeout: Duration = .milliseconds(500)
-    /// Default bound on one command's answer (DESIGN §6 "Shared cache": reads answer fast or not at all).
+    /// Default bound on one command's answer (docs/architecture.md §6.13: reads answer fast or not at all).
     var commandTimeout: Duration = .milliseconds(50)
 }
 

@@ -3,7 +3,7 @@ import BearerdOAuth
 import Dispatch
 import Synchronization
 
-/// The clocks and the timers of a token session (DESIGN §6): the monotonic clock every
+/// The clocks and the timers of a token session (docs/architecture.md §6): the monotonic clock every
 /// deadline of the session is measured on, the wall clock of what is persisted or signed
 /// (state file expiry, `Date` skew, `exp` checks), and one-shot timers that run work on a loop
 /// once the monotonic clock reaches an instant.

@@ -6,7 +6,7 @@ import Logging
 import Synchronization
 import BearerdConfig
 
-/// One token session's driver (DESIGN §2.5, §6): carries out `TokenSession.StateMachine`'s
+/// One token session's driver (docs/architecture.md §2.5, §6): carries out `TokenSession.StateMachine`'s
 /// actions on the session's own serial queue (an `EventLoop`, which also runs the token
 /// request's socket), publishes the current token for the loops' fast path, and keeps the
 /// persisted state of refresh_token sessions.
@@ -37,7 +37,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     /// The token and the facts other threads read (any thread; written on `queue` only).
     private let publication = TokenPublication()
-    /// Sink files and token API hand-outs (DESIGN §4); writes run on its own queue.
+    /// Sink files and token API hand-outs (docs/architecture.md §4); writes run on its own queue.
     public let outlets: TokenOutlets
 
     // Session queue only.
@@ -56,7 +56,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private var fetchSerial: UInt64 = 0
     private var stopped = false
     private var lastConverted: PublishedToken?
-    /// Whether `own` is on disk (DESIGN §6 "Rotation durability"). While `.failing`, a retry is scheduled.
+    /// Whether `own` is on disk (docs/architecture.md §6.7). While `.failing`, a retry is scheduled.
     private enum Persistence {
         case persisted
         /// `attempt` failed writes in a row; `serial` identifies the scheduled retry.
@@ -80,7 +80,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// `SessionManager` before `start()`, read on the session queue.
     var sessionLookup: (@Sendable (String) -> TokenSessionDriver?)?
 
-    /// `shared_cache:` (DESIGN §6 "Shared cache"): set once by the `SessionManager` before
+    /// `shared_cache:` (docs/architecture.md §6.13): set once by the `SessionManager` before
     /// `start()`; used on the session queue (see the extension at the end of this file).
     var shared: SharedTokenSession?
     /// Session queue: where an adopted token handed to `finishFetch` comes from.
@@ -153,7 +153,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         run(machine.credentialsChanged(now: now(), reissue: true))
     }
 
-    /// The upstream rejected a request sent with `generation` on `route` (DESIGN §6 "401 →
+    /// The upstream rejected a request sent with `generation` on `route` (docs/architecture.md §6 "401 →
     /// refresh → replay"). An older generation gets `.replay(current, refreshed: false)` at once while the
     /// current token is in service; the current one is marked rejected (compare-and-swap in the
     /// state machine) and the one forced refresh is joined or started; `.passThrough` when the
@@ -185,7 +185,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     }
 
     /// An upstream answered a request carrying `generation` with a status that is not a
-    /// rejection: the token is proven (DESIGN §6 "Breaker"). Hot path: one relaxed atomic load
+    /// rejection: the token is proven (docs/architecture.md §6.9). Hot path: one relaxed atomic load
     /// per response; only the first acceptance of each generation hops to the session queue.
     @inline(__always)
     public func noteAccepted(generation: UInt64) {
@@ -429,7 +429,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             switch result {
             case .token(let t):
                 if !t.isUsableWithoutWaiting(at: now()) {
-                    // Past its hard point or rejected, still before expiry (DESIGN §6 "Hard margin").
+                    // Past its hard point or rejected, still before expiry (docs/architecture.md §6.3).
                     let reason: StaleTokenReason = afterWaiterTimeout ? .waitTimeout
                         : (machine.status == .ready ? .noProgress : .refreshFailed)
                     count { $0.staleServes[reason.rawValue] += 1 }
@@ -631,7 +631,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     enum Resend: Hashable {
         /// RFC 9449 §8: the token endpoint demanded its DPoP nonce.
         case dpopNonce
-        /// DESIGN §6 "Clock skew": the refusal's `Date` put a new skew into effect.
+        /// docs/architecture.md §6.12: the refusal's `Date` put a new skew into effect.
         case clockSkew
     }
 
@@ -641,7 +641,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// `dpop: true`: the request carries a fresh proof (RFC 9449 §5); a `400 use_dpop_nonce`
     /// with a `DPoP-Nonce` is retried once at once with the nonce and a new proof (§8), and
     /// any `DPoP-Nonce` is remembered for the next request. Every response's `Date` feeds the
-    /// session's clock skew (DESIGN §6); when a refusal (`invalid_client`, `invalid_dpop_proof`)
+    /// session's clock skew (docs/architecture.md §6); when a refusal (`invalid_client`, `invalid_dpop_proof`)
     /// of a request whose assertion or proof bearerd signed is the answer that put a new skew
     /// into effect, the request is signed again with the server's time and sent once more at
     /// once (the `iat` was wrong, not the credentials). Every resend signs a new client
@@ -653,7 +653,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         switch prepared {
         case .success(let r): tokenRequest = r
         case .failure(let f):
-            // A credential file that cannot be sent (DESIGN §6): reported, not sent.
+            // A credential file that cannot be sent (docs/architecture.md §6): reported, not sent.
             done(now(), .failure(f), false)
             return
         }
@@ -712,7 +712,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 }
                 done(sentAt, result, true)
             case .tooLarge(let status):
-                // A malformed answer (DESIGN §6): transient, never negative-cached.
+                // A malformed answer (docs/architecture.md §6): transient, never negative-cached.
                 done(sentAt, .failure(TokenEndpointFailure(classification: .retryable,
                                                            reason: "token.response_too_large", status: status)), true)
             case .transportFailure(let detail, let requestSent):
@@ -742,7 +742,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         }
     }
 
-    /// DESIGN §6 "Clock skew": the token endpoint's `Date` against the local clock; a skew over
+    /// docs/architecture.md §6.12: the token endpoint's `Date` against the local clock; a skew over
     /// 5 s is logged once at warning level and applied to the `iat` of what bearerd signs.
     private func observeClock(_ headers: [(name: String, value: String)], _ skew: ClockSkew) {
         let date = headers.first { $0.name.lowercased() == "date" }?.value
@@ -753,7 +753,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     }
 
     /// An `invalid_client` or `invalid_dpop_proof` whose description mentions time is reported
-    /// with the measured skew (DESIGN §6).
+    /// with the measured skew (docs/architecture.md §6).
     private func skewDetail(_ f: TokenEndpointFailure, _ skew: ClockSkew) -> String? {
         guard let code = f.oauthError, code == "invalid_client" || code == "invalid_dpop_proof" else { return nil }
         let text = (f.errorDescription ?? "").lowercased()
@@ -879,7 +879,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         }
     }
 
-    /// DESIGN §6 "Rotation durability": under the `flock`, re-read the state; adopt what
+    /// docs/architecture.md §6.7: under the `flock`, re-read the state; adopt what
     /// another process already rotated (without calling the server when its access token is
     /// still good); else refresh, persist the new refresh token, then hand the token out.
     ///
@@ -1013,7 +1013,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     /// Writes the state durably before the token is handed out (the caller holds the lock).
     ///
-    /// A failure (disk full, directory gone) does not stop the session (DESIGN §6 "Rotation durability"): the
+    /// A failure (disk full, directory gone) does not stop the session (docs/architecture.md §6.7): the
     /// server has already consumed the old refresh token, so failing closed gains nothing. The new
     /// tokens are served and kept in memory (`own`), the write is retried with backoff (1 s,
     /// 2 s, … 60 s), and it is loud: one error line per failure streak, a counter
@@ -1093,7 +1093,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     }
 }
 
-// MARK: - Shared cache (DESIGN §6 "Shared cache"; session queue)
+// MARK: - Shared cache (docs/architecture.md §6.13; session queue)
 
 extension TokenSessionDriver {
     /// Asks the shared cache first: a fresh record another replica published is adopted (no
@@ -1148,7 +1148,7 @@ extension TokenSessionDriver {
                           refreshToken: record.refreshToken)
     }
 
-    /// `invalid_grant` on a refresh with a shared cache (DESIGN §6 "Rotation durability"), the
+    /// `invalid_grant` on a refresh with a shared cache (docs/architecture.md §6.7), the
     /// state file holding nothing newer, the state file's lock held: re-read the shared record
     /// once. When it holds another refresh token (another replica rotated the one this replica
     /// presented), that lineage is persisted and adopted: its access token when it is fresh,

@@ -3,7 +3,7 @@ import BearerdOAuth
 import Logging
 import BearerdConfig
 
-/// All token sessions of a configuration (DESIGN §2.5, §6): one `TokenSessionDriver` per
+/// All token sessions of a configuration (docs/architecture.md §2.5, §6): one `TokenSessionDriver` per
 /// `sessions:` entry, each on its own serial queue.
 ///
 /// Owns the drivers by name and the configuration they were built from. `drivers` is guarded
@@ -20,7 +20,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
     /// The clocks and timers of every session (tests pass one they advance).
     private let clock: any SessionClock
     private var nextQueueIndex = 0
-    /// `shared_cache:` (DESIGN §6), built once at start-up (a change needs a restart).
+    /// `shared_cache:` (docs/architecture.md §6), built once at start-up (a change needs a restart).
     private var sharedCache: SharedTokenCache?
 
     /// Resolves every session's secrets, builds its TLS context and opens the state store of
@@ -29,7 +29,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         try self.init(config: config, logger: logger, environment: environment, tunePolicy: nil)
     }
 
-    /// `tunePolicy` adjusts the DESIGN §6 defaults (tests use shorter delays); `clock` is what
+    /// `tunePolicy` adjusts the docs/architecture.md §6 defaults (tests use shorter delays); `clock` is what
     /// the sessions read time from and arm their timers with (tests advance their own).
     init(config: BearerdConfig, logger: Logger, environment: [String: String],
          tunePolicy: (@Sendable (inout TokenSession.Policy) -> Void)?,
@@ -165,7 +165,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         if start { for d in added { d.start() } }
     }
 
-    /// For `bearerd check` (DESIGN §6): refresh_token sessions whose refresh token the server
+    /// For `bearerd check` (docs/architecture.md §6): refresh_token sessions whose refresh token the server
     /// refused (`invalid_grant`) while their `refresh_token_file` still holds the same content,
     /// or that have none at all, as `FILE:LINE: sessions.NAME.refresh_token_file: …` errors; and
     /// people's sessions whose stored sign-in the server refused. A person's session nobody has

@@ -30,9 +30,9 @@ public struct SessionMetrics: Sendable, Equatable {
     /// server refused the subject session's token: that session was refreshed and the
     /// exchange retried once).
     public var tokenExchanges: [String: UInt64] = [:]
-    /// Failed writes of the state file (DESIGN §6 "Rotation durability").
+    /// Failed writes of the state file (docs/architecture.md §6.7).
     public var statePersistFailures: UInt64 = 0
-    /// Shared cache (DESIGN §6): records adopted at once, fetches this replica made under the
+    /// Shared cache (docs/architecture.md §6): records adopted at once, fetches this replica made under the
     /// lock, fetches that waited for another replica's lock, and local fetches because Redis failed.
     public var sharedCacheHits: UInt64 = 0
     public var sharedCacheMisses: UInt64 = 0
@@ -130,7 +130,7 @@ public struct SessionSnapshot: Sendable {
     public var sharedCacheDegraded = false
     /// `dpop: true` sessions: DPoP nonce retries (RFC 9449 §8 at the token endpoint, §9 upstream).
     public var dpopNonceRetries: (tokenEndpoint: UInt64, upstream: UInt64)?
-    /// `sinks:` files and whether each holds the current token (DESIGN §4).
+    /// `sinks:` files and whether each holds the current token (docs/architecture.md §4).
     public var sinks: [SinkStatus] = []
     /// Tokens handed out by the token API.
     public var apiHandouts: UInt64 = 0

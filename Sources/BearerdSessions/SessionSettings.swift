@@ -11,7 +11,7 @@ struct SessionSettings {
     var config: SessionConfig
     var clientSecret: OAuthSecret?
     var password: OAuthSecret?
-    /// For `https` token URLs: verification as for upstreams (DESIGN §2.3), ALPN `http/1.1`.
+    /// For `https` token URLs: verification as for upstreams (docs/architecture.md §2.3), ALPN `http/1.1`.
     var tlsContext: TLSContext?
     /// refresh_token sessions: the current content of `refresh_token_file` (nil when the file
     /// cannot be read: the state file may still hold a rotated token).
@@ -46,7 +46,7 @@ struct SessionSettings {
     }
 
     /// `SessionConfig` → the state machine's policy: `refresh_before`, `wait_timeout`,
-    /// `request_timeout` (the shared request's own timeout); every other number is DESIGN §6's default.
+    /// `request_timeout` (the shared request's own timeout); every other number is docs/architecture.md §6's default.
     var policy: TokenSession.Policy {
         var p = TokenSession.Policy(grant: grantKind, refreshBefore: config.refreshBefore)
         p.waitTimeout = config.waitTimeout

@@ -2,7 +2,7 @@ import BearerdIO
 import BearerdConfig
 
 /// An access token as the loops see it: the value to inject, its generation (for the replay
-/// rule of DESIGN §6) and a fingerprint for logs. Never logged or printed whole. Immutable;
+/// rule of docs/architecture.md §6) and a fingerprint for logs. Never logged or printed whole. Immutable;
 /// a class, so the loops' caches and each request hold one reference, not two strings.
 public final class PublishedToken: Sendable, Equatable, CustomStringConvertible {
     public let value: String
@@ -26,7 +26,7 @@ public final class PublishedToken: Sendable, Equatable, CustomStringConvertible 
     }
 }
 
-/// No token can be had now (DESIGN §5): the client gets a 503 with `Retry-After`.
+/// No token can be had now (docs/architecture.md §5): the client gets a 503 with `Retry-After`.
 public struct TokenUnavailable: Error, Sendable, Equatable {
     public let session: String
     /// Seconds until the next attempt (Retry-After), at least 1.
@@ -49,12 +49,12 @@ public enum RejectionOutcome: Sendable, Equatable {
     /// False when the token was requested earlier: the session's current token handed to a request
     /// that carried an older generation, or the result of a fetch already in flight. One revocation
     /// can kill both tokens, so such a replay is provisional: if it is rejected too, that is the
-    /// first news about its token, and the request is replayed once more (DESIGN §6).
+    /// first news about its token, and the request is replayed once more (docs/architecture.md §6).
     case replay(PublishedToken, refreshed: Bool)
     /// Do not replay: the rejection goes to the client as it is (the breaker is open: the
     /// rejections are not about our token; or the session stopped).
     case passThrough(reason: String)
     /// Do not replay: no newer token could be had within the wait bound. The client gets the
-    /// 503 `token_unavailable` of DESIGN §5, never the upstream's rejection (DESIGN §6).
+    /// 503 `token_unavailable` of docs/architecture.md §5, never the upstream's rejection (docs/architecture.md §6).
     case unavailable(TokenUnavailable)
 }

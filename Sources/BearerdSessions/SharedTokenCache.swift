@@ -6,7 +6,7 @@ import BearerdConfig
 import Logging
 import Dispatch
 
-/// The shared token cache of a configuration (DESIGN §4 `shared_cache:`, §6 "Shared cache"):
+/// The shared token cache of a configuration (docs/architecture.md §4 `shared_cache:`, §6 "Shared cache"):
 /// replicas share one token per session through Redis (or Valkey). Never a dependency: every
 /// failure falls back to the session's own token requests.
 ///
@@ -142,7 +142,7 @@ struct SharedTokenRecord: Equatable {
     var expiresAt: Int64
     /// Its lifetime as issued, in seconds (for the adoption margin).
     var lifetimeSeconds: Int64
-    /// Increases with every record published; a rejection marks one (the fencing of DESIGN §6);
+    /// Increases with every record published; a rejection marks one (the fencing of docs/architecture.md §6);
     /// a session refuses records below the generation its lineage came from (`SharedRecordFence`).
     var generation: UInt64
     /// refresh_token sessions: the current refresh token of the shared lineage.
@@ -218,7 +218,7 @@ struct SharedTokenRecord: Equatable {
     }
 
     /// Worth adopting instead of asking the IdP: outside its hard margin `min(60 s, L/4)`
-    /// (DESIGN §6), so the adopter does not have to refresh at once.
+    /// (docs/architecture.md §6), so the adopter does not have to refresh at once.
     func isFresh(wallClockNow now: Int64) -> Bool {
         let lifetime = max(lifetimeSeconds, 1)
         let hard = min(60, lifetime / 4)
@@ -328,7 +328,7 @@ enum SharedLockVerdict: Equatable {
     }
 }
 
-/// One session's use of the shared cache, on the session's queue (DESIGN §6 "Shared cache").
+/// One session's use of the shared cache, on the session's queue (docs/architecture.md §6.13).
 ///
 /// Before a token request: read the record (adopt a fresh one: no IdP call); else take the
 /// lock (`SET NX PX` with a random value), read again, and fetch; or, when another replica
@@ -439,7 +439,7 @@ final class SharedTokenSession {
     /// Decides between adopting a published record and fetching locally; `done` runs once on `queue`.
     /// - Parameters:
     ///   - current: the session's current access token (a record holding it is not "new").
-    ///   - rejected: the fetch is for a rejection of the current token (DESIGN §6 CAS rule).
+    ///   - rejected: the fetch is for a rejection of the current token (docs/architecture.md §6 CAS rule).
     ///   - waitBound: how long to wait for another replica's fetch before fetching anyway.
     func beforeFetch(current: String?, rejected: Bool, waitBound: Duration, done: @escaping (Decision) -> Void) {
         serial &+= 1
@@ -694,7 +694,7 @@ final class SharedTokenSession {
         }
     }
 
-    /// After `invalid_grant` on a refresh (DESIGN §6 "Rotation durability"): the current record
+    /// After `invalid_grant` on a refresh (docs/architecture.md §6.7): the current record
     /// (nil when there is none, it does not open, or Redis does not answer) and whether its access
     /// token may be adopted (fresh, not rejected, not `current`). `done` runs once on `queue`.
     func reread(current: String?, done: @escaping (SharedTokenRecord?, Bool) -> Void) {

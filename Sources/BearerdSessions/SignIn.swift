@@ -53,7 +53,7 @@ public final class SignIn {
         pairs += [("state", state), ("code_challenge", pkce.challenge), ("code_challenge_method", PKCE.method)]
         if let nonce { pairs.append(("nonce", nonce.value)) }
         let query = pairs.map { FormURLEncoding.encode($0.0) + "=" + FormURLEncoding.encode($0.1) }.joined(separator: "&")
-        // DESIGN §5: the endpoint as published, a query of its own kept (ours follows with `&`).
+        // docs/architecture.md §5: the endpoint as published, a query of its own kept (ours follows with `&`).
         let separator = switch endpoint.query {
         case nil: "?"
         case ""?: ""

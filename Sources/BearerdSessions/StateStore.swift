@@ -30,7 +30,7 @@ public struct StateStoreError: Error, Sendable, Equatable, CustomStringConvertib
     }
 }
 
-/// The persisted state of one refresh_token session (DESIGN §6 "Rotation durability"):
+/// The persisted state of one refresh_token session (docs/architecture.md §6.7):
 /// `<state_dir>/<session>.json` (mode 0600) holding a `PersistedSessionState`, and
 /// `<state_dir>/<session>.lock`, the `flock` that serialises refresh-and-persist between every
 /// process sharing the directory (`bearerd run`, `bearerd token`), and, while the server calls
@@ -401,7 +401,7 @@ public func wallClockSeconds() -> Int64 {
     Int64(time(nil))
 }
 
-/// `bearerd token`'s reuse of a still-valid access token through `state_dir` (DESIGN §3, `bearerd token`):
+/// `bearerd token`'s reuse of a still-valid access token through `state_dir` (docs/architecture.md §3, `bearerd token`):
 /// for sessions without a refresh token, the token printed is cached in
 /// `<state_dir>/<session>.token.json` (0600) and handed out again while it lasts, under the
 /// session's `flock`, so concurrent calls make one token request between them. Refresh_token

@@ -9,11 +9,11 @@ import BearerdConfig
 enum TokenEndpointOutcome {
     /// A complete HTTP response (status, fields, body ≤ `TokenEndpointClient.maxBodyBytes`).
     case response(status: Int, headers: [(name: String, value: String)], body: [UInt8])
-    /// The response body was larger than `maxBodyBytes`: refused unread (DESIGN §6).
+    /// The response body was larger than `maxBodyBytes`: refused unread (docs/architecture.md §6).
     case tooLarge(status: Int)
     /// No (complete) response: connect, TLS, reset, malformed response or timeout.
     /// `requestSent`: the request was handed to the socket, so the server may have acted on it
-    /// (the same-token retry rule of DESIGN §6 "Rotation durability").
+    /// (the same-token retry rule of docs/architecture.md §6.7).
     case transportFailure(detail: String, requestSent: Bool)
 }
 
@@ -57,7 +57,7 @@ final class TokenEndpointClient: ChannelDelegate {
         self.url = url
         self.tlsContext = tlsContext
         self.proxy = proxy
-        // DESIGN §5: the endpoint's path and query byte for byte (a trailing slash kept).
+        // docs/architecture.md §5: the endpoint's path and query byte for byte (a trailing slash kept).
         let target = url.requestTarget
         var headers = HTTPHeaders()
         headers.add("Host", url.authority)

@@ -8,7 +8,7 @@ import Synchronization
 import Glibc
 #endif
 
-/// What a session's sink files are written from (DESIGN §4 `sinks:`): the files, and how the
+/// What a session's sink files are written from (docs/architecture.md §4 `sinks:`): the files, and how the
 /// `header` and `json` forms look for this session (`BearerdConfig.tokenHeader(for:)`, the
 /// same decision as `bearerd token --format header`). Computed from the whole configuration
 /// (routes decide the header), so a reload recomputes it.
@@ -74,7 +74,7 @@ struct SinkWriteError: Error, Sendable, CustomStringConvertible {
     }
 }
 
-/// A session's outlets for other programs (DESIGN §4): its sink files, rewritten atomically on
+/// A session's outlets for other programs (docs/architecture.md §4): its sink files, rewritten atomically on
 /// every new token (temp file in the same directory, fsync, rename, fsync of the directory), and
 /// the count of tokens the token API handed out.
 ///
@@ -238,7 +238,7 @@ public final class TokenOutlets: @unchecked Sendable {  // @unchecked: state con
     }
 
     /// Backoff before retry `attempt` (1-based), nanoseconds: 1 s, 2 s, 4 s … capped at 30 s,
-    /// ±20 % jitter (as the token endpoint's rounds, DESIGN §6).
+    /// ±20 % jitter (as the token endpoint's rounds, docs/architecture.md §6).
     static func retryDelay(attempt: Int, random: Double = Double.random(in: 0.8...1.2)) -> UInt64 {
         let exponent = min(max(attempt - 1, 0), 5)
         let base = min(UInt64(1) << UInt64(exponent), 30)

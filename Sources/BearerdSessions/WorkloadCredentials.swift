@@ -1,8 +1,8 @@
 import BearerdOAuth
 import BearerdConfig
 
-/// Keyless workload identity (DESIGN §4 `jwt_bearer`, `token_exchange`, `client_assertion`,
-/// `audience`, `resource`; DESIGN §6 "Files that hold credentials"): the token request of a
+/// Keyless workload identity (docs/architecture.md §4 `jwt_bearer`, `token_exchange`, `client_assertion`,
+/// `audience`, `resource`; docs/architecture.md §6.10): the token request of a
 /// session with its credential files read now, and the checks of an exchange's response.
 extension SessionSettings {
     /// Reads one credential file by path (never cached: Kubernetes swaps a `..data` symlink).

@@ -125,7 +125,7 @@ public final class JWTSigner: @unchecked Sendable {  // @unchecked: the key is o
 
 extension JWTSigner {
     /// A new P-256 private key (OpenSSL `EVP_PKEY` keygen), as PKCS#8 PEM: the DPoP key bearerd
-    /// generates once for a session without `dpop_key_file` (RFC 9449, DESIGN §6 "DPoP").
+    /// generates once for a session without `dpop_key_file` (RFC 9449, docs/architecture.md §6.11).
     /// The caller writes it 0600; it never appears in logs.
     public static func generateP256PrivateKeyPEM() throws(TLSError) -> [UInt8] {
         ERR_clear_error()

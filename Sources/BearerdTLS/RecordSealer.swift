@@ -1,6 +1,6 @@
 import COpenSSL
 
-/// AES-256-GCM sealing of the shared token cache's records (DESIGN §6 "Shared cache": Redis is
+/// AES-256-GCM sealing of the shared token cache's records (docs/architecture.md §6.13: Redis is
 /// not trusted with plaintext tokens). A sealed record is `nonce (12) ‖ ciphertext ‖ tag (16)`;
 /// the nonce is random per record (RAND_bytes), the additional authenticated data is the
 /// record's Redis key, so a record copied under another key does not open.

@@ -1,4 +1,4 @@
-// TLS through the system OpenSSL 3, over memory BIOs (DESIGN §2.3).
+// TLS through the system OpenSSL 3, over memory BIOs (docs/architecture.md §2.3).
 //
 // Theory of operation. A `TLSContext` wraps one configured, then immutable, `SSL_CTX`. A
 // `TLSEngine` wraps one `SSL` with two `BIO_s_mem()`: the shell writes the bytes it read from the

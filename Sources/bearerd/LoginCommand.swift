@@ -4,7 +4,7 @@ import Foundation
 import BearerdConfig
 import BearerdSessions
 
-/// `bearerd login -c FILE SESSION` (DESIGN §3): a person signs in once, and `run` and `token`
+/// `bearerd login -c FILE SESSION` (docs/architecture.md §3): a person signs in once, and `run` and `token`
 /// keep the session alive with the refresh token stored in `state_dir`.
 ///
 /// `grant: authorization_code`: PKCE S256 and `state` (RFC 7636, RFC 6749 §10.12), a loopback

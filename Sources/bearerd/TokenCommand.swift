@@ -9,7 +9,7 @@ import BearerdConfig
 import BearerdSessions
 import BearerdService
 
-/// `bearerd token -c FILE SESSION` (DESIGN §3): prints a current access token of one session
+/// `bearerd token -c FILE SESSION` (docs/architecture.md §3): prints a current access token of one session
 /// on stdout, and nothing else, for scripts (`curl -H "Authorization: Bearer $(bearerd token …)"`).
 ///
 /// Shares the state file and its lock with a running `bearerd run`: a refresh_token session
@@ -19,7 +19,7 @@ import BearerdService
 /// request per token lifetime. Errors go to stderr, exit status non-zero; log lines only with
 /// `-v` (or `--log-level`).
 ///
-/// `--format` (DESIGN §3): `token` (default: the token alone), `header` (the header line the
+/// `--format` (docs/architecture.md §3): `token` (default: the token alone), `header` (the header line the
 /// proxy would send: `Authorization: DPoP` for a DPoP session, else the `inject:` of the
 /// first route using the session, else `Authorization: Bearer`), `json`, or `exec-credential` (a Kubernetes
 /// `client.authentication.k8s.io/v1` ExecCredential). Expiries are the token's own, in wall-clock

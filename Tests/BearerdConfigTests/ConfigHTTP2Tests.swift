@@ -2,7 +2,7 @@ import Foundation
 import Testing
 @testable import BearerdConfig
 
-/// Route `http2:` and listener `tls:` (DESIGN §4).
+/// Route `http2:` and listener `tls:` (docs/architecture.md §4).
 @Suite("Config: http2 and listener tls")
 struct ConfigHTTP2Tests {
     @Test func http2DefaultsToAutoAndTakesEachValue() throws {
@@ -42,7 +42,7 @@ struct ConfigHTTP2Tests {
     }
 }
 
-/// Route `inject:` (DESIGN §4).
+/// Route `inject:` (docs/architecture.md §4).
 @Suite("Config: inject")
 struct ConfigInjectTests {
     let base = """
@@ -85,7 +85,7 @@ struct ConfigInjectTests {
     }
 }
 
-/// `grant: exec` (DESIGN §4).
+/// `grant: exec` (docs/architecture.md §4).
 @Suite("Config: grant exec")
 struct ConfigExecTests {
     @Test func commandAndTimeout() throws {
@@ -120,7 +120,7 @@ struct ConfigExecTests {
     }
 }
 
-/// `issuer:` and the person grants (DESIGN §4).
+/// `issuer:` and the person grants (docs/architecture.md §4).
 @Suite("Config: issuer and sign-in grants")
 struct ConfigIssuerTests {
     @Test func issuerInsteadOfTokenURL() throws {
@@ -151,7 +151,7 @@ struct ConfigIssuerTests {
     }
 }
 
-/// `client_auth: private_key_jwt` and `tls_client_auth` (DESIGN §4).
+/// `client_auth: private_key_jwt` and `tls_client_auth` (docs/architecture.md §4).
 @Suite("Config: client authentication without a shared secret")
 struct ConfigClientKeyTests {
     @Test func privateKeyJWTNeedsAKeyAndNoSecret() throws {
@@ -178,7 +178,7 @@ struct ConfigClientKeyTests {
     }
 }
 
-/// `outbound_proxy:` (DESIGN §4): parsing and curl's environment rules.
+/// `outbound_proxy:` (docs/architecture.md §4): parsing and curl's environment rules.
 @Suite("Config: outbound_proxy")
 struct OutboundProxyConfigTests {
     @Test func urlEnvAndNone() throws {

@@ -4,7 +4,7 @@ import Testing
 @testable import BearerdSessions
 
 /// `listen:` entries with access control, top-level `allow_remote`/`allowed_hosts`, `log:`,
-/// `shutdown_grace` and `startup_timeout` (DESIGN §4).
+/// `shutdown_grace` and `startup_timeout` (docs/architecture.md §4).
 @Suite("Config: listeners, access control, log")
 struct ConfigListenerTests {
     @Test func plainAddressesGetSafeDefaults() throws {

@@ -332,7 +332,7 @@ let minimalRoute = """
         #expect(durationError("99999999999999999999999ms") == ["bearerd.yaml:2: timeouts.idle: must be at most 24h, got \"99999999999999999999999ms\""])
     }
 
-    /// DESIGN §2.7: values `check` used to accept wrapped to negative nanoseconds at run time.
+    /// docs/architecture.md §2.7: values `check` used to accept wrapped to negative nanoseconds at run time.
     /// Every duration key refuses what is above its maximum, at the value's line.
     @Test(arguments: ["307445734m", "3000000h", "1441m", "86400001ms", "9223372036854775807h", "99999999999999999999999s"])
     func everyDurationKeyRefusesHugeValues(value: String) {

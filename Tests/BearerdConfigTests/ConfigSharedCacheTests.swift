@@ -1,4 +1,4 @@
-// `shared_cache:` (DESIGN §4): URLs, key files, errors located as FILE:LINE: key.
+// `shared_cache:` (docs/architecture.md §4): URLs, key files, errors located as FILE:LINE: key.
 
 import Foundation
 import Testing

@@ -4,7 +4,7 @@ import Testing
 @testable import BearerdOAuth
 @testable import BearerdSessions
 
-/// The workload identity keys of DESIGN §4 (`jwt_bearer`, `token_exchange`, `client_assertion`,
+/// The workload identity keys of docs/architecture.md §4 (`jwt_bearer`, `token_exchange`, `client_assertion`,
 /// `audience`, `resource`): parsing, defaults, and the `bearerd check` errors (FILE:LINE).
 @Suite struct ConfigWorkloadTests {
     static let jwt = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ4IiwiZXhwIjo0MTAyNDQ0ODAwfQ.c2ln"

@@ -3,7 +3,7 @@ import Testing
 import BearerdOAuth
 import BearerdSessions
 
-/// DESIGN §5: authorization server endpoints are used exactly as configured or published (path,
+/// docs/architecture.md §5: authorization server endpoints are used exactly as configured or published (path,
 /// trailing slash and query byte for byte); only a route's upstream base path is normalised.
 @Suite("Endpoint URLs")
 struct EndpointURLTests {

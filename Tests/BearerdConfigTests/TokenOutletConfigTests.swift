@@ -3,7 +3,7 @@ import Testing
 @testable import BearerdConfig
 @testable import BearerdSessions
 
-/// `sinks:` and `token_api:` (DESIGN §4): what the loader accepts and how it reports
+/// `sinks:` and `token_api:` (docs/architecture.md §4): what the loader accepts and how it reports
 /// `FILE:LINE: key: what is wrong`; the header decision shared with `bearerd token`; the sink
 /// writer's files and backoff are tested in BearerdSessionsTests/TokenSinkFileTests.
 @Suite struct TokenOutletConfigTests {

@@ -1,7 +1,7 @@
 import Testing
 @testable import BearerdHTTP
 
-/// The requests bearerd sends to a forward proxy (`ForwardProxyRequest`, DESIGN §4), and the
+/// The requests bearerd sends to a forward proxy (`ForwardProxyRequest`, docs/architecture.md §4), and the
 /// client parser's reading of the answer to a CONNECT (RFC 9112 §6.3 rule 2).
 @Suite struct ForwardProxyRequestTests {
     @Test func connectHeadWithAndWithoutCredentials() {

@@ -185,7 +185,7 @@ import Testing
         }
         expectFailure("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", "http1.conflicting_content_length")
         expectFailure("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3, 4\r\n\r\nabcd", "http1.conflicting_content_length")
-        // Lengths above 2^63-1 are refused (DESIGN §5); 2^63-1 itself is the largest accepted.
+        // Lengths above 2^63-1 are refused (docs/architecture.md §5); 2^63-1 itself is the largest accepted.
         expectFailure("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 18446744073709551615\r\n\r\n", "http1.invalid_content_length")
         expectFailure("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 9223372036854775808\r\n\r\n", "http1.invalid_content_length")
         let max = expectSuccess("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 9223372036854775807\r\n\r\n")

@@ -10,7 +10,7 @@ import Testing
         #expect(o.ends == [nil])
     }
 
-    /// DESIGN §5: chunk sizes and lengths above 2^63-1 are refused, never waited for.
+    /// docs/architecture.md §5: chunk sizes and lengths above 2^63-1 are refused, never waited for.
     @Test func hugeChunkSizeAndContentLengthAreRefused() {
         _ = expectFailure("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nx",
                           "http1.chunk_size_too_large", role: .client, methods: ["GET"])

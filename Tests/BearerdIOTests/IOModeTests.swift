@@ -4,7 +4,7 @@ import Testing
 import Glibc
 #endif
 
-/// DESIGN §2.2: the loop poller is the default `io:` mode; `$BEARERD_IO` still picks either.
+/// docs/architecture.md §2.2: the loop poller is the default `io:` mode; `$BEARERD_IO` still picks either.
 @Suite("io mode default")
 struct IOModeTests {
     @Test func theLoopPollerIsTheDefault() {

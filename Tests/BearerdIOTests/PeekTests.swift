@@ -6,7 +6,7 @@ import Glibc
 #endif
 
 /// `Syscalls.peek`, which decides whether an idle pooled upstream connection may carry another
-/// request (DESIGN §5): stray bytes or the peer's EOF must be seen without consuming them.
+/// request (docs/architecture.md §5): stray bytes or the peer's EOF must be seen without consuming them.
 @Suite struct PeekTests {
     @Test func peekSeesBytesAndEOFWithoutConsumingThem() throws {
         var fds: [Int32] = [0, 0]
@@ -25,7 +25,7 @@ import Glibc
     }
 }
 
-/// The default loop count follows the CPUs the process may use (DESIGN §2.2; default settings
+/// The default loop count follows the CPUs the process may use (docs/architecture.md §2.2; default settings
 /// under taskset or a container CPU limit).
 @Suite struct CoreCountTests {
     @Test func cgroupQuotaIsRoundedUp() {

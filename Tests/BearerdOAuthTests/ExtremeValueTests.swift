@@ -1,7 +1,7 @@
 import Testing
 @testable import BearerdOAuth
 
-/// The trap audit of BearerdOAuth (DESIGN §2.7): values from the token endpoint, the state
+/// The trap audit of BearerdOAuth (docs/architecture.md §2.7): values from the token endpoint, the state
 /// file and the clock at the edges of their types must never trap (a trap is an outage), and
 /// lifetimes are clamped to `TokenGrant.maximumLifetime`.
 @Suite struct ExtremeTokenResponseTests {

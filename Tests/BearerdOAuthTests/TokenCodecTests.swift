@@ -141,7 +141,7 @@ import Testing
         #expect(rotated.keepingRefreshToken(OAuthSecret("old")).refreshToken == OAuthSecret("new"))
     }
 
-    /// DESIGN §6: only the RFC 6749 §5.2 errors naming the client's own credentials are permanent.
+    /// docs/architecture.md §6: only the RFC 6749 §5.2 errors naming the client's own credentials are permanent.
     @Test(arguments: [
         (200, #"{"access_token":"a","token_type":"Bearer","error":"invalid_client"}"#, "token.invalid_client"),
         (401, #"{"error":"invalid_client"}"#, "token.invalid_client"),
@@ -156,7 +156,7 @@ import Testing
         #expect(f.retryAfter == nil)
     }
 
-    /// DESIGN §6: a malformed, non-JSON or unusable response (any status) is transient, never
+    /// docs/architecture.md §6: a malformed, non-JSON or unusable response (any status) is transient, never
     /// negative-cached: a maintenance page or a misconfigured gateway answering `200` must not
     /// lock the session out after the endpoint recovers.
     @Test(arguments: [

@@ -138,7 +138,7 @@ import Testing
         #expect(d.fetches.isEmpty)
     }
 
-    /// DESIGN §6: a caller without a token waits for the next attempt when it starts within
+    /// docs/architecture.md §6: a caller without a token waits for the next attempt when it starts within
     /// `wait_timeout`, between rounds too (it used to be failed at a round's end although the
     /// next round began a second later); its own timeout still bounds the wait.
     @Test func withoutTokenCallersWaitAcrossRoundsForAnAttemptWithinTheBound() throws {
@@ -254,7 +254,7 @@ extension UInt64 {
         #expect(after.resumed.isEmpty)
     }
 
-    /// DESIGN §6: a `200` maintenance page (or an empty body) is a transient failure: the
+    /// docs/architecture.md §6: a `200` maintenance page (or an empty body) is a transient failure: the
     /// session backs off and retries, the waiting caller gets the token of the next attempt.
     @Test(arguments: ["", "<html><body>Down for maintenance</body></html>"])
     func malformedTokenResponseIsRetriedNotNegativeCached(body: String) throws {
@@ -308,7 +308,7 @@ extension UInt64 {
         #expect(m.tokenRequested(waiter: WaiterID(2), now: t(3482)).fetches.map(\.reason) == [.hard])
     }
 
-    /// DESIGN §6 "No progress": a server that shortens lifetimes (60 s, then 5 s) gives new tokens each
+    /// docs/architecture.md §6.6: a server that shortens lifetimes (60 s, then 5 s) gives new tokens each
     /// time; none of them is "no progress", so no client gets `token.no_progress`.
     @Test func shorteningLifetimesNeverCountAsNoProgress() throws {
         var (m, _) = readyMachine(lifetime: 60)
@@ -492,7 +492,7 @@ extension UInt64 {
         #expect(a.resumed.isEmpty && a.waiterTimeouts.isEmpty)
     }
 
-    /// DESIGN §6: a rejection while the session backs off waits for the next attempt (within
+    /// docs/architecture.md §6: a rejection while the session backs off waits for the next attempt (within
     /// the bound); the rejected token is served to nobody meanwhile (it used to be relayed:
     /// `reason=token.unavailable`, the upstream's 401 to the client).
     @Test func rejectionDuringBackoffWaitsForTheNextAttempt() throws {
@@ -511,7 +511,7 @@ extension UInt64 {
         #expect(done.resumedTokens.map(\.generation) == [2, 2])
     }
 
-    /// DESIGN §6 (corrected), the identity-provider blip: a proven token is revoked while the
+    /// docs/architecture.md §6 (corrected), the identity-provider blip: a proven token is revoked while the
     /// token endpoint answers 500 for 3 s. The held rejection and every later request wait for
     /// the attempt that succeeds; nobody gets the rejected token or a failure.
     @Test func revocationDuringATokenEndpointOutageFailsNobody() throws {
@@ -542,7 +542,7 @@ extension UInt64 {
         #expect(all.waiterTimeouts.allSatisfy { $0.1 >= t(now) })
     }
 
-    /// DESIGN §6 "Breaker": a proven token's rejection always gets its refresh and replay, however
+    /// docs/architecture.md §6.9: a proven token's rejection always gets its refresh and replay, however
     /// often: 20 revocations in 10 s give 20 replays with new tokens and never trip the breaker
     /// (the sixth used to pass the upstream's 401 through, `token.breaker_open`).
     @Test func twentyRevocationsOfProvenTokensInTenSecondsAreAllReplayed() throws {
@@ -574,7 +574,7 @@ extension UInt64 {
         #expect(m.rejectionBreaker.countedRefreshes == 0)
     }
 
-    /// DESIGN §6, the soak's lost request: one revoke-all kills every token issued before it,
+    /// docs/architecture.md §6, the soak's lost request: one revoke-all kills every token issued before it,
     /// the current one too. A token handed to a rejection was requested either after the session
     /// learned of the rejection (its replay is final) or before (the current token for an older
     /// generation, a fetch already in flight: its replay is provisional, `wasRequested(atOrAfter:)`

@@ -3,7 +3,7 @@ import BearerdHTTP
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 
-/// The browser guard's decision (DESIGN §5) as a table: request head in,
+/// The browser guard's decision (docs/architecture.md §5) as a table: request head in,
 /// admit or refuse (with its stable reason) out. No sockets.
 @Suite("Browser guard")
 struct BrowserGuardTests {

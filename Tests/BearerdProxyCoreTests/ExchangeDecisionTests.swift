@@ -3,7 +3,7 @@ import BearerdOAuth
 @testable import BearerdProxyCore
 
 /// The decisions the driver used to make beside the machine and that now travel in its actions
-/// (DESIGN §5): which answer an upstream failure gets, whether the client connection is kept,
+/// (docs/architecture.md §5): which answer an upstream failure gets, whether the client connection is kept,
 /// and whether a held rejection goes out as a head alone.
 @Suite("ProxyExchange.StateMachine: answers, keep-alive and held rejections")
 struct ExchangeDecisionTests {
@@ -59,7 +59,7 @@ struct ExchangeDecisionTests {
         #expect(Answer(kind: .outboundProxyAuthRequired, grpc: nil, keepAlive: true).status == 502)
     }
 
-    /// gRPC clients read the status from `grpc-status` (DESIGN §5): DEADLINE_EXCEEDED for a
+    /// gRPC clients read the status from `grpc-status` (docs/architecture.md §5): DEADLINE_EXCEEDED for a
     /// timeout, UNAVAILABLE for everything else; the HTTP status stays the JSON answer's.
     @Test func grpcClientsGetTheirStatusCode() {
         #expect(failedWhileConnecting(.timeout, grpc: true)

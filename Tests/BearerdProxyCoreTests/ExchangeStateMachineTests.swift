@@ -131,7 +131,7 @@ struct ExchangeScriptTests {
         #expect(m.backendAcquired() == .sendRequest(.init(body: .pending, endBody: true, sendContinue: false)))
     }
 
-    // MARK: 401 → replay (DESIGN §6)
+    // MARK: 401 → replay (docs/architecture.md §6)
 
     @Test func rejectionOfABodilessRequestIsReplayed() {
         var m = forwarding(setup())
@@ -145,7 +145,7 @@ struct ExchangeScriptTests {
         #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: true, backend: .release, keepAlive: true))
     }
 
-    /// DESIGN §6, the soak's lost request: the request carried generation 1, the session's current
+    /// docs/architecture.md §6, the soak's lost request: the request carried generation 1, the session's current
     /// token (generation 2, requested before the rejection was known) was revoked by the same
     /// revoke-all. The provisional replay's rejection is the first news about generation 2: it is
     /// held and reported like a first rejection, and the second replay is final.
@@ -190,7 +190,7 @@ struct ExchangeScriptTests {
         #expect(m.upstreamFailed(.unreachable, reusedConnection: true, responseBytesSeen: false) == .acquireBackend(fresh: true))
     }
 
-    /// DESIGN §6: no newer token within the wait bound answers the held rejection with the 503,
+    /// docs/architecture.md §6: no newer token within the wait bound answers the held rejection with the 503,
     /// never the upstream's 401.
     @Test func tokenUnavailableAnswersTheHeldRejectionWith503() {
         var m = forwarding(setup())
@@ -452,7 +452,7 @@ struct ExchangeInvariantTests {
             #expect(headsWritten <= 1, "two response heads, seed \(seed): \(actions)")
             #expect(errorAnswers <= 1)
             #expect(headsWritten + errorAnswers <= 1, "a head and an error, seed \(seed): \(actions)")
-            // DESIGN §6: one final replay; a second one only after a provisional first.
+            // docs/architecture.md §6: one final replay; a second one only after a provisional first.
             #expect(replays <= 2, "replayed three times, seed \(seed)")
             #expect(replays < 2 || verdicts.first == .provisionalReplay, "a second replay after a final one, seed \(seed): \(verdicts)")
             #expect(freshRetries <= 1 + replays, "retried more than once per attempt, seed \(seed)")
@@ -463,7 +463,7 @@ struct ExchangeInvariantTests {
     }
 }
 
-@Suite("ProxyExchange.StateMachine: tunnels and gRPC (DESIGN §5)")
+@Suite("ProxyExchange.StateMachine: tunnels and gRPC (docs/architecture.md §5)")
 struct ExchangeTunnelAndGRPCTests {
     func grpcSetup() -> ProxyExchange.Setup {
         var s = setup(body: true)
@@ -561,7 +561,7 @@ struct ExchangeTunnelAndGRPCTests {
         #expect(m.upstreamEnded() == .finishResponse(writeHeadFirst: true, backend: .release, keepAlive: true))
     }
 
-    /// DESIGN §5: a trailers-only UNAUTHENTICATED answers a unary call whose body is complete:
+    /// docs/architecture.md §5: a trailers-only UNAUTHENTICATED answers a unary call whose body is complete:
     /// held and replayed, whatever its HTTP status (200).
     @Test func grpcUnauthenticatedOnAUnaryCallIsReplayed() {
         var m = Machine(setup: grpcSetup())
@@ -598,7 +598,7 @@ struct ExchangeTunnelAndGRPCTests {
     }
 }
 
-@Suite("Upgrade decisions and gRPC answers (DESIGN §5)")
+@Suite("Upgrade decisions and gRPC answers (docs/architecture.md §5)")
 struct UpgradeAndGRPCHeaderTests {
     func head(_ method: String = "GET", _ fields: [(String, String)], version: HTTPVersion = .http1_1) -> HTTPRequestHead {
         HTTPRequestHead(method: method, target: "/", version: version, headers: HTTPHeaders(fields))
@@ -642,7 +642,7 @@ struct UpgradeAndGRPCHeaderTests {
     }
 }
 
-@Suite("ProxyExchange.StateMachine: unprocessed requests (DESIGN §5)")
+@Suite("ProxyExchange.StateMachine: unprocessed requests (docs/architecture.md §5)")
 struct ExchangeUnprocessedTests {
     /// RFC 9113 §8.7: a refused stream was not processed; a POST is retried once on a fresh
     /// connection, unlike a POST on a pooled connection that merely closed.

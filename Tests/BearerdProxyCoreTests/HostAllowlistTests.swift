@@ -2,7 +2,7 @@ import Testing
 @testable import BearerdConfig
 @testable import BearerdProxyCore
 
-/// The Host allowlist of loopback listeners (DNS rebinding guard, DESIGN §4).
+/// The Host allowlist of loopback listeners (DNS rebinding guard, docs/architecture.md §4).
 @Suite("Host allowlist")
 struct HostAllowlistTests {
     static let listener = ListenerConfig(address: .tcp(host: "127.0.0.1", port: 8080), allowedHosts: ["api.internal", "[::2]"])

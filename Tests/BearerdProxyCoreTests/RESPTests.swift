@@ -1,7 +1,7 @@
 import Testing
 @testable import BearerdProxyCore
 
-/// RESP2 codec of the shared token cache (DESIGN §6 "Shared cache"): encoding, incremental
+/// RESP2 codec of the shared token cache (docs/architecture.md §6.13): encoding, incremental
 /// parsing, and the bounds a hostile server meets.
 struct RESPTests {
     @Test func testCommandEncoding() throws {

@@ -3,7 +3,7 @@ import BearerdOAuth
 import Testing
 @testable import BearerdProxyCore
 
-/// DESIGN §5: credentials never reach a log line, whatever the level or format.
+/// docs/architecture.md §5: credentials never reach a log line, whatever the level or format.
 @Suite struct RedactionTests {
     @Test func headerValuesBecomeFingerprints() {
         var h = HTTPHeaders()

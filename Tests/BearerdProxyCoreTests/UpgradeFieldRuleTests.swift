@@ -2,7 +2,7 @@ import Testing
 import BearerdHTTP
 @testable import BearerdProxyCore
 
-/// RFC 9110 §7.8 and DESIGN §5: which requests are upgrade requests at all.
+/// RFC 9110 §7.8 and docs/architecture.md §5: which requests are upgrade requests at all.
 @Suite("Upgrade field without the upgrade connection option")
 struct UpgradeFieldRuleTests {
     func head(_ fields: [(String, String)], method: String = "GET", version: HTTPVersion = .http1_1) -> HTTPRequestHead {

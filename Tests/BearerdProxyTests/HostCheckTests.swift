@@ -5,7 +5,7 @@ import Testing
 @testable import BearerdProxyCore
 @testable import BearerdConfig
 
-/// The Host check of loopback listeners (DESIGN §4 `listen:`) remembers, per loop and
+/// The Host check of loopback listeners (docs/architecture.md §4 `listen:`) remembers, per loop and
 /// listener, the last Host it admitted, so a new connection's first request skips the check.
 /// What one connection had admitted must never let another's foreign Host in, on the same
 /// listener, on another listener, or after a reload took the name away.

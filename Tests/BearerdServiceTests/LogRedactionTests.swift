@@ -4,7 +4,7 @@ import Testing
 @testable import BearerdService
 @testable import BearerdConfig
 
-/// Every line the log handler writes is scrubbed (DESIGN §5: tokens and secrets never reach logs).
+/// Every line the log handler writes is scrubbed (docs/architecture.md §5: tokens and secrets never reach logs).
 @Suite struct LogRedactionTests {
     @Test func logHandlerScrubsEveryLine() throws {
         let fd = memfdLikeTempFile()

@@ -38,7 +38,7 @@ struct SystemdNotifyTests {
         #expect(SystemdWatchdog.period(environment: ["WATCHDOG_USEC": "soon"], pid: 42) == nil)
     }
 
-    /// DESIGN §2.7: as sd_watchdog_enabled(3) does, an unparsable value or USEC_INFINITY
+    /// docs/architecture.md §2.7: as sd_watchdog_enabled(3) does, an unparsable value or USEC_INFINITY
     /// (UINT64_MAX) turns the watchdog off; a valid but huge timeout pings every hour instead of
     /// converting half of it to an `Int` of nanoseconds (which trapped or wrapped).
     @Test func absurdWatchdogTimeoutsAreIgnoredOrClamped() throws {

@@ -2,7 +2,7 @@ import Testing
 import BearerdConfig
 @testable import BearerdService
 
-/// The token API's browser guard: which request fields make a request browser-like (DESIGN §4 `token_api:`).
+/// The token API's browser guard: which request fields make a request browser-like (docs/architecture.md §4 `token_api:`).
 @Suite struct TokenAPIResponderTests {
     @Test func browserFieldsAreRecognised() {
         for n in ["Origin", "origin", "Sec-Fetch-Site", "sec-fetch-mode", "SEC-FETCH-DEST", "Sec-Fetch-User"] {

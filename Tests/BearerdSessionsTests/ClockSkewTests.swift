@@ -2,7 +2,7 @@ import Testing
 import BearerdOAuth
 import BearerdSessions
 
-/// DESIGN §6 "Clock skew": the token endpoint's `Date` against the local clock.
+/// docs/architecture.md §6.12: the token endpoint's `Date` against the local clock.
 @Suite struct ClockSkewTests {
     // Sun, 06 Nov 1994 08:49:37 GMT (RFC 9110 §5.6.7's example) = 784111777.
     static let date = "Sun, 06 Nov 1994 08:49:37 GMT"

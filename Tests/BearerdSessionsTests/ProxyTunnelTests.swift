@@ -7,7 +7,7 @@ import BearerdConfig
 import BearerdTestSupport
 @testable import BearerdSessions
 
-/// `ProxyTunnel` (DESIGN §4, `outbound_proxy:`): CONNECT on the loop over a `SocketChannel`
+/// `ProxyTunnel` (docs/architecture.md §4, `outbound_proxy:`): CONNECT on the loop over a `SocketChannel`
 /// against a scripted proxy on 127.0.0.1 — what it sends, the channel it hands over, and the
 /// error for each way a proxy can fail it (refusal, garbage, early close, an oversized head,
 /// silence, nothing listening).

@@ -1,4 +1,4 @@
-// The shared token cache's Redis client (DESIGN §6 "Shared cache") against a real redis-server:
+// The shared token cache's Redis client (docs/architecture.md §6.13) against a real redis-server:
 // AUTH and SELECT, unix sockets, timeouts, a server that goes away and comes back.
 
 import Foundation

@@ -72,7 +72,7 @@ struct SessionClockTests {
         #expect(clock.pendingDeadlines == [t0 + .seconds(9)])
     }
 
-    /// One session timer (DESIGN §6): each new token re-arms the refresh and the previous timer
+    /// One session timer (docs/architecture.md §6): each new token re-arms the refresh and the previous timer
     /// is cancelled, not left to fire as a no-op; `stop()` cancels the armed one.
     @Test func aNewRefreshScheduleCancelsThePreviousTimer() async throws {
         let endpoint = try ScriptedTokenEndpoint { _, n in ScriptedTokenEndpoint.token("access-AAA-\(n)", expiresIn: 3600) }

@@ -320,7 +320,7 @@ struct SessionDriverTests {
         #expect(logs.lines.contains { $0.contains("token.reason=rejected") && $0.contains("token.generation=2") })
     }
 
-    /// The loops' lock-free read (DESIGN §2.5): a loop caches the published token with the
+    /// The loops' lock-free read (docs/architecture.md §2.5): a loop caches the published token with the
     /// publication version and re-reads it under the lock only when the version moved.
     @Test func publicationVersionMovesWithEveryPublishedToken() async throws {
         let endpoint = try ScriptedTokenEndpoint(handler: Self.numbered)
@@ -371,7 +371,7 @@ struct SessionDriverTests {
         #expect(driver.metrics.forcedRefreshes == 1)
     }
 
-    /// DESIGN §6: a held rejection whose refresh fails gets the 503 (`.unavailable`), never the
+    /// docs/architecture.md §6: a held rejection whose refresh fails gets the 503 (`.unavailable`), never the
     /// upstream's rejection: the client's own credentials are not the problem.
     @Test func rejectionGetsTokenUnavailableWhenTheRefreshFails() async throws {
         let endpoint = try ScriptedTokenEndpoint { _, n in

@@ -11,7 +11,7 @@ import Glibc
 @testable import BearerdService
 #endif
 
-/// DESIGN §5: tokens, secrets and refresh tokens never appear in logs. Runs the session flows
+/// docs/architecture.md §5: tokens, secrets and refresh tokens never appear in logs. Runs the session flows
 /// (client secret in Basic and in the body, a password, server errors with descriptions,
 /// refresh-token rotation, invalid_grant, forced refreshes) through bearerd's own log handler,
 /// in both formats and at trace level, and searches every byte written.

@@ -55,7 +55,7 @@ struct SessionMetricsTests {
         #expect(s.counters.staleServes.allSatisfy { $0 == 0 })
     }
 
-    /// DESIGN §6: a rejected token is never served again, not even while the session is
+    /// docs/architecture.md §6: a rejected token is never served again, not even while the session is
     /// negative-cached: the rejection and later callers get the failure (a 503), counted.
     @Test func aFailedRefreshAfterARejectionServesNobodyTheRejectedToken() async throws {
         let endpoint = try ScriptedTokenEndpoint { _, n in

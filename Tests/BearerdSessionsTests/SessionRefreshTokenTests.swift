@@ -8,7 +8,7 @@ import Testing
 @testable import BearerdSessions
 @testable import BearerdService
 
-/// refresh_token sessions (DESIGN §6 "Rotation durability"): the endpoint rotates refresh
+/// refresh_token sessions (docs/architecture.md §6.7): the endpoint rotates refresh
 /// tokens and accepts only the newest; the state file must hold the newest before the access
 /// token is handed out, survive a restart, be shared by two managers (two processes), and a
 /// dead refresh token must stop all traffic until the operator file changes.
@@ -222,7 +222,7 @@ struct SessionRefreshTokenTests {
         #expect(try await requestToken(driver).get().value == "access-AAA-1")
     }
 
-    /// DESIGN §6 "Rotation durability": a rotated refresh token that cannot be written (here the state file's
+    /// docs/architecture.md §6.7: a rotated refresh token that cannot be written (here the state file's
     /// path is taken by a directory, so the rename fails) is still served, kept in memory, and
     /// retried until the write succeeds; meanwhile it is loud (error log, counter, /readyz).
     @Test func aFailedStateWriteKeepsServingAndRetriesUntilItSucceeds() async throws {

@@ -8,7 +8,7 @@ import BearerdTLS
 @testable import BearerdProxyCore
 @testable import BearerdSessions
 
-/// Token endpoints over https: verified like upstreams (DESIGN §2.3) — a `ca_file` anchors
+/// Token endpoints over https: verified like upstreams (docs/architecture.md §2.3) — a `ca_file` anchors
 /// the chain, an unknown CA is a transport failure, never a silent success.
 @Suite(.serialized)
 struct SessionTLSTests {

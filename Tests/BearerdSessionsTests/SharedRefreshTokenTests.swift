@@ -8,7 +8,7 @@ import Testing
 @testable import BearerdProxyCore
 @testable import BearerdSessions
 
-/// refresh_token sessions of two replicas sharing one lineage through Redis (DESIGN §6
+/// refresh_token sessions of two replicas sharing one lineage through Redis (docs/architecture.md §6
 /// "Rotation durability", "Shared cache"), each with its own state file, against a real
 /// redis-server and a rotating token endpoint.
 @Suite(.serialized)

@@ -1,4 +1,4 @@
-// AES-256-GCM records of the shared token cache (DESIGN §6 "Shared cache").
+// AES-256-GCM records of the shared token cache (docs/architecture.md §6.13).
 
 import Testing
 @testable import BearerdTLS

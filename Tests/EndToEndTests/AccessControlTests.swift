@@ -9,7 +9,7 @@ import BearerdConfig
 import BearerdSessions
 import BearerdService
 
-/// Access control of listeners (DESIGN §4 `listen:`) over real sockets: the Host allowlist of
+/// Access control of listeners (docs/architecture.md §4 `listen:`) over real sockets: the Host allowlist of
 /// loopback listeners (421), unix socket file mode and owner, and SO_PEERCRED (403) checked by
 /// running the client as another user with `setpriv` (the tests run as root here and in CI).
 @Suite("Access control", .serialized)

@@ -7,7 +7,7 @@ import BearerdConfig
 import BearerdSessions
 import BearerdService
 
-/// The browser guard over real sockets (DESIGN §5): a web page the developer
+/// The browser guard over real sockets (docs/architecture.md §5): a web page the developer
 /// visits must not make the local bearerd act for it. Requests a browser marks as cross-site get
 /// 403 JSON and reach no upstream; programs (no Origin, no Sec-Fetch-Site), the listener's own
 /// origin and `allowed_origins` are served.

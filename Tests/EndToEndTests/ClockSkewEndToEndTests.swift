@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import BearerdTestSupport
 
-/// DESIGN §6 "Clock skew" end to end: the Authlib fixture's clock runs ahead of the host's
+/// docs/architecture.md §6.12 end to end: the Authlib fixture's clock runs ahead of the host's
 /// (`/_test/clock`: its `Date` headers, and the `iat` window it checks private_key_jwt
 /// assertions and DPoP proofs against). bearerd measures the skew from the first answer, logs it
 /// once at warning level, and what it signs afterwards carries the server's time.

@@ -73,7 +73,7 @@ struct CommandLineTests {
         #expect(r.stderr.contains("\(path):5: routes[0].strip_prefx: unknown key (did you mean 'strip_prefix'?)"))
     }
 
-    /// DESIGN §2.7: durations and sizes that used to pass `check` and wrap at run time.
+    /// docs/architecture.md §2.7: durations and sizes that used to pass `check` and wrap at run time.
     @Test func checkRefusesDurationsAndSizesAboveTheirMaximum() throws {
         let path = try Self.tempFile("bearerd.yaml", """
         listen: [127.0.0.1:8080]

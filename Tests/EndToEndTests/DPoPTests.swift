@@ -3,7 +3,7 @@ import Testing
 import BearerdOAuth
 import BearerdTestSupport
 
-/// DPoP (RFC 9449, DESIGN §6 "DPoP") end to end: the real `bearerd` binary between a client and
+/// DPoP (RFC 9449, docs/architecture.md §6.11) end to end: the real `bearerd` binary between a client and
 /// `Tests/Fixtures/dpop_origin.py` (a resource server that checks every proof: signature with
 /// the embedded key, htm/htu, ath, jti uniqueness, the key against the token's cnf.jkt, and a
 /// nonce it demands on first contact), with its tokens from the Authlib fixture's DPoP token

@@ -156,7 +156,7 @@ struct DjangoOAuthToolkitTests {
     /// DOT rotates refresh tokens with no grace period: a refresh token presented twice is
     /// `invalid_grant` and ends the session. With 6 s tokens, `bearerd run` (soft refresh) and
     /// `bearerd token` (renewing anything with under 5 s left) both rotate the one refresh token
-    /// for 8 s; the state file's lock and re-read (DESIGN §6, rotation durability) must keep every
+    /// for 8 s; the state file's lock and re-read (docs/architecture.md §6, rotation durability) must keep every
     /// refresh on the newest token: no `invalid_grant`, every printed token accepted.
     @Test func runAndTokenShareRotationsWithoutAGraceWindow() throws {
         let dot = try DjangoOAuthFixture.start(tokenLifetime: 6)

@@ -5,7 +5,7 @@ import BearerdTestSupport
 import Glibc
 #endif
 
-/// `grant: exec` (DESIGN §4) with the real `bearerd run`: a helper script mints tokens,
+/// `grant: exec` (docs/architecture.md §4) with the real `bearerd run`: a helper script mints tokens,
 /// counted per invocation; coalesced like any refresh; failures are 503s, then recovery.
 @Suite("grant: exec", .serialized)
 struct ExecGrantTests {

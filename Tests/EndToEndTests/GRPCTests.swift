@@ -7,7 +7,7 @@ import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
 
-/// gRPC through bearerd (DESIGN §5): a real grpcio server behind bearerd, a real grpcio client in
+/// gRPC through bearerd (docs/architecture.md §5): a real grpcio server behind bearerd, a real grpcio client in
 /// front (`Tests/Fixtures/grpc_echo.py`), h2c on both sides.
 @Suite("gRPC through bearerd", .serialized,
        .enabled(if: PythonFixture.unavailable(modules: ["grpc"]) == nil || ProcessInfo.processInfo.environment["CI"] != nil,

@@ -36,7 +36,7 @@ final class EdgeProxy {
 
 @Suite("HTTP/1.1 edges: Upgrade without Connection, half-closing clients, forbidden trailers", .serialized)
 struct HTTP1EdgeTests {
-    // MARK: Upgrade (RFC 9110 §7.8, DESIGN §5)
+    // MARK: Upgrade (RFC 9110 §7.8, docs/architecture.md §5)
 
     /// An `Upgrade` field that `Connection` does not name (or on HTTP/1.0) makes no upgrade
     /// request: it is dropped like any hop-by-hop field and the request is forwarded.
@@ -82,7 +82,7 @@ struct HTTP1EdgeTests {
         #expect(origin.requests.isEmpty)
     }
 
-    // MARK: Half-closing clients (RFC 9112 §9.6, DESIGN §5)
+    // MARK: Half-closing clients (RFC 9112 §9.6, docs/architecture.md §5)
 
     /// Which kind of route the half-closing client talks to.
     enum SessionKind: String, CaseIterable, CustomTestStringConvertible {

@@ -8,7 +8,7 @@ import BearerdConfig
 import BearerdSessions
 import BearerdHTTP2
 
-/// curl, as users run it against bearerd (HTTP/2 clients, DESIGN §2.3).
+/// curl, as users run it against bearerd (HTTP/2 clients, docs/architecture.md §2.3).
 enum Curl {
     static var available: Bool { FileManager.default.isExecutableFile(atPath: "/usr/bin/curl") }
 
@@ -175,7 +175,7 @@ struct HTTP2DeadlineTests {
 
 @Suite("HTTP/2 clients: 401 replay per stream", .serialized)
 struct HTTP2ReplayTests {
-    /// DESIGN §6 for an HTTP/2 client: the first token is rejected, the POST body kept and
+    /// docs/architecture.md §6 for an HTTP/2 client: the first token is rejected, the POST body kept and
     /// replayed with the refreshed token on the same stream.
     @Test(.enabled(if: Prerequisite.runs(Curl.available))) func aRejectedH2RequestIsReplayedWithItsBody() throws {
         let tokens = try ScriptedTokenEndpoint()

@@ -7,7 +7,7 @@ import BearerdTestSupport
 import BearerdConfig
 import BearerdSessions
 
-/// HTTP/2 towards upstreams (DESIGN §2.3, §4 `http2:`), against a real nginx: ALPN on https, prior knowledge on
+/// HTTP/2 towards upstreams (docs/architecture.md §2.3, §4 `http2:`), against a real nginx: ALPN on https, prior knowledge on
 /// h2c, one connection for concurrent requests, 401 → refresh → replay per stream.
 @Suite("HTTP/2 upstreams against nginx", .serialized,
        .enabled(if: NginxOrigin.isAvailable || ProcessInfo.processInfo.environment["CI"] != nil, "nginx is not installed"))

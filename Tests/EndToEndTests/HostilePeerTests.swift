@@ -14,7 +14,7 @@ import BearerdService
 // child process, so a trap kills only the child and shows up as a failed case with its message.
 // Every case ends with `HostileBearerd.finish()`: the child is still running, the admin
 // `/healthz` answers 200, one ordinary proxied request answers 200, and SIGTERM stops it with
-// status 0. Cases are named after the misbehaviour they play (DESIGN §2.7, §5).
+// status 0. Cases are named after the misbehaviour they play (docs/architecture.md §2.7, §5).
 
 /// One `bearerd run` child for a hostile case (a `RunningBearerd`, see OperationsTests.swift),
 /// with an admin listener and a last route `/alive/` to a healthy origin used by the liveness

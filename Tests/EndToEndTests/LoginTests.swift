@@ -8,7 +8,7 @@ import Glibc
 /// `bearerd login` against the real authorization server (Authlib fixture): discovery from its
 /// RFC 8414 metadata, authorization code with PKCE over a loopback redirect, a scripted browser
 /// (`$BROWSER` runs curl, which follows the redirects as a person's browser would), then `token`
-/// and `run` keep the session (DESIGN §3, §4).
+/// and `run` keep the session (docs/architecture.md §3, §4).
 @Suite("bearerd login (authorization code + PKCE)", .serialized,
        .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct LoginTests {
@@ -83,7 +83,7 @@ struct LoginTests {
         #expect(running.waitLog("new sign-in found in the state file"))
     }
 
-    /// DESIGN §5: endpoint URLs are used exactly as published or configured. The fixture serves
+    /// docs/architecture.md §5: endpoint URLs are used exactly as published or configured. The fixture serves
     /// `/oauth/authorize/`, `/oauth/token/` and `/oauth/revoke/` and answers 404 without the slash
     /// (as Django does); discovery (an issuer ending in `/`), the browser sign-in, a configured
     /// `token_url`, and a refresh after the access token was revoked at the published revocation
@@ -345,7 +345,7 @@ struct DeviceLoginTests {
     }
 
     /// Also against endpoints that end in `/` and 404 without it (django-oauth-toolkit's shape):
-    /// the device authorization and token endpoints are used exactly as published (DESIGN §5).
+    /// the device authorization and token endpoints are used exactly as published (docs/architecture.md §5).
     @Test(arguments: [false, true]) func approvedAtTheVerificationPage(trailingSlash: Bool) throws {
         let auth = try AuthServerFixture.start(trailingSlash: trailingSlash)
         defer { auth.stop() }

@@ -131,7 +131,7 @@ struct MetricsEndToEndTests {
         #expect(replayed.bodyText == "ok Bearer tok-2")
         tokens.refusing = true
         upstream.revoke("tok-2")
-        // DESIGN §6: a rejected token we cannot renew is a 503, never the upstream's 401.
+        // docs/architecture.md §6: a rejected token we cannot renew is a 503, never the upstream's 401.
         #expect(try TestClient.get(port: proxy.port, path: "/api/c").status == 503)  // refresh refused
         #expect(try TestClient.get(port: proxy.port, path: "/api/d").status == 503)  // rejected tok-2 is not served again
         let unavailable = try TestClient.get(port: proxy.port, path: "/broken/x")

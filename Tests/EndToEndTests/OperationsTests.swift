@@ -80,7 +80,7 @@ final class RunningBearerd {
     }
 }
 
-/// Operations with the real binary (DESIGN §3, §5): SIGHUP (changed secret file, sessions kept),
+/// Operations with the real binary (docs/architecture.md §3, §5): SIGHUP (changed secret file, sessions kept),
 /// SIGTERM while slow requests are in flight, JSON logs with credentials redacted at trace level.
 @Suite("Operations: signals and logs", .serialized, .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct OperationsTests {

@@ -3,7 +3,7 @@ import Testing
 import BearerdTLS
 import BearerdTestSupport
 
-/// `outbound_proxy:` (DESIGN §4) through a real forward proxy on 127.0.0.1
+/// `outbound_proxy:` (docs/architecture.md §4) through a real forward proxy on 127.0.0.1
 /// (`Tests/Fixtures/forward_proxy.py`): the token endpoint over plain HTTP in absolute form, an
 /// https upstream through a CONNECT tunnel with TLS inside, Basic proxy credentials never logged;
 /// `env` honours HTTPS_PROXY / http_proxy / NO_PROXY like curl.

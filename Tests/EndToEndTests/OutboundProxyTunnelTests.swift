@@ -3,7 +3,7 @@ import Testing
 import BearerdTLS
 import BearerdTestSupport
 
-/// `outbound_proxy:` CONNECT refusals end to end (DESIGN §4): bearerd behind a real forward proxy
+/// `outbound_proxy:` CONNECT refusals end to end (docs/architecture.md §4): bearerd behind a real forward proxy
 /// (`Tests/Fixtures/forward_proxy.py`) that refuses the tunnel to an https upstream; the client
 /// gets a 502 and the log names the proxy's answer, never the password.
 @Suite("outbound_proxy CONNECT refusals", .serialized)

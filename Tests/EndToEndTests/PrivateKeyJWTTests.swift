@@ -5,7 +5,7 @@ import BearerdTLS
 import BearerdTestSupport
 
 /// `client_auth: private_key_jwt` (RFC 7523 §2.2) against the Authlib fixture, which verifies
-/// the assertion with the registered public key and refuses a replayed `jti` (DESIGN §4 `client_auth`).
+/// the assertion with the registered public key and refuses a replayed `jti` (docs/architecture.md §4 `client_auth`).
 @Suite("private_key_jwt", .serialized, .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))
 struct PrivateKeyJWTTests {
     /// A key pair made with the openssl command: `ec` (P-256) or `rsa` (2048).

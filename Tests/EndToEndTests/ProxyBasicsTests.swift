@@ -185,7 +185,7 @@ struct HalfCloseTests {
     }
 }
 
-/// `inject:` (DESIGN §4): an API-key style header instead of Authorization; the client's
+/// `inject:` (docs/architecture.md §4): an API-key style header instead of Authorization; the client's
 /// own copy replaced, never added to; the value redacted in trace logs.
 @Suite("inject: custom credential headers", .serialized)
 struct InjectTests {

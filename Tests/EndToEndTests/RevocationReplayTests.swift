@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import BearerdTestSupport
 
-/// DESIGN §6 "401 → refresh → replay", end to end: one revocation can kill the session's
+/// docs/architecture.md §6.8, end to end: one revocation can kill the session's
 /// current token along with the older one a request carried. The lost request of the session
 /// soak (`SessionSoakTests`), made deterministic with a gate at the origin.
 @Suite("Replays after a revocation that also killed the current token", .serialized)

@@ -171,7 +171,7 @@ struct SessionProxyTests {
         defer { origin.stop() }
         var r = route(origin: origin.port)
         r.session = "s"
-        // DESIGN §6: a request waits for the next attempt when it starts within wait_timeout;
+        // docs/architecture.md §6: a request waits for the next attempt when it starts within wait_timeout;
         // with 500 ms against Retry-After: 1 none does, so the client gets the 503 at once.
         var session = Self.session(auth: auth)
         session.waitTimeout = .milliseconds(500)
@@ -256,7 +256,7 @@ struct SessionProxyTests {
         #expect(m.contains("bearerd_session_ready{session=\"s\"} 1"))
     }
 
-    /// DESIGN §6: a token endpoint answering `200` with an HTML page or an empty body is down,
+    /// docs/architecture.md §6: a token endpoint answering `200` with an HTML page or an empty body is down,
     /// not refusing us: the session retries with backoff and the waiting request gets the token
     /// of the attempt after the endpoint recovers (it used to be negative-cached for 60 s).
     @Test func malformedTokenResponsesAreRetriedAndTheRequestWaitsForRecovery() throws {
@@ -285,7 +285,7 @@ struct SessionProxyTests {
         #expect(!proxy.logs.text.contains("not retried for a while"))
     }
 
-    /// DESIGN §6 "Breaker": revocations of proven tokens are never the breaker's business. Each
+    /// docs/architecture.md §6.9: revocations of proven tokens are never the breaker's business. Each
     /// POST follows a GET the token served, then the token is revoked: all 20 POSTs are
     /// replayed after one forced refresh each (they used to get the upstream's 401 from the
     /// sixth on, `reason=token.breaker_open`).
@@ -316,7 +316,7 @@ struct SessionProxyTests {
         #expect(!proxy.logs.text.contains("not replaying"))
     }
 
-    /// DESIGN §6 "Breaker": an upstream that rejects every token opens the breaker after 5
+    /// docs/architecture.md §6.9: an upstream that rejects every token opens the breaker after 5
     /// forced refreshes; the token endpoint sees at most 6 requests (start + 5) however hard the
     /// clients push, and while it is open the rejections are logged once per route (they used
     /// to be logged once per request) and counted in `bearerd_rejections_not_replayed_total`.

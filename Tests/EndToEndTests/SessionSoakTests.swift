@@ -7,7 +7,7 @@ import BearerdConfig
 import BearerdSessions
 import Logging
 
-/// The token session under steady load, end to end (DESIGN §6): bearerd in front of the real
+/// The token session under steady load, end to end (docs/architecture.md §6): bearerd in front of the real
 /// Authlib server's Bearer-protected `/api/`, a refresh_token session with short-lived access
 /// tokens (8 s) and rotating refresh tokens, every access token revoked every 7 s, and the
 /// token endpoint answering 500 for 3 s every 21 s. Requests that need a new token while the

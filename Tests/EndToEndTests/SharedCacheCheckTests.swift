@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import BearerdTestSupport
 
-/// `bearerd check` with `shared_cache:` (DESIGN §6 "Shared cache"): the connection (AUTH,
+/// `bearerd check` with `shared_cache:` (docs/architecture.md §6.13): the connection (AUTH,
 /// SELECT) and the key are tested; failures are FILE:LINE: key errors without the password.
 @Suite("bearerd check: shared_cache", .serialized, .enabled(if: Prerequisite.runs(RedisServer.isAvailable)))
 struct SharedCacheCheckTests {

@@ -5,7 +5,7 @@ import BearerdTestSupport
 import Glibc
 #endif
 
-/// DESIGN §6 "Shared cache": several bearerd processes (replicas) share one token per session
+/// docs/architecture.md §6.13: several bearerd processes (replicas) share one token per session
 /// through a real redis-server, against the real Authlib server (which counts token requests).
 @Suite("Shared token cache across replicas", .serialized,
        .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable) && Prerequisite.runs(RedisServer.isAvailable), "\(AuthServerFixture.unavailableReason ?? "redis-server missing")"))

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import BearerdTestSupport
 
-/// The local token endpoint (DESIGN §4 `token_api:`) with the real binary and the Authlib
+/// The local token endpoint (docs/architecture.md §4 `token_api:`) with the real binary and the Authlib
 /// fixture: a unix socket whose peers are checked with SO_PEERCRED (a client run as uid 65534
 /// is refused), a loopback TCP port that demands `Bearerd-Token-Request: 1` and refuses
 /// browser-like requests, sessions it is not configured for, and `bearerd check` refusing a
@@ -236,7 +236,7 @@ struct TokenAPITests {
         #expect(post.status == 405, "\(post.body)")
         #expect(post.json["error"] as? String == "method_not_allowed")
 
-        // A listed session without a token: 503 token_unavailable with Retry-After (DESIGN §5).
+        // A listed session without a token: 503 token_unavailable with Retry-After (docs/architecture.md §5).
         let broken = try Self.unixRequest(socket, Self.get("/v1/token/broken"))
         #expect(broken.status == 503, "\(broken.body)")
         #expect(broken.json["error"] as? String == "token_unavailable")

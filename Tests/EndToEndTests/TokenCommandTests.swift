@@ -5,7 +5,7 @@ import BearerdTestSupport
 import Glibc
 #endif
 
-/// `bearerd token` reuses a still-valid token through `state_dir` (DESIGN §3): scripts
+/// `bearerd token` reuses a still-valid token through `state_dir` (docs/architecture.md §3): scripts
 /// that call it in a loop cost one token request per token lifetime.
 @Suite("bearerd token: reuse through state_dir", .serialized)
 struct TokenCommandTests {
@@ -96,7 +96,7 @@ struct TokenCommandTests {
     }
 }
 
-/// The shipped configurations pass `check` (DESIGN §3): `config.example.yaml` and
+/// The shipped configurations pass `check` (docs/architecture.md §3): `config.example.yaml` and
 /// `deploy/examples/*` with `--example` (what this machine lacks becomes notes), the sidecar as
 /// is once its secret variable is set.
 @Suite("Shipped configurations pass check")

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import BearerdTestSupport
 
-/// `bearerd token --format token|header|json|exec-credential` (DESIGN §3): the real binary
+/// `bearerd token --format token|header|json|exec-credential` (docs/architecture.md §3): the real binary
 /// against a scripted token endpoint (tokens of 3600 s).
 @Suite("bearerd token --format", .serialized)
 struct TokenFormatCommandTests {

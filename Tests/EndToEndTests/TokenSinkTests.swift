@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import BearerdTestSupport
 
-/// Sink files (DESIGN §4 `sinks:`) with the real binary and the Authlib fixture: atomic
+/// Sink files (docs/architecture.md §4 `sinks:`) with the real binary and the Authlib fixture: atomic
 /// rewrites watched by another process, every format for bearer, inject and DPoP sessions, an
 /// unwritable directory (bearerd run as another uid), and a reload removing a sink.
 @Suite("Token sinks", .serialized, .enabled(if: Prerequisite.runs(AuthServerFixture.isAvailable), "\(AuthServerFixture.unavailableReason ?? "")"))

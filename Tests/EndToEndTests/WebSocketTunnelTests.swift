@@ -93,7 +93,7 @@ final class TunnelEchoOrigin: @unchecked Sendable {  // @unchecked: `heads` guar
     }
 }
 
-@Suite("WebSocket tunnels (DESIGN §5)", .serialized)
+@Suite("WebSocket tunnels (docs/architecture.md §5)", .serialized)
 struct WebSocketTunnelTests {
     static let handshake = "GET /ws/chat HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
 

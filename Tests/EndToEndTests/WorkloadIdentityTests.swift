@@ -5,8 +5,8 @@ import BearerdTestSupport
 import Glibc
 #endif
 
-/// Keyless workload identity (DESIGN §4 `jwt_bearer`, `token_exchange`, `client_assertion`,
-/// `audience`, `resource`; DESIGN §6 "Files that hold credentials") with the real `bearerd`
+/// Keyless workload identity (docs/architecture.md §4 `jwt_bearer`, `token_exchange`, `client_assertion`,
+/// `audience`, `resource`; docs/architecture.md §6.10) with the real `bearerd`
 /// against the Authlib fixture: its RFC 7523 JWT bearer grant, its RFC 8693 exchange grant
 /// (subject and actor JWTs verified against the trusted cluster JWKS) and federated client
 /// assertions. The JWTs are signed by the fixture's test "cluster" key, as Kubernetes' API

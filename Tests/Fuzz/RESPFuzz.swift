@@ -1,6 +1,6 @@
 // libFuzzer entry for the RESP2 reply parser (compiled by Tests/Fuzz/run.sh together with
 // Sources/BearerdProxyCore/RESP.swift): the replies of a Redis server bearerd does not trust
-// (DESIGN §6 "Shared cache"). Oracle: no crash, no trap, no hang, and the same replies (or the
+// (docs/architecture.md §6.13). Oracle: no crash, no trap, no hang, and the same replies (or the
 // same error) whether the bytes arrive whole or split at a point the input chooses.
 
 @_cdecl("LLVMFuzzerTestOneInput")
