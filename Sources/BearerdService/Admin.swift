@@ -26,7 +26,7 @@ public final class ServerLifecycle: @unchecked Sendable {  // @unchecked: `curre
     }
 }
 
-/// The admin endpoints (README "Metrics"):
+/// The admin endpoints (docs/operations.md "Metrics"):
 /// - `GET /healthz`: 200 `{"status":"ok"}` while the process serves (also while shutting down).
 /// - `GET /readyz`: 200 `{"status":"ready"}` once the listeners are bound and every session
 ///   holds an unexpired token; otherwise 503 with a JSON body saying what is missing.
@@ -153,7 +153,7 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
     // MARK: /metrics
 
     /// The whole exposition: proxy families from the loops' summed counters, then session
-    /// families. Every family documented in README "Metrics"; names are stable.
+    /// families. Every family documented in docs/operations.md "Metrics"; names are stable.
     static func renderMetrics(_ m: LoopMetrics, sessions: [SessionSnapshot], now: UInt64, accept: AcceptBudget.Snapshot? = nil) -> String {
         var w = PrometheusText()
         w.family("bearerd_build_info", .gauge, help: "Always 1; the version label says which bearerd runs.")

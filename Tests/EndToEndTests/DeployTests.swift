@@ -6,7 +6,7 @@ import BearerdSessions
 import BearerdService
 
 /// The files under deploy/: the systemd units pass `systemd-analyze verify` and keep their
-/// `systemd-analyze security` exposure (the README quotes it); the Kubernetes example's
+/// `systemd-analyze security` exposure (docs/guides/systemd.md quotes it); the Kubernetes example's
 /// bearerd.yaml is a valid configuration whose secret path lies on the Secret volume.
 @Suite("deploy/")
 struct DeployTests {
@@ -81,8 +81,8 @@ struct DeployTests {
         let line = try #require(text.split(separator: "\n").first { $0.contains("Overall exposure level for bearerd.service:") })
         let score = try #require(line.split(separator: " ").compactMap { Double($0) }.first)
         #expect(score <= 2.0)
-        let readme = try Self.read("README.md")
-        #expect(readme.contains("exposure level \(String(format: "%.1f", score))"), "README.md quotes the current score (\(score))")
+        let guide = try Self.read("docs/guides/systemd.md")
+        #expect(guide.contains("exposure level \(String(format: "%.1f", score))"), "docs/guides/systemd.md quotes the current score (\(score))")
     }
 
     @Test func serviceUnitSettings() throws {

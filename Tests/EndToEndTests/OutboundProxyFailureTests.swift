@@ -8,8 +8,8 @@ import BearerdTestSupport
 import Glibc
 #endif
 
-/// How each way an outbound proxy can fail a CONNECT tunnel is answered (README "Behind a forward
-/// proxy"): a proxy that refuses the TCP connection → 502 `upstream_unreachable` naming the proxy;
+/// How each way an outbound proxy can fail a CONNECT tunnel is answered (docs/guides/outbound-proxy.md,
+/// "Behind a forward proxy"): a proxy that refuses the TCP connection → 502 `upstream_unreachable` naming the proxy;
 /// one that never answers within `timeouts.connect` → 504 `upstream_timeout`; 407 → 502
 /// `outbound_proxy_auth_required`; any other refusal → 502 `upstream_unreachable` with the proxy's
 /// status in `detail`. Each case runs against the hand-written proxy

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import BearerdConfig
 
-/// deploy/kubernetes/replicas-redis.yaml (README "Several replicas"): its embedded bearerd.yaml
+/// deploy/kubernetes/replicas-redis.yaml (docs/guides/replicas-redis.md): its embedded bearerd.yaml
 /// is a valid configuration with shared_cache:, whose key and password files lie on the
 /// mounted Secret (the schemas are checked by KubernetesManifestTests).
 @Suite struct SharedCacheDeployTests {
