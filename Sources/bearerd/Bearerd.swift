@@ -15,7 +15,7 @@ struct Bearerd: ParsableCommand {
         commandName: "bearerd",
         abstract: "An authenticating reverse proxy: forwards plain HTTP upstream with an OAuth 2.0 bearer token injected.",
         version: BearerdVersion.string,
-        subcommands: [Run.self, Check.self, Token.self, Login.self, Demo.self]
+        subcommands: [Run.self, Check.self, Token.self, Login.self, Demo.self, ConfigCommand.self]
     )
 }
 
