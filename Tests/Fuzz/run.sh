@@ -61,6 +61,7 @@ if [ "$which" = all ] || [ "$which" = resp ]; then
     build resp Sources/BearerdProxyCore/RESP.swift Tests/Fuzz/RESPFuzz.swift
     fuzz resp
 fi
+if [ "$which" = all ] || [ "$which" = credentials ]; then build credentials Sources/BearerdOAuth/*.swift Tests/Fuzz/CredentialsFuzz.swift; fuzz credentials; fi
 if [ "$which" = all ] || [ "$which" = signing ]; then
     build signing Sources/BearerdProxyCore/RequestSigning.swift Tests/Fuzz/SigningFuzz.swift
     fuzz signing
