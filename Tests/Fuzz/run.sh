@@ -66,3 +66,4 @@ if [ "$which" = all ] || [ "$which" = signing ]; then
     build signing Sources/BearerdProxyCore/RequestSigning.swift Tests/Fuzz/SigningFuzz.swift
     fuzz signing
 fi
+if [ "$which" = all ] || [ "$which" = signedresponse ]; then build signedresponse Sources/BearerdProxyCore/SignedResponseVerdict.swift Tests/Fuzz/SignedResponseFuzz.swift; fuzz signedresponse; fi
