@@ -122,7 +122,7 @@ struct ListenerExhaustionTests {
         // the parallel suite took it meanwhile (a reload that cannot bind keeps the old listener
         // and says so): a busy port is the test's race, not bearerd's.
         var reloaded = false
-        for attempt in 1...3 where !reloaded {
+        for _ in 1...3 where !reloaded {
             // Chosen now that bearerd holds its ports (chosen before it started, the kernel once
             // handed out the admin port again: "admin … is also a listen address").
             repeat { newPort = try RunningBearerd.freePort() } while newPort == admin || newPort == oldPort
