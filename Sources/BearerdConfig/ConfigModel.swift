@@ -126,6 +126,14 @@ public enum GrantType: String, Sendable, Equatable, CaseIterable {
     case jwtBearer = "jwt_bearer"
     /// RFC 8693: a subject token (a file, or another session's access token) is exchanged.
     case tokenExchange = "token_exchange"
+    /// Signing keys for AWS Signature V4 (docs/architecture.md §6.15): temporary credentials from
+    /// `credentials:`, not a token. Routes with `sign:` sign requests with them.
+    case aws = "aws"
+    /// Signing keys for Alibaba Cloud OSS V4 signatures (docs/architecture.md §6.15).
+    case aliyun = "aliyun"
+
+    /// Sessions whose "token" is a set of signing keys (`credentials:`).
+    public var isSigning: Bool { self == .aws || self == .aliyun }
 
     /// Grants whose credential is a token (a JWT file or another session's token): `client_id`
     /// is optional and `client_auth` defaults to `none` unless a client secret is configured.
@@ -269,6 +277,8 @@ public struct SessionConfig: Sendable, Equatable {
     /// `grant: exec`: the helper's argv (no shell) and how long it may run (`timeout`, default 10 s).
     public var command: [String]?
     public var commandTimeout: Duration = .seconds(10)
+    /// `grant: aws` / `grant: aliyun`: region, STS endpoint and where the keys come from.
+    public var signing: SigningCredentialsConfig?
     /// `grant: jwt_bearer`: the file holding the assertion (RFC 7523 §2.1), opened per request.
     public var assertionFile: String?
     /// `client_auth: client_assertion`: the file holding the external client assertion.
@@ -329,7 +339,7 @@ public struct SessionConfig: Sendable, Equatable {
             && a.redirectURI == b.redirectURI
             && a.assertionFile == b.assertionFile && a.clientAssertionFile == b.clientAssertionFile
             && a.audiences == b.audiences && a.resources == b.resources && a.exchange == b.exchange
-            && a.dpop == b.dpop && a.dpopKeyFile == b.dpopKeyFile
+            && a.dpop == b.dpop && a.dpopKeyFile == b.dpopKeyFile && a.signing == b.signing
     }
 
     /// The files whose content is a JWT sent as a credential (docs/architecture.md §6 "Files that hold
@@ -448,6 +458,8 @@ public struct RouteConfig: Sendable, Equatable {
     public var inject: InjectConfig
     /// Whether `inject:` was written (a token of type `N_A` is sent only where it says how).
     public var injectConfigured = false
+    /// `sign:`: requests are signed with the session's keys instead of carrying a token.
+    public var sign: SignConfig?
     /// Source line of the route entry, for messages.
     public var line: Int
 
@@ -507,5 +519,172 @@ extension RouteConfig {
     public var rule: RouteRule {
         RouteRule(match: match, host: host, stripPrefix: stripPrefix, upstreamBasePath: upstream.basePath,
                   upstreamAuthority: upstream.authority)
+    }
+}
+
+/// `credentials:` of a signing session (`grant: aws`, `grant: aliyun`; docs/architecture.md §6.15).
+public struct SigningCredentialsConfig: Sendable, Equatable {
+    /// `region:` (`us-east-1`, `cn-hangzhou`): the signature's scope and the default STS endpoint.
+    public var region: String
+    /// `sts_url:`; default: the region's STS endpoint (`https://sts.REGION.amazonaws.com`,
+    /// `https://sts.REGION.aliyuncs.com`). Used by `web_identity`, `assume_role`, `oidc_role`.
+    public var stsURL: EndpointURL
+    /// Exactly one source.
+    public var source: CredentialSourceConfig
+
+    public init(region: String, stsURL: EndpointURL, source: CredentialSourceConfig) {
+        self.region = region
+        self.stsURL = stsURL
+        self.source = source
+    }
+
+    /// The files bearerd opens for every fetch (checked by `bearerd check`, named in errors).
+    public var files: [(key: String, path: String)] {
+        switch source {
+        case .webIdentity(let w): return [("credentials.web_identity.token_file", w.tokenFile)]
+        case .assumeRole(let a):
+            var out = [("credentials.assume_role.access_key_id_file", a.keys.accessKeyIDFile),
+                       ("credentials.assume_role.secret_access_key_file", a.keys.secretAccessKeyFile)]
+            if let t = a.keys.sessionTokenFile { out.append(("credentials.assume_role.session_token_file", t)) }
+            return out
+        case .staticKeys(let k):
+            var out = [("credentials.static.access_key_id_file", k.accessKeyIDFile),
+                       ("credentials.static.secret_access_key_file", k.secretAccessKeyFile)]
+            if let t = k.sessionTokenFile { out.append(("credentials.static.session_token_file", t)) }
+            return out
+        case .url(let u): return u.tokenFile.map { [("credentials.url_token_file", $0)] } ?? []
+        case .oidcRole(let o): return [("credentials.oidc_role.token_file", o.tokenFile)]
+        case .exec: return []
+        }
+    }
+}
+
+/// Where a signing session's keys come from: each yields a key id, a secret, a session token
+/// (optional only for `static` and `exec`) and an expiration (none: re-read every `default_lifetime`).
+public enum CredentialSourceConfig: Sendable, Equatable {
+    /// AWS STS `AssumeRoleWithWebIdentity` with a projected token file re-read per call (EKS IRSA).
+    case webIdentity(WebIdentity)
+    /// AWS STS `AssumeRole`, signed (SigV4, service `sts`) with base keys read from files.
+    case assumeRole(AssumeRole)
+    /// A vending endpoint answering container-credentials JSON or seed 004's JSON (GET).
+    case url(VendingURL)
+    /// A helper printing `credential_process` JSON (Version 1); argv, no shell.
+    case exec([String])
+    /// Keys from files (session token optional), re-read every `default_lifetime`.
+    case staticKeys(StaticKeys)
+    /// Alibaba Cloud STS `AssumeRoleWithOIDC` with a projected token file (ACK RRSA).
+    case oidcRole(OIDCRole)
+
+    /// The key under `credentials:` (for messages and `bearerd check`).
+    public var name: String {
+        switch self {
+        case .webIdentity: return "web_identity"
+        case .assumeRole: return "assume_role"
+        case .url: return "url"
+        case .exec: return "exec"
+        case .staticKeys: return "static"
+        case .oidcRole: return "oidc_role"
+        }
+    }
+
+    /// Key files: `access_key_id_file`, `secret_access_key_file`, optional `session_token_file`.
+    public struct StaticKeys: Sendable, Equatable {
+        public var accessKeyIDFile: String
+        public var secretAccessKeyFile: String
+        public var sessionTokenFile: String?
+        public init(accessKeyIDFile: String, secretAccessKeyFile: String, sessionTokenFile: String? = nil) {
+            self.accessKeyIDFile = accessKeyIDFile
+            self.secretAccessKeyFile = secretAccessKeyFile
+            self.sessionTokenFile = sessionTokenFile
+        }
+    }
+
+    public struct WebIdentity: Sendable, Equatable {
+        public var roleARN: String
+        public var tokenFile: String
+        /// `session_name:` (default `bearerd`), `RoleSessionName`.
+        public var sessionName: String
+        /// `duration:` (`DurationSeconds`); nil: the role's default.
+        public var durationSeconds: Int?
+        public init(roleARN: String, tokenFile: String, sessionName: String = "bearerd", durationSeconds: Int? = nil) {
+            self.roleARN = roleARN
+            self.tokenFile = tokenFile
+            self.sessionName = sessionName
+            self.durationSeconds = durationSeconds
+        }
+    }
+
+    public struct AssumeRole: Sendable, Equatable {
+        public var roleARN: String
+        public var keys: StaticKeys
+        public var externalID: String?
+        public var sessionName: String
+        public var durationSeconds: Int?
+        public init(roleARN: String, keys: StaticKeys, externalID: String? = nil, sessionName: String = "bearerd",
+                    durationSeconds: Int? = nil) {
+            self.roleARN = roleARN
+            self.keys = keys
+            self.externalID = externalID
+            self.sessionName = sessionName
+            self.durationSeconds = durationSeconds
+        }
+    }
+
+    public struct VendingURL: Sendable, Equatable {
+        public var url: EndpointURL
+        /// `url_headers:` sent as written (in file order).
+        public var headers: [Header]
+        /// `url_token_file:`: its content is sent as `Authorization`, re-read per call (the
+        /// `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE` of EKS Pod Identity).
+        public var tokenFile: String?
+        public struct Header: Sendable, Equatable {
+            public var name: String
+            public var value: String
+            public init(name: String, value: String) { self.name = name; self.value = value }
+        }
+        public init(url: EndpointURL, headers: [Header] = [], tokenFile: String? = nil) {
+            self.url = url
+            self.headers = headers
+            self.tokenFile = tokenFile
+        }
+    }
+
+    public struct OIDCRole: Sendable, Equatable {
+        public var roleARN: String
+        public var oidcProviderARN: String
+        public var tokenFile: String
+        public var sessionName: String
+        public var durationSeconds: Int?
+        public init(roleARN: String, oidcProviderARN: String, tokenFile: String, sessionName: String = "bearerd",
+                    durationSeconds: Int? = nil) {
+            self.roleARN = roleARN
+            self.oidcProviderARN = oidcProviderARN
+            self.tokenFile = tokenFile
+            self.sessionName = sessionName
+            self.durationSeconds = durationSeconds
+        }
+    }
+}
+
+/// A route's `sign:` (docs/architecture.md §6.15).
+public struct SignConfig: Sendable, Equatable {
+    /// `service:` for SigV4 (`s3`, `execute-api`, `bedrock`, …); nil for OSS (always `oss`).
+    public var service: String?
+    /// `bucket:` for OSS when the upstream host does not name it (`BUCKET.oss-REGION.aliyuncs.com`).
+    public var bucket: String?
+    /// `payload:`: `unsigned` (default for S3 and OSS: bodies stream) or `signed`.
+    public var payload: Payload
+
+    public enum Payload: String, Sendable, Equatable, CaseIterable {
+        /// `UNSIGNED-PAYLOAD`: the body is not hashed and streams.
+        case unsigned
+        /// The body's SHA-256 is signed: the body is read first (up to `replay_body_limit`).
+        case signed
+    }
+
+    public init(service: String?, bucket: String? = nil, payload: Payload) {
+        self.service = service
+        self.bucket = bucket
+        self.payload = payload
     }
 }

@@ -39,6 +39,9 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private let publication = TokenPublication()
     /// Sink files and token API hand-outs (docs/architecture.md §4); writes run on its own queue.
     public let outlets: TokenOutlets
+    /// A signing session's clock offset and counters, shared with the loops (nil for tokens).
+    /// Fixed for the driver's life (docs/architecture.md §6.15).
+    public let signing: SigningState?
 
     // Session queue only.
     private var settings: SessionSettings
@@ -96,6 +99,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         name = settings.config.name
         self.clock = clock
         grant = settings.config.grant
+        signing = settings.config.grant.isSigning ? SigningState() : nil
         dpop = settings.dpop
         stateDirectory = store?.directory
         self.settings = settings
@@ -413,8 +417,12 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         if let last = lastConverted, last.generation == t.generation, last.usableUntil == until {
             return last
         }
-        let fp = lastConverted.flatMap { $0.generation == t.generation ? $0.fingerprint : nil } ?? t.accessToken.fingerprint
-        let p = PublishedToken(value: t.accessToken.exposedValue, generation: t.generation, fingerprint: fp, usableUntil: until)
+        let same = lastConverted.flatMap { $0.generation == t.generation ? $0 : nil }
+        // A signing session's keys: decoded once per generation; the fingerprint names the key id.
+        let keys = grant.isSigning ? (same?.signingKeys ?? TemporaryCredentials(encodedToken: t.accessToken)) : nil
+        let fp = same?.fingerprint ?? keys.map { BearerdOAuth.fingerprint($0.accessKeyID) } ?? t.accessToken.fingerprint
+        let p = PublishedToken(value: t.accessToken.exposedValue, generation: t.generation, fingerprint: fp, usableUntil: until,
+                               signingKeys: keys)
         lastConverted = p
         return p
     }

@@ -38,7 +38,7 @@ struct SessionSettings {
     var grantKind: TokenSession.GrantKind {
         switch config.grant {
         // exec: no refresh token, a new token on every fetch, like client_credentials.
-        case .clientCredentials, .exec, .jwtBearer, .tokenExchange: .clientCredentials
+        case .clientCredentials, .exec, .jwtBearer, .tokenExchange, .aws, .aliyun: .clientCredentials
         // A person's session, once `bearerd login` stored its refresh token, is a refresh_token session.
         case .refreshToken, .authorizationCode, .deviceCode: .refreshToken
         case .password: .password
@@ -66,7 +66,7 @@ struct SessionSettings {
     func tokenRequest(refreshToken: OAuthSecret?) -> TokenRequest {
         let grant: TokenRequest.Grant
         switch config.grant {
-        case .clientCredentials, .exec: grant = .clientCredentials  // exec never sends it (CommandRunner)
+        case .clientCredentials, .exec, .aws, .aliyun: grant = .clientCredentials  // never sent: exec and signing sessions have their own fetch
         case .refreshToken, .authorizationCode, .deviceCode: grant = .refreshToken(refreshToken ?? OAuthSecret(""))
         case .password: grant = .password(username: config.username ?? "", password: password ?? OAuthSecret(""))
         // The credentials are read per request (`preparedRequest`); these are placeholders.

@@ -1,5 +1,6 @@
 import BearerdIO
 import BearerdConfig
+import BearerdOAuth
 
 /// An access token as the loops see it: the value to inject, its generation (for the replay
 /// rule of docs/architecture.md §6) and a fingerprint for logs. Never logged or printed whole. Immutable;
@@ -11,12 +12,17 @@ public final class PublishedToken: Sendable, Equatable, CustomStringConvertible 
     public let fingerprint: String
     /// Monotonic nanoseconds until which the token may be used without asking the session.
     public let usableUntil: UInt64
+    /// A signing session's keys, decoded once here from `value` (docs/architecture.md §6.15);
+    /// nil for a token.
+    public let signingKeys: TemporaryCredentials?
 
-    public init(value: String, generation: UInt64, fingerprint: String, usableUntil: UInt64) {
+    public init(value: String, generation: UInt64, fingerprint: String, usableUntil: UInt64,
+                signingKeys: TemporaryCredentials? = nil) {
         self.value = value
         self.generation = generation
         self.fingerprint = fingerprint
         self.usableUntil = usableUntil
+        self.signingKeys = signingKeys
     }
 
     public var description: String { "token(gen \(generation), \(fingerprint))" }
