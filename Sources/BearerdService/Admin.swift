@@ -4,6 +4,7 @@ import BearerdOAuth
 import BearerdProxyCore
 import BearerdConfig
 import BearerdSessions
+import BearerdTLS
 
 /// Where the server is in its life, for `/readyz`: `starting` until `start()` has bound every
 /// listener, `serving`, then `shuttingDown` from the moment `shutdown` is called.
@@ -89,6 +90,17 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
                  help: "Times accepting paused instead of taking a waiting connection, by reason (connection_budget: at the budget, until a connection closes; out_of_descriptors: accept failed with EMFILE/ENFILE, for 100 ms).")
         w.sample("bearerd_accept_pauses_total", [("reason", "connection_budget")], a.pausesAtBudget)
         w.sample("bearerd_accept_pauses_total", [("reason", "out_of_descriptors")], a.outOfDescriptors)
+    }
+
+    /// TLS handshakes of bearerd's clients (upstreams, token endpoints, STS, Redis) by peer and
+    /// whether a kept session was resumed (docs/architecture.md §2.3).
+    static func renderTLSHandshakes(_ stats: [String: TLSHandshakeStats.Counts], into w: inout PrometheusText) {
+        w.family("bearerd_tls_handshakes_total", .counter,
+                 help: "Completed client TLS handshakes by peer (host:port) and whether they resumed a kept session.")
+        for (peer, c) in stats.sorted(by: { $0.key < $1.key }) {
+            w.sample("bearerd_tls_handshakes_total", [("peer", peer), ("resumed", "false")], c.full)
+            w.sample("bearerd_tls_handshakes_total", [("peer", peer), ("resumed", "true")], c.resumed)
+        }
     }
 
     static func sessionSnapshots(_ server: AdminStatusSource) -> [SessionSnapshot] {
@@ -214,6 +226,7 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         w.sample("bearerd_open_connections", [], m.openConnections)
         w.family("bearerd_upstream_idle_connections", .gauge, help: "Idle keep-alive upstream connections in the pools.")
         w.sample("bearerd_upstream_idle_connections", [], m.idleUpstreamConnections)
+        Self.renderTLSHandshakes(TLSHandshakeStats.snapshot, into: &w)
         if let a = accept { Self.renderAcceptBudget(a, into: &w) }
 
         guard !sessions.isEmpty else { return w.text }

@@ -145,7 +145,7 @@ final class TokenEndpointClient: ChannelDelegate {
                 case .success(let t):
                     do {
                         var engine: TLSEngine?
-                        if let tlsContext { engine = try TLSEngine(client: tlsContext, serverName: url.host) }
+                        if let tlsContext { engine = try TLSEngine(client: tlsContext, serverName: url.host, port: url.port) }
                         channel = t.start(delegate: self, tls: engine)
                     } catch {
                         t.channel.close()
@@ -175,7 +175,7 @@ final class TokenEndpointClient: ChannelDelegate {
         remainingAddresses = addresses.dropFirst()
         do {
             var engine: TLSEngine?
-            if let tlsContext { engine = try TLSEngine(client: tlsContext, serverName: url.host) }
+            if let tlsContext { engine = try TLSEngine(client: tlsContext, serverName: url.host, port: url.port) }
             channel = try SocketChannel.connect(to: address, loop: loop, tls: engine, delegate: self)
         } catch let error as TLSError {
             finish(.transportFailure(detail: "\(error)", requestSent: false))
