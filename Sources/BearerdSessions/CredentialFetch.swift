@@ -63,7 +63,7 @@ struct CredentialFetch {
                 done(.failure(Self.localFailure(error)), false); return nil
             }
             return post(form, to: signing.stsURL, done) { status, headers, body in
-                Self.classify(status: status, headers: headers, wallClockNow: clock.wallClockSeconds()) { () throws(CredentialsError) in
+                Self.classify(status: status, headers: headers, body: body, wallClockNow: clock.wallClockSeconds()) { () throws(CredentialsError) in
                     try TemporaryCredentials.fromSTSXML(body, action: .assumeRoleWithWebIdentity, redacting: [token])
                 }
             }
@@ -103,7 +103,7 @@ struct CredentialFetch {
             let signedURL = EndpointURL(scheme: url.scheme, host: url.host, port: url.port, path: target.first.map(String.init) ?? "/",
                                         query: target.count > 1 ? String(target[1]) : nil)
             return post(EncodedTokenRequest(body: form.body, headers: headers), to: signedURL, done) { status, responseHeaders, body in
-                Self.classify(status: status, headers: responseHeaders, wallClockNow: clock.wallClockSeconds()) { () throws(CredentialsError) in
+                Self.classify(status: status, headers: responseHeaders, body: body, wallClockNow: clock.wallClockSeconds()) { () throws(CredentialsError) in
                     try TemporaryCredentials.fromSTSXML(body, action: .assumeRole, redacting: [keys.secret] + (keys.sessionToken.map { [$0] } ?? []))
                 }
             }
@@ -277,7 +277,7 @@ struct CredentialFetch {
     /// configuration errors are permanent; an unusable answer is retryable like a token
     /// endpoint's (docs/architecture.md §6). `vending`: a vending endpoint, whose 401/403 is
     /// transient (its `url_token_file` rotates) and whose other 4xx are permanent.
-    static func classify(status: Int, headers: [(name: String, value: String)], wallClockNow: Int64, vending: Bool = false,
+    static func classify(status: Int, headers: [(name: String, value: String)], body: [UInt8] = [], wallClockNow: Int64, vending: Bool = false,
                          decode: () throws(CredentialsError) -> TemporaryCredentials) -> Result<TemporaryCredentials, TokenEndpointFailure> {
         let retryAfter = headers.first { $0.name.lowercased() == "retry-after" }
             .flatMap { RetryAfter.parse($0.value, wallClockNow: wallClockNow) }
@@ -296,6 +296,10 @@ struct CredentialFetch {
             guard (200...299).contains(status) else { return failure(.retryable, "token.http_\(status)", "credentials in a non-2xx answer") }
             return .success(c)
         } catch {
+            var error = error
+            if error.reason == "sts.error_without_code", let nested = nestedQueryError(body) {
+                error = nested
+            }
             if let code = error.code, error.reason.hasPrefix("sts.") {
                 let text = [code, error.message].compactMap { $0 }.joined(separator: ": ")
                 if transientCodes.contains(code) || code.hasPrefix("Throttling") || code.hasPrefix("ServiceUnavailable") {
@@ -309,11 +313,27 @@ struct CredentialFetch {
                     return failure(.retryable, "token.http_\(status)", error.message)
                 }
                 if vending, (400...499).contains(status) { return failure(.permanent, "token.http_\(status)", error.message) }
+                // An STS refusing the caller (401/403) names the keys or the role, whatever the body.
+                if !vending, status == 401 || status == 403 { return failure(.permanent, "token.http_\(status)", error.message) }
                 return failure(.retryable, "token.http_\(status)", error.message)
             }
             // A 2xx without usable keys (a maintenance page, a half-configured vendor): transient.
             return failure(.retryable, error.reason, error.description)
         }
+    }
+
+    /// The query protocol's other error shape, `<ErrorResponse><Errors><Error><Code>` (botocore
+    /// reads it; moto's STS answers its authentication errors so), as `sts.<Code>`.
+    static func nestedQueryError(_ body: [UInt8]) -> CredentialsError? {
+        guard let root = try? SimpleXML.Reader().parse(body), root.name == "ErrorResponse",
+              let error = root.child("Errors")?.child("Error"), let code = error.child("Code")?.text, !code.isEmpty else { return nil }
+        let safe = code.unicodeScalars.prefix(64).map { s -> String in
+            switch s {
+            case "a"..."z", "A"..."Z", "0"..."9", ".", "_", "-": return String(s)
+            default: return "_"
+            }
+        }.joined()
+        return CredentialsError(reason: "sts." + safe, code: safe, message: error.child("Message").map { String($0.text.prefix(256)).filter { $0.isASCII && !$0.isNewline } })
     }
 
     /// A request bearerd cannot build from the configuration (a role ARN or session name STS

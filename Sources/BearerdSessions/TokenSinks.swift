@@ -17,8 +17,9 @@ public struct TokenSinkPlan: Sendable, Equatable {
     public var sinks: [SinkConfig]
     public var header: InjectConfig
     public var tokenType: String
-    /// A signing session (docs/architecture.md §6.15): `json` sinks hold its keys
-    /// (`CredentialFormat.json`); `token` and `header` sinks are refused (`refusal(for:)`).
+    /// A signing session (docs/architecture.md §6.15): `token` sinks hold its keys as
+    /// `credential_process` JSON (the stored token as is), `json` sinks as `CredentialFormat.json`;
+    /// `header` sinks are refused (`refusal(for:)`).
     public var signing: Bool
 
     public init(session: String, sinks: [SinkConfig], header: InjectConfig = .bearer, tokenType: String = "Bearer", signing: Bool = false) {
@@ -36,8 +37,8 @@ public struct TokenSinkPlan: Sendable, Equatable {
 
     /// Why a sink of `format` is not written for this session, or nil.
     public func refusal(for format: SinkFormat) -> String? {
-        guard signing, format != .json else { return nil }
-        return "format \(format.rawValue) does not apply to session \(session), which holds signing keys, not a token: use format: json"
+        guard signing, format == .header else { return nil }
+        return "format \(format.rawValue) does not apply to session \(session), which holds signing keys, not a token: use format: token (credential_process JSON) or json"
     }
 
     /// The file content for `format`; `expiresAt` in Unix seconds. `token` is exactly the token,
@@ -45,8 +46,8 @@ public struct TokenSinkPlan: Sendable, Equatable {
     /// programs read the file straight into a header value, and a trailing newline there makes
     /// it invalid (RFC 9110 §5.5). `header` and `json` are one newline-terminated line.
     public func render(_ format: SinkFormat, token: String, expiresAt: Int64) -> [UInt8] {
-        if signing, let keys = TemporaryCredentials(encodedToken: OAuthSecret(token)) {
-            // Only `json` is written (`refusal(for:)`): the keys, one line.
+        if signing, format == .json, let keys = TemporaryCredentials(encodedToken: OAuthSecret(token)) {
+            // The keys, one line (`token` writes the stored credential_process JSON as is).
             return Array((CredentialFormat.json(keys, session: session) + "\n").utf8)
         }
         switch format {
