@@ -118,6 +118,7 @@ struct SessionSettings {
             || !a.params.elementsEqual(b.params, by: { $0 == $1 }) || a.username != b.username || a.tls != b.tls
             || a.grant != b.grant || a.audiences != b.audiences || a.resources != b.resources || a.exchange != b.exchange
             || a.assertionFile != b.assertionFile || a.clientAssertionFile != b.clientAssertionFile
+            || a.signing != b.signing  // another role, source or region: the held keys are not for it
     }
 
     /// Reads the session's secrets now (client secret, password, refresh token file) and builds

@@ -376,6 +376,19 @@ struct SigningCredentialsTests {
         #expect(status == 200 && body.contains("tok-1"), "\(body)")
     }
 
+    /// Replicas share keys only for the same source: two sessions that differ only in the role
+    /// (or the vending URL) never share a shared-cache record or a `bearerd token` cache entry.
+    @Test func theSourceIsPartOfTheSharedAndCachedIdentity() throws {
+        let sts = EndpointURL(scheme: "https", host: "sts.us-east-1.amazonaws.com", port: 443, path: "/")
+        let a = Self.session(sts: sts, .webIdentity(.init(roleARN: Self.role, tokenFile: "/t")))
+        let b = Self.session(sts: sts, .webIdentity(.init(roleARN: Self.role + "-admin", tokenFile: "/t")))
+        let c = Self.session(sts: sts, .url(.init(url: EndpointURL(scheme: "http", host: "127.0.0.1", port: 1, path: "/a"))))
+        let d = Self.session(sts: sts, .url(.init(url: EndpointURL(scheme: "http", host: "127.0.0.1", port: 1, path: "/b"))))
+        #expect(SharedTokenCache.identity(of: a, dpopThumbprint: nil) != SharedTokenCache.identity(of: b, dpopThumbprint: nil))
+        #expect(SharedTokenCache.identity(of: c, dpopThumbprint: nil) != SharedTokenCache.identity(of: d, dpopThumbprint: nil))
+        #expect(a.signingIdentity != b.signingIdentity && c.signingIdentity != d.signingIdentity)
+    }
+
     /// STS answers classified without a server (the cases the fixtures cannot make): throttling
     /// and 5xx retryable with a delay, an invalid projected token transient, AccessDenied
     /// permanent, an unknown 4xx code permanent, an unusable 200 retryable, expired keys refused.
