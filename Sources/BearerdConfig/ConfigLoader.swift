@@ -137,15 +137,21 @@ enum ConfigKeys {
         "authorization_url", "device_authorization_url", "redirect_uri",
         "assertion_file", "audience", "resource", "subject_token_file", "subject_session", "subject_token_type",
         "actor_token_file", "actor_token_type", "requested_token_type", "client_assertion_file",
-        "dpop", "dpop_key_file", "sinks",
+        "dpop", "dpop_key_file", "sinks", "region", "sts_url", "credentials",
     ]
     static let sink = ["path", "mode", "format"]
     static let tokenAPI = ["listen", "sessions", "allowed_uids"]
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [
         "match", "host", "strip_prefix", "upstream", "session", "tls", "timeouts", "replay_body_limit",
-        "reject_statuses", "replay_methods", "http2", "inject",
+        "reject_statuses", "replay_methods", "http2", "inject", "sign",
     ]
+    static let sign = ["service", "bucket", "payload"]
+    static let credentials = ["web_identity", "assume_role", "url", "url_headers", "url_token_file", "exec", "static", "oidc_role"]
+    static let webIdentity = ["role_arn", "token_file", "session_name", "duration"]
+    static let assumeRole = ["role_arn", "access_key_id_file", "secret_access_key_file", "session_token_file", "external_id", "session_name", "duration"]
+    static let staticKeys = ["access_key_id_file", "secret_access_key_file", "session_token_file"]
+    static let oidcRole = ["role_arn", "oidc_provider_arn", "token_file", "session_name", "duration"]
     static let inject = ["header", "format"]
     static let routeTimeouts = ["connect", "response", "idle"]
     static let sharedCache = ["url", "key_file", "prefix", "password_file", "tls"]
@@ -153,7 +159,10 @@ enum ConfigKeys {
     /// Every section with its dotted location pattern, for documentation checks.
     static let sections: [(section: String, keys: [String])] = [
         ("(top level)", top), ("listen[N]", listener), ("listen[N].tls", listenerTLS), ("log", log), ("limits", limits), ("timeouts", frontendTimeouts), ("sessions.NAME", session),
-        ("sessions.NAME.tls", tls), ("routes[N]", route), ("routes[N].tls", tls), ("routes[N].timeouts", routeTimeouts), ("routes[N].inject", inject),
+        ("sessions.NAME.tls", tls), ("routes[N]", route), ("routes[N].tls", tls), ("routes[N].timeouts", routeTimeouts), ("routes[N].inject", inject), ("routes[N].sign", sign),
+        ("sessions.NAME.credentials", credentials), ("sessions.NAME.credentials.web_identity", webIdentity),
+        ("sessions.NAME.credentials.assume_role", assumeRole), ("sessions.NAME.credentials.static", staticKeys),
+        ("sessions.NAME.credentials.oidc_role", oidcRole),
         ("sessions.NAME.sinks[N]", sink), ("token_api", tokenAPI),
         ("shared_cache", sharedCache), ("shared_cache.tls", tls),
     ]

@@ -674,6 +674,8 @@ public struct SignConfig: Sendable, Equatable {
     public var bucket: String?
     /// `payload:`: `unsigned` (default for S3 and OSS: bodies stream) or `signed`.
     public var payload: Payload
+    /// Source line of the `sign:` key, for messages.
+    public var line: Int = 0
 
     public enum Payload: String, Sendable, Equatable, CaseIterable {
         /// `UNSIGNED-PAYLOAD`: the body is not hashed and streams.

@@ -106,6 +106,7 @@ public enum ConfigReference {
     static let kubernetes = "docs/guides/kubernetes-and-containers.md"
     static let tools = "docs/guides/curl-and-dev-tools.md"
     static let tour = "docs/configuration-tour.md"
+    static let signing = "docs/architecture.md §6.15"
 
     /// Every section, in the order of `ConfigKeys.sections`.
     public static let sections: [Section] = [
@@ -254,6 +255,13 @@ public enum ConfigReference {
                 example: "/var/lib/bearerd/bound.dpop.pem", see: "docs/guides/dpop.md"),
             key("sinks", .sectionList("sessions.NAME.sinks[N]"), "none", "Files rewritten atomically with every new token.",
                 example: "[{ path: /run/bearerd/bound.header, format: header }]", see: tools),
+            key("region", .pattern("a region name", regex: "^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$"), "required for grant aws and aliyun",
+                "grant aws / aliyun: the signing region (no oss- prefix).", example: "us-east-1", see: signing),
+            key("sts_url", .url, "https://sts.REGION.amazonaws.com (aliyun: https://sts.REGION.aliyuncs.com)",
+                "grant aws / aliyun: the STS that web_identity, assume_role and oidc_role call.", example: "https://sts.us-east-1.amazonaws.com", see: signing),
+            key("credentials", .section("sessions.NAME.credentials"), "required for grant aws and aliyun",
+                "grant aws / aliyun: where the signing keys come from (exactly one source).",
+                example: "{ url: https://app.example.com/distribute-token.json }", see: signing),
         ]),
         clientTLS("sessions.NAME.tls", id: "sessionTLS", peer: "the token endpoint", see: tour),
         Section(path: "routes[N]", id: "route", summary: "One route; the first whose match (and host) fits the request wins.", keys: [
@@ -276,6 +284,9 @@ public enum ConfigReference {
                 example: "prior_knowledge", see: "docs/http.md (HTTP/2 on both sides)"),
             key("inject", .section("routes[N].inject"), "Authorization: Bearer {token}", "Where the session's token goes; needs session.",
                 example: "{ header: X-Api-Key, format: \"{token}\" }", see: config),
+            key("sign", .section("routes[N].sign"), "none (a token is injected)",
+                "Sign requests with the session's keys (grant aws: SigV4; grant aliyun: OSS V4) instead of injecting a token.",
+                example: "{ service: s3 }", see: signing),
         ]),
         clientTLS("routes[N].tls", id: "routeTLS", peer: "the upstream", see: config),
         Section(path: "routes[N].timeouts", id: "routeTimeouts", summary: "Upstream timeouts of a route.", keys: [
@@ -288,6 +299,68 @@ public enum ConfigReference {
                 "Header name; bearerd's own headers (Host, Via, …) are refused.", example: "X-Api-Key", see: config),
             key("format", .text, "\"Bearer {token}\" (\"{token}\" for another header)", "Header value with {token} exactly once.",
                 example: "\"Bearer {token}\"", see: config),
+        ]),
+        Section(path: "routes[N].sign", id: "sign", summary: "How a route signs requests (grant aws or aliyun sessions).", keys: [
+            key("service", .pattern("a service name", regex: "^[a-z0-9.-]{1,64}$"), "required for grant aws; oss for aliyun",
+                "The SigV4 service the upstream is (s3, execute-api, bedrock, …).", example: "s3", see: signing),
+            key("bucket", .pattern("a bucket name", regex: "^[a-z0-9-]{3,63}$"), "from the host BUCKET.oss-REGION.aliyuncs.com",
+                "OSS only: the bucket, when the upstream host does not name it.", example: "my-bucket", see: signing),
+            key("payload", .choice(SignConfig.Payload.allCases.map(\.rawValue)), "unsigned for s3 and OSS, signed otherwise",
+                "unsigned: bodies stream (UNSIGNED-PAYLOAD); signed: the body is hashed first (up to replay_body_limit, else 413).",
+                example: "signed", see: signing),
+        ]),
+        Section(path: "sessions.NAME.credentials", id: "credentials", summary: "Where a signing session's keys come from: exactly one source.", keys: [
+            key("web_identity", .section("sessions.NAME.credentials.web_identity"), "none",
+                "grant aws: STS AssumeRoleWithWebIdentity with a projected token (EKS IRSA).",
+                example: "{ role_arn: \"arn:aws:iam::123456789012:role/app\", token_file: /var/run/secrets/eks.amazonaws.com/serviceaccount/token }",
+                see: signing),
+            key("assume_role", .section("sessions.NAME.credentials.assume_role"), "none",
+                "grant aws: STS AssumeRole signed with base keys from files.",
+                example: "{ role_arn: \"arn:aws:iam::123456789012:role/app\", access_key_id_file: /etc/bearerd/ak, secret_access_key_file: /etc/bearerd/sk }",
+                see: signing),
+            key("url", .url, "none", "A vending endpoint (GET): container-credentials JSON or seed 004's accessKeyId/accessKeySecret/securityToken/expiration.",
+                example: "http://169.254.170.23/v1/credentials", see: signing),
+            key("url_headers", .map(.text), "none", "url: headers sent with every request.", example: "{ X-Team: storage }", see: signing),
+            key("url_token_file", .path, "none", "url: a file whose content is sent as Authorization, re-read per request (EKS Pod Identity).",
+                example: "/var/run/secrets/pods.eks.amazonaws.com/serviceaccount/eks-pod-identity-token", see: signing),
+            key("exec", .list(.text), "none", "A helper printing credential_process JSON (Version 1); argv, no shell.",
+                example: "[/usr/local/bin/creds, --profile, app]", see: signing),
+            key("static", .section("sessions.NAME.credentials.static"), "none", "Keys from files, re-read every default_lifetime.",
+                example: "{ access_key_id_file: /etc/bearerd/ak, secret_access_key_file: /etc/bearerd/sk }", see: signing),
+            key("oidc_role", .section("sessions.NAME.credentials.oidc_role"), "none",
+                "grant aliyun: STS AssumeRoleWithOIDC with a projected token (ACK RRSA).",
+                example: "{ role_arn: \"acs:ram::123:role/app\", oidc_provider_arn: \"acs:ram::123:oidc-provider/ack\", token_file: /var/run/secrets/ack.alibabacloud.com/rrsa-tokens/token }",
+                see: signing),
+        ]),
+        Section(path: "sessions.NAME.credentials.web_identity", id: "webIdentity", summary: "AWS STS AssumeRoleWithWebIdentity.", keys: [
+            key("role_arn", .pattern("an ARN", regex: "^arn:"), "required", "The role to assume.", example: "\"arn:aws:iam::123456789012:role/app\"", see: signing),
+            key("token_file", .path, "required", "The projected token, re-read for every call.",
+                example: "/var/run/secrets/eks.amazonaws.com/serviceaccount/token", see: signing),
+            key("session_name", .pattern("a role session name", regex: "^[A-Za-z0-9_+=,.@-]{2,64}$"), "bearerd", "RoleSessionName.", example: "orders", see: signing),
+            key("duration", .duration(maximum: "12h"), "the role's default", "DurationSeconds (at least 15m).", example: "1h", see: signing),
+        ]),
+        Section(path: "sessions.NAME.credentials.assume_role", id: "assumeRole", summary: "AWS STS AssumeRole with base keys.", keys: [
+            key("role_arn", .pattern("an ARN", regex: "^arn:"), "required", "The role to assume.", example: "\"arn:aws:iam::123456789012:role/app\"", see: signing),
+            key("access_key_id_file", .path, "required", "File holding the base access key id.", example: "/etc/bearerd/ak", see: signing),
+            key("secret_access_key_file", .path, "required", "File holding the base secret access key.", example: "/etc/bearerd/sk", see: signing),
+            key("session_token_file", .path, "none", "File holding the base keys' session token, if they are temporary.", example: "/etc/bearerd/st", see: signing),
+            key("external_id", .text, "none", "ExternalId the role's trust policy requires.", example: "partner-42", see: signing),
+            key("session_name", .pattern("a role session name", regex: "^[A-Za-z0-9_+=,.@-]{2,64}$"), "bearerd", "RoleSessionName.", example: "orders", see: signing),
+            key("duration", .duration(maximum: "12h"), "the role's default", "DurationSeconds (at least 15m).", example: "1h", see: signing),
+        ]),
+        Section(path: "sessions.NAME.credentials.static", id: "staticKeys", summary: "Keys from files.", keys: [
+            key("access_key_id_file", .path, "required", "File holding the access key id.", example: "/etc/bearerd/ak", see: signing),
+            key("secret_access_key_file", .path, "required", "File holding the secret access key.", example: "/etc/bearerd/sk", see: signing),
+            key("session_token_file", .path, "none", "File holding a session token (STS keys).", example: "/etc/bearerd/st", see: signing),
+        ]),
+        Section(path: "sessions.NAME.credentials.oidc_role", id: "oidcRole", summary: "Alibaba Cloud STS AssumeRoleWithOIDC (ACK RRSA).", keys: [
+            key("role_arn", .pattern("an ARN", regex: "^acs:ram::"), "required", "The RAM role to assume.", example: "\"acs:ram::123:role/app\"", see: signing),
+            key("oidc_provider_arn", .pattern("an ARN", regex: "^acs:ram::"), "required", "The OIDC provider of the cluster.",
+                example: "\"acs:ram::123:oidc-provider/ack\"", see: signing),
+            key("token_file", .path, "required", "The projected token, re-read for every call.",
+                example: "/var/run/secrets/ack.alibabacloud.com/rrsa-tokens/token", see: signing),
+            key("session_name", .pattern("a role session name", regex: "^[A-Za-z0-9_+=,.@-]{2,64}$"), "bearerd", "RoleSessionName.", example: "orders", see: signing),
+            key("duration", .duration(maximum: "12h"), "the role's default", "DurationSeconds (at least 15m).", example: "1h", see: signing),
         ]),
         Section(path: "sessions.NAME.sinks[N]", id: "sink", summary: "A file other programs read, rewritten with every new token.", keys: [
             key("path", .path, "required", "The file; a missing directory is created 0750.", example: "/run/bearerd/bound.header", see: tools),

@@ -105,6 +105,7 @@ extension ConfigBuilder {
         checkChains(sessions, allNames: sessionNames)
         let api = top["token_api"].flatMap { self.tokenAPI($0, sessionNames: sessionNames, listeners: listeners, admin: admin) }
         checkShadowedRoutes(Array(zip(routeIndices, routes)))
+        checkSigning(sessions: sessions, routes: Array(zip(routeIndices, routes)))
 
         var config = BearerdConfig(file: file, listen: [], admin: admin, stateDir: stateDir, loops: loops,
                                    limits: limits, frontendTimeouts: timeouts, sessions: sessions, routes: routes)
@@ -197,8 +198,16 @@ extension ConfigBuilder {
                              expected: "a session mapping (grant, token_url, client_id, …)") else { return nil }
 
         let grant = choice(f, "grant", GrantType.self)
-        if f["grant"] == nil { missing(f, "grant", "client_credentials, refresh_token, password, exec, authorization_code, device_code, jwt_bearer or token_exchange") }
+        if f["grant"] == nil { missing(f, "grant", "client_credentials, refresh_token, password, exec, authorization_code, device_code, jwt_bearer, token_exchange, aws or aliyun") }
         let sinks = self.sinks(f)
+        if let grant, grant.isSigning {
+            var s = signingSession(item, f, grant: grant)
+            s?.sinks = sinks
+            return s
+        }
+        for k in ["region", "sts_url", "credentials"] {
+            if let e = f[k] { fail(e.keyLine, f.key(k), "only used with grant aws or aliyun (this session has grant \(grant?.rawValue ?? "?"))") }
+        }
         if grant == .exec {
             var s = execSession(item, f)
             s?.sinks = sinks
@@ -371,35 +380,9 @@ extension ConfigBuilder {
         }
         var argv: [String]?
         if let e = f["command"] {
-            let expected = "a list: the program and its arguments, e.g. [/usr/local/bin/get-token, --audience, api]"
-            switch e.value {
-            case .sequence(let items):
-                var out: [String] = []
-                for (i, node) in items.enumerated() {
-                    guard case .scalar(let s) = node, !Self.isNull(node), !s.string.isEmpty, !s.string.contains("\0") else {
-                        fail(Self.line(node), "\(f.key("command"))[\(i)]", "expected a non-empty string, got \(Self.describe(node))")
-                        continue
-                    }
-                    out.append(s.string)
-                }
-                if items.isEmpty { fail(e.valueLine, f.key("command"), "expected \(expected), got an empty list") }
-                if out.count == items.count && !out.isEmpty { argv = out }
-            default:
-                fail(e.valueLine, f.key("command"), "expected \(expected) (no shell runs it), got \(Self.describe(e.value))")
-            }
+            argv = self.argv(e, in: f, hint: "a list: the program and its arguments, e.g. [/usr/local/bin/get-token, --audience, api]")
         } else {
             missing(f, "command", "grant exec runs a command that prints the token response, e.g. [/usr/local/bin/get-token]")
-        }
-        if let argv, checkFiles, let e = f["command"] {
-            let program = argv[0]
-            if program.contains("/") {
-                if access(program, X_OK) != 0 { fail(e.valueLine, f.key("command"), "\(program) is not an executable file") }
-            } else {
-                let path = (environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin").split(separator: ":")
-                if !path.contains(where: { access("\($0)/\(program)", X_OK) == 0 }) {
-                    fail(e.valueLine, f.key("command"), "\(program) is not found in PATH; give its absolute path")
-                }
-            }
         }
         let timeout = duration(f, "timeout", maximum: .seconds(600))
         let refreshBefore = duration(f, "refresh_before", maximum: ConfigValues.maximumLifetime)
@@ -567,6 +550,7 @@ extension ConfigBuilder {
                                 tls: tls, timeouts: timeouts, replayBodyLimit: replayBodyLimit,
                                 rejectStatuses: rejectStatuses, replayMethods: replayMethods, http2: http2, inject: inject, line: line)
         route.injectConfigured = f["inject"] != nil
+        route.sign = signSettings(f)
         return (route, f["session"]?.valueLine ?? line)
     }
 

@@ -282,7 +282,7 @@ let minimalRoute = """
             "bearerd.yaml:3: limits.header_byte: unknown key (did you mean 'header_bytes'?)",
             "bearerd.yaml:7: routes[0].timeouts.conect: unknown key (did you mean 'connect'?)",
             "bearerd.yaml:8: routes[0].client_id: unknown key ('client_id' belongs in a session under sessions:, which the route names with session:)",
-            "bearerd.yaml:9: routes[0].frobnicate: unknown key (expected one of: match, host, strip_prefix, upstream, session, tls, timeouts, replay_body_limit, reject_statuses, replay_methods, http2, inject)",
+            "bearerd.yaml:9: routes[0].frobnicate: unknown key (expected one of: match, host, strip_prefix, upstream, session, tls, timeouts, replay_body_limit, reject_statuses, replay_methods, http2, inject, sign)",
         ])
     }
 
@@ -472,7 +472,7 @@ let minimalRoute = """
               - session: partner
             """)
         #expect(errors == [
-            "bearerd.yaml:2: sessions.partner.grant: missing required key (client_credentials, refresh_token, password, exec, authorization_code, device_code, jwt_bearer or token_exchange)",
+            "bearerd.yaml:2: sessions.partner.grant: missing required key (client_credentials, refresh_token, password, exec, authorization_code, device_code, jwt_bearer, token_exchange, aws or aliyun)",
             "bearerd.yaml:2: sessions.partner.token_url: missing required key (the token endpoint, e.g. https://auth.example.com/oauth2/token, or issuer: for discovery)",
             "bearerd.yaml:2: sessions.partner.client_id: missing required key",
             "bearerd.yaml:5: routes[0].match: missing required key (a path prefix such as / or /api/)",
@@ -782,7 +782,7 @@ let minimalRoute = """
             "bearerd.yaml:7: sessions.bad name.token_url: missing required key (the token endpoint, e.g. https://auth.example.com/oauth2/token, or issuer: for discovery)",
             "bearerd.yaml:7: sessions.bad name.client_id: missing required key",
             "bearerd.yaml:7: sessions.bad name.client_secret_file: missing: client_auth client_secret_basic (the default) needs one of client_secret_file, client_secret_env or client_secret; a public client sets client_auth: none",
-            "bearerd.yaml:8: sessions.bad name.grant: expected one of client_credentials, refresh_token, password, exec, authorization_code, device_code, jwt_bearer, token_exchange, got \"implicit\"",
+            "bearerd.yaml:8: sessions.bad name.grant: expected one of client_credentials, refresh_token, password, exec, authorization_code, device_code, jwt_bearer, token_exchange, aws, aliyun, got \"implicit\"",
         ])
     }
 
