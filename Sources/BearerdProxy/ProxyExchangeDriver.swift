@@ -583,14 +583,24 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             // The machine connects only once the whole body is in the kept copy.
             payloadHash = RequestSigner.payloadHash(kept)
         }
+        // `payload: signed` holds the whole body: it goes with its length (object stores refuse a
+        // chunked upload without it: S3's 411 MissingContentLength). Trailers are then dropped.
+        var head = upstreamHead
+        var bodyFraming = framing
+        if plan.payload == .signedPayload, framing == .chunked {
+            head.headers.remove("Transfer-Encoding")
+            head.headers.set("Content-Length", String(kept.count))
+            bodyFraming = .contentLength(UInt64(kept.count))
+            requestTrailers = nil
+        }
         let host = wallClockSeconds()
         let time = session?.signing?.signingTime(hostEpochSeconds: host) ?? host
-        switch RequestSigner.sign(upstreamHead, authority: target.url.authority, plan: plan, keys: token?.signingKeys,
+        switch RequestSigner.sign(head, authority: target.url.authority, plan: plan, keys: token?.signingKeys,
                                   payloadHash: payloadHash, epochSeconds: time) {
         case .signed(let prepared):
             canonicalRequestHash = prepared.canonicalRequestHash
             session?.signing?.countSigned()
-            sendRequest(send, conn: conn, head: prepared.head, credential: prepared.authorization)
+            sendRequest(send, conn: conn, head: prepared.head, credential: prepared.authorization, bodyFraming: bodyFraming)
         case .failed(let failure, let detail):
             failureDetail = detail
             conn.close()
@@ -657,7 +667,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         complete(keepAlive: keepAlive)
     }
 
-    private func sendRequest(_ send: ProxyExchange.SendRequest, conn: UpstreamStream, head upstreamHead: HTTPRequestHead, credential: HTTPField?) {
+    private func sendRequest(_ send: ProxyExchange.SendRequest, conn: UpstreamStream, head upstreamHead: HTTPRequestHead, credential: HTTPField?,
+                             bodyFraming: HTTP1BodyFraming? = nil) {
         if runtime.tracesExchanges {
             var h = upstreamHead
             if let credential { h.headers.set(credential.name, credential.value) }
@@ -667,7 +678,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 "token.generation": "\(token?.generation ?? 0)"])
         }
         headSentAt = ctx.loop.now
-        conn.sendHead(upstreamHead, body: framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
+        conn.sendHead(upstreamHead, body: bodyFraming ?? framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
                       credential: credential)
         // The stream may have failed while sending (an HTTP/2 connection that just went away).
         guard let conn = backend else { return }
