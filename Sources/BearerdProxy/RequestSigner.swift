@@ -4,11 +4,6 @@ import BearerdProxyCore
 import BearerdConfig
 import BearerdTLS
 
-/// OpenSSL's SHA-256 and HMAC-SHA-256 (`BearerdTLS.Digest`) for `RequestSigning`. Stateless.
-struct OpenSSLSigningCrypto: RequestSigning.Crypto {
-    func sha256(_ bytes: [UInt8]) -> [UInt8] { Digest.sha256(bytes) }
-    func hmacSHA256(key: [UInt8], message: [UInt8]) -> [UInt8] { Digest.hmacSHA256(key: key, message: message) }
-}
 
 extension RouteSigning {
     /// The plan of `route` under the sessions of its configuration: nil unless the route has
@@ -41,6 +36,10 @@ extension RouteSigning {
 /// each get their own signature (their own time, their own keys). Stateless; the driver holds
 /// what one exchange needs (the plan, the body's hash).
 enum RequestSigner {
+    /// OpenSSL's digests with the signing keys kept (one HMAC per request): one for the process,
+    /// room for the keys of 16 secrets and scopes at once (routes and sessions are few).
+    static let crypto = SigningCrypto(capacity: 16)
+
     /// The head to send: the client's `Authorization` and the schemes' date, token, hash and
     /// signature fields removed, the signer's added (all but `Authorization`), the target as
     /// signed (canonically re-encoded). `authorization` is set as the head is written (HTTP/2
@@ -72,7 +71,7 @@ enum RequestSigner {
         let credentials = RequestSigning.Credentials(accessKeyID: keys.accessKeyID, secretAccessKey: keys.secret.exposedValue,
                                                      sessionToken: keys.sessionToken?.exposedValue)
         switch RequestSigning.sign(method: head.method, target: head.target, host: host, headers: fields, scheme: plan.scheme,
-                                   credentials: credentials, payload: payload, epochSeconds: epochSeconds, crypto: OpenSSLSigningCrypto()) {
+                                   credentials: credentials, payload: payload, epochSeconds: epochSeconds, crypto: crypto) {
         case .failure(let failure):
             switch failure {
             case .invalidPercentEncoding(let offset):
@@ -95,8 +94,8 @@ enum RequestSigner {
                     out.headers.add(f.name, f.value)
                 }
             }
-            let toSign = signed.stringToSign
-            let hash = toSign.lastIndex(of: "\n").map { toSign[toSign.index(after: $0)...] } ?? ""
+            // The string to sign ends with the hash: its last 64 bytes (ASCII hex).
+            let hash = Substring(signed.stringToSign.utf8.suffix(64))
             return .signed(Prepared(head: out, authorization: authorization, canonicalRequestHash: hash))
         }
     }

@@ -10,7 +10,9 @@ import Synchronization
 /// Invariant: a cached key is returned only for the exact secret, prefix, day and scope it was
 /// derived from.
 final class SigningCrypto: RequestSigning.Crypto, Sendable {
-    private let keys = Mutex(RequestSigning.SigningKeyCache())
+    private let keys: Mutex<RequestSigning.SigningKeyCache>
+
+    init(capacity: Int = 4) { keys = Mutex(RequestSigning.SigningKeyCache(capacity: capacity)) }
 
     func sha256(_ bytes: [UInt8]) -> [UInt8] { Digest.sha256(bytes) }
     func hmacSHA256(key: [UInt8], message: [UInt8]) -> [UInt8] { Digest.hmacSHA256(key: key, message: message) }

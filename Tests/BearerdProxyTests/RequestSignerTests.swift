@@ -87,7 +87,7 @@ import BearerdTLS
         let core = try RequestSigning.sign(method: "PUT", target: head.target, host: "bucket.s3.amazonaws.com",
                                            headers: head.headers.fields.map { (name: $0.name, value: $0.value) },
                                            scheme: plan.scheme, credentials: .init(accessKeyID: "AKID", secretAccessKey: "secret", sessionToken: "tok"),
-                                           payload: .unsigned, epochSeconds: 1_440_938_160, crypto: OpenSSLSigningCrypto()).get()
+                                           payload: .unsigned, epochSeconds: 1_440_938_160, crypto: OpenSSLCrypto()).get()
         #expect(p.authorization?.value == core.add.last?.value)
         #expect(String(p.canonicalRequestHash) == RequestSigning.hex(Digest.sha256(Array(core.canonicalRequest.utf8))))
     }
