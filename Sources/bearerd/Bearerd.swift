@@ -13,7 +13,7 @@ import BearerdService
 struct Bearerd: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "bearerd",
-        abstract: "An authenticating reverse proxy: forwards plain HTTP upstream with an OAuth 2.0 bearer token injected.",
+        abstract: "An authenticating reverse proxy: forwards plain HTTP upstream with credentials attached (an OAuth 2.0 token, or a request signature).",
         version: BearerdVersion.string,
         subcommands: [Run.self, Check.self, Token.self, Login.self, Demo.self, ConfigCommand.self]
     )
