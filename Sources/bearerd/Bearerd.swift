@@ -247,6 +247,13 @@ struct Check: ParsableCommand {
             case .failure(let e): problems += e.errors
             }
         }
+        // Signing sessions: their keys fetched once, from where and until when (never the secret).
+        var credentialLines: [String] = []
+        if !example && problems.isEmpty {
+            let checked = CheckCredentials.run(config, environment: ProcessInfo.processInfo.environment)
+            problems += checked.problems
+            credentialLines = checked.lines
+        }
         if example {
             // The same missing files again, from the TLS set-up: already noted.
             problems.removeAll()
@@ -276,6 +283,7 @@ struct Check: ParsableCommand {
             }
         }
         printWarnings()
+        for line in credentialLines { print(line) }
         // private_key_jwt: the kid bearerd sends and the public key to register with the server.
         for s in config.sessions {
             guard case .success(let key)? = ClientKeyDescription.of(s) else { continue }
