@@ -10,6 +10,7 @@
 #   DURATION=8 CONNS=16 bash bench/instructions.sh old/bearerd new/bearerd
 #   bash bench/instructions.sh nginx .build/release/bearerd    # nginx as the reference row
 #   SCENARIOS=keepalive bash bench/instructions.sh             # the per-request column only
+#   SCENARIOS="keepalive sign" bash bench/instructions.sh      # per request without and with sign:
 #   PORT=18380 bash bench/instructions.sh                      # proxy port (origin PORT+1, h2 ports PORT+2/+3), for two runs at once
 #   ACCESS_LOG=1 bash bench/instructions.sh                    # bearerd with its access log on (run.sh's bearerd_log)
 #
@@ -25,6 +26,12 @@
 #              listener (H2_ORIGIN_PORT) with `http2: prior_knowledge`: HTTP/2 on both sides
 #                                                                  -> instructions per request
 #              (no nginx row: nginx proxies to HTTP/1.x upstreams only; it prints n/a)
+#   sign       GET /signed/small over CONNS keep-alive connections, on a route with
+#              `sign: { service: s3 }` (AWS Signature V4, UNSIGNED-PAYLOAD) whose grant aws
+#              session reads static keys from files; the origin ignores Authorization
+#                                                                  -> instructions per signed request
+#              (compare with keepalive in the same run: the cost of signing, docs/guides/signing.md;
+#              no nginx row: nginx does not sign, it prints n/a)
 #
 # For each binary: a copy without debug information (valgrind cannot read the static
 # binary's DWARF) runs under callgrind against a local nginx origin with a client_credentials
@@ -61,7 +68,7 @@ case "$CONNS" in ''|*[!0-9]*|0) die "CONNS must be a positive integer" ;; esac
 case "$BIG_CONNS" in ''|*[!0-9]*|0) die "BIG_CONNS must be a positive integer" ;; esac
 [ -n "$SCENARIOS" ] || die "SCENARIOS is empty"
 for sc in $SCENARIOS; do
-    case "$sc" in keepalive|newconn|big|h2c|h2up) ;; *) die "unknown scenario '$sc' (keepalive, newconn, big, h2c, h2up)" ;; esac
+    case "$sc" in keepalive|newconn|big|h2c|h2up|sign) ;; *) die "unknown scenario '$sc' (keepalive, newconn, big, h2c, h2up, sign)" ;; esac
 done
 if [ "$#" -eq 0 ]; then set -- "$REPO/.build/release/bearerd"; fi
 for b in "$@"; do
@@ -95,7 +102,11 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-mkdir -p "$WORK/origin/tmp" "$WORK/origin/www" "$WORK/proxy/tmp" "$WORK/state"
+mkdir -p "$WORK/origin/tmp" "$WORK/origin/www" "$WORK/proxy/tmp" "$WORK/state" "$WORK/keys"
+# The sign scenario's static keys (plain test values; the origin does not check signatures).
+printf 'AKIDBENCHSIGNING0001\n' >"$WORK/keys/ak"
+printf 'bench/secret+key/for/instructions/only0000\n' >"$WORK/keys/sk"
+chmod 0600 "$WORK/keys/ak" "$WORK/keys/sk"
 chmod 0755 "$WORK"  # an nginx worker started as root reads the origin's files as nobody
 head -c $((1024 * 1024)) /dev/urandom >"$WORK/origin/www/big"
 chmod 0755 "$WORK/origin" "$WORK/origin/www"
@@ -133,6 +144,12 @@ sessions:
     token_url: http://127.0.0.1:$ORIGIN_PORT/token
     client_id: bench
     client_secret: bench-secret
+$(case " $SCENARIOS " in *" sign "*) printf '%s\n' \
+    "  signer:            # sign only: static keys, AWS Signature V4" \
+    "    grant: aws" \
+    "    region: us-east-1" \
+    "    credentials:" \
+    "      static: { access_key_id_file: $WORK/keys/ak, secret_access_key_file: $WORK/keys/sk }" ;; esac)
 routes:
 $(case " $SCENARIOS " in *" h2up "*) printf '%s\n' \
     "  - match: /h2/    # h2up only (another route would add to every other scenario's routing)" \
@@ -140,6 +157,12 @@ $(case " $SCENARIOS " in *" h2up "*) printf '%s\n' \
     "    upstream: http://127.0.0.1:$H2_ORIGIN_PORT" \
     "    http2: prior_knowledge" \
     "    session: bench" ;; esac)
+$(case " $SCENARIOS " in *" sign "*) printf '%s\n' \
+    "  - match: /signed/    # sign only" \
+    "    strip_prefix: true" \
+    "    upstream: http://127.0.0.1:$ORIGIN_PORT" \
+    "    session: signer" \
+    "    sign: { service: s3 }" ;; esac)
   - match: /
     upstream: http://127.0.0.1:$ORIGIN_PORT
     session: bench
@@ -190,6 +213,13 @@ count() {
         keepalive) wrk_args=(-c"$CONNS" "http://127.0.0.1:$PORT/small") ;;
         newconn) wrk_args=(-c"$CONNS" -H "Connection: close" "http://127.0.0.1:$PORT/small") ;;
         big) wrk_args=(-c"$BIG_CONNS" --timeout 30s "http://127.0.0.1:$PORT/big") ;;
+        sign)
+            # A route that does not sign (a build without signing, keys not readable) answers
+            # 502/503 cheaply: refuse to count that.
+            local code
+            code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/signed/small")
+            [ "$code" = 200 ] || die "$bin: GET /signed/small answered $code, not 200: the sign: route does not sign (see $WORK/valgrind.log; KEEP=1)"
+            wrk_args=(-c"$CONNS" "http://127.0.0.1:$PORT/signed/small") ;;
     esac
     if [ "$load" = h2c ] || [ "$load" = h2up ]; then
         # The proxy's prior-knowledge HTTP/2 port: nginx's own h2c listener, bearerd's usual one.
@@ -233,6 +263,7 @@ header() {
             big) printf ' %10s %14s %8s' MiB "instr/MiB" ratio ;;
             h2c) printf ' %10s %14s %8s' h2-reqs "instr/h2-req" ratio ;;
             h2up) printf ' %10s %14s %8s' h2h2-reqs "instr/h2h2-req" ratio ;;
+            sign) printf ' %10s %14s %8s' signed "instr/signed" ratio ;;
         esac
     done
     printf '\n'
@@ -254,7 +285,7 @@ for b in "$@"; do
     base=$INSTRUCTIONS
     row=$(printf '%-40s' "$b")
     for sc in $SCENARIOS; do
-        if [ "$b" = nginx ] && [ "$sc" = h2up ]; then
+        if [ "$b" = nginx ] && { [ "$sc" = h2up ] || [ "$sc" = sign ]; }; then
             row+=$(printf ' %10s %14s %8s' n/a n/a n/a)
             continue
         fi

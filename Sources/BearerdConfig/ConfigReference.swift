@@ -106,7 +106,7 @@ public enum ConfigReference {
     static let kubernetes = "docs/guides/kubernetes-and-containers.md"
     static let tools = "docs/guides/curl-and-dev-tools.md"
     static let tour = "docs/configuration-tour.md"
-    static let signing = "docs/architecture.md §6.15"
+    static let signing = "docs/guides/signing.md"
 
     /// Every section, in the order of `ConfigKeys.sections`.
     public static let sections: [Section] = [

@@ -40,7 +40,8 @@ struct ConfigSchemaTests {
     @Test func shippedConfigurationsAreValid() throws {
         let fm = FileManager.default
         var files = [Self.root.appendingPathComponent("config.example.yaml").path,
-                     Self.root.appendingPathComponent("deploy/kubernetes/keyless/bearerd.yaml").path]
+                     Self.root.appendingPathComponent("deploy/kubernetes/keyless/bearerd.yaml").path,
+                     Self.root.appendingPathComponent("deploy/kubernetes/irsa/bearerd.yaml").path]
         for dir in ["deploy/examples", "deploy/kubernetes"] {
             let url = Self.root.appendingPathComponent(dir)
             files += try fm.contentsOfDirectory(atPath: url.path).filter { $0.hasSuffix(".yaml") }.sorted().map { url.appendingPathComponent($0).path }

@@ -159,6 +159,43 @@ struct DeployTests {
         #expect(!manifest.contains("kind: Secret"))
     }
 
+    /// The IRSA sidecar (grant aws, web_identity, a sign: route to S3): its bearerd.yaml passes
+    /// `check --example`, the ConfigMap holds the same settings, the service account carries the
+    /// role the config assumes, nothing holds a key, and state_dir lies inside the emptyDir
+    /// (bearerd refuses a directory it does not own, as an emptyDir's root is).
+    @Test func kubernetesIRSASidecarPassesCheckExample() throws {
+        let path = Self.root.appendingPathComponent("deploy/kubernetes/irsa/bearerd.yaml").path
+        let out = try CommandLineTests.run(["check", "--example", "-c", path])
+        #expect(out.status == 0, "\(out.stdout)\(out.stderr)")
+        let config = try ConfigLoader.parse(yaml: try Self.read("deploy/kubernetes/irsa/bearerd.yaml"), file: "bearerd.yaml", environment: [:], checkFiles: false)
+        let session = try #require(config.sessions.first)
+        #expect(session.grant == .aws)
+        guard case .webIdentity(let w)? = session.signing?.source else {
+            Issue.record("the IRSA session should use web_identity, got \(String(describing: session.signing?.source))")
+            return
+        }
+        #expect(w.tokenFile == "/var/run/secrets/eks.amazonaws.com/serviceaccount/token")
+        #expect(config.routes.first?.sign?.service == "s3")
+        let manifest = try Self.read("deploy/kubernetes/irsa-sidecar.yaml")
+        #expect(manifest.contains("eks.amazonaws.com/role-arn: \"\(w.roleARN)\""), "the service account names the role bearerd assumes")
+        let lines = manifest.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        let start = try #require(lines.firstIndex { $0.trimmingCharacters(in: .whitespaces) == "bearerd.yaml: |" })
+        var block: [String] = []
+        for line in lines[(start + 1)...] {
+            if !line.isEmpty && !line.hasPrefix("    ") { break }
+            block.append(String(line.dropFirst(min(4, line.count))))
+        }
+        let embedded = try ConfigLoader.parse(yaml: block.joined(separator: "\n"), file: "irsa-sidecar.yaml", environment: [:], checkFiles: false)
+        #expect(embedded.sessions.map { var s = $0; s.line = 0; return s } == config.sessions.map { var s = $0; s.line = 0; return s },
+                "the ConfigMap differs from irsa/bearerd.yaml")
+        #expect(embedded.routes.map { "\($0.match) \($0.upstream) \($0.session ?? "") \($0.sign?.service ?? "")" }
+                == config.routes.map { "\($0.match) \($0.upstream) \($0.session ?? "") \($0.sign?.service ?? "")" })
+        #expect(embedded.stateDir == config.stateDir)
+        let stateDir = try #require(config.stateDir)
+        #expect(manifest.contains("mountPath: \((stateDir as NSString).deletingLastPathComponent)}"), "state_dir is a directory inside the emptyDir mount")
+        #expect(!manifest.contains("kind: Secret") && !manifest.contains("access_key_id_file"))
+    }
+
     @Test func containerfileIsMultiStageAndRunsAsNonRoot() throws {
         let file = try Self.read("deploy/container/Containerfile")
         let froms = file.split(separator: "\n").filter { $0.hasPrefix("FROM ") }
