@@ -129,6 +129,38 @@ struct DeployTests {
         #expect(manifest.contains("readinessProbe:") && manifest.contains("livenessProbe:"))
     }
 
+    /// No manifest puts `state_dir` at a volume's mount point: an emptyDir's root is owned by
+    /// root with mode 0777, which bearerd refuses as a state_dir (anyone could plant files there);
+    /// a directory inside it is created 0700 by bearerd itself.
+    @Test func kubernetesStateDirectoriesLieInsideTheirVolumes() throws {
+        let dir = Self.root.appendingPathComponent("deploy/kubernetes")
+        let files = try FileManager.default.contentsOfDirectory(atPath: dir.path).filter { $0.hasSuffix(".yaml") }
+        var checked = 0
+        for file in files {
+            let text = try Self.read("deploy/kubernetes/" + file)
+            func values(_ key: String) -> [String] {
+                text.split(separator: "\n").compactMap { line in
+                    guard let r = line.range(of: key + ": ") else { return nil }
+                    return line[r.upperBound...].split(whereSeparator: { $0 == " " || $0 == "}" || $0 == "," }).first.map(String.init)
+                }
+            }
+            let mounts = Set(values("mountPath"))
+            for stateDir in values("state_dir") {
+                checked += 1
+                #expect(!mounts.contains(stateDir), "\(file): state_dir \(stateDir) is a mount point")
+                #expect(mounts.contains((stateDir as NSString).deletingLastPathComponent), "\(file): state_dir \(stateDir) lies on no volume")
+            }
+        }
+        #expect(checked >= 3)
+        // And bearerd does refuse a world-writable state_dir (what an emptyDir root is).
+        let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("bearerd-emptydir-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: false)
+        defer { try? FileManager.default.removeItem(at: scratch) }
+        chmod(scratch.path, 0o777)
+        #expect(throws: StateStoreError.self) { try StateDirectory.check(scratch.path) }
+        #expect(throws: Never.self) { try StateDirectory.check(scratch.path + "/state") }
+    }
+
     /// The keyless sidecar (jwt_bearer → token_exchange, a projected service-account token):
     /// its bearerd.yaml passes `check --example` (the token file is a note), the ConfigMap holds
     /// the same text, and the projected volume delivers the file the config names.
