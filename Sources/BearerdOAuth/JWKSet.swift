@@ -161,11 +161,13 @@ public struct JWKSet: Sendable {
     }
 
     /// The keys a token with `keyID` and `algorithm` may be checked with: the key with that
-    /// `kid` if it accepts the algorithm; without a `kid`, every key that accepts it.
+    /// `kid` if it accepts the algorithm; for a `kid` the set does not have, the keys without a
+    /// `kid` of their own that accept it (an IdP that publishes its keys without kids); without
+    /// a `kid`, every key that accepts it.
     public func candidates(keyID: String?, algorithm: CallerJWT.Algorithm) -> [Key] {
         if let keyID {
-            guard let i = byKeyID[keyID], keys[i].jwk.accepts(algorithm) else { return [] }
-            return [keys[i]]
+            if let i = byKeyID[keyID] { return keys[i].jwk.accepts(algorithm) ? [keys[i]] : [] }
+            return keys.filter { $0.jwk.keyID == nil && $0.jwk.accepts(algorithm) }
         }
         return keys.filter { $0.jwk.accepts(algorithm) }
     }

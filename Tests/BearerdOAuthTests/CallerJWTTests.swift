@@ -222,6 +222,14 @@ enum TestJWT {
         #expect(verdict(#"{"alg":"PS256"}"#, 1) == "ok")   // r1 has no alg of its own: PS256 too
         #expect(verdict(#"{"alg":"ES256"}"#, 4) == "caller_jwt.bad_signature")
         #expect(verdict(#"{"alg":"EdDSA"}"#, 3) == "caller_jwt.unknown_key")
+        // A kid the set does not have falls back to the set's keys without a kid (IdPs that
+        // publish none), never to keys that have another kid.
+        let kidless = try TestJWT.set(TestJWT.rsa(kid: nil, tag: 5), TestJWT.rsa(kid: "r1", tag: 1))
+        #expect(Self.verdict(TestJWT.token(header: #"{"alg":"RS256","kid":"any"}"#, claims: Self.claims(), tag: 5), keys: kidless) == "ok")
+        #expect(Self.verdict(TestJWT.token(header: #"{"alg":"RS256","kid":"any"}"#, claims: Self.claims(), tag: 1), keys: kidless)
+                == "caller_jwt.bad_signature")
+        #expect(Self.verdict(TestJWT.token(header: #"{"alg":"RS256","kid":"any"}"#, claims: Self.claims(), tag: 1), keys: keys)
+                == "caller_jwt.unknown_key")
         // The signature is checked before the claims: a forged token learns nothing about them.
         let forged = TestJWT.token(header: #"{"alg":"RS256","kid":"r1"}"#, claims: Self.claims(iss: "x", exp: "1"), tag: 9)
         #expect(Self.verdict(forged, keys: keys) == "caller_jwt.bad_signature")
