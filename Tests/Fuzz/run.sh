@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of the pure cores with libFuzzer (swiftc -sanitize=fuzzer,address).
-#   bash Tests/Fuzz/run.sh [http1|oauth|http2|resp|signing|credentials|signedresponse|all] [seconds]      default: all, 30 s each
+#   bash Tests/Fuzz/run.sh [http1|oauth|http2|resp|signing|credentials|signedresponse|caller|all] [seconds]      default: all, 30 s each
 #   FUZZ_RUNS=N: instead of a time limit, N executions from a fixed seed (reproducible; CI)
 # Crashing inputs are written to Tests/Fuzz/FailCases/<target>/ (keep them: they are replayed
 # as regression inputs on every run before fuzzing starts). The corpus grows in a temporary
@@ -72,4 +72,8 @@ fi
 if [ "$which" = all ] || [ "$which" = signedresponse ]; then
     build signedresponse Sources/BearerdProxyCore/SignedResponseVerdict.swift Tests/Fuzz/SignedResponseFuzz.swift
     fuzz signedresponse
+fi
+if [ "$which" = all ] || [ "$which" = caller ]; then
+    build caller Sources/BearerdOAuth/*.swift Tests/Fuzz/CallerFuzz.swift
+    fuzz caller
 fi
