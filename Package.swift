@@ -50,7 +50,7 @@ let package = Package(
         .target(
             name: "BearerdSessions",
             dependencies: [
-                "BearerdHTTP", "BearerdOAuth", "BearerdConfig", "BearerdTLS", "BearerdIO",
+                "BearerdHTTP", "BearerdOAuth", "BearerdConfig", "BearerdTLS", "BearerdIO", "BearerdProxyCore",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: shellSettings
@@ -58,7 +58,7 @@ let package = Package(
         .target(
             name: "BearerdService",
             dependencies: [
-                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdSessions", "BearerdIO",
+                "BearerdHTTP", "BearerdOAuth", "BearerdProxyCore", "BearerdConfig", "BearerdSessions", "BearerdIO", "BearerdTLS",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: shellSettings

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 need=()
-for pkg in python3 python3-venv systemd nginx curl redis-server tinyproxy openssl libssl-dev libnghttp2-dev pkg-config; do
+for pkg in python3 python3-venv systemd nginx curl redis-server tinyproxy openssl libssl-dev libnghttp2-dev pkg-config man-db groff-base; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -21,6 +21,16 @@
 #              streams each) -> requests/s. nginx takes it on an h2c listener (127.0.0.1:18083)
 #              proxying to the same origin over HTTP/1.1; bearerd on its usual port (every
 #              bearerd listener accepts h2c next to HTTP/1.1); the origin on its own h2c port.
+#   TLS upstream (the proxies only): the origin also serves /small over TLS 1.3 with an ECDSA
+#   P-256 certificate (127.0.0.1:18087), and from a second TLS server that closes the
+#   connection after every response (127.0.0.1:18088). Clients speak plain HTTP to the proxy:
+#   tls_small_c64    GET /tls/small, 64 keep-alive connections -> requests/s
+#   tls_close_c16    GET /tls/small with `Connection: close` from the client, 16 connections
+#   tls_newconn_c16  GET /tlsclose/small, 16 keep-alive client connections; the origin closes
+#                    after each response, so every request needs a new upstream TLS connection
+#                    -> requests/s, CPU per request and the share of upstream TLS sessions
+#                    resumed (the origin logs $ssl_session_reused). nginx proxies with
+#                    proxy_ssl_session_reuse on (its default), HAProxy with its default reuse.
 #
 # Pinning (taskset): with N cores, the proxy under test (nginx proxy worker or bearerd) runs
 # on core 0; wrk and the origin share cores 1..N-1. On a 2-core machine that is: proxies on
@@ -51,6 +61,7 @@
 #   NEWCONN_LOAD_CPUS  where wrk runs for newconn_c64t2 (default LOAD_CPUS; on a machine with
 #                     4+ cores e.g. PROXY_CPUS=0 LOAD_CPUS=1 NEWCONN_LOAD_CPUS=2-3)
 #   KEEP=1            keep the temporary directory (configs, logs, raw wrk output)
+#   ONLY="s1 s2"      run only these scenarios
 #
 # Besides requests/s and latency, each run records the proxy's CPU time per request (utime +
 # stime of the bearerd process or the nginx/HAProxy worker, from /proc, divided by requests)
@@ -84,7 +95,11 @@ NGINX_H2C_PORT=18083
 ORIGIN_H2C_PORT=18084
 BEARERD_LOG_PORT=18085
 HAPROXY_PORT=18086
-SCENARIOS=(small_c64 small_c1 big_c8 newconn_c16 newconn_c64t2 h2c_c4m16)
+ORIGIN_TLS_PORT=18087
+ORIGIN_TLSCLOSE_PORT=18088
+SCENARIOS=(small_c64 small_c1 big_c8 newconn_c16 newconn_c64t2 h2c_c4m16 tls_small_c64 tls_close_c16 tls_newconn_c16)
+# ONLY="tls_newconn_c16 …": run just these scenarios (a quick look; the table shows "-" for the rest).
+if [ -n "${ONLY:-}" ]; then read -r -a SCENARIOS <<<"$ONLY"; fi
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT_DIR=$REPO/bench/out
@@ -236,6 +251,13 @@ mkdir -p "$OUT_DIR" "$WORK/origin/www" "$WORK/origin/tmp" "$WORK/nginx/tmp" "$WO
 chmod 0700 "$WORK/bearerd-state" "$WORK/bearerd-log-state"
 
 SMALL_BODY=$(printf 'x%.0s' $(seq "$SMALL_BODY_BYTES"))
+# The TLS origin's certificate: ECDSA P-256, for the IP address the proxies connect to.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench-origin \
+    -addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout "$WORK/origin/tls.key" -out "$WORK/origin/tls.crt" 2>/dev/null \
+    || die "openssl could not make the origin's certificate"
+chmod 0644 "$WORK/origin/tls.key" "$WORK/origin/tls.crt"
+: >"$WORK/origin/tls-reused.log"
+chmod 0666 "$WORK/origin/tls-reused.log"
 head -c "$BIG_BYTES" /dev/urandom >"$WORK/origin/www/big"
 chmod 0644 "$WORK/origin/www/big"
 
@@ -288,6 +310,21 @@ $(nginx_http_common "$WORK/origin")
             return 200 '{"access_token":"$SESSION_TOKEN","token_type":"Bearer","expires_in":86400}';
         }
     }
+    ssl_certificate $WORK/origin/tls.crt;
+    ssl_certificate_key $WORK/origin/tls.key;
+    ssl_protocols TLSv1.3;
+    ssl_session_cache shared:bench:4m;
+    log_format reused \$ssl_session_reused;
+    server {
+        listen 127.0.0.1:$ORIGIN_TLS_PORT ssl backlog=4096;
+        location = /small { default_type text/plain; return 200 "$SMALL_BODY"; }
+    }
+    server {
+        listen 127.0.0.1:$ORIGIN_TLSCLOSE_PORT ssl backlog=4096;
+        keepalive_timeout 0;
+        access_log $WORK/origin/tls-reused.log reused;
+        location = /small { default_type text/plain; return 200 "$SMALL_BODY"; }
+    }
 }
 EOF
 } >"$WORK/origin/nginx.conf"
@@ -307,6 +344,12 @@ $(nginx_http_common "$WORK/nginx")
         keepalive_requests 10000000;
         keepalive_timeout 300s;
     }
+    upstream origin_tls {
+        server 127.0.0.1:$ORIGIN_TLS_PORT;
+        keepalive 128;
+        keepalive_requests 10000000;
+        keepalive_timeout 300s;
+    }
     server {
         listen 127.0.0.1:$NGINX_PORT backlog=4096;
         listen 127.0.0.1:$NGINX_H2C_PORT http2 backlog=4096;
@@ -317,6 +360,27 @@ $(nginx_http_common "$WORK/nginx")
             proxy_set_header Authorization "Bearer $STATIC_TOKEN";
             proxy_buffers 8 64k;
             proxy_max_temp_file_size 0;
+        }
+        location /tls/ {
+            proxy_pass https://origin_tls/;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Authorization "Bearer $STATIC_TOKEN";
+            proxy_ssl_verify on;
+            proxy_ssl_trusted_certificate $WORK/origin/tls.crt;
+            proxy_ssl_session_reuse on;
+            proxy_ssl_protocols TLSv1.2 TLSv1.3;
+            proxy_ssl_name localhost;
+        }
+        location /tlsclose/ {
+            proxy_pass https://127.0.0.1:$ORIGIN_TLSCLOSE_PORT/;
+            proxy_http_version 1.1;
+            proxy_set_header Authorization "Bearer $STATIC_TOKEN";
+            proxy_ssl_verify on;
+            proxy_ssl_trusted_certificate $WORK/origin/tls.crt;
+            proxy_ssl_session_reuse on;
+            proxy_ssl_protocols TLSv1.2 TLSv1.3;
+            proxy_ssl_name localhost;
         }
     }
 }
@@ -340,6 +404,8 @@ sessions:
     client_id: bench
     client_secret: bench-secret
 routes:
+  - { match: /tls/, strip_prefix: true, upstream: "https://127.0.0.1:$ORIGIN_TLS_PORT", tls: { ca_file: $WORK/origin/tls.crt }, session: bench }
+  - { match: /tlsclose/, strip_prefix: true, upstream: "https://127.0.0.1:$ORIGIN_TLSCLOSE_PORT", tls: { ca_file: $WORK/origin/tls.crt }, session: bench }
   - match: /
     upstream: http://127.0.0.1:$ORIGIN_PORT
     session: bench
@@ -347,6 +413,8 @@ EOF
     else
         cat <<EOF
 routes:
+  - { match: /tls/, strip_prefix: true, upstream: "https://127.0.0.1:$ORIGIN_TLS_PORT", tls: { ca_file: $WORK/origin/tls.crt } }
+  - { match: /tlsclose/, strip_prefix: true, upstream: "https://127.0.0.1:$ORIGIN_TLSCLOSE_PORT", tls: { ca_file: $WORK/origin/tls.crt } }
   - match: /
     upstream: http://127.0.0.1:$ORIGIN_PORT
 EOF
@@ -376,10 +444,20 @@ defaults
     http-reuse always
 frontend fe
     bind 127.0.0.1:$HAPROXY_PORT
+    use_backend be_tls if { path_beg /tls/ }
+    use_backend be_tlsclose if { path_beg /tlsclose/ }
     default_backend be
 backend be
     http-request set-header Authorization "Bearer $STATIC_TOKEN"
     server origin 127.0.0.1:$ORIGIN_PORT maxconn 20000
+backend be_tls
+    http-request set-header Authorization "Bearer $STATIC_TOKEN"
+    http-request replace-path /tls(/.*) \1
+    server origin 127.0.0.1:$ORIGIN_TLS_PORT ssl verify required ca-file $WORK/origin/tls.crt maxconn 20000
+backend be_tlsclose
+    http-request set-header Authorization "Bearer $STATIC_TOKEN"
+    http-request replace-path /tlsclose(/.*) \1
+    server origin 127.0.0.1:$ORIGIN_TLSCLOSE_PORT ssl verify required ca-file $WORK/origin/tls.crt maxconn 20000
 EOF
 
 # wrk hook: one machine-readable line per run (latency in µs).
@@ -447,6 +525,12 @@ for t in "${TARGET_LIST[@]}"; do
     [ "$got" = "200 $SMALL_BODY_BYTES" ] || die "$t /small: expected '200 $SMALL_BODY_BYTES', got '$got'"
     got=$(curl -s -o /dev/null -w '%{http_code} %{size_download}' "$url/big")
     [ "$got" = "200 $BIG_BYTES" ] || die "$t /big: expected '200 $BIG_BYTES', got '$got'"
+    if [ "$t" != origin ]; then
+        for p in /tls/small /tlsclose/small; do
+            got=$(curl -s -o /dev/null -w '%{http_code} %{size_download}' "$url$p")
+            [ "$got" = "200 $SMALL_BODY_BYTES" ] || die "$t $p: expected '200 $SMALL_BODY_BYTES', got '$got'"
+        done
+    fi
     auth=$(curl -s "$url/auth-echo")
     case "$t" in
         nginx) want="Bearer $STATIC_TOKEN" ;;
@@ -467,7 +551,7 @@ done
 
 # --------------------------------------------------------------------------- runs
 CSV=$OUT_DIR/bench-$STAMP.csv
-echo "round,scenario,target,connections,duration_s,requests,rps,p50_us,p99_us,bytes,mib_s,errors,non2xx,cpu_us_per_req,origin_conns_per_1k" >"$CSV"
+echo "round,scenario,target,connections,duration_s,requests,rps,p50_us,p99_us,bytes,mib_s,errors,non2xx,cpu_us_per_req,origin_conns_per_1k,tls_resumed_pct" >"$CSV"
 
 # h2c_port TARGET: where the target takes prior-knowledge HTTP/2.
 h2c_port() { case "$1" in origin) echo "$ORIGIN_H2C_PORT" ;; nginx) echo "$NGINX_H2C_PORT" ;; bearerd) echo "$BEARERD_PORT" ;; esac; }
@@ -479,6 +563,7 @@ takes_part() {
         small_c64:*) return 0 ;;
         h2c_c4m16:origin|h2c_c4m16:nginx|h2c_c4m16:bearerd) return 0 ;;
         h2c_c4m16:*) return 1 ;;
+        tls_*:origin) return 1 ;;
         *:bearerd_log) return 1 ;;
         *) return 0 ;;
     esac
@@ -523,7 +608,12 @@ run_wrk() {
         big_c8) conns=8 path=/big ;;
         newconn_c16) conns=16 path=/small extra=(-H "Connection: close") ;;
         newconn_c64t2) conns=64 threads=2 path=/small extra=(-H "Connection: close") pin=("${PIN_NEWCONN_LOAD[@]}") ;;
+        tls_small_c64) conns=64 path=/tls/small ;;
+        tls_close_c16) conns=16 path=/tls/small extra=(-H "Connection: close") ;;
+        tls_newconn_c16) conns=16 path=/tlsclose/small ;;
     esac
+    local reused0
+    reused0=$(wc -l <"$WORK/origin/tls-reused.log")
     local out="$WORK/wrk/$round-$scenario-$target.txt"
     local wpid ticks0 ticks1 acc0 acc1
     wpid=$(work_pid_of "$target")
@@ -537,6 +627,12 @@ run_wrk() {
     WRK_PID=""
     ticks1=$(cpu_ticks "$wpid")
     acc1=$(origin_accepts)
+    # Upstream TLS connections of this run that resumed a session (nginx logs "r" for those).
+    local resumed_pct=""
+    if [ "$scenario" = tls_newconn_c16 ]; then
+        resumed_pct=$(tail -n +"$((reused0 + 1))" "$WORK/origin/tls-reused.log" |
+            awk '{ n++; if ($1 == "r") r++ } END { if (n) printf "%.1f", 100 * r / n }')
+    fi
     local line
     line=$(grep '^BENCH ' "$out") || { cat "$out" >&2; die "no BENCH line from wrk"; }
     # Parse key=value pairs into local variables r_<key>.
@@ -560,9 +656,9 @@ run_wrk() {
             conns_1k=$(awk -v a=$((acc1 - acc0)) -v n="$r_requests" 'BEGIN { printf "%.3f", a / n * 1000 }')
         fi
     fi
-    printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$round" "$scenario" "$target" "$conns" \
+    printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$round" "$scenario" "$target" "$conns" \
         "$(awk -v d="$r_duration_us" 'BEGIN { printf "%.3f", d / 1e6 }')" \
-        "$r_requests" "$r_rps" "$r_p50_us" "$r_p99_us" "$r_bytes" "$r_mib_s" "$r_errors" "$r_non2xx" "$cpu_us" "$conns_1k" >>"$CSV"
+        "$r_requests" "$r_rps" "$r_p50_us" "$r_p99_us" "$r_bytes" "$r_mib_s" "$r_errors" "$r_non2xx" "$cpu_us" "$conns_1k" "$resumed_pct" >>"$CSV"
     log "round $round $scenario $target: rps=$r_rps p50=${r_p50_us}us p99=${r_p99_us}us MiB/s=$r_mib_s cpu/req=${cpu_us}us origin conns/1k=${conns_1k}"
 }
 
@@ -632,7 +728,7 @@ median() {
         awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) printf "%.2f", v[(NR + 1) / 2]; else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 # Column numbers in the CSV.
-COL_RPS=7 COL_P50=8 COL_P99=9 COL_MIBS=11 COL_CPU=14 COL_CONNS=15
+COL_RPS=7 COL_P50=8 COL_P99=9 COL_MIBS=11 COL_CPU=14 COL_CONNS=15 COL_RESUMED=16
 
 # ratio KIND B REF: "0.93x" (KIND higher, lower or latency: lower, with the µs difference).
 ratio() {
@@ -689,6 +785,13 @@ SUMMARY=$OUT_DIR/bench-$STAMP.txt
     fmt_row "/big 1MiB 8 conns" "MiB/s" "$COL_MIBS" big_c8 higher
     fmt_row "/big 1MiB 8 conns" "CPU us/MiB" "$COL_CPU" big_c8 lower
     fmt_row "h2c 4 conns x 16 str" "req/s" "$COL_RPS" h2c_c4m16 higher
+    fmt_row "TLS upstream, 64 conns" "req/s" "$COL_RPS" tls_small_c64 higher
+    fmt_row "TLS upstream, 64 conns" "CPU us/req" "$COL_CPU" tls_small_c64 lower
+    fmt_row "TLS up., client closes" "req/s" "$COL_RPS" tls_close_c16 higher
+    fmt_row "TLS up., client closes" "CPU us/req" "$COL_CPU" tls_close_c16 lower
+    fmt_row "TLS up., origin closes" "req/s" "$COL_RPS" tls_newconn_c16 higher
+    fmt_row "TLS up., origin closes" "CPU us/req" "$COL_CPU" tls_newconn_c16 lower
+    fmt_row "TLS up., origin closes" "resumed %" "$COL_RESUMED" tls_newconn_c16 higher
     echo
     if wants bearerd_log && wants bearerd; then
         bl=$(median small_c64 bearerd_log "$COL_RPS"); bo=$(median small_c64 bearerd "$COL_RPS")

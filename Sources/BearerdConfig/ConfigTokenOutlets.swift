@@ -39,17 +39,24 @@ public struct TokenAPIConfig: Sendable, Equatable {
     public var sessions: [String]
     /// unix: the peer uids admitted; nil means only the uid bearerd runs as.
     public var allowedUIDs: [UInt32]?
+    /// `authorization_token_file:` (docs/architecture.md §6.15): the file whose content every
+    /// `GET /v1/credentials/NAME` must carry as its `Authorization` field (what an AWS SDK sends
+    /// from `AWS_CONTAINER_AUTHORIZATION_TOKEN(_FILE)`); read per request. With it, a TCP
+    /// request for credentials needs no `Bearerd-Token-Request: 1`.
+    public var authorizationTokenFile: String?
     public var line: Int
 
-    public init(listen: ListenAddress, sessions: [String], allowedUIDs: [UInt32]? = nil, line: Int = 0) {
+    public init(listen: ListenAddress, sessions: [String], allowedUIDs: [UInt32]? = nil, authorizationTokenFile: String? = nil, line: Int = 0) {
         self.listen = listen
         self.sessions = sessions
         self.allowedUIDs = allowedUIDs
+        self.authorizationTokenFile = authorizationTokenFile
         self.line = line
     }
 
     public static func == (a: TokenAPIConfig, b: TokenAPIConfig) -> Bool {
         a.listen == b.listen && a.sessions == b.sessions && a.allowedUIDs == b.allowedUIDs
+            && a.authorizationTokenFile == b.authorizationTokenFile
     }
 
     public var isUnix: Bool {

@@ -5,6 +5,17 @@ public enum TokenOutputFormat: String, CaseIterable, Sendable {
     case header
     case json
     case execCredential = "exec-credential"
+    /// A signing session's keys as AWS `credential_process` JSON (docs/architecture.md §6.15).
+    case credentialProcess = "credential-process"
+
+    /// Whether the format is one of a signing session's (`credential-process`, `json`).
+    public func fits(signing: Bool) -> Bool {
+        switch self {
+        case .json: return true
+        case .credentialProcess: return signing
+        case .token, .header, .execCredential: return !signing
+        }
+    }
 
     /// The valid names, for `--help` and argument errors.
     public static var names: [String] { allCases.map(\.rawValue) }

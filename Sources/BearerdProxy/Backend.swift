@@ -185,7 +185,7 @@ final class BackendConnection: ChannelDelegate, LoopTimeoutable, UpstreamStream 
     /// for an upgrade on an `http2: auto` route, else the route's.
     private func tlsEngine() throws(TLSError) -> TLSEngine? {
         guard let ctx = http1Only ? (target.http1TLSContext ?? target.tlsContext) : target.tlsContext else { return nil }
-        return try TLSEngine(client: ctx, serverName: target.url.host)
+        return try TLSEngine(client: ctx, serverName: target.url.host, port: target.url.port)
     }
 
     /// The connection is a CONNECT tunnel through the outbound proxy (`ProxyTunnel`), already

@@ -4,6 +4,7 @@ import BearerdOAuth
 import BearerdProxyCore
 import BearerdConfig
 import BearerdSessions
+import BearerdTLS
 
 /// Where the server is in its life, for `/readyz`: `starting` until `start()` has bound every
 /// listener, `serving`, then `shuttingDown` from the moment `shutdown` is called.
@@ -89,6 +90,17 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
                  help: "Times accepting paused instead of taking a waiting connection, by reason (connection_budget: at the budget, until a connection closes; out_of_descriptors: accept failed with EMFILE/ENFILE, for 100 ms).")
         w.sample("bearerd_accept_pauses_total", [("reason", "connection_budget")], a.pausesAtBudget)
         w.sample("bearerd_accept_pauses_total", [("reason", "out_of_descriptors")], a.outOfDescriptors)
+    }
+
+    /// TLS handshakes of bearerd's clients (upstreams, token endpoints, STS, Redis) by peer and
+    /// whether a kept session was resumed (docs/architecture.md §2.3).
+    static func renderTLSHandshakes(_ stats: [String: TLSHandshakeStats.Counts], into w: inout PrometheusText) {
+        w.family("bearerd_tls_handshakes_total", .counter,
+                 help: "Completed client TLS handshakes by peer (host:port) and whether they resumed a kept session.")
+        for (peer, c) in stats.sorted(by: { $0.key < $1.key }) {
+            w.sample("bearerd_tls_handshakes_total", [("peer", peer), ("resumed", "false")], c.full)
+            w.sample("bearerd_tls_handshakes_total", [("peer", peer), ("resumed", "true")], c.resumed)
+        }
     }
 
     static func sessionSnapshots(_ server: AdminStatusSource) -> [SessionSnapshot] {
@@ -214,6 +226,7 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         w.sample("bearerd_open_connections", [], m.openConnections)
         w.family("bearerd_upstream_idle_connections", .gauge, help: "Idle keep-alive upstream connections in the pools.")
         w.sample("bearerd_upstream_idle_connections", [], m.idleUpstreamConnections)
+        Self.renderTLSHandshakes(TLSHandshakeStats.snapshot, into: &w)
         if let a = accept { Self.renderAcceptBudget(a, into: &w) }
 
         guard !sessions.isEmpty else { return w.text }
@@ -221,10 +234,11 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
             w.family(name, kind, help: help)
             for s in sessions { w.sample(name, [("session", s.name)], value(s)) }
         }
-        perSession("bearerd_token_requests_total", .counter, "Token endpoint requests sent (retries included).") { $0.counters.tokenRequests }
+        perSession("bearerd_token_requests_total", .counter,
+                   "Token endpoint requests sent (retries included); for signing sessions, credentials requests (STS, vending endpoint or helper).") { $0.counters.tokenRequests }
 
         w.family("bearerd_token_refreshes_total", .counter,
-                 help: "Finished token fetch attempts by session, reason (start, soft, hard, rejected), outcome (success, adopted, failure) and error.")
+                 help: "Finished token (or signing credentials) fetch attempts by session, reason (start, soft, hard, rejected), outcome (success, adopted, failure) and error.")
         for s in sessions {
             let keys = s.counters.refreshes.keys.sorted { ($0.reason, $0.outcome, $0.error) < ($1.reason, $1.outcome, $1.error) }
             for k in keys {
@@ -288,7 +302,7 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         }
 
         w.family("bearerd_token_expiry_seconds", .gauge,
-                 help: "Seconds until the session's current token expires (0 once expired; absent while the session has no token).")
+                 help: "Seconds until the session's current token (a signing session's keys) expires (0 once expired; absent while the session has none).")
         for s in sessions {
             guard let expiresAt = s.expiresAt else { continue }
             let seconds = expiresAt > now ? Double(expiresAt - now) / 1e9 : 0
@@ -297,6 +311,24 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         perSession("bearerd_token_generation", .gauge, "Generation of the session's current token (0 before the first).") { $0.generation }
         w.family("bearerd_session_ready", .gauge, help: "1 when the session holds an unexpired token, else 0.")
         for s in sessions { w.sample("bearerd_session_ready", [("session", s.name)], s.holdsValidToken(now: now) ? 1 : 0) }
+        renderSigning(into: &w, sessions: sessions)
         return w.text
+    }
+
+    /// Signing sessions' families (docs/architecture.md §6.15), present when one is configured.
+    static func renderSigning(into w: inout PrometheusText, sessions: [SessionSnapshot]) {
+        let signing = sessions.compactMap { s in s.signing.map { (s.name, $0) } }
+        guard !signing.isEmpty else { return }
+        func family(_ name: String, _ kind: PrometheusText.Kind, _ help: String, _ value: (SigningState.Counters) -> UInt64) {
+            w.family(name, kind, help: help)
+            for (session, c) in signing { w.sample(name, [("session", session)], value(c)) }
+        }
+        family("bearerd_signed_requests_total", .counter, "Requests signed with the session's keys (replays and retries signed again count again).") { $0.signedRequests }
+        family("bearerd_signing_credential_rejections_total", .counter,
+               "Upstream answers saying the keys are no longer good (ExpiredToken, InvalidAccessKeyId, SecurityTokenExpired, ...).") { $0.credentialRejections }
+        family("bearerd_signing_skew_adoptions_total", .counter, "RequestTimeTooSkewed answers whose server time was adopted for signing.") { $0.skewAdoptions }
+        family("bearerd_signing_signature_mismatches_total", .counter, "SignatureDoesNotMatch answers (never replayed).") { $0.signatureMismatches }
+        w.family("bearerd_signing_clock_offset_seconds", .gauge, help: "Seconds added to the host clock when signing (adopted from a server's RequestTimeTooSkewed).")
+        for (session, c) in signing { w.sample("bearerd_signing_clock_offset_seconds", [("session", session)], Double(c.clockOffsetSeconds)) }
     }
 }

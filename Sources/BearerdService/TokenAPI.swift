@@ -115,9 +115,19 @@ public final class RefusalLog: @unchecked Sendable {  // @unchecked: `limit` gua
 /// other than `/v1/token/NAME` or a NAME not in `sessions` → 404; no token to be had → 503 with
 /// Retry-After (docs/architecture.md §5). Every hand-out is counted per session and logged with the caller
 /// and the token's fingerprint, never the token.
+///
+/// `GET /v1/credentials/NAME` (docs/architecture.md §6.15) serves a signing session's keys in the
+/// container-credentials shape (`AccessKeyId`, `SecretAccessKey`, `Token`, `Expiration`), so an
+/// AWS SDK pointed at it with `AWS_CONTAINER_CREDENTIALS_FULL_URI` uses bearerd as its
+/// credentials source. Same checks; with `authorization_token_file:` every such request must
+/// carry the file's content as `Authorization` (401 without, 403 with another value), and a TCP
+/// request that does needs no `Bearerd-Token-Request: 1` (an SDK cannot send it). A token
+/// session asked for credentials, or a signing session asked for a token, is a 400 naming the
+/// right path.
 public final class TokenAPIResponder: LocalResponder, @unchecked Sendable {  // @unchecked: immutable after init
     public static let requestHeader = "Bearerd-Token-Request"
     public static let pathPrefix = "/v1/token/"
+    public static let credentialsPrefix = "/v1/credentials/"
 
     let caller: TokenAPICaller
     let settings: TokenAPISettings
@@ -174,7 +184,31 @@ public final class TokenAPIResponder: LocalResponder, @unchecked Sendable {  // 
             refuse(403, "browser_request_refused", "the token API does not answer requests carrying \(browser.name) (browsers send it; local programs do not)")
             return
         }
-        if case .tcp = caller.identity, head.headers.values(Self.requestHeader) != ["1"] {
+        let path = head.target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.target
+        let wantsCredentials = path.hasPrefix(Self.credentialsPrefix)
+        // `authorization_token_file:` (credentials only): the caller's `Authorization` must be its content.
+        var authorized = false
+        if wantsCredentials, let file = api.authorizationTokenFile {
+            let expected: String
+            do throws(ConfigError) {
+                expected = try ConfigLoader.resolveSecret(.file(file), environment: [:]).value
+            } catch {
+                logger.error("token API: cannot read authorization_token_file", metadata: ["error": "\(error.message)"])
+                refuse(503, "authorization_token_unavailable", "token_api.authorization_token_file cannot be read", extra: [("Retry-After", "5")])
+                return
+            }
+            let given = head.headers.values("Authorization")
+            guard let presented = given.first, given.count == 1 else {
+                refuse(401, "authorization_required", "GET \(Self.credentialsPrefix)NAME needs the Authorization field of token_api.authorization_token_file")
+                return
+            }
+            guard Self.constantTimeEqual(presented, expected) else {
+                refuse(403, "authorization_refused", "the Authorization field is not token_api.authorization_token_file's")
+                return
+            }
+            authorized = true
+        }
+        if case .tcp = caller.identity, !authorized, head.headers.values(Self.requestHeader) != ["1"] {
             refuse(403, "token_request_header_required", "requests to the token API over TCP need the header \(Self.requestHeader): 1")
             return
         }
@@ -183,15 +217,21 @@ public final class TokenAPIResponder: LocalResponder, @unchecked Sendable {  // 
             reply(h, b)
             return
         }
-        let path = head.target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? head.target
-        guard path.hasPrefix(Self.pathPrefix) else {
-            refuse(404, "not_found", "the token API serves GET \(Self.pathPrefix)NAME")
+        guard path.hasPrefix(Self.pathPrefix) || wantsCredentials else {
+            refuse(404, "not_found", "the token API serves GET \(Self.pathPrefix)NAME and GET \(Self.credentialsPrefix)NAME")
             return
         }
-        let name = String(path.dropFirst(Self.pathPrefix.count))
+        let name = String(path.dropFirst(wantsCredentials ? Self.credentialsPrefix.count : Self.pathPrefix.count))
         // Only the sessions listed, by exact name; never one it is not configured for.
         guard api.sessions.contains(name), let driver = sessions.session(named: name) else {
             refuse(404, "unknown_session", "no session by that name is served by the token API")
+            return
+        }
+        if driver.isSigning != wantsCredentials {
+            let detail = driver.isSigning
+                ? "session \(name) holds signing keys, not a token: GET \(Self.credentialsPrefix)\(name)"
+                : "session \(name) holds a token, not signing keys: GET \(Self.pathPrefix)\(name)"
+            refuse(400, driver.isSigning ? "signing_session" : "not_a_signing_session", detail, session: name)
             return
         }
         if let token = driver.usableToken(now: monotonicNanos()) {
@@ -215,9 +255,20 @@ public final class TokenAPIResponder: LocalResponder, @unchecked Sendable {  // 
         // The token's own expiry when it is still the published one, else the end of its use.
         let expiry = snapshot.generation == token.generation ? (snapshot.expiresAt ?? token.usableUntil) : token.usableUntil
         let expiresAt = TokenCache.wallClock(ofMonotonic: expiry, monotonicNow: monotonicNow, wallClockNow: wallClockSeconds())
-        let body = TokenFormat.json(token: token.value, tokenType: driver.dpop == nil ? "Bearer" : "DPoP", expiresAt: expiresAt, session: driver.name) + "\n"
+        let body: String
+        if driver.isSigning {
+            guard let keys = token.signingKeys else {
+                let (h, b) = ErrorResponse.parts(status: 503, error: "token_unavailable", detail: "the session's keys cannot be read",
+                                                 extra: [("Retry-After", "1")], fields: [("session", driver.name)])
+                reply(h, b)
+                return
+            }
+            body = CredentialFormat.containerCredentials(keys, expiresAt: expiresAt) + "\n"
+        } else {
+            body = TokenFormat.json(token: token.value, tokenType: driver.dpop == nil ? "Bearer" : "DPoP", expiresAt: expiresAt, session: driver.name) + "\n"
+        }
         driver.outlets.noteHandout()
-        logger.info("token handed out", metadata: [
+        logger.info(driver.isSigning ? "credentials handed out" : "token handed out", metadata: [
             "caller": "\(caller)", "session": "\(driver.name)", "token.fingerprint": "\(token.fingerprint)",
             "token.generation": "\(token.generation)",
         ])
@@ -225,6 +276,17 @@ public final class TokenAPIResponder: LocalResponder, @unchecked Sendable {  // 
         headers.add("Content-Type", "application/json")
         headers.add("Cache-Control", "no-store")
         reply(HTTPResponseHead(status: 200, reason: "OK", headers: headers), Array(body.utf8))
+    }
+
+    /// Compares without stopping at the first difference (the time does not tell how much of a
+    /// guessed authorization token was right).
+    static func constantTimeEqual(_ a: String, _ b: String) -> Bool {
+        let x = Array(a.utf8), y = Array(b.utf8)
+        var diff: UInt8 = x.count == y.count ? 0 : 1
+        for i in 0..<max(x.count, y.count) {
+            diff |= (i < x.count ? x[i] : 0) ^ (i < y.count ? y[i] : 0)
+        }
+        return diff == 0
     }
 
     /// `Origin` or any `Sec-Fetch-*` field (Fetch Metadata): only browsers send them.

@@ -168,7 +168,7 @@ final class RedisConnection: ChannelDelegate {
                 fail(RedisFailure(kind: "connect", detail: "invalid unix socket path"))
                 return
             }
-            open(address, serverName: nil, serial: serial)
+            open(address, serverName: nil, port: nil, serial: serial)
         case .tcp(let host, let port, _):
             Resolver.shared.resolve(host: host, port: port, on: loop) { [weak self] result in
                 guard let self, self.connectionSerial == serial, case .connecting = self.phase else { return }
@@ -178,7 +178,7 @@ final class RedisConnection: ChannelDelegate {
                         self.fail(RedisFailure(kind: "connect", detail: "cannot resolve \(host)"))
                         return
                     }
-                    self.open(first, serverName: host, serial: serial)
+                    self.open(first, serverName: host, port: port, serial: serial)
                 case .failure(let error):
                     self.fail(RedisFailure(kind: "connect", detail: "cannot resolve \(host): \(error)"))
                 }
@@ -186,11 +186,11 @@ final class RedisConnection: ChannelDelegate {
         }
     }
 
-    private func open(_ address: SocketAddress, serverName: String?, serial: UInt64) {
+    private func open(_ address: SocketAddress, serverName: String?, port: UInt16?, serial: UInt64) {
         do {
             var engine: TLSEngine?
             if let context = options.tlsContext, let serverName {
-                engine = try TLSEngine(client: context, serverName: serverName)
+                engine = try TLSEngine(client: context, serverName: serverName, port: port)
             }
             channel = try SocketChannel.connect(to: address, loop: loop, tls: engine, delegate: self)
         } catch {

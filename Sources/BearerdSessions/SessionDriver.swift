@@ -90,13 +90,20 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private enum AdoptionSource { case stateFile, sharedCache }
     private var adoptionSource: AdoptionSource = .stateFile
 
+    /// Signing sessions with a `state_dir` (docs/architecture.md §6.15): the keys kept in
+    /// `<state_dir>/<session>.token.json` (0600, `bearerd token`'s cache, same binding), written
+    /// after every fetch and adopted by the first fetch after a restart while they last. Session
+    /// queue only.
+    private let credentialCache: TokenCache?
+
     /// Session queue: the routes whose rejections were already logged while the breaker is
     /// open (one error line per breaker streak and route; the rest only counted).
     private var breakerLoggedRoutes: Set<String> = []
 
     init(settings: SessionSettings, policy: TokenSession.Policy, store: StateStore?, logger: Logger, queueIndex: Int,
-         clock: any SessionClock = SystemSessionClock()) {
+         clock: any SessionClock = SystemSessionClock(), credentialCache: TokenCache? = nil) {
         name = settings.config.name
+        self.credentialCache = settings.config.grant.isSigning ? credentialCache : nil
         self.clock = clock
         grant = settings.config.grant
         signing = settings.config.grant.isSigning ? SigningState() : nil
@@ -212,6 +219,9 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         }
     }
 
+    /// A signing session (`grant: aws`, `grant: aliyun`): its "token" is its keys. Thread-safe.
+    public var isSigning: Bool { grant.isSigning }
+
     /// The generation of the published token (0 before the first). Thread-safe.
     public var currentGeneration: UInt64 {
         publication.read { $0.generation }
@@ -239,6 +249,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         if let dpop { s.dpopNonceRetries = (dpop.nonceRetries(.tokenEndpoint), dpop.nonceRetries(.upstream)) }
         s.sinks = outlets.sinkStatuses
         s.apiHandouts = outlets.apiHandouts
+        s.signing = signing?.counters
         if let shared { s.sharedCacheDegraded = shared.cache.isDegraded }
         return s
     }
@@ -513,6 +524,10 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             runCommand(request, startedAt: startedAt)
             return
         }
+        if grant.isSigning {
+            fetchCredentials(request, startedAt: startedAt)
+            return
+        }
         if let subject = settings.config.exchange?.subjectSession {
             performChainedExchange(request, subject: subject, startedAt: startedAt)
             return
@@ -632,6 +647,61 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 }
                 finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: true, adopted: false)
             }
+        }
+    }
+
+    /// `grant: aws` / `grant: aliyun` (docs/architecture.md §6.15): the keys from the session's
+    /// `credentials:` source (`CredentialFetch`), as a token grant. The first fetch of a session
+    /// without keys adopts the keys persisted in `state_dir` while they last (a restart, or
+    /// `bearerd token`, makes no new STS call).
+    private func fetchCredentials(_ request: TokenSession.FetchRequest, startedAt: UInt64) {
+        if let adopted = persistedCredentials(request) {
+            finishFetch(request, startedAt: startedAt, sentAt: now(), result: .success(adopted), requestSent: false, adopted: true)
+            return
+        }
+        guard let fetch = CredentialFetch(settings: settings, queue: queue, clock: clock) else {
+            finishFetch(request, startedAt: startedAt, sentAt: now(), result: .failure(TokenEndpointFailure(
+                classification: .permanent, reason: "credentials.not_configured",
+                errorDescription: "grant \(grant.rawValue) without credentials:")), requestSent: false, adopted: false)
+            return
+        }
+        fetchSerial &+= 1
+        let serial = fetchSerial
+        if fetch.sendsRequest { count { $0.tokenRequests += 1 } }
+        let sentAt = now()
+        var finished = false
+        let client = fetch.start { [self] result, requestSent in
+            finished = true
+            if fetchSerial == serial { inFlight = nil }
+            guard !stopped else { return }
+            finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: requestSent, adopted: false)
+        }
+        // A source that answered at once (static files, a file that cannot be read) has already finished.
+        if !finished, let client { inFlight = client }
+    }
+
+    /// The keys persisted by an earlier run or `bearerd token` (same binding), when the session
+    /// holds none yet and the fetch is not about a rejection; nil otherwise.
+    private func persistedCredentials(_ request: TokenSession.FetchRequest) -> TokenGrant? {
+        guard let credentialCache, request.reason != .rejected, machine.currentToken == nil else { return nil }
+        let wallNow = clock.wallClockSeconds()
+        guard let cached = credentialCache.reusableWithExpiry(wallClockNow: wallNow),
+              let keys = TemporaryCredentials(encodedToken: OAuthSecret(cached.token)) else { return nil }
+        let (remaining, overflow) = cached.expiresAt.subtractingReportingOverflow(wallNow)
+        guard !overflow, remaining > 0 else { return nil }
+        return TokenGrant(accessToken: keys.encodedAsToken, lifetime: min(.seconds(remaining), TokenGrant.maximumLifetime),
+                          lifetimeSource: keys.expiresAt == nil ? .defaultLifetime : .expiresIn)
+    }
+
+    /// After keys were obtained: kept in `state_dir` for restarts and `bearerd token` (a failure
+    /// to write is logged; the session keeps serving).
+    private func persistCredentials() {
+        guard let credentialCache, let p = publication.token else { return }
+        let expiry = publication.read { $0.expiresAt }
+        do throws(StateStoreError) {
+            try credentialCache.store(p, monotonicNow: clock.now().nanoseconds, expiresAt: expiry, wallClockNow: clock.wallClockSeconds())
+        } catch {
+            logger.warning("cannot keep the credentials in state_dir; a restart will fetch new ones", metadata: ["error": "\(error.description)"])
         }
     }
 
@@ -789,7 +859,8 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             if self.grant.usesRefreshToken { store?.clearNeedsReauthentication() }
             // Logged before the actions run, so the line precedes the token's delivery.
             let actions = machine.fetchSucceeded(grant, sentAt: sentAt, now: now())
-            logger.info(adopted ? (adoptionSource == .sharedCache ? "token adopted from the shared cache" : "token adopted from the state file") : "token obtained", metadata: [
+            let what = self.grant.isSigning ? "credentials" : "token"
+            var m: Logger.Metadata = [
                 "token.reason": "\(request.reason.rawValue)",
                 "token.fingerprint": "\(grant.accessToken.fingerprint)",
                 "token.generation": "\(machine.currentGeneration)",
@@ -797,8 +868,18 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 "token.lifetime_source": "\(grant.lifetimeSource.rawValue)",
                 "duration_ms": "\(durationMs)",
                 "outcome": adopted ? "adopted" : "ok",
-            ])
+            ]
+            if self.grant.isSigning {
+                // The key id only as a fingerprint; never the secret or the session token.
+                m["credentials.source"] = "\(settings.config.signing?.source.name ?? "-")"
+                if let keys = TemporaryCredentials(encodedToken: grant.accessToken) {
+                    m["token.fingerprint"] = "\(BearerdOAuth.fingerprint(keys.accessKeyID))"
+                    m["credentials.expiration"] = "\(keys.expiresAt.map(ISO8601Timestamp.format) ?? "none")"
+                }
+            }
+            logger.info(adopted ? (adoptionSource == .sharedCache ? "\(what) adopted from the shared cache" : "\(what) adopted from the state file") : "\(what) obtained", metadata: m)
             run(actions)
+            if self.grant.isSigning && !adopted { persistCredentials() }
         case .failure(let serverFailure):
             let failure = scrubbed(serverFailure)
             let key = TokenRefreshKey(reason: request.reason.rawValue, outcome: "failure",
@@ -819,10 +900,12 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             m["request_sent"] = "\(requestSent)"
             m["duration_ms"] = "\(durationMs)"
             m["outcome"] = "failed"
+            let what = grant.isSigning ? "credentials request failed" : "token request failed"
+            if let source = settings.config.signing?.source.name { m["credentials.source"] = "\(source)" }
             if failure.classification == .retryable {
-                logger.warning("token request failed", metadata: m)
+                logger.warning("\(what)", metadata: m)
             } else {
-                logger.error("token request failed", metadata: m)
+                logger.error("\(what)", metadata: m)
             }
             run(machine.fetchFailed(failure, requestSent: requestSent, now: now()))
         }

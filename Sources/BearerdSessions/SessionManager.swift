@@ -82,11 +82,20 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
                 throw ConfigErrors([ConfigError(file: config.file, line: 0, key: "state_dir", message: error.description)])
             }
         }
+        // Signing sessions keep their keys in state_dir for restarts and `bearerd token` (docs/architecture.md §6.15).
+        var credentialCache: TokenCache?
+        if session.grant.isSigning, let dir = config.stateDir {
+            do throws(StateStoreError) {
+                credentialCache = try TokenCache(stateDir: dir, session: session)
+            } catch {
+                throw ConfigErrors([ConfigError(file: config.file, line: 0, key: "state_dir", message: error.description)])
+            }
+        }
         var policy = settings.policy
         tunePolicy?(&policy)
         nextQueueIndex += 1
         let driver = TokenSessionDriver(settings: settings, policy: policy, store: store, logger: logger,
-                                        queueIndex: 10_000 + nextQueueIndex, clock: clock)
+                                        queueIndex: 10_000 + nextQueueIndex, clock: clock, credentialCache: credentialCache)
         // `subject_session:` chains: the subject is looked up at each exchange (a reload may replace it).
         driver.sessionLookup = { [weak self] name in self?.session(named: name) }
         if let sharedCache {

@@ -68,6 +68,15 @@ public struct TokenRefreshKey: Sendable, Hashable {
         self.error = error
     }
 
+    /// STS error codes (AWS and Alibaba Cloud) that get a label of their own.
+    static let stsErrors: Set<String> = [
+        "AccessDenied", "InvalidIdentityToken", "ExpiredTokenException", "ExpiredToken", "IDPRejectedClaim",
+        "IDPCommunicationError", "InvalidClientTokenId", "SignatureDoesNotMatch", "Throttling", "RequestExpired",
+        "InvalidParameterValue", "ValidationError", "RegionDisabledException", "ServiceUnavailable", "InternalFailure",
+        "NoPermission", "AuthenticationFail.OIDCToken.Expired", "AuthenticationFail.OIDCToken.Invalid",
+        "EntityNotExist.Role", "EntityNotExist.OIDCProvider",
+    ]
+
     /// RFC 6749 §5.2 token endpoint error codes, and the two of §4.1.2.1 that token endpoints also send.
     static let oauthErrors: Set<String> = [
         "invalid_request", "invalid_client", "invalid_grant", "unauthorized_client", "unsupported_grant_type",
@@ -81,6 +90,12 @@ public struct TokenRefreshKey: Sendable, Hashable {
     /// `token.` prefix (`malformed_json`, `missing_access_token`, `unsupported_token_type`,
     /// `response_too_large`, `no_refresh_token`, …).
     public static func errorLabel(for f: TokenEndpointFailure) -> String {
+        if f.reason.hasPrefix("sts.") {
+            // An STS or vending endpoint's own error code (docs/architecture.md §6.15): the known
+            // ones by name, any other as `sts_other` (a server cannot make up label values).
+            let code = String(f.reason.dropFirst(4))
+            return stsErrors.contains(code) ? "sts_" + code : "sts_other"
+        }
         if let code = f.oauthError {
             return oauthErrors.contains(code) ? code : "other_oauth_error"
         }
@@ -134,6 +149,9 @@ public struct SessionSnapshot: Sendable {
     public var sinks: [SinkStatus] = []
     /// Tokens handed out by the token API.
     public var apiHandouts: UInt64 = 0
+    /// Signing sessions (docs/architecture.md §6.15): signed requests, rejections, skew
+    /// adoptions, signature mismatches and the clock offset; nil for token sessions.
+    public var signing: SigningState.Counters?
 
     public init(name: String, counters: SessionMetrics = SessionMetrics(), status: TokenSession.Status = .idle,
                 generation: UInt64 = 0, expiresAt: UInt64? = nil, waiters: Int = 0, lastFailure: String? = nil,

@@ -118,6 +118,7 @@ struct SessionSettings {
             || !a.params.elementsEqual(b.params, by: { $0 == $1 }) || a.username != b.username || a.tls != b.tls
             || a.grant != b.grant || a.audiences != b.audiences || a.resources != b.resources || a.exchange != b.exchange
             || a.assertionFile != b.assertionFile || a.clientAssertionFile != b.clientAssertionFile
+            || a.signing != b.signing  // another role, source or region: the held keys are not for it
     }
 
     /// Reads the session's secrets now (client secret, password, refresh token file) and builds
@@ -136,7 +137,9 @@ struct SessionSettings {
             errors += error.errors
         }
         var tlsContext: TLSContext?
-        if session.tokenURL.isTLS {
+        // A signing session's keys come from its STS or vending endpoint (docs/architecture.md §6.15).
+        let endpoint = session.grant.isSigning ? session.credentialsEndpoint : session.tokenURL
+        if endpoint?.isTLS == true {
             do throws(TLSError) {
                 tlsContext = try TLSContext.client(caFile: session.tls?.caFile, clientCert: session.tls?.clientCert,
                                                    clientKey: session.tls?.clientKey, alpn: ["http/1.1"])
@@ -182,8 +185,7 @@ struct SessionSettings {
         guard errors.isEmpty else { throw ConfigErrors(errors) }
         var settings = SessionSettings(config: session, clientSecret: clientSecret, password: password, tlsContext: tlsContext,
                                        operatorRefreshToken: operatorToken, operatorFileProblem: problem, signer: signer,
-                                       proxy: config.outboundProxy.endpoint(scheme: session.tokenURL.scheme, host: session.tokenURL.host,
-                                                                            port: session.tokenURL.port))
+                                       proxy: endpoint.flatMap { config.outboundProxy.endpoint(scheme: $0.scheme, host: $0.host, port: $0.port) })
         settings.routesInject = config.routes.allSatisfy { $0.session != session.name || $0.injectConfigured }
         settings.dpop = dpop
         settings.clockSkew = clockSkew

@@ -120,6 +120,8 @@ public final class SharedTokenCache: @unchecked Sendable {  // @unchecked: immut
         for (k, v) in session.params { parts.append("param:" + k + "=" + v) }
         if let command = session.command { parts.append("command=" + command.joined(separator: "\u{0}")) }
         if let e = session.exchange { parts.append("exchange=\(e)") }
+        // Signing sessions: the whole credentials source (role, files, vending URL; docs/architecture.md §6.15).
+        if let signing = session.signingIdentity { parts.append("signing=" + signing) }
         // DPoP-bound tokens are usable only with their key: replicas share them only when they share the key.
         if let dpopThumbprint { parts.append("dpop_jkt=" + dpopThumbprint) }
         // Length-prefixed, so no choice of values makes two identities collide.

@@ -422,7 +422,9 @@ public final class TokenCache {
         guard let stateDir, !session.grant.usesRefreshToken else { return nil }
         store = try StateStore(directory: stateDir, session: session.name)
         // exec sessions have no token URL: the command is what the token was minted by.
-        let source = session.grant == .exec ? "exec:" + (session.command ?? []).joined(separator: "\u{1F}") : session.tokenURL.description
+        // Signing sessions: the whole credentials source (docs/architecture.md §6.15).
+        let source = session.grant == .exec ? "exec:" + (session.command ?? []).joined(separator: "\u{1F}")
+            : session.signingIdentity.map { "signing:" + $0 } ?? session.tokenURL.description
         // Audience, resource and the credential source are part of what the token is for.
         let workload = SessionSettings.workloadIdentity(session)
         configBinding = CachedAccessToken.binding(grant: session.grant.rawValue, tokenURL: workload.isEmpty ? source : source + "\n" + workload,

@@ -52,7 +52,8 @@ final class TokenEndpointClient: ChannelDelegate {
     /// `outbound_proxy:` for this URL, if any.
     private let proxy: OutboundProxy.Endpoint?
 
-    private init(loop: EventLoop, url: EndpointURL, tlsContext: TLSContext?, request: EncodedTokenRequest?, proxy: OutboundProxy.Endpoint?) {
+    private init(loop: EventLoop, url: EndpointURL, tlsContext: TLSContext?, request: EncodedTokenRequest?, proxy: OutboundProxy.Endpoint?,
+                 getHeaders: [(name: String, value: String)] = []) {
         self.loop = loop
         self.url = url
         self.tlsContext = tlsContext
@@ -67,6 +68,7 @@ final class TokenEndpointClient: ChannelDelegate {
             headers.add("Content-Length", String(request.body.count))
         } else {
             headers.add("Accept", "application/json")
+            for field in getHeaders { headers.add(field.name, field.value) }
         }
         headers.add("User-Agent", "bearerd/\(BearerdVersion.string)")
         headers.add("Connection", "close")
@@ -82,11 +84,14 @@ final class TokenEndpointClient: ChannelDelegate {
         parser.expectResponse(to: method)
     }
 
-    /// A `GET` of a JSON document (authorization server metadata), same transport and limits.
+    /// A `GET` of a JSON document (authorization server metadata, a credentials vending
+    /// endpoint), same transport and limits. `headers` are added as given (a vending endpoint's
+    /// `url_headers:` and `Authorization`, docs/architecture.md §6.15).
     @discardableResult
-    static func get(_ url: EndpointURL, tls: TLSContext?, proxy: OutboundProxy.Endpoint? = nil, on loop: EventLoop,
+    static func get(_ url: EndpointURL, headers: [(name: String, value: String)] = [], tls: TLSContext?,
+                    proxy: OutboundProxy.Endpoint? = nil, on loop: EventLoop,
                     completion: @escaping (TokenEndpointOutcome) -> Void) -> TokenEndpointClient {
-        let client = TokenEndpointClient(loop: loop, url: url, tlsContext: tls, request: nil, proxy: proxy)
+        let client = TokenEndpointClient(loop: loop, url: url, tlsContext: tls, request: nil, proxy: proxy, getHeaders: headers)
         client.completion = completion
         client.retainedSelf = client
         loop.execute { client.resolve() }
@@ -145,7 +150,7 @@ final class TokenEndpointClient: ChannelDelegate {
                 case .success(let t):
                     do {
                         var engine: TLSEngine?
-                        if let tlsContext { engine = try TLSEngine(client: tlsContext, serverName: url.host) }
+                        if let tlsContext { engine = try TLSEngine(client: tlsContext, serverName: url.host, port: url.port) }
                         channel = t.start(delegate: self, tls: engine)
                     } catch {
                         t.channel.close()
@@ -175,7 +180,7 @@ final class TokenEndpointClient: ChannelDelegate {
         remainingAddresses = addresses.dropFirst()
         do {
             var engine: TLSEngine?
-            if let tlsContext { engine = try TLSEngine(client: tlsContext, serverName: url.host) }
+            if let tlsContext { engine = try TLSEngine(client: tlsContext, serverName: url.host, port: url.port) }
             channel = try SocketChannel.connect(to: address, loop: loop, tls: engine, delegate: self)
         } catch let error as TLSError {
             finish(.transportFailure(detail: "\(error)", requestSent: false))

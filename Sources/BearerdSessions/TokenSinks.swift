@@ -17,17 +17,28 @@ public struct TokenSinkPlan: Sendable, Equatable {
     public var sinks: [SinkConfig]
     public var header: InjectConfig
     public var tokenType: String
+    /// A signing session (docs/architecture.md §6.15): `token` sinks hold its keys as
+    /// `credential_process` JSON (the stored token as is), `json` sinks as `CredentialFormat.json`;
+    /// `header` sinks are refused (`refusal(for:)`).
+    public var signing: Bool
 
-    public init(session: String, sinks: [SinkConfig], header: InjectConfig = .bearer, tokenType: String = "Bearer") {
+    public init(session: String, sinks: [SinkConfig], header: InjectConfig = .bearer, tokenType: String = "Bearer", signing: Bool = false) {
         self.session = session
         self.sinks = sinks
         self.header = header
         self.tokenType = tokenType
+        self.signing = signing
     }
 
     public init(_ session: SessionConfig, in config: BearerdConfig) {
         self.init(session: session.name, sinks: session.sinks, header: config.tokenHeader(for: session),
-                  tokenType: BearerdConfig.tokenType(for: session))
+                  tokenType: BearerdConfig.tokenType(for: session), signing: session.grant.isSigning)
+    }
+
+    /// Why a sink of `format` is not written for this session, or nil.
+    public func refusal(for format: SinkFormat) -> String? {
+        guard signing, format == .header else { return nil }
+        return "format \(format.rawValue) does not apply to session \(session), which holds signing keys, not a token: use format: token (credential_process JSON) or json"
     }
 
     /// The file content for `format`; `expiresAt` in Unix seconds. `token` is exactly the token,
@@ -35,6 +46,10 @@ public struct TokenSinkPlan: Sendable, Equatable {
     /// programs read the file straight into a header value, and a trailing newline there makes
     /// it invalid (RFC 9110 §5.5). `header` and `json` are one newline-terminated line.
     public func render(_ format: SinkFormat, token: String, expiresAt: Int64) -> [UInt8] {
+        if signing, format == .json, let keys = TemporaryCredentials(encodedToken: OAuthSecret(token)) {
+            // The keys, one line (`token` writes the stored credential_process JSON as is).
+            return Array((CredentialFormat.json(keys, session: session) + "\n").utf8)
+        }
         switch format {
         case .token: return Array(token.utf8)
         case .header: return Array((TokenFormat.header(name: header.header, prefix: header.prefix, token: token, suffix: header.suffix) + "\n").utf8)
@@ -100,6 +115,8 @@ public final class TokenOutlets: @unchecked Sendable {  // @unchecked: state con
         case written(generation: UInt64, rendered: Rendered)
         /// `attempt` writes failed in a row; a retry identified by `serial` is scheduled.
         case failing(attempt: Int, serial: UInt64)
+        /// Its format does not apply to the session (a token format for signing keys): never written.
+        case refused
     }
     private struct Rendered: Equatable {
         var sink: SinkConfig
@@ -157,6 +174,10 @@ public final class TokenOutlets: @unchecked Sendable {  // @unchecked: state con
             }
             plan = newPlan
             for s in newPlan.sinks where phases[s.path] == nil { phases[s.path] = .pending }
+            // A changed format (or session kind) is looked at again.
+            for s in newPlan.sinks where newPlan.refusal(for: s.format) == nil {
+                if case .refused? = phases[s.path] { phases[s.path] = .pending }
+            }
             lock.withLock {
                 let old = statuses
                 statuses = newPlan.sinks.map { s in old.first { $0.path == s.path } ?? SinkStatus(path: s.path) }
@@ -176,6 +197,14 @@ public final class TokenOutlets: @unchecked Sendable {  // @unchecked: state con
 
     private func writeIfNeeded(_ sink: SinkConfig) {
         guard let token else { return }
+        if let why = plan.refusal(for: sink.format) {
+            // Never written: said once per sink (until the configuration changes), shown in /readyz.
+            if case .refused? = phases[sink.path] { return }
+            phases[sink.path] = .refused
+            update(sink.path) { $0.failure = "sink.format_not_applicable: " + why }
+            logger.error("sink not written: \(why)", metadata: ["sink.path": "\(sink.path)", "sink.format": "\(sink.format.rawValue)"])
+            return
+        }
         let rendered = Rendered(sink: sink, header: plan.header, tokenType: plan.tokenType)
         switch phases[sink.path] {
         case .written(let g, let r)? where g == token.generation && r == rendered:

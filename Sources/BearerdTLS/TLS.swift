@@ -156,6 +156,8 @@ public final class TLSContext: @unchecked Sendable {  // @unchecked: the SSL_CTX
     /// The ALPN protocols offered (client) or accepted (server), in preference order.
     public let alpn: [String]
     private let alpnList: ALPNList?
+    /// A client context's sessions for resumption (nil on a server).
+    public let sessionCache: TLSSessionCache?
 
     /// The lowest protocol version the context accepts ("TLSv1.2").
     public var minimumProtocolVersion: String {
@@ -171,6 +173,7 @@ public final class TLSContext: @unchecked Sendable {  // @unchecked: the SSL_CTX
         self.role = role
         self.alpn = alpn
         self.alpnList = alpnList
+        sessionCache = role == .client ? TLSSessionCache() : nil
     }
 
     deinit {
@@ -211,6 +214,10 @@ public final class TLSContext: @unchecked Sendable {  // @unchecked: the SSL_CTX
             } else if let clientKey {
                 throw .config("client_key \(clientKey) given without client_cert")
             }
+            // Resumption (RFC 8446 §2.2, RFC 5077): sessions and TLS 1.3 tickets go to the
+            // engine's cache through the new-session callback, never OpenSSL's internal store.
+            _ = bearerd_SSL_CTX_set_client_session_cache(context)
+            SSL_CTX_sess_set_new_cb(context, newSessionCallback)
             if let list {
                 // SSL_CTX_set_alpn_protos returns 0 on success (unlike most of the API).
                 let rc = list.wire.withUnsafeBufferPointer { SSL_CTX_set_alpn_protos(context, $0.baseAddress, UInt32($0.count)) }
@@ -346,6 +353,12 @@ public final class TLSEngine {
     private let engineToNetwork: OpaquePointer
     /// The name the client verifies (for messages); nil on a server.
     public let serverName: String?
+    /// The client's key in its context's session cache (`host:port`); nil on a server.
+    let sessionKey: String?
+    /// A kept session was offered to the server.
+    private var offeredSession = false
+    /// The handshake resumed a session (known once it completed).
+    public private(set) var resumedSession = false
     private var state: State = .handshaking
     private var eofReceived = false
     private var sentShutdown = false
@@ -355,7 +368,10 @@ public final class TLSEngine {
     /// A client engine for `serverName`: a DNS name (sent as SNI, RFC 6066 §3, and checked against
     /// the certificate's DNS SANs, no partial wildcards) or an IP literal (`127.0.0.1`, `::1`,
     /// `[::1]`; no SNI, checked against the IP SANs).
-    public init(client context: TLSContext, serverName: String) throws(TLSError) {
+    ///
+    /// `port`: with it, a session kept from an earlier connection to the same `serverName:port`
+    /// through the same context is offered (resumption), and new sessions are kept for the next.
+    public init(client context: TLSContext, serverName: String, port: UInt16? = nil) throws(TLSError) {
         guard context.role == .client else { throw .config("a client engine needs a client context") }
         var name = serverName
         if name.hasPrefix("["), name.hasSuffix("]") { name = String(name.dropFirst().dropLast()) }
@@ -366,7 +382,14 @@ public final class TLSEngine {
         (ssl, networkToEngine, engineToNetwork) = try Self.makeSSL(context)
         self.context = context
         self.serverName = name
+        sessionKey = port.map { "\(name):\($0)" }
         SSL_set_connect_state(ssl)
+        if let sessionKey, let cache = context.sessionCache {
+            // The callback finds this engine through the app-data slot; the engine owns `ssl`,
+            // so the pointer is valid whenever OpenSSL calls back on it.
+            _ = bearerd_SSL_set_app_data(ssl, Unmanaged.passUnretained(self).toOpaque())
+            offeredSession = cache.offer(to: ssl, key: sessionKey)
+        }
         let param = SSL_get0_param(ssl)
         ERR_clear_error()
         if Self.isIPLiteral(name) {
@@ -390,6 +413,7 @@ public final class TLSEngine {
         (ssl, networkToEngine, engineToNetwork) = try Self.makeSSL(context)
         self.context = context
         self.serverName = nil
+        sessionKey = nil
         SSL_set_accept_state(ssl)
     }
 
@@ -455,6 +479,7 @@ public final class TLSEngine {
         let rc = SSL_do_handshake(ssl)
         if rc == 1 {
             state = .open
+            noteHandshake()
             try flushPendingPlaintext()
             return .complete
         }
@@ -632,8 +657,20 @@ public final class TLSEngine {
 
     // MARK: Errors
 
+    /// Records a completed client handshake; a kept session the server declined is dropped.
+    private func noteHandshake() {
+        guard let sessionKey else { return }
+        resumedSession = SSL_session_reused(ssl) == 1
+        if offeredSession && !resumedSession { context.sessionCache?.drop(key: sessionKey) }
+        TLSHandshakeStats.record(peer: sessionKey, resumed: resumedSession)
+    }
+
     @discardableResult
     private func fail(_ error: TLSError) -> TLSError {
+        if case .handshaking = state, offeredSession, let sessionKey {
+            // A handshake that failed after offering a session: start afresh next time.
+            context.sessionCache?.drop(key: sessionKey)
+        }
         state = .failed(error)
         pendingPlaintext = []
         return error

@@ -19,6 +19,8 @@ import Glibc
 /// `If-None-Match` gets a 304; `/gz/put/…` the same gzip-compressed, which nginx sends chunked);
 /// `/post` reads a POST body (any framing) and proxies it on with a Content-Length to `/_posted`,
 /// which answers `posted length=<n> auth=<Authorization>`; `/nocontent` answers 204.
+/// `/close/…` closes the connection after its answer, which tells whether the TLS session was
+/// resumed (`reused=r`, nginx's `$ssl_session_reused`).
 ///
 /// Owns the child and the directory; `stop()` (or deinit) ends both. Thread-safe: `stopped` is
 /// guarded by `lock`.
@@ -113,6 +115,10 @@ public final class NginxOrigin: @unchecked Sendable {  // @unchecked: `stopped` 
                 }
                 location = /_posted { return 200 "posted length=$http_content_length auth=$http_authorization\n"; }
                 location = /nocontent { return 204; }
+                location /close/ {
+                    keepalive_timeout 0;
+                    return 200 "proto=$server_protocol conn=$connection reused=$ssl_session_reused uri=$request_uri\n";
+                }
                 location / { \(answer) }
             }
         }

@@ -13,7 +13,7 @@ import BearerdService
 struct Bearerd: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "bearerd",
-        abstract: "An authenticating reverse proxy: forwards plain HTTP upstream with an OAuth 2.0 bearer token injected.",
+        abstract: "An authenticating reverse proxy: forwards plain HTTP upstream with credentials attached (an OAuth 2.0 token, or a request signature).",
         version: BearerdVersion.string,
         subcommands: [Run.self, Check.self, Token.self, Login.self, Demo.self, ConfigCommand.self]
     )
@@ -247,6 +247,13 @@ struct Check: ParsableCommand {
             case .failure(let e): problems += e.errors
             }
         }
+        // Signing sessions: their keys fetched once, from where and until when (never the secret).
+        var credentialLines: [String] = []
+        if !example && problems.isEmpty {
+            let checked = CheckCredentials.run(config, environment: ProcessInfo.processInfo.environment)
+            problems += checked.problems
+            credentialLines = checked.lines
+        }
         if example {
             // The same missing files again, from the TLS set-up: already noted.
             problems.removeAll()
@@ -276,6 +283,7 @@ struct Check: ParsableCommand {
             }
         }
         printWarnings()
+        for line in credentialLines { print(line) }
         // private_key_jwt: the kid bearerd sends and the public key to register with the server.
         for s in config.sessions {
             guard case .success(let key)? = ClientKeyDescription.of(s) else { continue }

@@ -24,6 +24,12 @@ import BearerdService
 /// first route using the session, else `Authorization: Bearer`), `json`, or `exec-credential` (a Kubernetes
 /// `client.authentication.k8s.io/v1` ExecCredential). Expiries are the token's own, in wall-clock
 /// RFC 3339 UTC.
+///
+/// A signing session (`grant: aws`, `grant: aliyun`; docs/architecture.md §6.15) prints its keys:
+/// `credential-process` (its default: AWS `credential_process` JSON, as the session stores them,
+/// so the AWS CLI and SDKs can run `bearerd token` as their credential helper) or `json`
+/// (`CredentialFormat.json`). A token format for a signing session, or `credential-process` for
+/// a token session, is an error (exit 2).
 struct Token: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print a current access token of a session on stdout (shares the persisted state with a running proxy).")
@@ -31,27 +37,38 @@ struct Token: ParsableCommand {
     @OptionGroup var logOptions: LogOptions
     @Argument(help: "The session name, as in the configuration's `sessions:`.") var session: String
     @Flag(name: .shortAndLong, help: "Log what happens (info level) on stderr; by default only warnings and errors.") var verbose = false
-    @Option(help: ArgumentHelp("Output: token (the token alone; default), header (the header line, e.g. `Authorization: Bearer <token>`; "
+    @Option(help: ArgumentHelp("Output: token (the token alone; the default for token sessions), header (the header line, e.g. `Authorization: Bearer <token>`; "
                                + "a DPoP session's is `Authorization: DPoP <token>`; else the first route using the session decides, by its `inject:`), json "
                                + "({access_token, token_type, expires_at, session}), or exec-credential (a Kubernetes "
-                               + "client.authentication.k8s.io/v1 ExecCredential, for a kubeconfig `exec:` user).",
+                               + "client.authentication.k8s.io/v1 ExecCredential, for a kubeconfig `exec:` user). "
+                               + "A signing session (grant aws or aliyun) prints its keys: credential-process (the default: AWS credential_process JSON "
+                               + "{Version, AccessKeyId, SecretAccessKey, SessionToken, Expiration}, for `credential_process = bearerd token ...` in ~/.aws/config) "
+                               + "or json ({access_key_id, secret_access_key, session_token, expiration, session}; session_token and expiration null when absent).",
                                valueName: "format"))
-    var format: String = TokenOutputFormat.token.rawValue
+    var format: String?
 
     func validate() throws {
-        guard TokenOutputFormat(rawValue: format) != nil else {
+        if let format, TokenOutputFormat(rawValue: format) == nil {
             throw ValidationError("unknown format '\(format)' (valid: \(TokenOutputFormat.names.joined(separator: ", ")))")
         }
     }
 
     func run() throws {
-        let outputFormat = TokenOutputFormat(rawValue: format) ?? .token
         var stderr = FileHandle.standardError
         let config = try configOption.load(orExit: 2)
         guard let sessionConfig = config.session(named: session) else {
             let known = config.sessions.map(\.name)
             print("\(configOption.path): no session named '\(session)'"
                   + (known.isEmpty ? " (the file defines none)" : " (known: \(known.joined(separator: ", ")))"), to: &stderr)
+            throw ExitCode(2)
+        }
+        let signing = sessionConfig.grant.isSigning
+        let outputFormat = format.flatMap(TokenOutputFormat.init(rawValue:)) ?? (signing ? .credentialProcess : .token)
+        guard outputFormat.fits(signing: signing) else {
+            print(signing
+                  ? "bearerd token: session \(session) holds signing keys (grant \(sessionConfig.grant.rawValue)), not a token: --format \(outputFormat.rawValue) does not apply; use credential-process (the default) or json"
+                  : "bearerd token: session \(session) holds a token, not signing keys: --format \(outputFormat.rawValue) is for grant aws or aliyun sessions",
+                  to: &stderr)
             throw ExitCode(2)
         }
         // Only this session is built: others may need secrets this shell does not have.
@@ -133,6 +150,11 @@ struct Token: ParsableCommand {
 extension Token {
     /// One line of output (without the newline) in `format`; `expiresAt` in Unix seconds.
     func render(_ format: TokenOutputFormat, token: String, expiresAt: Int64, config: BearerdConfig, sessionConfig: SessionConfig) -> String {
+        if sessionConfig.grant.isSigning {
+            // The stored token is the keys' credential_process JSON (docs/architecture.md §6.15).
+            guard format == .json, let keys = TemporaryCredentials(encodedToken: OAuthSecret(token)) else { return token }
+            return CredentialFormat.json(keys, session: sessionConfig.name)
+        }
         switch format {
         case .token:
             return token
@@ -143,6 +165,8 @@ extension Token {
             return TokenFormat.json(token: token, tokenType: BearerdConfig.tokenType(for: sessionConfig), expiresAt: expiresAt, session: sessionConfig.name)
         case .execCredential:
             return TokenFormat.execCredential(token: token, expiresAt: expiresAt)
+        case .credentialProcess:
+            return token  // refused for token sessions before anything is fetched
         }
     }
 

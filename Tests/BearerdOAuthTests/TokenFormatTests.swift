@@ -44,7 +44,7 @@ import Testing
     }
 
     @Test func formatNames() {
-        #expect(TokenOutputFormat.names == ["token", "header", "json", "exec-credential"])
+        #expect(TokenOutputFormat.names == ["token", "header", "json", "exec-credential", "credential-process"])
         #expect(TokenOutputFormat(rawValue: "exec-credential") == .execCredential)
         #expect(TokenOutputFormat(rawValue: "yaml") == nil)
     }

@@ -12,5 +12,10 @@ long bearerd_SSL_CTX_set_max_proto_version(SSL_CTX *ctx, int version);
 int bearerd_TLS1_3_VERSION(void);
 /* SSL_CTX_get_min_proto_version is a macro. */
 int bearerd_SSL_CTX_get_min_proto_version(SSL_CTX *ctx);
+/* Client session resumption (docs/architecture.md §2.3): SSL_CTX_set_session_cache_mode is a
+   macro; the app-data slot carries the engine to the new-session callback. */
+long bearerd_SSL_CTX_set_client_session_cache(SSL_CTX *ctx);
+int bearerd_SSL_set_app_data(SSL *ssl, void *data);
+void *bearerd_SSL_get_app_data(const SSL *ssl);
 
 #endif
