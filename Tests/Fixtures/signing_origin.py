@@ -273,7 +273,8 @@ class SignedHandler(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         for k, v in headers:
             self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
+        if status != 204:
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD" and body:
             self.wfile.write(body)
@@ -327,7 +328,7 @@ class SignedHandler(http.server.BaseHTTPRequestHandler):
             else:
                 raise Refusal(400, "InvalidArgument", "Unsupported Authorization Type")
             entry["object"] = name
-            self.operate(scheme, name, length, sha, md5, body, entry)
+            status, headers, reply = self.operate(scheme, name, length, sha, md5, body)
         except Refusal as r:
             entry["outcome"], entry["status"] = r.code, r.status
             o.record(entry)
@@ -338,17 +339,20 @@ class SignedHandler(http.server.BaseHTTPRequestHandler):
             o.record(entry)
             self.close_connection = True
             return
+        # Recorded before the answer leaves, so a client that has its answer finds it in the stats.
+        entry["status"] = status
         o.record(entry)
+        self.answer(status, headers, reply)
 
-    def operate(self, scheme, name, length, sha, md5, body, entry):
+    def operate(self, scheme, name, length, sha, md5, body):
+        """Carries out an authenticated request: (status, headers, body to send)."""
         o = self.oracle
         rid = uuid.uuid4().hex[:16].upper()
         ids = [("x-oss-request-id" if scheme == "oss" else "x-amz-request-id", rid)]
         if self.command == "PUT":
             with o.lock:
                 o.objects[name] = StoredObject(length, sha, md5, body)
-            self.answer(200, ids + [("ETag", f'"{md5}"')])
-            return
+            return 200, ids + [("ETag", f'"{md5}"')], b""
         if self.command in ("GET", "HEAD"):
             with o.lock:
                 obj = o.objects.get(name)
@@ -357,28 +361,15 @@ class SignedHandler(http.server.BaseHTTPRequestHandler):
                               ec="0026-00000001" if scheme == "oss" else None)
             if obj.body is None:
                 raise Refusal(409, "OracleBodyNotKept", f"the origin kept only the length ({obj.length}) and SHA-256 of this body")
-            headers = ids + [("ETag", f'"{obj.md5}"'), ("Content-Type", "application/octet-stream"),
-                             ("x-oracle-sha256", obj.sha256)]
-            self.send_response(200)
-            for k, v in headers:
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(obj.length))
-            self.end_headers()
-            if self.command == "GET":
-                self.wfile.write(obj.body)
-            return
+            return 200, ids + [("ETag", f'"{obj.md5}"'), ("Content-Type", "application/octet-stream"),
+                               ("x-oracle-sha256", obj.sha256)], obj.body
         if self.command == "POST":
             reply = json.dumps({"object": name, "length": length, "sha256": sha}).encode()
-            self.answer(200, ids + [("Content-Type", "application/json")], reply)
-            return
+            return 200, ids + [("Content-Type", "application/json")], reply
         if self.command == "DELETE":
             with o.lock:
                 o.objects.pop(name, None)
-            self.send_response(204)
-            for k, v in ids:
-                self.send_header(k, v)
-            self.end_headers()
-            return
+            return 204, ids, b""
         raise Refusal(405, "MethodNotAllowed", "The specified method is not allowed against this resource.")
 
     # --- credentials common to both schemes --------------------------------------------------
