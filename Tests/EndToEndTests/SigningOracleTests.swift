@@ -99,8 +99,9 @@ struct SigningOracleTests {
     static let bucket = "bkt"       // S3, path-style: /bkt/KEY
     static let ossBucket = "obkt"   // OSS, the origin is this bucket's virtual host: /KEY
 
-    /// A config with an aws session (vendor `aws`, container-credentials JSON) on `/s3/` and an
-    /// aliyun session (vendor `ali`, seed 004's JSON) on `/oss/`, both to the oracle.
+    /// A config with an aws session (vendor `aws`, container-credentials JSON) on `/s3/` (and on
+    /// `/s3signed/` with `payload: signed`) and an aliyun session (vendor `ali`, seed 004's JSON)
+    /// on `/oss/`, all to the oracle.
     static func config(port: UInt16, oracle: Oracle, refreshBefore: String? = nil, replayLimit: String = "2MiB") -> String {
         let refresh = refreshBefore.map { "\n    refresh_before: \($0)" } ?? ""
         return """
@@ -124,6 +125,12 @@ struct SigningOracleTests {
                 upstream: http://127.0.0.1:\(oracle.port)
                 session: store
                 sign: { service: s3 }
+                replay_body_limit: \(replayLimit)
+              - match: /s3signed/
+                strip_prefix: true
+                upstream: http://127.0.0.1:\(oracle.port)
+                session: store
+                sign: { service: s3, payload: signed }
                 replay_body_limit: \(replayLimit)
               - match: /oss/
                 strip_prefix: true
@@ -333,7 +340,8 @@ struct SigningOracleTests {
 
     /// Keys with every character class the signers treat specially, in two spellings each, with a
     /// query of empty values and repeated keys: PUT then GET through bearerd, byte-exact, stored
-    /// under the decoded name, the query arriving as sent (as a multiset: bearerd sorts it).
+    /// under the decoded name, the query arriving as sent (as a multiset: bearerd sorts it). For
+    /// S3 also with `payload: signed` (the origin checks the body against the signed hash).
     @Test(arguments: Provider.allCases)
     func hardKeysRoundTripThroughBearerd(_ provider: Provider) throws {
         try Self.withBearerd("keys-\(provider)") { oracle, b, port in
@@ -347,6 +355,16 @@ struct SigningOracleTests {
                 let stats = try oracle.stats()
                 #expect(stats.objects[provider.stored(k.name)]?.sha256 == Self.sha256Hex(body),
                         "stored under \(provider.stored(k.name)): \(stats.objects.keys.sorted())")
+                if provider == .aws {
+                    // The same through the route that signs the payload's hash: the origin checks it.
+                    let signedBody = body + Array(" (signed payload)".utf8)
+                    let put = try Self.send(port, "PUT", "/s3signed/\(Self.bucket)/\(k.wire)?" + Self.hardQuery, body: signedBody)
+                    #expect(put.status == 200, "PUT (payload signed) \(k.wire): \(put.status) \(put.bodyText.prefix(1500))")
+                    let seen = try oracle.stats().requests.last { $0.method == "PUT" && $0.object == provider.stored(k.name) }
+                    #expect(seen?.content_sha256 == Self.sha256Hex(signedBody), "the payload's hash signed: \(String(describing: seen))")
+                    let get = try Self.send(port, "GET", provider.target(k.wire))
+                    #expect(get.status == 200 && get.body == signedBody, "GET after the signed-payload PUT \(k.wire): \(get.status)")
+                }
                 if let seen = stats.requests.last(where: { $0.method == "PUT" && $0.object == provider.stored(k.name) }) {
                     let sortedPairs = { (q: [[String]]) in q.sorted { $0.joined(separator: "\u{0}") < $1.joined(separator: "\u{0}") } }
                     #expect(sortedPairs(seen.query ?? []) == sortedPairs(Self.hardQueryDecoded), "query as the origin decoded it: \(seen.query ?? [])")
