@@ -140,7 +140,7 @@ enum ConfigKeys {
         "dpop", "dpop_key_file", "sinks", "region", "sts_url", "credentials",
     ]
     static let sink = ["path", "mode", "format"]
-    static let tokenAPI = ["listen", "sessions", "allowed_uids"]
+    static let tokenAPI = ["listen", "sessions", "allowed_uids", "authorization_token_file"]
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [
         "match", "host", "strip_prefix", "upstream", "session", "tls", "timeouts", "replay_body_limit",

@@ -373,6 +373,9 @@ public enum ConfigReference {
             key("sessions", .oneOrList(.pattern("a session name", regex: sessionNamePattern)), "required", "The only sessions served (others get 404).",
                 example: "[bound]", see: tools),
             key("allowed_uids", ids, "bearerd's own uid", "Unix sockets: user names or uids allowed.", example: "[1000]", see: tools),
+            key("authorization_token_file", .path, "none",
+                "GET /v1/credentials/NAME: the Authorization callers must send (AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE); then TCP callers need no Bearerd-Token-Request.",
+                example: "/run/bearerd/credentials.token", see: signing),
         ]),
         Section(path: "shared_cache", id: "sharedCache", summary: "One token per session shared by replicas through Redis or Valkey.", keys: [
             key("url", .pattern("redis://…, rediss://… or unix:/path", regex: "^(redis://|rediss://|unix:/)"), "required",

@@ -126,8 +126,10 @@ extension ConfigBuilder {
             let role = arn(a, "role_arn", prefix: "arn:")
             let keys = keyFiles(a)
             let external = text(a, "external_id", expected: "the role's external id")
-            if let external, external.utf8.count > 1224 || external.contains(where: { $0.isNewline }) {
-                fail(a["external_id"]?.valueLine ?? a.line, a.key("external_id"), "must be one line of at most 1224 characters")
+            // ExternalId: 2–1224 of [\w+=,.@:/-] (the STS API reference).
+            if let external, !(2...1224).contains(external.utf8.count) || !external.utf8.allSatisfy({ c in
+                (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) || "_+=,.@:/-".utf8.contains(c) }) {
+                fail(a["external_id"]?.valueLine ?? a.line, a.key("external_id"), "expected 2–1224 letters, digits or _+=,.@:/- (ExternalId), got \(ConfigValues.quoted(external))")
             }
             let name = sessionName(a)
             let seconds = stsDuration(a)
@@ -141,7 +143,7 @@ extension ConfigBuilder {
             let role = arn(o, "role_arn", prefix: "acs:ram::")
             let provider = arn(o, "oidc_provider_arn", prefix: "acs:ram::")
             let token = requiredPath(o, "token_file", "the projected service account token, e.g. /var/run/secrets/ack.alibabacloud.com/rrsa-tokens/token")
-            let name = sessionName(o)
+            let name = sessionName(o, aliyun: true)
             let seconds = stsDuration(o)
             guard let role, let provider, let token, let name else { return nil }
             return .oidcRole(.init(roleARN: role, oidcProviderARN: provider, tokenFile: token, sessionName: name, durationSeconds: seconds))
@@ -170,9 +172,10 @@ extension ConfigBuilder {
     private func arn(_ f: Fields, _ name: String, prefix: String) -> String? {
         if f[name] == nil { missing(f, name, prefix == "arn:" ? "e.g. arn:aws:iam::123456789012:role/app" : "e.g. acs:ram::123456789012:role/app") }
         return parsed(f, name, expected: "an ARN") { (raw: String) throws(ConfigValues.Problem) -> String in
-            guard raw.hasPrefix(prefix), raw.utf8.count <= 2048,
-                  !raw.unicodeScalars.contains(where: { $0.value <= 0x20 || $0.value == 0x7F }) else {
-                throw ConfigValues.Problem("expected an ARN starting with \(prefix), got \(ConfigValues.quoted(raw))")
+            // IAM and RAM: 20–2048 visible ASCII characters.
+            guard raw.hasPrefix(prefix), (20...2048).contains(raw.utf8.count),
+                  raw.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else {
+                throw ConfigValues.Problem("expected an ARN starting with \(prefix) (20–2048 visible ASCII characters), got \(ConfigValues.quoted(raw))")
             }
             return raw
         }
@@ -184,15 +187,17 @@ extension ConfigBuilder {
         return path(f, name, mustRead: false)
     }
 
-    /// `session_name` (`RoleSessionName`: 2–64 of `[\w+=,.@-]`), default `bearerd`.
-    private func sessionName(_ f: Fields) -> String? {
+    /// `session_name` (`RoleSessionName`), default `bearerd`: AWS 2–64 of `[\w+=,.@-]`,
+    /// Alibaba Cloud 2–64 of `[A-Za-z0-9.@_-]`.
+    private func sessionName(_ f: Fields, aliyun: Bool = false) -> String? {
         guard f["session_name"] != nil else { return "bearerd" }
+        let punctuation = aliyun ? "_.@-" : "_+=,.@-"
         return parsed(f, "session_name", expected: "a role session name") { (raw: String) throws(ConfigValues.Problem) -> String in
             let allowed = raw.utf8.allSatisfy { c in
-                (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) || "_+=,.@-".utf8.contains(c)
+                (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) || punctuation.utf8.contains(c)
             }
             guard allowed, (2...64).contains(raw.utf8.count) else {
-                throw ConfigValues.Problem("expected 2–64 letters, digits or _+=,.@- (RoleSessionName), got \(ConfigValues.quoted(raw))")
+                throw ConfigValues.Problem("expected 2–64 letters, digits or \(punctuation) (RoleSessionName), got \(ConfigValues.quoted(raw))")
             }
             return raw
         }
@@ -305,7 +310,7 @@ extension ConfigBuilder {
     /// Routes and signing sessions fit each other: `sign:` only with a signing session (and a
     /// signing session only with `sign:`), `service` for aws (and not for aliyun), `bucket` for
     /// aliyun only, `payload: unsigned` only for S3 and OSS, no `inject:` beside `sign:`; and a
-    /// signing session's sinks write the credentials as they are (format token).
+    /// signing session's sinks write its keys (format token or json, not header).
     func checkSigning(sessions: [SessionConfig], routes: [(index: Int, route: RouteConfig)]) {
         let byName = Dictionary(sessions.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
         for (index, route) in routes {
@@ -341,9 +346,9 @@ extension ConfigBuilder {
             }
         }
         for session in sessions where session.grant.isSigning {
-            for sink in session.sinks where sink.format != .token {
-                fail(sink.line, "sessions.\(session.name).sinks", "format \(sink.format.rawValue) is for tokens; a signing session's sink holds its credentials "
-                     + "as credential_process JSON (format: token)")
+            for sink in session.sinks where sink.format == .header {
+                fail(sink.line, "sessions.\(session.name).sinks", "format header is for tokens; a signing session's sink holds its keys: "
+                     + "format token (credential_process JSON) or json ({access_key_id, secret_access_key, session_token, expiration})")
             }
         }
     }

@@ -129,7 +129,7 @@ extension ConfigBuilder {
     /// under `sessions:`), `allowed_uids` (unix only).
     func tokenAPI(_ entry: Entry, sessionNames: [String], listeners: [ListenerConfig], admin: ListenAddress?) -> TokenAPIConfig? {
         guard let f = fields(entry.value, path: "token_api", line: entry.keyLine, known: ConfigKeys.tokenAPI,
-                             expected: "a mapping (listen, sessions, allowed_uids)") else { return nil }
+                             expected: "a mapping (listen, sessions, allowed_uids, authorization_token_file)") else { return nil }
         var listen: ListenAddress?
         if let e = f["listen"] {
             listen = address(e.value, key: f.key("listen"))
@@ -181,7 +181,10 @@ extension ConfigBuilder {
                 uids = idList(e, in: f, kind: .user)
             }
         }
+        // The AWS SDKs' container-credentials provider sends AWS_CONTAINER_AUTHORIZATION_TOKEN(_FILE)
+        // as Authorization: the file's content must match (re-read per request).
+        let tokenFile = path(f, "authorization_token_file", mustRead: true)
         guard let listen else { return nil }
-        return TokenAPIConfig(listen: listen, sessions: names, allowedUIDs: uids, line: entry.keyLine)
+        return TokenAPIConfig(listen: listen, sessions: names, allowedUIDs: uids, authorizationTokenFile: tokenFile, line: entry.keyLine)
     }
 }

@@ -150,6 +150,11 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// The last upstream failure in words, for the error answer's `detail` and the log; which
     /// answer it gets is the machine's (`ErrorAnswer`).
     @exclusivity(unchecked) private var failureDetail: String?
+    /// Signing routes (docs/architecture.md §6.15): the body's SHA-256 for `payload: signed`
+    /// (computed once, when the whole body is kept), and the canonical request hash of the
+    /// last signature, for a `SignatureDoesNotMatch` warning.
+    private var payloadHash: String?
+    private var canonicalRequestHash: Substring?
 
     /// Socket backpressure (orthogonal to the machine's phases).
     private struct BodyHold: OptionSet {
@@ -229,6 +234,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             upgrade: upgrade,
             grpc: ErrorResponse.isGRPC(head.headers))
         setup.dpop = session?.dpop != nil
+        if session?.signing != nil, let signing = routeRef.signing { setup.signing = signing.payload }
         setup.clientKeepAlive = keepAlive
         machine = ProxyExchange.StateMachine(setup: setup)
     }
@@ -300,10 +306,12 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         case .holdRejectionBody:
             if case .responseBody(let bytes) = carried { heldBody.append(contentsOf: bytes.assumingMemoryBound(to: UInt8.self)) }
         case .releaseHeldRejection(let reason, let keepAlive):
-            ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason))
             resumeClientBodyIfHeld()
-            // A DPoP nonce demand too large to hold is not about the token: nothing to refresh.
-            if reason != .notTokenError { reportRejectedWithoutReplay() }
+            if let reason {
+                ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason))
+                // A DPoP nonce demand too large to hold is not about the token: nothing to refresh.
+                if reason != .notTokenError { reportRejectedWithoutReplay() }
+            }
             writeHeldRejection(keepAlive: keepAlive, endStream: false)
             // The chunk that did not fit follows what was held (a client chunk goes nowhere).
             if case .responseBody(let bytes) = carried { writeResponseBody(bytes) }
@@ -314,15 +322,33 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             if reportNow { reportRejectedForReplay() }
         case .reportRejection:
             reportRejectedForReplay()
-        case .replayWithDPoPNonce(let disposal):
+        case .resendWithoutRefresh(let disposal):
             // RFC 9449 §9: the nonce came with the demand (`backendResponseHead` kept it); the
-            // retry carries a fresh proof with it, and the same token (no refresh).
+            // retry carries a fresh proof with it, and the same token (no refresh). A signing
+            // route's clock skew: the server's time was adopted as the answer was classified;
+            // the resend is signed again with it, with the same keys.
             dispose(disposal)
             resumeClientBodyIfHeld()
             heldBody.removeAll()
             heldTrailers = nil
+            responseHead = nil
             session?.dpop?.countNonceRetry(.upstream)
             acquireBackend(fresh: false)
+        case .relayHeldAnswer(let disposal, let keepAlive, let bodyless):
+            var trailers: HTTPHeaders?
+            if case .responseEnd(let t) = carried { trailers = t }
+            dispose(disposal)
+            resumeClientBodyIfHeld()
+            let persistent = writeHeldRejection(keepAlive: keepAlive, endStream: bodyless)
+            if !bodyless { client.finishResponse(trailers: trailers) }
+            complete(keepAlive: persistent)
+        case .awaitClientBody(let sendContinue):
+            // `payload: signed`: the body is read whole before anything is signed or sent.
+            if sendContinue { client.sendContinue() }
+            client.exchangeWantsBody()
+        case .respondClientError(let error, let keepAlive):
+            closeBackend()
+            respondClientError(error, keepAlive: keepAlive)
         case .sendHeldRejection(let reason, let refreshOnly, let keepAlive, let bodyless):
             noteVerdict(carried)
             if let reason { ctx.metrics.countReplay(slot: metricsSlot, ReplayOutcome(reason)) }
@@ -516,6 +542,10 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             sendDPoPRequest(send, conn: conn, dpop: dpop)
             return
         }
+        if machine.setup.signing.signs, let plan = routeRef.signing {
+            sendSignedRequest(send, conn: conn, plan: plan)
+            return
+        }
         let credential = token.map { HTTPField(name: inject.header, value: ctx.credentialValue(route: routeIndex, of: runtime, token: $0, inject: inject)) }
         sendRequest(send, conn: conn, head: upstreamHead, credential: credential)
     }
@@ -543,7 +573,102 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         sendRequest(send, conn: conn, head: head, credential: credential)
     }
 
-    private func sendRequest(_ send: ProxyExchange.SendRequest, conn: UpstreamStream, head upstreamHead: HTTPRequestHead, credential: HTTPField?) {
+    /// A signing route (docs/architecture.md §6.15): this attempt's signature with the keys of the
+    /// token it carries, at the session's signing time (the host's clock plus an offset adopted
+    /// from a clock-skew answer). No token is injected; the client's `Authorization` and the
+    /// schemes' own fields never reach the upstream. A target the signer refuses is the client's
+    /// 400 (nothing is sent).
+    private func sendSignedRequest(_ send: ProxyExchange.SendRequest, conn: UpstreamStream, plan: RouteSigning) {
+        if plan.payload == .signedPayload, payloadHash == nil {
+            // The machine connects only once the whole body is in the kept copy.
+            payloadHash = RequestSigner.payloadHash(kept)
+        }
+        // `payload: signed` holds the whole body: it goes with its length (object stores refuse a
+        // chunked upload without it: S3's 411 MissingContentLength). Trailers are then dropped.
+        var head = upstreamHead
+        var bodyFraming = framing
+        if plan.payload == .signedPayload, framing == .chunked {
+            head.headers.remove("Transfer-Encoding")
+            head.headers.set("Content-Length", String(kept.count))
+            bodyFraming = .contentLength(UInt64(kept.count))
+            requestTrailers = nil
+        }
+        let host = wallClockSeconds()
+        let time = session?.signing?.signingTime(hostEpochSeconds: host) ?? host
+        switch RequestSigner.sign(head, authority: target.url.authority, plan: plan, keys: token?.signingKeys,
+                                  payloadHash: payloadHash, epochSeconds: time) {
+        case .signed(let prepared):
+            canonicalRequestHash = prepared.canonicalRequestHash
+            session?.signing?.countSigned()
+            sendRequest(send, conn: conn, head: prepared.head, credential: prepared.authorization, bodyFraming: bodyFraming)
+        case .failed(let failure, let detail):
+            failureDetail = detail
+            conn.close()
+            backend = nil
+            run(machine.signingFailed(failure))
+        }
+    }
+
+    /// A held signing-route answer ended: what it says, from its status, fields and held body
+    /// (docs/architecture.md §6.15). Counted and logged here, the server's time adopted; the
+    /// machine decides what follows from the `SignedAnswer`.
+    private func classifyHeldAnswer() -> ProxyExchange.SignedAnswer {
+        guard let (head, _) = responseHead else { return .other }
+        let fields = head.headers.fields.map { (name: $0.name, value: $0.value) }
+        let verdict = SignedResponseVerdict.classify(status: head.status, headers: fields, body: heldBody)
+        let signing = session?.signing
+        switch verdict {
+        case .notAnError, .otherError:
+            break
+        case .credentialsRejected(let code):
+            signing?.countRejection()
+            runtime.logger.info("upstream rejected the signing keys", metadata: [
+                "session": "\(session?.name ?? "")", "route": "\(route.match)", "code": "\(code)",
+                "key.fingerprint": "\(token?.fingerprint ?? "")", "token.generation": "\(token?.generation ?? 0)"])
+        case .clockSkew(let code, let server):
+            if let server, let signing {
+                let offset = signing.adoptServerTime(server, hostEpochSeconds: wallClockSeconds())
+                runtime.logger.info("upstream says the signing clock is off; signing with the server's time", metadata: [
+                    "session": "\(session?.name ?? "")", "route": "\(route.match)", "code": "\(code)",
+                    "clock.offset_seconds": "\(offset)"])
+            } else {
+                runtime.logger.warning("upstream says the signing clock is off but sent no time to adopt", metadata: [
+                    "session": "\(session?.name ?? "")", "route": "\(route.match)", "code": "\(code)"])
+            }
+        case .signatureMismatch(let code, let serverHash):
+            signing?.countSignatureMismatch()
+            var metadata: Logger.Metadata = [
+                "session": "\(session?.name ?? "")", "route": "\(route.match)", "code": "\(code)",
+                "canonical_request.sha256": "\(canonicalRequestHash ?? "")", "path": "\(Redaction.target(String(logPath)))"]
+            if let serverHash { metadata["server.canonical_request.sha256"] = "\(serverHash)" }
+            runtime.logger.warning("upstream computed another signature; not replayed", metadata: metadata)
+        }
+        return ProxyExchange.SignedAnswer(verdict)
+    }
+
+    /// bearerd's own 4xx for a request it cannot sign (docs/architecture.md §6.15).
+    private func respondClientError(_ error: ProxyExchange.ClientError, keepAlive requested: Bool) {
+        let keepAlive = requested && !ctx.draining
+        status = error.status
+        let code: String
+        let detail: String
+        switch error {
+        case .signedPayloadTooLarge:
+            code = "sign.payload_too_large"
+            detail = "payload: signed hashes the whole body before sending, and this body is larger than replay_body_limit "
+                + "(\(route.replayBodyLimit) bytes); raise replay_body_limit or use payload: unsigned"
+        case .unsignableTarget:
+            code = "sign.invalid_target"
+            detail = failureDetail ?? "the request target cannot be signed"
+        }
+        runtime.logger.info("request not signed", metadata: ["route": "\(route.match)", "error": "\(code)", "detail": "\(detail)"])
+        let (h, body) = ErrorResponse.parts(status: error.status, error: code, detail: detail, fields: [("route", route.match)])
+        client.sendLocalResponse(h, body: body, keepAlive: keepAlive)
+        complete(keepAlive: keepAlive)
+    }
+
+    private func sendRequest(_ send: ProxyExchange.SendRequest, conn: UpstreamStream, head upstreamHead: HTTPRequestHead, credential: HTTPField?,
+                             bodyFraming: HTTP1BodyFraming? = nil) {
         if runtime.tracesExchanges {
             var h = upstreamHead
             if let credential { h.headers.set(credential.name, credential.value) }
@@ -553,7 +678,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 "token.generation": "\(token?.generation ?? 0)"])
         }
         headSentAt = ctx.loop.now
-        conn.sendHead(upstreamHead, body: framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
+        conn.sendHead(upstreamHead, body: bodyFraming ?? framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
                       credential: credential)
         // The stream may have failed while sending (an HTTP/2 connection that just went away).
         guard let conn = backend else { return }
@@ -672,8 +797,10 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             // Trailers-only (gRPC over HTTP/2: the head carries the status and ends the stream).
             grpcUnauthenticated = endStream && g == "16"
         }
-        // docs/architecture.md §6.9: a status that is not a rejection proves the token it carried.
-        if let session, let token, !grpcUnauthenticated, !routeRef.rejectSet.contains(upstream.status) {
+        // docs/architecture.md §6.9: a status that is not a rejection proves the token it carried
+        // (on a signing route 400 and 403 may be rejections: §6.15).
+        if let session, let token, !grpcUnauthenticated, !routeRef.rejectSet.contains(upstream.status),
+           !(machine.setup.signing.signs && (upstream.status == 400 || upstream.status == 403)) {
             session.noteAccepted(generation: token.generation)
         }
         run(machine.upstreamFinalHead(status: upstream.status, grpcUnauthenticated: grpcUnauthenticated,
@@ -692,7 +819,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         // Fields not allowed in trailers (RFC 9110 §6.5.1) are dropped, whichever protocol brought them.
         let trailers = HTTPHeaderRules.forwardableTrailers(upstreamTrailers)
         if let g = trailers?["grpc-status"] { grpcStatus = g }
-        run(machine.upstreamEnded(hasTrailers: trailers != nil), .responseEnd(trailers: trailers))
+        run(machine.upstreamEnded(hasTrailers: trailers != nil, signedAnswer: { classifyHeldAnswer() }), .responseEnd(trailers: trailers))
     }
 
     func backendFailed(_ error: ChannelError, reused: Bool, responseBytesSeen: Bool, unprocessed: Bool) {

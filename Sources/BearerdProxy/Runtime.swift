@@ -27,9 +27,12 @@ final class RouteRef: Sendable {
     let config: RouteConfig
     /// `config.rejectStatuses` as the exchange machine keeps it (built once, not per request).
     let rejectSet: StatusCodeSet
-    init(_ config: RouteConfig) {
+    /// How a `sign:` route signs (from its session's `grant:` and `region:`); nil elsewhere.
+    let signing: RouteSigning?
+    init(_ config: RouteConfig, sessions: [SessionConfig] = []) {
         self.config = config
-        rejectSet = StatusCodeSet(config.rejectStatuses)
+        signing = RouteSigning.plan(route: config, sessions: sessions)
+        rejectSet = RouteSigning.rejectSet(route: config, signing: signing)
     }
 }
 
@@ -67,7 +70,7 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
         tracesExchanges = logger.logLevel <= .trace
         self.accessLog = accessLog
         router = Router(rules: config.routes.map(\.rule))
-        routeRefs = config.routes.map(RouteRef.init)
+        routeRefs = config.routes.map { RouteRef($0, sessions: config.sessions) }
         var targets: [UpstreamTarget] = []
         var errors: [ConfigError] = []
         var listenerTLS: [(address: ListenAddress, context: TLSContext)] = []

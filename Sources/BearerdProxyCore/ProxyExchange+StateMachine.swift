@@ -17,13 +17,19 @@ extension ProxyExchange {
     /// States and their exits:
     /// - `.initial` → `start()` → `.awaitingToken` or `.connecting`.
     /// - `.awaitingToken` → `tokenAcquired` → `.connecting`; `tokenUnavailable` → `.finished` (503).
+    ///   With `payload: signed` and a body still arriving: → `.awaitingSignedBody` → `clientBodyEnded`
+    ///   → `.connecting`; the kept copy overflowing replay_body_limit → `.finished` (413).
     /// - `.connecting(attempt)` → `backendAcquired` → `.forwarding`; `upstreamFailed` → `.connecting`
     ///   (one retry on a fresh connection) or `.finished` (502/504).
     /// - `.forwarding(attempt, upstreamBody, response)`: the request head went out. The response side
     ///   moves `awaitingHead` → `headPending` (a final head not yet written to the client, so a
     ///   failure in the same read is still a clean 502) → `streaming` → end (`.finished`); or
     ///   `awaitingHead` → `holding` (a rejection kept back while it drains and while the client's
-    ///   body completes) → `.collectingReplayBody` / `.awaitingReplayToken`.
+    ///   body completes) → `.collectingReplayBody` / `.awaitingReplayToken`. What is held and why
+    ///   is a `HoldReason`: a token rejection (replayed with a newer token), a DPoP nonce demand
+    ///   or a signing route's clock skew (the one `Resend`, nothing refreshed), or a signing
+    ///   route's 400/403, whose ended body the driver classifies (`SignedAnswer`): a credentials
+    ///   rejection takes the rejection path, a skew the resend, anything else is relayed.
     /// - `.collectingReplayBody` → `clientBodyEnded` → `.awaitingReplayToken`; the kept copy
     ///   overflowing → `.finished` (the held rejection goes to the client; one whose connection
     ///   was cut is answered as that failure).
@@ -61,9 +67,10 @@ extension ProxyExchange {
         /// Replays so far: at most two, and two only when the first was provisional.
         public private(set) var replays: Int = 0
 
-        /// RFC 9449 §9 on DPoP routes: the one replay an upstream's nonce demand gets (not a
-        /// token rejection, so no refresh; it does not use the rejection replay).
-        public private(set) var dpopNonce: DPoPNonceRetry = .available
+        /// The one resend without a refresh: a DPoP route's nonce demand (RFC 9449 §9) or a
+        /// signing route's clock-skew answer (docs/architecture.md §6.15). Neither is a rejection
+        /// of the credentials, so neither uses the rejection replay.
+        public private(set) var resend: Resend = .available
 
         /// Body bytes buffered before the upstream connection is ready; more pauses the client.
         public static let pendingLimit = 64 * 1024
@@ -75,8 +82,9 @@ extension ProxyExchange {
             state = .initial
             clientBody = setup.hasBody ? .streaming(received: 0) : .complete
             // No body: trivially all kept. A body is kept (up to replay_body_limit) only on routes
-            // with a session, where a rejection may have to be replayed.
-            let keeps = !setup.hasBody || (setup.hasSession && setup.replayBodyLimit > 0)
+            // with a session, where a rejection may have to be replayed; with `payload: signed`
+            // always (it is hashed before sending: a limit of 0 admits only an empty body).
+            let keeps = !setup.hasBody || (setup.hasSession && (setup.replayBodyLimit > 0 || setup.signing == .signedPayload))
             keep = keeps ? .keeping(bytes: 0) : .notKept
             continueState = setup.expectsContinue && setup.hasBody && setup.clientSpeaksHTTP11 ? .expected : .notExpected
         }
@@ -90,7 +98,9 @@ extension ProxyExchange {
         /// backpressure on top).
         public var wantsClientBody: Bool {
             switch state {
-            case .initial, .awaitingToken, .connecting: return pendingBytes < Self.pendingLimit
+            case .initial, .awaitingToken, .connecting:
+                // `payload: signed`: read into the kept copy, bounded by replay_body_limit (413).
+                return setup.signing == .signedPayload || pendingBytes < Self.pendingLimit
             default: return true
             }
         }
@@ -148,6 +158,13 @@ extension ProxyExchange {
         /// The session handed out a token (at once or after waiting).
         public mutating func tokenAcquired() -> Action {
             guard case .awaitingToken = state else { return .none }
+            if setup.signing == .signedPayload && !clientBody.isComplete {
+                // The body's hash goes into the signature: all of it first.
+                state = .awaitingSignedBody
+                let sendContinue = continueState == .expected
+                if sendContinue { continueState = .sent }
+                return .awaitClientBody(sendContinue: sendContinue)
+            }
             return connect(Attempt(kind: .original, freshConnection: false))
         }
 
@@ -163,7 +180,7 @@ extension ProxyExchange {
             guard case .connecting(let attempt) = state else { return .closeUnusedBackend }
             let send: SendRequest
             switch attempt.kind {
-            case .original where !attempt.freshConnection:
+            case .original where !attempt.freshConnection && setup.signing != .signedPayload:
                 var sendContinue = false
                 if continueState == .expected && !clientBody.isComplete {
                     continueState = .sent
@@ -171,7 +188,7 @@ extension ProxyExchange {
                 }
                 send = SendRequest(body: .pending, endBody: clientBody.isComplete && setup.hasBody, sendContinue: sendContinue)
                 pendingBytes = 0
-            case .original, .replay, .provisionalReplay, .nonceRetry, .nonceRetryOfReplay, .nonceRetryOfProvisionalReplay:
+            case .original, .replay, .provisionalReplay, .resend, .resendOfReplay, .resendOfProvisionalReplay:
                 // A retry or a replay re-sends what was kept (all of it while keeping holds).
                 send = SendRequest(body: .kept, endBody: clientBody.isComplete && setup.hasBody, sendContinue: false)
             }
@@ -186,17 +203,26 @@ extension ProxyExchange {
             clientBody = .streaming(received: received.addingSaturating(count))
             let keepAction = updateKeep(adding: count)
             switch state {
-            case .initial, .awaitingToken, .connecting:
+            case .initial, .awaitingToken, .connecting, .awaitingSignedBody:
+                if setup.signing == .signedPayload {
+                    // Hashed before sending: only the kept copy takes it, and past
+                    // replay_body_limit the request cannot be signed.
+                    guard keepAction != .release else {
+                        state = .finished
+                        return .respondClientError(.signedPayloadTooLarge, keepAlive: keepAlive(closing: true))
+                    }
+                    return .keepClientBody(keepAction)
+                }
                 pendingBytes = pendingBytes.addingSaturating(count)
                 return .bufferClientBody(keep: keepAction)
             case .forwarding(let attempt, .sending, let response):
-                if case .holding = response {
+                if case .holding(_, let reason) = response {
                     // The upstream already rejected: the body goes only into the kept copy.
-                    return afterHoldingKeep(keepAction, attempt: attempt)
+                    return afterHoldingKeep(keepAction, attempt: attempt, reason: reason)
                 }
                 return .forwardClientBody(keep: keepAction)
             case .forwarding(let attempt, .abandoned, let response):
-                if case .holding = response { return afterHoldingKeep(keepAction, attempt: attempt) }
+                if case .holding(_, let reason) = response { return afterHoldingKeep(keepAction, attempt: attempt, reason: reason) }
                 return .discardClientBody  // a relayed rejection: the rest of the body goes nowhere
             case .forwarding(_, .sent, _):
                 return .keepClientBody(keepAction)  // cannot happen: `.sent` needs a complete body
@@ -209,9 +235,9 @@ extension ProxyExchange {
                     case .cut(let failure):
                         return upstreamErrorAnswer(failure, closing: true)
                     case .whole(let bodyless):
-                        // A nonce demand is not about the token: nothing to refresh.
+                        // A nonce demand or a clock skew is not about the credentials: nothing to refresh.
                         let refresh: Bool
-                        if case .holding = dpopNonce { refresh = false } else { refresh = true }
+                        if case .pending = resend { refresh = false } else { refresh = true }
                         return .sendHeldRejection(reason: .notReplayable, refreshOnly: refresh, keepAlive: keepAlive(closing: true),
                                                   bodyless: bodyless)
                     }
@@ -237,13 +263,15 @@ extension ProxyExchange {
                 state = .forwarding(attempt, .sent, response)
                 return .endUpstreamBody
             case .collectingReplayBody(let held):
-                if case .holding(let kind) = dpopNonce {
-                    dpopNonce = .used
-                    state = .connecting(Attempt(kind: kind.afterNonce, freshConnection: false))
-                    return .replayWithDPoPNonce(backend: .alreadyClosed)
+                if case .pending(let kind) = resend {
+                    resend = .used
+                    state = .connecting(Attempt(kind: kind.afterResend, freshConnection: false))
+                    return .resendWithoutRefresh(backend: .alreadyClosed)
                 }
                 state = .awaitingReplayToken(held)
                 return .reportRejection
+            case .awaitingSignedBody:
+                return connect(Attempt(kind: .original, freshConnection: false))
             default:
                 return .none
             }
@@ -284,12 +312,24 @@ extension ProxyExchange {
                 state = .finished
                 return upstreamErrorAnswer(.upgradeNotSwitched, closing: true)
             }
-            if setup.dpop, status == 401, case .available = dpopNonce, keep.isKeeping, clientBody.isComplete || !setup.grpc,
+            if setup.dpop, status == 401, case .available = resend, keep.isKeeping, clientBody.isComplete || !setup.grpc,
                DPoP.asksForNonce((try? WWWAuthenticate.parse(wwwAuthenticate())) ?? []) {
                 // RFC 9449 §9: the upstream wants its nonce in the proof. Held and drained like a
                 // rejection, then sent once more with a fresh proof; the token is not blamed.
-                dpopNonce = .holding(attempt.kind)
-                state = .forwarding(attempt, upstreamBody, .holding(bytes: 0))
+                state = .forwarding(attempt, upstreamBody, .holding(bytes: 0, .nonceDemand))
+                return .holdRejection
+            }
+            if setup.signing.signs, status == 400 || status == 403 {
+                // docs/architecture.md §6.15: a signing route's 400 or 403 may say the keys expired
+                // (replay), the clock is off (resend) or the signature is wrong (relay); its body
+                // says which. Held only when something could be sent again: the body kept, the
+                // method allowed, not the answer to the final replay.
+                guard keep.isKeeping, clientBody.isComplete || !setup.grpc, setup.methodReplayable,
+                      !attempt.kind.isTokenReplay else {
+                    state = .forwarding(attempt, upstreamBody, .headPending)
+                    return .none
+                }
+                state = .forwarding(attempt, upstreamBody, .holding(bytes: 0, .signedAnswer))
                 return .holdRejection
             }
             guard setup.hasSession, setup.rejectSet.contains(status) || grpcUnauthenticated else {
@@ -307,7 +347,7 @@ extension ProxyExchange {
                 state = .forwarding(attempt, upstreamBody, .headPending)
                 return .none
             case .replay:
-                state = .forwarding(attempt, upstreamBody, .holding(bytes: 0))
+                state = .forwarding(attempt, upstreamBody, .holding(bytes: 0, .rejection))
                 return .holdRejection
             case .passThrough(let reason):
                 state = .forwarding(attempt, upstreamBody, .headPending)
@@ -329,22 +369,27 @@ extension ProxyExchange {
                 return .forwardResponseBody(writeHeadFirst: true, keepAlive: keepAlive(closing: !clientBody.isComplete))
             case .streaming:
                 return .forwardResponseBody(writeHeadFirst: false, keepAlive: true)
-            case .holding(let bytes):
+            case .holding(let bytes, let reason):
                 let total = bytes.addingSaturating(count)
                 if total <= Self.heldRejectionLimit {
-                    state = .forwarding(attempt, upstreamBody, .holding(bytes: total))
+                    state = .forwarding(attempt, upstreamBody, .holding(bytes: total, reason))
                     return .holdRejectionBody
                 }
                 // Too large to hold: relay the rejection, keep the token fresh for later requests.
                 let close = !clientBody.isComplete || upstreamBody == .abandoned
                 state = .forwarding(attempt, upstreamBody, .streaming(closeClient: close))
                 keep = .notKept
-                if case .holding = dpopNonce {
+                switch reason {
+                case .rejection:
+                    return .releaseHeldRejection(reason: .rejectionTooLarge, keepAlive: keepAlive(closing: close))
+                case .nonceDemand:
                     // A nonce demand is not about the token: relayed, nothing refreshed.
-                    dpopNonce = .used
+                    resend = .used
                     return .releaseHeldRejection(reason: .notTokenError, keepAlive: keepAlive(closing: close))
+                case .signedAnswer:
+                    // Larger than any error document a store sends: not read, relayed as it is.
+                    return .releaseHeldRejection(reason: nil, keepAlive: keepAlive(closing: close))
                 }
-                return .releaseHeldRejection(reason: .rejectionTooLarge, keepAlive: keepAlive(closing: close))
             }
         }
 
@@ -370,7 +415,9 @@ extension ProxyExchange {
 
         /// The upstream's response is complete. `hasTrailers`: it ended with a trailer section
         /// (a held rejection with neither body nor trailers is relayed as a head alone).
-        public mutating func upstreamEnded(hasTrailers: Bool = false) -> Action {
+        /// `signedAnswer`: what a held signing-route answer says (the driver classifies its held
+        /// bytes); asked only for such an answer, at most once.
+        public mutating func upstreamEnded(hasTrailers: Bool = false, signedAnswer: () -> SignedAnswer = { .other }) -> Action {
             guard case .forwarding(let attempt, let upstreamBody, let response) = state else { return .none }
             let backend: BackendDisposal = upstreamBody == .sent ? .release : .close
             switch response {
@@ -382,20 +429,26 @@ extension ProxyExchange {
             case .streaming(let close):
                 state = .finished
                 return .finishResponse(writeHeadFirst: false, backend: backend, keepAlive: keepAlive(closing: close || !clientBody.isComplete))
-            case .holding(let bytes):
-                _ = attempt
-                let held = HeldRejection.whole(bodyless: bytes == 0 && !hasTrailers)
-                if case .holding(let kind) = dpopNonce, clientBody.isComplete {
-                    dpopNonce = .used
-                    state = .connecting(Attempt(kind: kind.afterNonce, freshConnection: false))
-                    return .replayWithDPoPNonce(backend: backend)
+            case .holding(let bytes, let reason):
+                let bodyless = bytes == 0 && !hasTrailers
+                let held = HeldRejection.whole(bodyless: bodyless)
+                switch reason {
+                case .rejection:
+                    return drainedRejection(held, backend: backend)
+                case .nonceDemand:
+                    return drainedResend(held, attempt: attempt, backend: backend)
+                case .signedAnswer:
+                    switch signedAnswer() {
+                    case .credentialsRejected:
+                        return drainedRejection(held, backend: backend)
+                    case .clockSkew(serverTimeKnown: true) where resend == .available:
+                        return drainedResend(held, attempt: attempt, backend: backend)
+                    case .clockSkew, .signatureMismatch, .other:
+                        // Relayed as it is: status, fields and body intact; nothing refreshed.
+                        state = .finished
+                        return .relayHeldAnswer(backend: backend, keepAlive: keepAlive(closing: !clientBody.isComplete), bodyless: bodyless)
+                    }
                 }
-                if clientBody.isComplete {
-                    state = .awaitingReplayToken(held)
-                    return .rejectionDrained(backend: backend, reportNow: true)
-                }
-                state = .collectingReplayBody(held)
-                return .rejectionDrained(backend: .close, reportNow: false)
             }
         }
 
@@ -424,25 +477,24 @@ extension ProxyExchange {
                 case .streaming:
                     state = .finished
                     return .abortClient
-                case .holding:
+                case .holding(_, let reason):
                     // The rejection is known; its body was cut. Go on as if it had drained
                     // (the connection is gone), and replay.
-                    if case .holding(let kind) = dpopNonce, clientBody.isComplete {
-                        dpopNonce = .used
-                        state = .connecting(Attempt(kind: kind.afterNonce, freshConnection: false))
-                        return .replayWithDPoPNonce(backend: .alreadyClosed)
+                    switch reason {
+                    case .rejection:
+                        return drainedRejection(.cut(failure), backend: .alreadyClosed)
+                    case .nonceDemand:
+                        return drainedResend(.cut(failure), attempt: attempt, backend: .alreadyClosed)
+                    case .signedAnswer:
+                        // What a cut answer said cannot be read: answered as the failure it is.
+                        state = .finished
+                        return upstreamErrorAnswer(failure, closing: !clientBody.isComplete)
                     }
-                    if clientBody.isComplete {
-                        state = .awaitingReplayToken(.cut(failure))
-                        return .rejectionDrained(backend: .alreadyClosed, reportNow: true)
-                    }
-                    state = .collectingReplayBody(.cut(failure))
-                    return .rejectionDrained(backend: .alreadyClosed, reportNow: false)
                 }
             case .tunnelling:
                 state = .finished
                 return .finishTunnel
-            case .initial, .awaitingToken, .collectingReplayBody, .awaitingReplayToken, .finished:
+            case .initial, .awaitingToken, .awaitingSignedBody, .collectingReplayBody, .awaitingReplayToken, .finished:
                 return .none
             }
         }
@@ -506,6 +558,19 @@ extension ProxyExchange {
             return .finishTunnel
         }
 
+        /// The request about to go out on a signing route could not be signed (nothing was sent;
+        /// the driver closed the connection): 400 for a target the signer refuses, 503 without keys.
+        public mutating func signingFailed(_ failure: SigningFailure) -> Action {
+            guard case .forwarding(_, _, .awaitingHead) = state else { return .none }
+            state = .finished
+            switch failure {
+            case .invalidTarget:
+                return .respondClientError(.unsignableTarget, keepAlive: keepAlive(closing: !clientBody.isComplete))
+            case .noKeys:
+                return .respondTokenUnavailable(ErrorAnswer(tokenUnavailableFor: setup.grpc, keepAlive: keepAlive(closing: !clientBody.isComplete)))
+            }
+        }
+
         /// The client closed or reset its connection, or stopped sending in time.
         public mutating func clientClosed() -> Action {
             if case .finished = state { return .none }
@@ -539,15 +604,44 @@ extension ProxyExchange {
             return .append
         }
 
-        private mutating func afterHoldingKeep(_ keepAction: KeepAction, attempt: Attempt) -> Action {
+        private mutating func afterHoldingKeep(_ keepAction: KeepAction, attempt: Attempt, reason: HoldReason) -> Action {
             guard keepAction == .release else { return .keepClientBody(keepAction) }
             // The body outgrew replay_body_limit while the rejection was held: relay it after all.
             state = .forwarding(attempt, .abandoned, .streaming(closeClient: true))
-            if case .holding = dpopNonce {
-                dpopNonce = .used
+            switch reason {
+            case .rejection:
+                return .releaseHeldRejection(reason: .notReplayable, keepAlive: keepAlive(closing: true))
+            case .nonceDemand:
+                resend = .used
                 return .releaseHeldRejection(reason: .notTokenError, keepAlive: keepAlive(closing: true))
+            case .signedAnswer:
+                // Not read yet: relayed as it is, nothing refreshed.
+                return .releaseHeldRejection(reason: nil, keepAlive: keepAlive(closing: true))
             }
-            return .releaseHeldRejection(reason: .notReplayable, keepAlive: keepAlive(closing: true))
+        }
+
+        /// A held rejection (or a signing route's credentials rejection) drained or was cut: ask
+        /// the session for the replay's credentials now, or once the client's body is complete.
+        private mutating func drainedRejection(_ held: HeldRejection, backend: BackendDisposal) -> Action {
+            if clientBody.isComplete {
+                state = .awaitingReplayToken(held)
+                return .rejectionDrained(backend: backend, reportNow: true)
+            }
+            state = .collectingReplayBody(held)
+            return .rejectionDrained(backend: backend == .alreadyClosed ? .alreadyClosed : .close, reportNow: false)
+        }
+
+        /// An answer worth the exchange's one resend (a nonce demand, a clock skew) drained or was
+        /// cut: resend now, or once the client's body is complete.
+        private mutating func drainedResend(_ held: HeldRejection, attempt: Attempt, backend: BackendDisposal) -> Action {
+            if clientBody.isComplete {
+                resend = .used
+                state = .connecting(Attempt(kind: attempt.kind.afterResend, freshConnection: false))
+                return .resendWithoutRefresh(backend: backend)
+            }
+            resend = .pending(attempt.kind)
+            state = .collectingReplayBody(held)
+            return .rejectionDrained(backend: backend == .alreadyClosed ? .alreadyClosed : .close, reportNow: false)
         }
     }
 }
@@ -581,6 +675,10 @@ extension ProxyExchange {
         public var grpc: Bool
         /// The route's session uses DPoP (RFC 9449): a 401 asking for a nonce is replayed once.
         public var dpop = false
+        /// The route signs requests with its session's keys (`sign:`) instead of carrying a
+        /// token: 400 and 403 answers are held and classified, `payload: signed` reads the whole
+        /// body first (docs/architecture.md §6.15).
+        public var signing: Signing = .none
         /// The client's connection may carry another request after this one (it asked for a
         /// persistent connection and the server is not draining).
         public var clientKeepAlive = true
@@ -631,17 +729,96 @@ extension ProxyExchange {
         public var isRequested: Bool { self != .none }
     }
 
-    /// The one DPoP nonce replay of an exchange (RFC 9449 §9).
-    public enum DPoPNonceRetry: Sendable, Equatable {
+    /// The one resend of an exchange that is not about the credentials, so nothing is
+    /// refreshed: a DPoP nonce demand (RFC 9449 §9) answered with a fresh proof, or a signing
+    /// route's clock-skew answer (`RequestTimeTooSkewed`) answered with a request signed again
+    /// at the server's time (docs/architecture.md §6.15).
+    public enum Resend: Sendable, Equatable {
         case available
-        /// A nonce demand answering an attempt of that kind is held while it drains.
-        case holding(Attempt.Kind)
+        /// Decided for an answer to an attempt of that kind: waits for the rest of the client's
+        /// body (`.collectingReplayBody`), then goes out.
+        case pending(Attempt.Kind)
         case used
+    }
+
+    /// Why a final response head is held back while its body drains (`Response.holding`).
+    public enum HoldReason: Sendable, Equatable {
+        /// One of `reject_statuses` on a token route: the token is reported and the request
+        /// replayed with a newer one (docs/architecture.md §6).
+        case rejection
+        /// A DPoP route's 401 asking for a nonce (RFC 9449 §9): resent once with it.
+        case nonceDemand
+        /// A signing route's 400 or 403: what it means is read from its held body once it ended
+        /// (`SignedAnswer`, docs/architecture.md §6.15).
+        case signedAnswer
+    }
+
+    /// How a route's requests are signed (docs/architecture.md §6.15), as the exchange needs it.
+    public enum Signing: Sendable, Equatable {
+        /// Not a signing route: a token is injected (if the route has a session).
+        case none
+        /// `UNSIGNED-PAYLOAD`: the body streams as on any route.
+        case unsignedPayload
+        /// The body's SHA-256 is in the signature: the whole body is read (into the kept copy,
+        /// up to replay_body_limit) before the request is signed and sent.
+        case signedPayload
+
+        public var signs: Bool { self != .none }
+    }
+
+    /// A held signing-route answer as the driver classified its bytes
+    /// (`SignedResponseVerdict.classify`): the machine's input, without the codes and texts the
+    /// driver logs.
+    public enum SignedAnswer: Sendable, Equatable {
+        /// `ExpiredToken`, `InvalidAccessKeyId`, …: the rejection path (refresh once, replay once).
+        case credentialsRejected
+        /// `RequestTimeTooSkewed` and kin; `serverTimeKnown`: the server's time was read and
+        /// adopted, so one resend signed again can succeed.
+        case clockSkew(serverTimeKnown: Bool)
+        /// `SignatureDoesNotMatch`: never replayed.
+        case signatureMismatch
+        /// Not an error, or another error: relayed as it is.
+        case other
+
+        public init(_ verdict: SignedResponseVerdict) {
+            switch verdict {
+            case .credentialsRejected: self = .credentialsRejected
+            case .clockSkew(_, let server): self = .clockSkew(serverTimeKnown: server != nil)
+            case .signatureMismatch: self = .signatureMismatch
+            case .notAnError, .otherError: self = .other
+            }
+        }
+    }
+
+    /// Why a request is answered by bearerd with a client error before it was sent.
+    public enum ClientError: Sendable, Equatable {
+        /// `payload: signed` and a body over replay_body_limit: 413.
+        case signedPayloadTooLarge
+        /// The target cannot be signed (a `%` not followed by two hex digits): 400.
+        case unsignableTarget
+
+        public var status: Int {
+            switch self {
+            case .signedPayloadTooLarge: 413
+            case .unsignableTarget: 400
+            }
+        }
+    }
+
+    /// Why the driver could not sign the request it was about to send.
+    public enum SigningFailure: Sendable, Equatable {
+        /// `RequestSigning` refused the target (the client's fault).
+        case invalidTarget
+        /// The session's token carries no signing keys.
+        case noKeys
     }
 
     public enum State: Sendable, Equatable {
         case initial
         case awaitingToken
+        /// `payload: signed`: the token is here; the rest of the client's body is read into the
+        /// kept copy before the request can be signed (its hash is in the signature).
+        case awaitingSignedBody
         case connecting(Attempt)
         case forwarding(Attempt, UpstreamBody, Response)
         /// The rejection drained (or its connection failed first); the rest of the client's body
@@ -667,25 +844,26 @@ extension ProxyExchange {
     public struct Attempt: Sendable, Equatable {
         /// `provisionalReplay`: a replay whose token was requested before the session learned of
         /// the rejection (`RejectionVerdict.provisionalReplay`); its rejection is replayed once more.
-        /// `nonceRetry…`: the attempt sent again with a DPoP nonce (RFC 9449 §9) after a nonce
-        /// demand answered the original, a final or a provisional replay (which stays spent).
+        /// `resend…`: the attempt sent again without a refresh (the exchange's one `Resend`: a
+        /// DPoP nonce, RFC 9449 §9, or a signing route's clock-skew answer) after such an answer
+        /// to the original, a final or a provisional replay (which stays spent).
         public enum Kind: Sendable, Equatable {
-            case original, replay, provisionalReplay, nonceRetry, nonceRetryOfReplay, nonceRetryOfProvisionalReplay
+            case original, replay, provisionalReplay, resend, resendOfReplay, resendOfProvisionalReplay
             /// The final rejection replay was used: a second rejection goes to the client.
-            public var isTokenReplay: Bool { self == .replay || self == .nonceRetryOfReplay }
+            public var isTokenReplay: Bool { self == .replay || self == .resendOfReplay }
             /// A rejection was replayed (finally or provisionally).
             public var isReplay: Bool {
                 switch self {
-                case .replay, .provisionalReplay, .nonceRetryOfReplay, .nonceRetryOfProvisionalReplay: true
-                case .original, .nonceRetry: false
+                case .replay, .provisionalReplay, .resendOfReplay, .resendOfProvisionalReplay: true
+                case .original, .resend: false
                 }
             }
-            /// The attempt that follows a nonce demand answering this one.
-            public var afterNonce: Kind {
+            /// The attempt that follows a resend-worthy answer (nonce demand, clock skew) to this one.
+            public var afterResend: Kind {
                 switch self {
-                case .original, .nonceRetry: .nonceRetry
-                case .replay, .nonceRetryOfReplay: .nonceRetryOfReplay
-                case .provisionalReplay, .nonceRetryOfProvisionalReplay: .nonceRetryOfProvisionalReplay
+                case .original, .resend: .resend
+                case .replay, .resendOfReplay: .resendOfReplay
+                case .provisionalReplay, .resendOfProvisionalReplay: .resendOfProvisionalReplay
                 }
             }
         }
@@ -708,8 +886,8 @@ extension ProxyExchange {
         case headPending
         /// The head went to the client; `closeClient`: it said `Connection: close`.
         case streaming(closeClient: Bool)
-        /// A rejection kept back while it drains: `bytes` of its body held.
-        case holding(bytes: Int)
+        /// An answer kept back while it drains, for `HoldReason`: `bytes` of its body held.
+        case holding(bytes: Int, HoldReason)
     }
 
     public enum ClientBody: Sendable, Equatable {
@@ -889,7 +1067,9 @@ extension ProxyExchange {
         case holdRejection
         case holdRejectionBody
         /// Write the held rejection (head and held body), then this chunk; relay the rest.
-        case releaseHeldRejection(reason: ReplayPolicy.Reason, keepAlive: Bool)
+        /// `reason` (when set) is counted, and unless it is `.notTokenError` the session is told
+        /// so later requests get fresh credentials.
+        case releaseHeldRejection(reason: ReplayPolicy.Reason?, keepAlive: Bool)
         /// The held rejection ended. Dispose of the backend; `reportNow`: the client's body is
         /// complete, ask the session (`reportRejected`) for the token to replay with.
         case rejectionDrained(backend: BackendDisposal, reportNow: Bool)
@@ -908,9 +1088,18 @@ extension ProxyExchange {
         case finishResponse(writeHeadFirst: Bool, backend: BackendDisposal, keepAlive: Bool)
         /// 503 `token_unavailable` (the answer says how) and finish.
         case respondTokenUnavailable(ErrorAnswer)
-        /// The upstream's nonce demand drained (dispose of its connection as said): take the
-        /// nonce from its `DPoP-Nonce` and acquire a connection for the retry (a fresh proof).
-        case replayWithDPoPNonce(backend: BackendDisposal)
+        /// An answer worth one resend without a refresh drained (dispose of its connection as
+        /// said): acquire a connection for the resend, which is signed again (a DPoP proof with
+        /// the nonce from `DPoP-Nonce`; a signature at the adopted server time).
+        case resendWithoutRefresh(backend: BackendDisposal)
+        /// A held signing-route answer ended and is not replayed: dispose of its connection,
+        /// write its head, held body and these trailers to the client, finish.
+        case relayHeldAnswer(backend: BackendDisposal, keepAlive: Bool, bodyless: Bool)
+        /// `payload: signed`: read the rest of the client's body before connecting (after
+        /// sending `100 Continue` when `sendContinue`; RFC 9110 §10.1.1).
+        case awaitClientBody(sendContinue: Bool)
+        /// Answer the client's error (JSON 4xx), close the backend if one is held, finish.
+        case respondClientError(ClientError, keepAlive: Bool)
         /// Answer `failure` as the core decided (502/504, JSON or gRPC), close the backend if one
         /// is still held, and finish.
         case respondUpstreamError(UpstreamFailure, ErrorAnswer)

@@ -30,6 +30,11 @@ public enum RequestSigning {
     public protocol Crypto {
         func sha256(_ bytes: [UInt8]) -> [UInt8]
         func hmacSHA256(key: [UInt8], message: [UInt8]) -> [UInt8]
+        /// The signing key: HMAC(prefix + secret, date), then HMAC with each of `scope` in turn
+        /// (SigV4: region, service, `aws4_request`; OSS V4: region, `oss`, `aliyun_v4_request`).
+        /// It changes only with the secret, the day and the scope, so a shell may keep it
+        /// (`SigningKeyCache`); the default derives it every time (four HMACs).
+        func signingKey(secret: String, prefix: String, date: String, scope: [String]) -> [UInt8]
     }
 
     /// Which signature, and its scope.
@@ -206,8 +211,7 @@ public enum RequestSigning {
             let canonical = [method, canonicalURI, query, canonicalHeaders, signedNames, payload.text].joined(separator: "\n")
             let scope = "\(date)/\(region)/\(service)/aws4_request"
             let toSign = "AWS4-HMAC-SHA256\n\(stamp)\n\(scope)\n\(hex(crypto.sha256(Array(canonical.utf8))))"
-            var key = crypto.hmacSHA256(key: Array(("AWS4" + credentials.secretAccessKey).utf8), message: Array(date.utf8))
-            for part in [region, service, "aws4_request"] { key = crypto.hmacSHA256(key: key, message: Array(part.utf8)) }
+            let key = crypto.signingKey(secret: credentials.secretAccessKey, prefix: "AWS4", date: date, scope: [region, service, "aws4_request"])
             let signature = hex(crypto.hmacSHA256(key: key, message: Array(toSign.utf8)))
             add.append(("Authorization", "AWS4-HMAC-SHA256 Credential=\(credentials.accessKeyID)/\(scope), SignedHeaders=\(signedNames), Signature=\(signature)"))
             return .success(Signed(target: wireTarget, remove: removedFields, add: add, canonicalRequest: canonical, stringToSign: toSign))
@@ -234,8 +238,7 @@ public enum RequestSigning {
             let canonical = [method, canonicalURI, query, canonicalHeaders, "", payload.text].joined(separator: "\n")
             let scope = "\(date)/\(region)/oss/aliyun_v4_request"
             let toSign = "OSS4-HMAC-SHA256\n\(stamp)\n\(scope)\n\(hex(crypto.sha256(Array(canonical.utf8))))"
-            var key = crypto.hmacSHA256(key: Array(("aliyun_v4" + credentials.secretAccessKey).utf8), message: Array(date.utf8))
-            for part in [region, "oss", "aliyun_v4_request"] { key = crypto.hmacSHA256(key: key, message: Array(part.utf8)) }
+            let key = crypto.signingKey(secret: credentials.secretAccessKey, prefix: "aliyun_v4", date: date, scope: [region, "oss", "aliyun_v4_request"])
             let signature = hex(crypto.hmacSHA256(key: key, message: Array(toSign.utf8)))
             add.append(("Authorization", "OSS4-HMAC-SHA256 Credential=\(credentials.accessKeyID)/\(scope),Signature=\(signature)"))
             return .success(Signed(target: wireTarget, remove: removedFields, add: add, canonicalRequest: canonical, stringToSign: toSign))
@@ -421,5 +424,57 @@ public enum SigningTime {
             return String(repeating: "0", count: max(0, width - t.count)) + t
         }
         return pad(y, 4) + pad(m, 2) + pad(d, 2) + "T" + pad(secs / 3600, 2) + pad(secs % 3600 / 60, 2) + pad(secs % 60, 2) + "Z"
+    }
+}
+
+extension RequestSigning.Crypto {
+    public func signingKey(secret: String, prefix: String, date: String, scope: [String]) -> [UInt8] {
+        RequestSigning.deriveSigningKey(secret: secret, prefix: prefix, date: date, scope: scope, crypto: self)
+    }
+}
+
+extension RequestSigning {
+    /// The signing key derived from scratch (four HMACs).
+    public static func deriveSigningKey(secret: String, prefix: String, date: String, scope: [String], crypto: some Crypto) -> [UInt8] {
+        var key = crypto.hmacSHA256(key: Array((prefix + secret).utf8), message: Array(date.utf8))
+        for part in scope { key = crypto.hmacSHA256(key: key, message: Array(part.utf8)) }
+        return key
+    }
+
+    /// The last few signing keys, so a request signs with one HMAC instead of five: a key is
+    /// found by its secret, prefix, day and scope, so new keys, a new day or another region or
+    /// service derive afresh. Holds at most `capacity` keys (the oldest replaced first); the
+    /// secrets it compares are those the session already holds in memory.
+    ///
+    /// A value type; the shell keeps one per route behind a lock (loops share routes).
+    public struct SigningKeyCache: Sendable {
+        struct Entry: Sendable {
+            var secret: String
+            var prefix: String
+            var date: String
+            var scope: [String]
+            var key: [UInt8]
+        }
+        private var entries: [Entry] = []
+        private var next = 0
+        public let capacity: Int
+
+        public init(capacity: Int = 4) { self.capacity = max(1, capacity) }
+
+        public func key(secret: String, prefix: String, date: String, scope: [String]) -> [UInt8]? {
+            entries.first { $0.date == date && $0.secret == secret && $0.prefix == prefix && $0.scope == scope }?.key
+        }
+
+        public mutating func insert(_ key: [UInt8], secret: String, prefix: String, date: String, scope: [String]) {
+            let e = Entry(secret: secret, prefix: prefix, date: date, scope: scope, key: key)
+            if entries.count < capacity {
+                entries.append(e)
+            } else {
+                entries[next] = e
+                next = (next + 1) % capacity
+            }
+        }
+
+        public var count: Int { entries.count }
     }
 }

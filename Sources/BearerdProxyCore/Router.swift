@@ -89,3 +89,54 @@ extension RequestTarget {
         return out
     }
 }
+
+/// How one signing route (`sign:`) signs its requests (docs/architecture.md §6.15): the scheme
+/// with its scope, taken from the route's `sign:` and its session's `grant:` and `region:`, and
+/// what stands for the body. Immutable, built once per configuration (`plan`); pure data.
+public struct RouteSigning: Sendable, Equatable {
+    public let scheme: RequestSigning.Scheme
+    /// `.unsignedPayload` or `.signedPayload` (never `.none`).
+    public let payload: ProxyExchange.Signing
+
+    /// Whose signature: the session's `grant:`.
+    public enum Provider: Sendable, Equatable {
+        /// AWS Signature V4 (`grant: aws`).
+        case aws
+        /// Alibaba Cloud OSS V4 (`grant: aliyun`).
+        case aliyun
+    }
+
+    public init(scheme: RequestSigning.Scheme, payload: ProxyExchange.Signing) {
+        self.scheme = scheme
+        self.payload = payload
+    }
+
+    /// The plan of a route. `service`: `sign.service` (SigV4; nil means `s3`); `bucket`:
+    /// `sign.bucket` (OSS; nil: read from an upstream host `BUCKET.oss-REGION.aliyuncs.com`, else a
+    /// path-style request without one); `signedPayload`: `payload: signed`.
+    public static func plan(provider: Provider, region: String, service: String?, bucket: String?,
+                            signedPayload: Bool, upstreamHost: String) -> RouteSigning {
+        let scheme: RequestSigning.Scheme
+        switch provider {
+        case .aws:
+            scheme = .awsV4(region: region, service: service ?? "s3")
+        case .aliyun:
+            scheme = .ossV4(region: region, bucket: bucket ?? ossBucket(fromHost: upstreamHost))
+        }
+        return RouteSigning(scheme: scheme, payload: signedPayload ? .signedPayload : .unsignedPayload)
+    }
+
+    /// The bucket of a virtual-hosted OSS host `BUCKET.oss-REGION.aliyuncs.com` (also
+    /// `oss-REGION-internal`), ASCII case-insensitive; nil for any other host (path-style or an
+    /// endpoint without a bucket). A bucket name is 3–63 of `a–z 0–9 -`.
+    public static func ossBucket(fromHost host: String) -> String? {
+        let labels = host.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
+            .map { String(decoding: $0.map { $0 >= 0x41 && $0 <= 0x5A ? $0 + 0x20 : $0 }, as: UTF8.self) }
+        guard labels.count == 4, labels[2] == "aliyuncs", labels[3] == "com",
+              labels[1].hasPrefix("oss-"), labels[1].utf8.count > 4 else { return nil }
+        let bucket = labels[0]
+        guard (3...63).contains(bucket.utf8.count),
+              bucket.utf8.allSatisfy({ ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2D }) else { return nil }
+        return bucket
+    }
+}

@@ -39,8 +39,8 @@ import Testing
 
     @Test func everyAWSSourceParses() throws {
         let sources: [(String, CredentialSourceConfig)] = [
-            ("assume_role: { role_arn: \"arn:aws:iam::1:role/r\", access_key_id_file: /k/ak, secret_access_key_file: /k/sk, external_id: x-1, session_name: app, duration: 1h }",
-             .assumeRole(.init(roleARN: "arn:aws:iam::1:role/r", keys: .init(accessKeyIDFile: "/k/ak", secretAccessKeyFile: "/k/sk"),
+            ("assume_role: { role_arn: \"arn:aws:iam::123456789012:role/r\", access_key_id_file: /k/ak, secret_access_key_file: /k/sk, external_id: x-1, session_name: app, duration: 1h }",
+             .assumeRole(.init(roleARN: "arn:aws:iam::123456789012:role/r", keys: .init(accessKeyIDFile: "/k/ak", secretAccessKeyFile: "/k/sk"),
                                externalID: "x-1", sessionName: "app", durationSeconds: 3600))),
             ("static: { access_key_id_file: /k/ak, secret_access_key_file: /k/sk, session_token_file: /k/st }",
              .staticKeys(.init(accessKeyIDFile: "/k/ak", secretAccessKeyFile: "/k/sk", sessionTokenFile: "/k/st"))),
@@ -122,7 +122,7 @@ import Testing
               store:
                 grant: aws
                 region: us-east-1
-                credentials: { oidc_role: { role_arn: "acs:ram::1:role/r", oidc_provider_arn: "acs:ram::1:oidc-provider/p", token_file: /t } }
+                credentials: { oidc_role: { role_arn: "acs:ram::123456789:role/r", oidc_provider_arn: "acs:ram::123456789:oidc-provider/p", token_file: /t } }
             """).contains("oidc_role is for grant aliyun"))
         #expect(errors("""
               store:
@@ -135,7 +135,7 @@ import Testing
               store:
                 grant: aws
                 region: us-east-1
-                credentials: { web_identity: { role_arn: "arn:aws:iam::1:role/r", token_file: /t, duration: 5m } }
+                credentials: { web_identity: { role_arn: "arn:aws:iam::123456789012:role/r", token_file: /t, duration: 5m } }
             """).contains("duration: must be at least 15m"))
         #expect(errors("""
               store:
@@ -175,8 +175,37 @@ import Testing
                 region: oss-cn-hangzhou
                 credentials: { url: "https://v.example.com/t.json" }
             """, route: "sign: {}").contains("give the region without the oss- prefix (cn-hangzhou)"))
-        #expect(errors(aws + "\n    sinks: [{ path: /run/b/store.json, format: json }]")
-            .contains("a signing session's sink holds its credentials as credential_process JSON"))
+        #expect(errors(aws + "\n    sinks: [{ path: /run/b/store.h, format: header }]")
+            .contains("format header is for tokens; a signing session's sink holds its keys"))
+        #expect(errors(aws + "\n    sinks: [{ path: /run/b/store.json, format: json }, { path: /run/b/store.cp }]") == "")
+        #expect(errors("""
+              store:
+                grant: aws
+                region: us-east-1
+                credentials: { web_identity: { role_arn: "arn:aws:iam::1:r", token_file: /t } }
+            """).contains("role_arn: expected an ARN starting with arn: (20–2048 visible ASCII characters)"))
+        #expect(errors("""
+              store:
+                grant: aws
+                region: us-east-1
+                credentials: { assume_role: { role_arn: "arn:aws:iam::123456789012:role/r", access_key_id_file: /a, secret_access_key_file: /s, external_id: "a b" } }
+            """).contains("external_id: expected 2–1224 letters, digits or _+=,.@:/- (ExternalId)"))
+        #expect(errors("""
+              oss:
+                grant: aliyun
+                region: cn-hangzhou
+                credentials: { oidc_role: { role_arn: "acs:ram::123456789:role/app", oidc_provider_arn: "acs:ram::123456789:oidc-provider/ack", token_file: /t, session_name: "a+b" } }
+            """, route: "sign: {}", session: "oss").contains("session_name: expected 2–64 letters, digits or _.@- (RoleSessionName)"))
+    }
+
+    @Test func tokenAPITakesAnAuthorizationTokenFile() throws {
+        let c = try parseConfig(Self.config("""
+              store:
+                grant: aws
+                region: us-east-1
+                credentials: { static: { access_key_id_file: /a, secret_access_key_file: /s } }
+            """) + "\ntoken_api: { listen: 127.0.0.1:9902, sessions: [store], authorization_token_file: /run/b/t }")
+        #expect(c.tokenAPI?.authorizationTokenFile == "/run/b/t")
     }
 
     @Test func filesAreCheckedWhenAsked() {

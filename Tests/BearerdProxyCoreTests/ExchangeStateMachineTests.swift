@@ -709,8 +709,8 @@ struct DPoPNonceMachineTests {
         var m = forwarding(dpopSetup())
         #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { Self.nonceDemand }) == .holdRejection)
         #expect(m.upstreamBodyReceived(count: 20) == .holdRejectionBody)
-        #expect(m.upstreamEnded() == .replayWithDPoPNonce(backend: .release))
-        #expect(m.state == .connecting(.init(kind: .nonceRetry, freshConnection: false)))
+        #expect(m.upstreamEnded() == .resendWithoutRefresh(backend: .release))
+        #expect(m.state == .connecting(.init(kind: .resend, freshConnection: false)))
         #expect(!m.isReplay)
         #expect(m.backendAcquired() == .sendRequest(.init(body: .kept, endBody: false, sendContinue: false)))
         // The token is rejected after all: that is a rejection, replayed once as usual.
@@ -728,7 +728,7 @@ struct DPoPNonceMachineTests {
         #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { Self.nonceDemand }) == .holdRejection)
         #expect(m.upstreamEnded() == .rejectionDrained(backend: .close, reportNow: false))
         #expect(m.clientBodyReceived(count: 5) == .keepClientBody(.append))
-        #expect(m.clientBodyEnded() == .replayWithDPoPNonce(backend: .alreadyClosed))
+        #expect(m.clientBodyEnded() == .resendWithoutRefresh(backend: .alreadyClosed))
         #expect(m.backendAcquired() == .sendRequest(.init(body: .kept, endBody: true, sendContinue: false)))
     }
 
@@ -737,6 +737,6 @@ struct DPoPNonceMachineTests {
     @Test func withoutDPoPTheSameAnswerIsNotAboutTheToken() {
         var m = forwarding(setup())
         #expect(m.upstreamFinalHead(status: 401, wwwAuthenticate: { Self.nonceDemand }) == .rejectionNotReplayed(reason: .notTokenError, refreshOnly: false))
-        #expect(m.dpopNonce == .available)
+        #expect(m.resend == .available)
     }
 }
