@@ -28,7 +28,7 @@ if [ ! -x .venv/bin/python3 ]; then python3 -m venv .venv; fi
 .venv/bin/python3 -m pip install -q --disable-pip-version-check -r Tests/Fixtures/requirements.txt
 if [ -n "${CI:-}" ]; then
     echo "== the tests' prerequisites are present (CI must not skip a test for lack of them)"
-    .venv/bin/python3 -c "import authlib, flask, prometheus_client.parser, grpc, websockets, django, oauth2_provider, kubernetes_validate, hypercorn, jwt"
+    .venv/bin/python3 -c "import authlib, flask, prometheus_client.parser, grpc, websockets, django, oauth2_provider, kubernetes_validate, hypercorn, jwt, botocore, alibabacloud_oss_v2"
     for tool in systemd-socket-activate systemd-analyze setpriv curl /usr/sbin/nginx /usr/bin/redis-server /usr/bin/tinyproxy; do
         command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
     done
@@ -39,6 +39,8 @@ if [ "$#" -gt 0 ]; then exec swift test "$@"; fi
 # HTTP (a fixture bug would otherwise show up as puzzling failures, or hide one of bearerd's).
 echo "== the OAuth fixture's self-test (Tests/Fixtures/test_oauth_server.py)"
 .venv/bin/python3 Tests/Fixtures/test_oauth_server.py
+echo "== the signing oracle's self-test (Tests/Fixtures/test_signing_origin.py)"
+.venv/bin/python3 Tests/Fixtures/test_signing_origin.py
 # Two runs: the module test targets on their own first, then the end-to-end tests. Swift Testing
 # runs tests in parallel on a cooperative pool as wide as the machine has cores; an end-to-end
 # test blocks its thread while a child process works, and on a 2-core machine two of them starve

@@ -16,6 +16,8 @@ public final class PythonFixture: @unchecked Sendable {  // @unchecked: `stopped
     }
 
     public let port: UInt16
+    /// Further ports the script announced after the first (`READY <port> <port2> …`).
+    public let extraPorts: [UInt16]
     private let process: Process
     private let stdin: Pipe
     private let stderrFile: String
@@ -32,7 +34,7 @@ public final class PythonFixture: @unchecked Sendable {  // @unchecked: `stopped
     }
 
     /// Starts `script` with `arguments` and waits (up to `readyTimeout` seconds) for its
-    /// `READY <port>` line.
+    /// `READY <port>` line (`READY <port> <port2> …` for a script with several listeners).
     public init(script name: String, arguments: [String], readyTimeout: Double = 15) throws {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/env")
@@ -63,12 +65,14 @@ public final class PythonFixture: @unchecked Sendable {  // @unchecked: `stopped
         }.start()
         let ok = got.wait(timeout: .now() + readyTimeout) == .success
         let parts = line.text.split(separator: " ")
-        guard ok, parts.count == 2, parts[0] == "READY", let port = UInt16(parts[1]) else {
+        let extra = parts.dropFirst(2).compactMap { UInt16($0) }
+        guard ok, parts.count >= 2, parts[0] == "READY", let port = UInt16(parts[1]), extra.count == parts.count - 2 else {
             let log = (try? String(contentsOfFile: stderrFile, encoding: .utf8)) ?? ""
             p.terminate()
             throw Failure(description: "\(name) did not start (\(line.text)): \(log.suffix(2000))")
         }
         self.port = port
+        self.extraPorts = extra
     }
 
     deinit { stop() }
