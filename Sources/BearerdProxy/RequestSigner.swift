@@ -78,6 +78,8 @@ enum RequestSigner {
                 return .failed(.invalidTarget, detail: "the request target cannot be signed: a '%' not followed by two hex digits at byte \(offset)")
             case .targetNotOriginForm:
                 return .failed(.invalidTarget, detail: "the request target cannot be signed: not origin-form")
+            case .dotSegment:
+                return .failed(.invalidTarget, detail: "the request target cannot be signed: a '.' or '..' segment once decoded (an encoded dot or slash)")
             case .payloadMustBeSigned(let service):
                 // `plan` never asks for it; answered like a target that cannot be signed.
                 return .failed(.invalidTarget, detail: "service \(service) needs the body's SHA-256 (payload: signed)")

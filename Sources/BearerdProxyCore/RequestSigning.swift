@@ -86,9 +86,15 @@ public enum RequestSigning {
         case payloadMustBeSigned(service: String)
         /// The target is not origin-form (`/path?query`).
         case targetNotOriginForm
+        /// A `.` or `..` path segment appears once the path is decoded (`%2E%2E`, or `..` between
+        /// encoded slashes of an object key): sent as it decodes, it would climb out of the
+        /// route's base path at any server or intermediary that normalises paths (another
+        /// bucket, in path style), which bearerd's own check of the raw target cannot see.
+        case dotSegment
 
         public var reason: String {
             switch self {
+            case .dotSegment: return "sign.dot_segment"
             case .invalidPercentEncoding(let offset): return "sign.invalid_percent_encoding at offset \(offset)"
             case .payloadMustBeSigned(let service): return "sign.payload_must_be_signed: service \(service) needs the body's SHA-256 (payload: signed)"
             case .targetNotOriginForm: return "sign.target_not_origin_form"
@@ -158,6 +164,21 @@ public enum RequestSigning {
         switch scheme {
         case .awsV4: byKey = scheme.isS3
         case .ossV4: byKey = true
+        }
+        // Dot segments that only decoding reveals (raw ones are refused before routing, and the
+        // canonical path of other services removes them): a segment that decodes to `.` or `..`
+        // (`%2E%2E`) is sent as a real dot segment (dots are unreserved); in an S3 or OSS key,
+        // whose encoded slashes are sent as slashes, also `..` between them (`x%2F..%2Fy`).
+        let dot = UInt8(ascii: "."), slash = UInt8(ascii: "/")
+        func isDot(_ part: ArraySlice<UInt8>) -> Bool { (part.count == 1 || part.count == 2) && part.allSatisfy { $0 == dot } }
+        if pathBytes.contains(UInt8(ascii: "%")) {
+            let raws = pathBytes.dropFirst().split(separator: slash, omittingEmptySubsequences: false)
+            for (raw, segment) in zip(raws, segments) where raw.contains(UInt8(ascii: "%")) {
+                if isDot(segment[...]) { return .failure(.dotSegment) }
+                if byKey, segment.contains(slash), segment.split(separator: slash, omittingEmptySubsequences: false).contains(where: isDot) {
+                    return .failure(.dotSegment)
+                }
+            }
         }
         let wirePath = byKey ? encode(Array(([UInt8(ascii: "/")] + segments.joined(separator: [UInt8(ascii: "/")]))), keepSlash: true)
                              : "/" + segments.map { encode($0) }.joined(separator: "/")

@@ -51,7 +51,7 @@ public enum SignedResponseVerdict: Sendable, Equatable {
     static let credentialCodes: Set<String> = [
         "ExpiredToken", "ExpiredTokenException", "InvalidAccessKeyId", "InvalidToken",
         "TokenRefreshRequired", "InvalidClientTokenId", "UnrecognizedClientException",
-        "SecurityTokenExpired",
+        "SecurityTokenExpired", "InvalidSecurityToken",
     ]
     /// Clock skew: the unambiguous members of the AWS SDKs' clock-skew list
     /// (aws-sdk-js-v3 `CLOCK_SKEW_ERROR_CODES`: AuthFailure, InvalidSignatureException,
@@ -61,9 +61,12 @@ public enum SignedResponseVerdict: Sendable, Equatable {
     static let mismatchCodes: Set<String> = ["SignatureDoesNotMatch", "InvalidSignatureException", "AuthFailure", "IncompleteSignature"]
     /// OSS `x-oss-ec` values of body-less answers (help.aliyun.com/en/oss/user-guide/0002-00000007:
     /// the STS credentials have expired; …/0002-00000504 and …/0002-00000501: request time too
-    /// far from the server's).
+    /// far from the server's; …/0002-00000006 and …/0002-00000008: the security token is invalid,
+    /// which a token from another STS answer than the keys' is, e.g. after a rotation).
     static let ossECCodes: [String: String] = [
         "0002-00000007": "SecurityTokenExpired",
+        "0002-00000006": "InvalidSecurityToken",
+        "0002-00000008": "InvalidSecurityToken",
         "0002-00000504": "RequestTimeTooSkewed",
         "0002-00000501": "RequestTimeTooSkewed",
     ]

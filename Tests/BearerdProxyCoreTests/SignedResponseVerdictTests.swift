@@ -38,6 +38,20 @@ struct SignedResponseVerdictTests {
         """
     static let html = [(name: "Content-Type", value: "text/html; charset=utf-8")]
 
+    /// OSS's invalid security token (help.aliyun.com …/0002-00000006, …/0002-00000008): the token
+    /// does not belong to the keys, as after a rotation: refreshed once and replayed, like S3's
+    /// `InvalidToken`; a body-less answer (HEAD) is read from `x-oss-ec`.
+    @Test func ossInvalidSecurityTokenIsACredentialsRejection() {
+        let body = """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <Error><Code>InvalidSecurityToken</Code><Message>The security token you provided is invalid.</Message><EC>0002-00000008</EC></Error>
+            """
+        #expect(SignedResponseVerdict.classify(status: 403, headers: [(name: "Content-Type", value: "application/xml")], body: Array(body.utf8))
+                == .credentialsRejected(code: "InvalidSecurityToken"))
+        #expect(SignedResponseVerdict.classify(status: 403, headers: [(name: "x-oss-ec", value: "0002-00000006")], body: [])
+                == .credentialsRejected(code: "InvalidSecurityToken"))
+    }
+
     @Test func motoS3Bodies() {
         #expect(classify(403, Self.motoS3InvalidAccessKeyId) == .credentialsRejected(code: "InvalidAccessKeyId"))
         #expect(classify(403, Self.motoS3SignatureDoesNotMatch) == .signatureMismatch(code: "SignatureDoesNotMatch", serverCanonicalRequestHash: nil))

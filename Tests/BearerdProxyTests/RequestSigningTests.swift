@@ -28,6 +28,32 @@ struct OpenSSLCrypto: RequestSigning.Crypto {
         s.add.first { $0.name.lowercased() == name.lowercased() }?.value
     }
 
+    /// Dot segments that only decoding reveals are refused (sent decoded, `x/../y` would climb out
+    /// of the route's base path at a normalising server): an encoded dot segment for any service,
+    /// and `..` between encoded slashes of an S3 or OSS key. Dots inside names are fine.
+    @Test func dotSegmentsRevealedByDecodingAreRefused() {
+        let creds = RequestSigning.Credentials(accessKeyID: "AKID", secretAccessKey: "s", sessionToken: nil)
+        let s3 = RequestSigning.Scheme.awsV4(region: "us-east-1", service: "s3")
+        let api = RequestSigning.Scheme.awsV4(region: "us-east-1", service: "execute-api")
+        let oss = RequestSigning.Scheme.ossV4(region: "cn-hangzhou", bucket: "b")
+        func outcome(_ target: String, _ scheme: RequestSigning.Scheme) -> RequestSigning.Failure? {
+            let payload: RequestSigning.Payload = scheme == api ? .hashed(RequestSigning.Payload.emptyHash) : .unsigned
+            if case .failure(let f) = RequestSigning.sign(method: "GET", target: target, host: "h", headers: [], scheme: scheme, credentials: creds,
+                                                          payload: payload, epochSeconds: Self.t2015, crypto: Self.crypto) { return f }
+            return nil
+        }
+        for scheme in [s3, api, oss] {
+            #expect(outcome("/a/%2E%2E/b", scheme) == .dotSegment)
+            #expect(outcome("/a/%2e/b", scheme) == .dotSegment)
+            #expect(outcome("/a/..b/c.d/...", scheme) == nil, "dots inside names")
+        }
+        for scheme in [s3, oss] {
+            #expect(outcome("/x%2F..%2Fy", scheme) == .dotSegment)
+            #expect(outcome("/x%2F.", scheme) == .dotSegment)
+        }
+        #expect(outcome("/x%2F..%2Fy", api) == nil, "one segment named x/../y, its slashes stay encoded")
+    }
+
     @Test func digestsAreOpenSSLs() {
         #expect(RequestSigning.hex(Digest.sha256([])) == RequestSigning.Payload.emptyHash)
         // RFC 4231 test case 2.

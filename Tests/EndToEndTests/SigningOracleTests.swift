@@ -323,7 +323,7 @@ struct SigningOracleTests {
         if provider == .aws {
             #expect(badToken.status == 400 && verdict(badToken) == .credentialsRejected(code: "InvalidToken"), "\(badToken.bodyText)")
         } else {
-            #expect(badToken.status == 403 && verdict(badToken) == .otherError(code: "InvalidSecurityToken"), "\(badToken.bodyText)")
+            #expect(badToken.status == 403 && verdict(badToken) == .credentialsRejected(code: "InvalidSecurityToken"), "\(badToken.bodyText)")
         }
 
         try oracle.admin("/__admin/expire", ["id": "AKIDVERDICT"])
