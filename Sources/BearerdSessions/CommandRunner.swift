@@ -25,6 +25,29 @@ enum CommandRunner {
 
     static let maxOutput = 1 << 20
 
+    /// A helper's run as the sessions judge it before reading its output: `.success` when it
+    /// exited 0 with its output whole; else the failure. A program that cannot start, or prints
+    /// over 1 MiB, is permanent; a timeout, a non-zero exit or a signal is retried. `kind`
+    /// prefixes the reasons (`token.exec_exit`, `credentials.exec_timeout`, …).
+    static func judged(_ run: Result<Outcome, StartFailure>, program: String, timeout: Duration,
+                       kind: String) -> Result<Outcome, TokenEndpointFailure> {
+        switch run {
+        case .failure(let start):
+            return .failure(TokenEndpointFailure(classification: .permanent, reason: "\(kind).exec_failed", errorDescription: start.message))
+        case .success(let o) where o.outputTooLarge:
+            return .failure(TokenEndpointFailure(classification: .permanent, reason: "token.response_too_large",
+                                                 errorDescription: "\(program) printed more than 1 MiB"))
+        case .success(let o) where o.timedOut:
+            return .failure(TokenEndpointFailure(classification: .retryable, reason: "\(kind).exec_timeout",
+                                                 errorDescription: "\(program) did not finish within \(timeout)"))
+        case .success(let o) where o.status != 0:
+            let how = o.status < 0 ? "was killed by signal \(-o.status)" : "exited with status \(o.status)"
+            return .failure(TokenEndpointFailure(classification: .retryable, reason: "\(kind).exec_exit", errorDescription: "\(program) \(how)"))
+        case .success(let o):
+            return .success(o)
+        }
+    }
+
     /// Initialises `attr` so the child starts with an empty signal mask and default dispositions
     /// for the signals bearerd blocks or ignores (SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD).
     static func cleanSignalState(_ attr: inout posix_spawnattr_t) {

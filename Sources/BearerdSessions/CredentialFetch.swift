@@ -26,13 +26,16 @@ struct CredentialFetch {
     let signing: SigningCredentialsConfig
     let queue: EventLoop
     let clock: any SessionClock
+    /// The session's logger (a helper's stderr, scrubbed).
+    let logger: Logger
 
-    init?(settings: SessionSettings, queue: EventLoop, clock: any SessionClock) {
+    init?(settings: SessionSettings, queue: EventLoop, clock: any SessionClock, logger: Logger) {
         guard let signing = settings.config.signing else { return nil }
         self.settings = settings
         self.signing = signing
         self.queue = queue
         self.clock = clock
+        self.logger = logger
     }
 
     typealias Done = (Result<TokenGrant, TokenEndpointFailure>, _ requestSent: Bool) -> Void
@@ -138,34 +141,23 @@ struct CredentialFetch {
             let timeout = settings.config.commandTimeout
             let program = argv.first ?? "?"
             let defaultLifetime = settings.config.defaultLifetime
-            let queue = self.queue, clock = self.clock
+            let queue = self.queue, clock = self.clock, logger = self.logger
             DispatchQueue.global().async {
                 let outcome = CommandRunner.run(argv, timeout: timeout)
                 queue.execute {
+                    TokenSessionDriver.logHelperStderr(outcome, program: program, what: "credentials command", logger: logger)
                     let result: Result<TokenGrant, TokenEndpointFailure>
-                    switch outcome {
-                    case .failure(let start):
-                        result = .failure(TokenEndpointFailure(classification: .permanent, reason: "credentials.exec_failed", errorDescription: start.message))
+                    switch CommandRunner.judged(outcome, program: program, timeout: timeout, kind: "credentials") {
+                    case .failure(let f):
+                        result = .failure(f)
                     case .success(let o):
-                        if o.outputTooLarge {
-                            result = .failure(TokenEndpointFailure(classification: .permanent, reason: "token.response_too_large",
-                                                                   errorDescription: "\(program) printed more than 1 MiB"))
-                        } else if o.timedOut {
-                            result = .failure(TokenEndpointFailure(classification: .retryable, reason: "credentials.exec_timeout",
-                                                                   errorDescription: "\(program) did not finish within \(timeout)"))
-                        } else if o.status != 0 {
-                            let how = o.status < 0 ? "was killed by signal \(-o.status)" : "exited with status \(o.status)"
-                            result = .failure(TokenEndpointFailure(classification: .retryable, reason: "credentials.exec_exit",
-                                                                   errorDescription: "\(program) \(how)"))
-                        } else {
-                            do throws(CredentialsError) {
-                                let c = try TemporaryCredentials.fromCredentialProcessJSON(o.stdout)
-                                result = Self.grant(c, wallClockNow: clock.wallClockSeconds(), defaultLifetime: defaultLifetime)
-                            } catch {
-                                // A helper printing something else is broken now; it may be fixed: transient.
-                                result = .failure(TokenEndpointFailure(classification: .retryable, reason: error.reason,
-                                                                       errorDescription: "\(program): \(error.description)"))
-                            }
+                        do throws(CredentialsError) {
+                            let c = try TemporaryCredentials.fromCredentialProcessJSON(o.stdout)
+                            result = Self.grant(c, wallClockNow: clock.wallClockSeconds(), defaultLifetime: defaultLifetime)
+                        } catch {
+                            // A helper printing something else is broken now; it may be fixed: transient.
+                            result = .failure(TokenEndpointFailure(classification: .retryable, reason: error.reason,
+                                                                   errorDescription: "\(program): \(error.description)"))
                         }
                     }
                     done(result, true)

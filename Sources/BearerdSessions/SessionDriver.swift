@@ -622,28 +622,11 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             let outcome = CommandRunner.run(argv, timeout: timeout)
             queue.execute { [self] in
                 guard !stopped, fetchSerial == serial else { return }
+                Self.logHelperStderr(outcome, program: program, what: "token command", logger: logger)
                 let result: Result<TokenGrant, TokenEndpointFailure>
-                switch outcome {
-                case .failure(let start):
-                    result = .failure(TokenEndpointFailure(classification: .permanent, reason: "token.exec_failed", errorDescription: start.message))
-                case .success(let o):
-                    let stderr = Redaction.scrub(String(decoding: o.stderr.prefix(512), as: UTF8.self))
-                    if !stderr.isEmpty {
-                        logger.warning("token command wrote to stderr", metadata: ["command": "\(program)", "stderr": "\(stderr)"])
-                    }
-                    if o.outputTooLarge {
-                        result = .failure(TokenEndpointFailure(classification: .permanent, reason: "token.response_too_large",
-                                                               errorDescription: "\(program) printed more than 1 MiB"))
-                    } else if o.timedOut {
-                        result = .failure(TokenEndpointFailure(classification: .retryable, reason: "token.exec_timeout",
-                                                               errorDescription: "\(program) did not finish within \(timeout)"))
-                    } else if o.status != 0 {
-                        let how = o.status < 0 ? "was killed by signal \(-o.status)" : "exited with status \(o.status)"
-                        result = .failure(TokenEndpointFailure(classification: .retryable, reason: "token.exec_exit",
-                                                               errorDescription: "\(program) \(how)"))
-                    } else {
-                        result = parser.parse(status: 200, headers: [], body: o.stdout, wallClockNow: clock.wallClockSeconds())
-                    }
+                switch CommandRunner.judged(outcome, program: program, timeout: timeout, kind: "token") {
+                case .failure(let f): result = .failure(f)
+                case .success(let o): result = parser.parse(status: 200, headers: [], body: o.stdout, wallClockNow: clock.wallClockSeconds())
                 }
                 finishFetch(request, startedAt: startedAt, sentAt: sentAt, result: result, requestSent: true, adopted: false)
             }
@@ -659,7 +642,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             finishFetch(request, startedAt: startedAt, sentAt: now(), result: .success(adopted), requestSent: false, adopted: true)
             return
         }
-        guard let fetch = CredentialFetch(settings: settings, queue: queue, clock: clock) else {
+        guard let fetch = CredentialFetch(settings: settings, queue: queue, clock: clock, logger: logger) else {
             finishFetch(request, startedAt: startedAt, sentAt: now(), result: .failure(TokenEndpointFailure(
                 classification: .permanent, reason: "credentials.not_configured",
                 errorDescription: "grant \(grant.rawValue) without credentials:")), requestSent: false, adopted: false)
@@ -702,6 +685,16 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             try credentialCache.store(p, monotonicNow: clock.now().nanoseconds, expiresAt: expiry, wallClockNow: clock.wallClockSeconds())
         } catch {
             logger.warning("cannot keep the credentials in state_dir; a restart will fetch new ones", metadata: ["error": "\(error.description)"])
+        }
+    }
+
+    /// A helper's stderr (`grant: exec`, `credentials: { exec: … }`), logged scrubbed (first 512 bytes).
+    static func logHelperStderr(_ outcome: Result<CommandRunner.Outcome, CommandRunner.StartFailure>, program: String, what: String,
+                                logger: Logger) {
+        guard case .success(let o) = outcome else { return }
+        let stderr = Redaction.scrub(String(decoding: o.stderr.prefix(512), as: UTF8.self))
+        if !stderr.isEmpty {
+            logger.warning("\(what) wrote to stderr", metadata: ["command": "\(program)", "stderr": "\(stderr)"])
         }
     }
 

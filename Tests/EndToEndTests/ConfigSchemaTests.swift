@@ -52,6 +52,51 @@ struct ConfigSchemaTests {
         #expect(verdicts.filter { $0.file.contains("#ConfigMap/") }.count >= 3)
     }
 
+    /// The configurations the documentation shows: every ```yaml block of README.md and
+    /// docs/guides/*.md that is a whole configuration (it has top-level `routes:`) passes the schema
+    /// and `bearerd check --example`. Blocks that show a part (one session, one key) are not
+    /// configurations; at least the README's two and a guide's few are.
+    @Test func documentedConfigurationsAreValid() throws {
+        let fm = FileManager.default
+        let guides = try fm.contentsOfDirectory(atPath: Self.root.appendingPathComponent("docs/guides").path)
+            .filter { $0.hasSuffix(".md") }.sorted().map { "docs/guides/" + $0 }
+        let scratch = fm.temporaryDirectory.appendingPathComponent("bearerd-doc-configs-\(UUID().uuidString)")
+        try fm.createDirectory(at: scratch, withIntermediateDirectories: true)
+        defer { try? fm.removeItem(at: scratch) }
+        var files: [(path: String, origin: String)] = []
+        for doc in ["README.md"] + guides {
+            let text = try String(contentsOf: Self.root.appendingPathComponent(doc), encoding: .utf8)
+            var block: [Substring]?
+            var line = 0, start = 0
+            for l in text.split(separator: "\n", omittingEmptySubsequences: false) {
+                line += 1
+                let t = l.trimmingCharacters(in: .whitespaces)
+                if block == nil, t == "```yaml" { block = []; start = line; continue }
+                guard var b = block else { continue }
+                if t == "```" {
+                    let yaml = b.joined(separator: "\n")
+                    if yaml.split(separator: "\n").contains(where: { $0.hasPrefix("routes:") }) {
+                        let path = scratch.appendingPathComponent("\(files.count).yaml").path
+                        try yaml.write(toFile: path, atomically: true, encoding: .utf8)
+                        files.append((path, "\(doc):\(start)"))
+                    }
+                    block = nil
+                    continue
+                }
+                b.append(l)
+                block = b
+            }
+        }
+        #expect(files.filter { $0.origin.hasPrefix("README.md") }.count >= 2, "the README's configurations: \(files.map(\.origin))")
+        #expect(files.count >= 5, "\(files.map(\.origin))")
+        let verdicts = try Self.validate(files.map(\.path))
+        for (v, f) in zip(verdicts, files) { #expect(v.valid, "\(f.origin): \(v.errors.joined(separator: "; "))") }
+        for f in files {
+            let check = try CommandLineTests.run(["check", "--example", "-c", f.path])
+            #expect(check.status == 0, "\(f.origin): \(check.stdout)\(check.stderr)")
+        }
+    }
+
     static let base = """
         listen: 127.0.0.1:8080
         loops: 2
