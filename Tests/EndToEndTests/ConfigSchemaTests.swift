@@ -53,7 +53,8 @@ struct ConfigSchemaTests {
     }
 
     /// The configurations the documentation shows: every ```yaml block of README.md and
-    /// docs/guides/*.md that is a whole configuration (it has top-level `routes:`) passes the schema
+    /// docs/guides/*.md that is a whole configuration (top-level `routes:`, and `sessions:` when a
+    /// route names a session) passes the schema
     /// and `bearerd check --example`. Blocks that show a part (one session, one key) are not
     /// configurations; at least the README's two and a guide's few are.
     @Test func documentedConfigurationsAreValid() throws {
@@ -75,7 +76,10 @@ struct ConfigSchemaTests {
                 guard var b = block else { continue }
                 if t == "```" {
                     let yaml = b.joined(separator: "\n")
-                    if yaml.split(separator: "\n").contains(where: { $0.hasPrefix("routes:") }) {
+                    let lines = yaml.split(separator: "\n")
+                    let whole = lines.contains { $0.hasPrefix("routes:") }
+                        && (lines.contains { $0.hasPrefix("sessions:") } || !yaml.contains("session:"))
+                    if whole {
                         let path = scratch.appendingPathComponent("\(files.count).yaml").path
                         try yaml.write(toFile: path, atomically: true, encoding: .utf8)
                         files.append((path, "\(doc):\(start)"))
