@@ -425,35 +425,14 @@ public enum ISO8601Timestamp {
             throw bad("no time zone (Z or ±hh:mm)")
         }
         guard i == b.count else { throw bad("trailing characters") }
-        let days = HTTPDate.daysFromCivil(year: year, month: month, day: day)
+        let days = CivilTime.daysFromCivil(year: year, month: month, day: day)
         return days * 86_400 + hour * 3_600 + minute * 60 + min(second, 59) - offset
     }
 
     /// `YYYY-MM-DDThh:mm:ssZ` for Unix seconds (Alibaba's `Timestamp` parameter). Years outside
     /// 0000–9999 are clamped to that range's ends.
     public static func format(_ seconds: Int64) -> String {
-        let lowest: Int64 = -62_167_219_200      // 0000-01-01T00:00:00Z
-        let highest: Int64 = 253_402_300_799     // 9999-12-31T23:59:59Z
-        let t = min(max(seconds, lowest), highest)
-        var days = t / 86_400
-        var rest = t % 86_400
-        if rest < 0 { rest += 86_400; days -= 1 }
-        // Civil date from days since 1970-01-01 (H. Hinnant's algorithm), inverse of `daysFromCivil`.
-        let z = days + 719_468
-        let era = (z >= 0 ? z : z - 146_096) / 146_097
-        let doe = z - era * 146_097
-        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
-        let mp = (5 * doy + 2) / 153
-        let day = doy - (153 * mp + 2) / 5 + 1
-        let month = mp < 10 ? mp + 3 : mp - 9
-        let year = yoe + era * 400 + (month <= 2 ? 1 : 0)
-        func pad(_ v: Int64, _ width: Int) -> String {
-            let s = String(v)
-            return String(repeating: "0", count: max(0, width - s.count)) + s
-        }
-        return pad(year, 4) + "-" + pad(month, 2) + "-" + pad(day, 2) + "T" + pad(rest / 3_600, 2) + ":"
-            + pad(rest % 3_600 / 60, 2) + ":" + pad(rest % 60, 2) + "Z"
+        CivilTime(epochSeconds: seconds).rfc3339
     }
 }
 

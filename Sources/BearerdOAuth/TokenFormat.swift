@@ -32,27 +32,7 @@ public enum TokenFormat {
     /// `unixSeconds` as `YYYY-MM-DDTHH:MM:SSZ` (RFC 3339 §5.6, UTC), proleptic Gregorian,
     /// clamped to years 1…9999 (so an "expires never" of `Int64.max` renders as 9999-12-31T23:59:59Z).
     public static func rfc3339(unixSeconds: Int64) -> String {
-        let s = min(max(unixSeconds, earliestRenderable), latestRenderable)
-        // Floor division: seconds before 1970 belong to the previous day.
-        var days = s / 86_400
-        var secondOfDay = s % 86_400
-        if secondOfDay < 0 {
-            secondOfDay += 86_400
-            days -= 1
-        }
-        // Civil date from days since 1970-01-01 (Hinnant's days_from_civil inverse); `days` is
-        // bounded by the clamp above, so nothing here can overflow.
-        let z = days + 719_468
-        let era = (z >= 0 ? z : z - 146_096) / 146_097
-        let doe = z - era * 146_097                                         // [0, 146096]
-        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365  // [0, 399]
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)                   // [0, 365]
-        let mp = (5 * doy + 2) / 153                                        // [0, 11]
-        let day = doy - (153 * mp + 2) / 5 + 1
-        let month = mp < 10 ? mp + 3 : mp - 9
-        let year = yoe + era * 400 + (month <= 2 ? 1 : 0)
-        return pad(year, 4) + "-" + pad(month, 2) + "-" + pad(day, 2) + "T"
-            + pad(secondOfDay / 3_600, 2) + ":" + pad(secondOfDay % 3_600 / 60, 2) + ":" + pad(secondOfDay % 60, 2) + "Z"
+        CivilTime(epochSeconds: unixSeconds, earliest: earliestRenderable).rfc3339
     }
 
     /// `Authorization: Bearer <token>` (or the header and format given), one line, no newline.
@@ -72,10 +52,5 @@ public enum TokenFormat {
     public static func execCredential(token: String, expiresAt: Int64) -> String {
         "{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{\"token\":"
             + JSONWriter.quote(token) + ",\"expirationTimestamp\":" + JSONWriter.quote(rfc3339(unixSeconds: expiresAt)) + "}}"
-    }
-
-    private static func pad(_ n: Int64, _ width: Int) -> String {
-        let digits = String(n)
-        return digits.count >= width ? digits : String(repeating: "0", count: width - digits.count) + digits
     }
 }

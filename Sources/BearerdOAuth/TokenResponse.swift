@@ -373,20 +373,9 @@ public enum HTTPDate {
         let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
         let monthDays: [Int64] = [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
         guard day <= monthDays[monthIndex] else { return nil }
-        let epochDay = daysFromCivil(year: year, month: month, day: day)
+        let epochDay = CivilTime.daysFromCivil(year: year, month: month, day: day)
         // 1970-01-01 was a Thursday (index 3 with Monday = 0).
         guard Int(((epochDay % 7) + 7 + 3) % 7) == weekday else { return nil }
         return epochDay * 86_400 + hour * 3_600 + minute * 60 + min(second, 59)
-    }
-
-    /// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
-    static func daysFromCivil(year: Int64, month: Int64, day: Int64) -> Int64 {
-        let y = month <= 2 ? year - 1 : year
-        let era = (y >= 0 ? y : y - 399) / 400
-        let yoe = y - era * 400
-        let mp = (month + 9) % 12
-        let doy = (153 * mp + 2) / 5 + day - 1
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
-        return era * 146_097 + doe - 719_468
     }
 }

@@ -1,3 +1,5 @@
+import BearerdOAuth
+
 /// Request signing for object stores and cloud APIs with temporary keys: AWS Signature Version 4
 /// (`AWS4-HMAC-SHA256`) and Alibaba Cloud OSS V4 (`OSS4-HMAC-SHA256`). Pure: the hash and the
 /// HMAC come in through `RequestSigning.Crypto` (OpenSSL's, `BearerdTLS.Digest`, in the shell),
@@ -426,25 +428,7 @@ public enum RequestSigning {
 /// 0000-01-01 … 9999-12-31 so the result always has 16 characters.
 public enum SigningTime {
     public static func iso8601Basic(epochSeconds: Int64) -> String {
-        // 0000-03-01 is day -719,468; 9999-12-31T23:59:59Z is 253,402,300,799.
-        let s = min(max(epochSeconds, -62_167_219_200), 253_402_300_799)
-        let days = s >= 0 ? s / 86_400 : (s - 86_399) / 86_400
-        let secs = s - days * 86_400
-        let z = days + 719_468
-        let era = (z >= 0 ? z : z - 146_096) / 146_097
-        let doe = z - era * 146_097
-        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365
-        var y = yoe + era * 400
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
-        let mp = (5 * doy + 2) / 153
-        let d = doy - (153 * mp + 2) / 5 + 1
-        let m = mp < 10 ? mp + 3 : mp - 9
-        if m <= 2 { y += 1 }
-        func pad(_ v: Int64, _ width: Int) -> String {
-            let t = String(v)
-            return String(repeating: "0", count: max(0, width - t.count)) + t
-        }
-        return pad(y, 4) + pad(m, 2) + pad(d, 2) + "T" + pad(secs / 3600, 2) + pad(secs % 3600 / 60, 2) + pad(secs % 60, 2) + "Z"
+        CivilTime(epochSeconds: epochSeconds).iso8601Basic
     }
 }
 

@@ -1,3 +1,5 @@
+import BearerdOAuth
+
 /// What an upstream's answer to a SIGNED request says about the signature and its credentials
 /// (AWS SigV4, OSS V4). Pure and bounded: it reads the status, a few header fields and the held
 /// body (at most `maxBodyBytes`), and never traps on what the server sends.
@@ -512,19 +514,12 @@ enum HTTPTime {
 
     static func isLeap(_ y: Int) -> Bool { (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 }
 
-    /// Days from 1970-01-01 to a proleptic Gregorian date (H. Hinnant's `days_from_civil`); the
-    /// inputs are range-checked by the callers (year 1–9999).
+    /// Unix seconds of a UTC date and time, range-checked (year 1–9999), else nil.
     static func epochSeconds(year: Int, month: Int, day: Int, hour: Int, minute: Int, second: Int) -> Int64? {
         guard (1...9999).contains(year), (1...12).contains(month), (0...23).contains(hour), (0...59).contains(minute), (0...60).contains(second) else { return nil }
         let monthDays = [31, isLeap(year) ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
         guard day >= 1, day <= monthDays[month - 1] else { return nil }
-        let y = Int64(month <= 2 ? year - 1 : year)
-        let era = y / 400
-        let yoe = y - era * 400
-        let mp = Int64((month + 9) % 12)
-        let doy = (153 * mp + 2) / 5 + Int64(day) - 1
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
-        let days = era * 146_097 + doe - 719_468
+        let days = CivilTime.daysFromCivil(year: Int64(year), month: Int64(month), day: Int64(day))
         return days * 86_400 + Int64(hour * 3600 + minute * 60 + second)
     }
 

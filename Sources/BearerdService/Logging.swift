@@ -553,25 +553,12 @@ enum LineBytes {
     }
 
     /// The timestamp of `seconds` since the epoch and `millis`, written digit by digit into a
-    /// fixed buffer and appended once; the civil date is computed (H. Hinnant's
-    /// `civil_from_days`, proleptic Gregorian), not asked of `gmtime_r`. Years outside
+    /// fixed buffer and appended once; the civil date is computed (`CivilTime`), not asked of
+    /// `gmtime_r`. Years outside
     /// 0...9999 are clamped to them, as no clock of a running system shows them.
     static func timestamp<Out: LineOutput>(seconds: Int64, millis: Int, _ out: inout Out) {
-        let minSeconds: Int64 = -62_167_219_200  // 0000-01-01T00:00:00Z
-        let maxSeconds: Int64 = 253_402_300_799  // 9999-12-31T23:59:59Z
-        let t = min(max(seconds, minSeconds), maxSeconds)
-        let days = t >= 0 ? t / 86_400 : (t - 86_399) / 86_400  // floor
-        let secondOfDay = Int(t - days * 86_400)
-        // civil_from_days: days since 1970-01-01 -> year, month, day.
-        let z = days + 719_468
-        let era = (z >= 0 ? z : z - 146_096) / 146_097
-        let doe = z - era * 146_097
-        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
-        let mp = (5 * doy + 2) / 153
-        let day = Int(doy - (153 * mp + 2) / 5 + 1)
-        let month = Int(mp < 10 ? mp + 3 : mp - 9)
-        let year = Int(yoe + era * 400 + (month <= 2 ? 1 : 0))
+        let civil = CivilTime(epochSeconds: seconds)
+        let (year, month, day, secondOfDay) = (civil.year, civil.month, civil.day, civil.secondOfDay)
         let ms = min(max(millis, 0), 999)
         withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 24) { b in
             func put2(_ v: Int, at i: Int) {

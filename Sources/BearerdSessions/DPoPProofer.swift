@@ -65,15 +65,7 @@ enum HTTPDate {
         let hms = parts[4].split(separator: ":")
         guard hms.count == 3, let h = Int64(hms[0]), let mi = Int64(hms[1]), let s = Int64(hms[2]),
               (0...23).contains(h), (0...59).contains(mi), (0...60).contains(s) else { return nil }
-        // Howard Hinnant's days_from_civil.
-        let month = Int64(m + 1)
-        let y = month <= 2 ? year - 1 : year
-        let era = y / 400
-        let yoe = y - era * 400
-        let mp = (month + 9) % 12
-        let doy = (153 * mp + 2) / 5 + day - 1
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
-        let days = era * 146_097 + doe - 719_468
+        let days = CivilTime.daysFromCivil(year: year, month: Int64(m + 1), day: day)
         return days * 86_400 + h * 3600 + mi * 60 + s
     }
 }
