@@ -3,6 +3,7 @@ import BearerdOAuth
 import BearerdProxyCore
 import BearerdConfig
 import BearerdTLS
+import BearerdSessions
 
 
 extension RouteSigning {
@@ -36,9 +37,8 @@ extension RouteSigning {
 /// each get their own signature (their own time, their own keys). Stateless; the driver holds
 /// what one exchange needs (the plan, the body's hash).
 enum RequestSigner {
-    /// OpenSSL's digests with the signing keys kept (one HMAC per request): one for the process,
-    /// room for the keys of 16 secrets and scopes at once (routes and sessions are few).
-    static let crypto = SigningCrypto(capacity: 16)
+    /// OpenSSL's digests with the signing keys kept (one HMAC per request), the process's.
+    static var crypto: SigningCrypto { SigningCrypto.shared }
 
     /// The head to send: the client's `Authorization` and the schemes' date, token, hash and
     /// signature fields removed, the signer's added (all but `Authorization`), the target as

@@ -92,7 +92,7 @@ struct CredentialFetch {
                 scheme: .awsV4(region: signing.region, service: "sts"),
                 credentials: .init(accessKeyID: keys.accessKeyID, secretAccessKey: keys.secret.exposedValue,
                                    sessionToken: keys.sessionToken?.exposedValue),
-                payload: .hashed(RequestSigning.hex(Digest.sha256(form.body))), epochSeconds: now, crypto: OpenSSLDigests())
+                payload: .hashed(RequestSigning.hex(Digest.sha256(form.body))), epochSeconds: now, crypto: SigningCrypto.shared)
             let s: RequestSigning.Signed
             switch signed {
             case .success(let v): s = v
@@ -370,11 +370,6 @@ struct CredentialFetch {
     }
 }
 
-/// OpenSSL's SHA-256 and HMAC for `RequestSigning` (the `AssumeRole` request's signature).
-struct OpenSSLDigests: RequestSigning.Crypto {
-    func sha256(_ bytes: [UInt8]) -> [UInt8] { Digest.sha256(bytes) }
-    func hmacSHA256(key: [UInt8], message: [UInt8]) -> [UInt8] { Digest.hmacSHA256(key: key, message: message) }
-}
 
 extension TokenEndpointOutcome {
     /// Whether the server may have acted on the request.

@@ -1,6 +1,6 @@
 import Testing
 import BearerdProxyCore
-@testable import BearerdProxy
+@testable import BearerdSessions
 
 /// The shell's signer crypto keeps signing keys: signatures are the same as those derived from
 /// scratch (the botocore-checked vector of `RequestSigningTests`), and a key is reused only for
