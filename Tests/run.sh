@@ -41,6 +41,8 @@ echo "== the OAuth fixture's self-test (Tests/Fixtures/test_oauth_server.py)"
 .venv/bin/python3 Tests/Fixtures/test_oauth_server.py
 echo "== the signing oracle's self-test (Tests/Fixtures/test_signing_origin.py)"
 .venv/bin/python3 Tests/Fixtures/test_signing_origin.py
+echo "== the on-behalf-of STS and origin self-test (Tests/Fixtures/test_exchange_sts.py)"
+.venv/bin/python3 Tests/Fixtures/test_exchange_sts.py
 # Two runs: the module test targets on their own first, then the end-to-end tests. Swift Testing
 # runs tests in parallel on a cooperative pool as wide as the machine has cores; an end-to-end
 # test blocks its thread while a child process works, and on a 2-core machine two of them starve
