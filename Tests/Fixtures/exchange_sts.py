@@ -43,7 +43,8 @@ is not available here.
   "log": [{grant, sub, outcome, client, auth, audience, resource, subject_token_type,
   requested_token_use}]}. Every /token request is logged, including refused ones.
 - `POST /control/outage?on=1|0`, `POST /control/refuse?sub=S[&error=invalid_grant][&on=0]`,
-  `POST /control/delay?seconds=X`, `POST /control/lifetime?seconds=N`, `POST /control/reset`
+  `POST /control/delay?seconds=X`, `POST /control/lifetime?seconds=N`, `POST /control/pad?bytes=N`
+  (issued tokens carry a `pad` claim of N characters), `POST /control/reset`
   (clears counts and log).
 """
 import base64
@@ -172,6 +173,7 @@ class STS:
         self.lifetime = lifetime
         self.outage = False
         self.refuse = {}  # sub -> error
+        self.pad = 0      # characters of a `pad` claim in issued tokens (token size)
         self.reset()
 
     def reset(self):
@@ -189,9 +191,11 @@ class STS:
     def issue(self, sub, client, audience):
         now = int(time.time())
         with self.lock:
-            lifetime = self.lifetime
+            lifetime, pad = self.lifetime, self.pad
         claims = {"iss": "exchange-sts", "sub": sub, "aud": audience, "iat": now, "exp": now + lifetime,
                   "jti": uuid.uuid4().hex}
+        if pad:
+            claims["pad"] = "q" * pad
         if client != sub:
             claims["act"] = {"sub": client}
         token = jwt.encode(claims, self.key, algorithm="ES256", headers={"kid": self.kid})
@@ -384,6 +388,8 @@ class Handler(BaseHTTPRequestHandler):
                         sts.refuse.pop(q["sub"], None)
                 elif what == "delay":
                     sts.delay = float(q.get("seconds", 0))
+                elif what == "pad":
+                    sts.pad = int(q.get("bytes", 0))
                 elif what == "lifetime":
                     sts.lifetime = int(q.get("seconds", 300))
                 elif what != "reset":

@@ -25,15 +25,20 @@ def main():
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--path", action="append", default=[])
     p.add_argument("--timeout", type=float, default=20)
+    # --bearer T, once per --path in the same order: that request carries `authorization: Bearer T`.
+    p.add_argument("--bearer", action="append", default=[])
     args = p.parse_args()
     sock = socket.create_connection(("127.0.0.1", args.port), timeout=args.timeout)
     conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
     conn.initiate_connection()
     streams = {}
-    for path in args.path:
+    if args.bearer and len(args.bearer) != len(args.path):
+        p.error("--bearer must be given once per --path")
+    for i, path in enumerate(args.path):
         sid = conn.get_next_available_stream_id()
+        extra = [("authorization", "Bearer " + args.bearer[i])] if args.bearer else []
         conn.send_headers(sid, [(":method", "GET"), (":scheme", "http"), (":authority", "127.0.0.1:%d" % args.port),
-                                (":path", path)], end_stream=True)
+                                (":path", path)] + extra, end_stream=True)
         streams[sid] = {"path": path, "status": None, "body": b"", "done": False}
     sock.sendall(conn.data_to_send())
     deadline = time.monotonic() + args.timeout
