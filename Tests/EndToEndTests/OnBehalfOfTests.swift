@@ -525,6 +525,26 @@ struct OnBehalfOfTests {
         #expect(Self.sum(m, "bearerd_caller_cache_lookups_total", ["session": "caller", "result": "refused"]) == 4)
     }
 
+    /// An exchanged token (valid 300 s) is not used past the caller's own JWT `exp` (3 s): after
+    /// it (and the STS's 5 s leeway) the same caller token is not served from the cache; the STS,
+    /// if asked, refuses the expired caller, and the client gets 401.
+    @Test func anExchangedTokenDoesNotOutliveTheCallersToken() throws {
+        let peers = try Peers()
+        defer { peers.stop() }
+        let b = try Proxy(sessions: Self.exchangeSession(peers), routes: Self.apiRoute(peers))
+        defer { b.stop() }
+        let short = try peers.mint("kate", "exp_in=3")
+        let first = try b.get("/api/e", bearer: short)
+        #expect(first.status == 200 && Self.json(first)["sub"] as? String == "kate", "\(first.status) \(first.bodyText)")
+        let again = try b.get("/api/e", bearer: short)
+        #expect(again.status == 200 && Self.json(again)["jti"] as? String == Self.json(first)["jti"] as? String, "cached while valid")
+        Thread.sleep(forTimeInterval: 10)
+        let late = try b.get("/api/e", bearer: short)
+        #expect(late.status == 401, "served after the caller's token expired: \(late.status) \(late.bodyText)")
+        #expect(try peers.originLog().requests.count == 2, "the upstream got a request after the caller's token expired")
+        #expect(try peers.stsStats().exchanges == ["kate": 1])
+    }
+
     /// The upstream revokes a caller's exchanged token: bearerd re-exchanges once and replays
     /// once, the client sees 200 with the new token; the next request uses it without another exchange.
     @Test func upstreamRevocationReExchangesOnceAndReplays() throws {
