@@ -138,14 +138,17 @@ enum ConfigKeys {
         "assertion_file", "audience", "resource", "subject_token_file", "subject_session", "subject_token_type",
         "actor_token_file", "actor_token_type", "requested_token_type", "client_assertion_file",
         "dpop", "dpop_key_file", "sinks", "region", "sts_url", "credentials",
+        "subject", "assertion", "caller_cache", "caller_jwt",
     ]
     static let sink = ["path", "mode", "format"]
     static let tokenAPI = ["listen", "sessions", "allowed_uids", "authorization_token_file"]
     static let tls = ["ca_file", "client_cert", "client_key"]
     static let route = [
         "match", "host", "strip_prefix", "upstream", "session", "tls", "timeouts", "replay_body_limit",
-        "reject_statuses", "replay_methods", "http2", "inject", "sign",
+        "reject_statuses", "replay_methods", "http2", "inject", "sign", "caller_jwt",
     ]
+    static let callerJWT = ["issuer", "audience", "jwks_url", "jwks_file", "leeway", "ca_file"]
+    static let callerCache = ["max_entries"]
     static let sign = ["service", "bucket", "payload"]
     static let credentials = ["web_identity", "assume_role", "url", "url_headers", "url_token_file", "exec", "static", "oidc_role"]
     static let webIdentity = ["role_arn", "token_file", "session_name", "duration"]
@@ -159,6 +162,7 @@ enum ConfigKeys {
     /// Every section with its dotted location pattern, for documentation checks.
     static let sections: [(section: String, keys: [String])] = [
         ("(top level)", top), ("listen[N]", listener), ("listen[N].tls", listenerTLS), ("log", log), ("limits", limits), ("timeouts", frontendTimeouts), ("sessions.NAME", session),
+        ("sessions.NAME.caller_cache", callerCache), ("caller_jwt", callerJWT),
         ("sessions.NAME.tls", tls), ("routes[N]", route), ("routes[N].tls", tls), ("routes[N].timeouts", routeTimeouts), ("routes[N].inject", inject), ("routes[N].sign", sign),
         ("sessions.NAME.credentials", credentials), ("sessions.NAME.credentials.web_identity", webIdentity),
         ("sessions.NAME.credentials.assume_role", assumeRole), ("sessions.NAME.credentials.static", staticKeys),

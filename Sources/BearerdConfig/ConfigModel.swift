@@ -288,6 +288,9 @@ public struct SessionConfig: Sendable, Equatable {
     public var resources: [String] = []
     /// `grant: token_exchange` (RFC 8693 §2.1).
     public var exchange: TokenExchangeConfig?
+    /// `subject: caller` / `assertion: caller` (docs/architecture.md §6.16): the session acts
+    /// for each caller; nil for a session with one identity of its own.
+    public var onBehalfOf: OnBehalfOfConfig?
     /// `dpop: true` (RFC 9449): proofs on token requests and upstream requests, tokens sent as
     /// `Authorization: DPoP`. `dpop_key_file`: the key (P-256 → ES256, RSA ≥ 2048 → RS256);
     /// nil: a P-256 key generated once and kept in `state_dir` as `<session>.dpop.pem`.
@@ -362,6 +365,9 @@ public struct TokenExchangeConfig: Sendable, Equatable {
         case file(String)
         /// `subject_session:`: that session's current access token (sessions chain).
         case session(String)
+        /// `subject: caller`: each incoming request's own bearer token (on behalf of callers,
+        /// docs/architecture.md §6.16).
+        case caller
     }
     public var subject: Subject
     /// `subject_token_type:`; default `…:jwt` for a file, `…:access_token` for a session.
@@ -460,6 +466,8 @@ public struct RouteConfig: Sendable, Equatable {
     public var injectConfigured = false
     /// `sign:`: requests are signed with the session's keys instead of carrying a token.
     public var sign: SignConfig?
+    /// `caller_jwt:` (docs/architecture.md §6.16): only callers with a valid JWT get through.
+    public var callerJWT: CallerJWTConfig?
     /// Source line of the route entry, for messages.
     public var line: Int
 

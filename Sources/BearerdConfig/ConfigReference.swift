@@ -107,6 +107,7 @@ public enum ConfigReference {
     static let tools = "docs/guides/curl-and-dev-tools.md"
     static let tour = "docs/configuration-tour.md"
     static let signing = "docs/guides/signing.md"
+    static let callers = "docs/guides/on-behalf-of.md"
 
     /// Every section, in the order of `ConfigKeys.sections`.
     public static let sections: [Section] = [
@@ -262,6 +263,34 @@ public enum ConfigReference {
             key("credentials", .section("sessions.NAME.credentials"), "required for grant aws and aliyun",
                 "grant aws / aliyun: where the signing keys come from (exactly one source).",
                 example: "{ url: https://app.example.com/distribute-token.json }", see: signing),
+            key("subject", .choice(["caller"]), "none (subject_token_file or subject_session)",
+                "grant token_exchange: caller sends each incoming request's own bearer token as the subject token (on behalf of callers).",
+                example: "caller", see: callers),
+            key("assertion", .choice(["caller"]), "none (assertion_file)",
+                "grant jwt_bearer: caller sends each incoming request's own bearer token as the assertion (Entra-style on-behalf-of).",
+                example: "caller", see: callers),
+            key("caller_cache", .section("sessions.NAME.caller_cache"), "{ max_entries: 10000 }",
+                "subject/assertion caller: the bound of the per-caller cache of exchanged tokens.", example: "{ max_entries: 10000 }", see: callers),
+            key("caller_jwt", .section("caller_jwt"), "none (the token endpoint judges the caller's token)",
+                "subject/assertion caller: validate each caller's JWT before any exchange.",
+                example: "{ issuer: https://login.example.com, jwks_url: https://login.example.com/jwks, audience: bearerd }", see: callers),
+        ]),
+        Section(path: "sessions.NAME.caller_cache", id: "callerCache", summary: "The per-caller cache of an on-behalf-of session.", keys: [
+            key("max_entries", .integer(1...1_000_000), "10000",
+                "Callers kept (least recently used evicted); about 1.2 KiB each for a 1 KiB token.", example: "10000", see: callers),
+        ]),
+        Section(path: "caller_jwt", id: "callerJWT",
+                summary: "What a caller's bearer token must be (on a route, or on a session acting for callers).", keys: [
+            key("issuer", .text, "required", "The tokens' iss, compared exactly.", example: "https://login.example.com", see: callers),
+            key("audience", .text, "required", "A value the tokens' aud must contain.", example: "bearerd", see: callers),
+            key("jwks_url", .url, "this or jwks_file",
+                "The caller IdP's JWK Set: fetched at start, hourly, and on an unknown kid (at most once per 30 s); https (http on the loopback only).",
+                example: "https://login.example.com/jwks", see: callers),
+            key("jwks_file", .path, "this or jwks_url", "A local JWK Set file (re-read hourly and on an unknown kid).",
+                example: "/etc/bearerd/caller-jwks.json", see: callers),
+            key("leeway", .duration(maximum: "5m"), "60s", "Clock-skew allowance for exp, nbf and iat.", example: "30s", see: callers),
+            key("ca_file", .path, "none (system trust store only)", "A PEM CA for an https jwks_url signed by a private CA.",
+                example: "/etc/ssl/private-ca.pem", see: callers),
         ]),
         clientTLS("sessions.NAME.tls", id: "sessionTLS", peer: "the token endpoint", see: tour),
         Section(path: "routes[N]", id: "route", summary: "One route; the first whose match (and host) fits the request wins.", keys: [
@@ -287,6 +316,9 @@ public enum ConfigReference {
             key("sign", .section("routes[N].sign"), "none (a token is injected)",
                 "Sign requests with the session's keys (grant aws: SigV4; grant aliyun: OSS V4) instead of injecting a token.",
                 example: "{ service: s3 }", see: signing),
+            key("caller_jwt", .section("caller_jwt"), "none",
+                "Only callers with a valid JWT get through (their token is replaced by the session's credential).",
+                example: "{ issuer: https://login.example.com, jwks_url: https://login.example.com/jwks, audience: bearerd }", see: callers),
         ]),
         clientTLS("routes[N].tls", id: "routeTLS", peer: "the upstream", see: config),
         Section(path: "routes[N].timeouts", id: "routeTimeouts", summary: "Upstream timeouts of a route.", keys: [

@@ -106,6 +106,7 @@ extension ConfigBuilder {
         let api = top["token_api"].flatMap { self.tokenAPI($0, sessionNames: sessionNames, listeners: listeners, admin: admin) }
         checkShadowedRoutes(Array(zip(routeIndices, routes)))
         checkSigning(sessions: sessions, routes: Array(zip(routeIndices, routes)))
+        checkCallerSessions(sessions, tokenAPI: api, tokenAPILine: top["token_api"]?.keyLine ?? 0)
 
         var config = BearerdConfig(file: file, listen: [], admin: admin, stateDir: stateDir, loops: loops,
                                    limits: limits, frontendTimeouts: timeouts, sessions: sessions, routes: routes)
@@ -362,6 +363,7 @@ extension ConfigBuilder {
         session.audiences = workload.audiences
         session.resources = workload.resources
         session.exchange = workload.exchange
+        session.onBehalfOf = onBehalfOf(f, grant: grant)
         (session.dpop, session.dpopKeyFile) = dpopSettings(f)
         session.sinks = sinks
         if grant == .tokenExchange, workload.exchange == nil { return nil }
@@ -375,7 +377,7 @@ extension ConfigBuilder {
                   "refresh_token_file", "username", "password", "password_file", "password_env", "tls", "request_timeout",
                   "authorization_url", "device_authorization_url", "redirect_uri", "assertion_file", "audience", "resource",
                   "subject_token_file", "subject_session", "subject_token_type", "actor_token_file", "actor_token_type",
-                  "requested_token_type", "client_assertion_file"] {
+                  "requested_token_type", "client_assertion_file", "subject", "assertion", "caller_cache", "caller_jwt"] {
             if let e = f[k] { fail(e.keyLine, f.key(k), "not used with grant exec: the command obtains the token itself") }
         }
         var argv: [String]?
@@ -551,6 +553,10 @@ extension ConfigBuilder {
                                 rejectStatuses: rejectStatuses, replayMethods: replayMethods, http2: http2, inject: inject, line: line)
         route.injectConfigured = f["inject"] != nil
         route.sign = signSettings(f)
+        route.callerJWT = callerJWT(f)
+        if let e = f["caller_jwt"], f["session"] == nil {
+            fail(e.keyLine, f.key("caller_jwt"), "caller_jwt needs a session: on this route (a valid caller's token is replaced by that session's credential)")
+        }
         return (route, f["session"]?.valueLine ?? line)
     }
 

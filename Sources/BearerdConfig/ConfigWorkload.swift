@@ -42,8 +42,9 @@ extension ConfigBuilder {
 
         if grant == .jwtBearer {
             w.assertionFile = credentialFile(f, "assertion_file")
-            if f["assertion_file"] == nil {
-                missing(f, "assertion_file", "grant jwt_bearer sends the JWT in this file, e.g. a projected service-account token")
+            if f["assertion_file"] == nil, f["assertion"] == nil {
+                missing(f, "assertion_file", "grant jwt_bearer sends the JWT in this file, e.g. a projected service-account token; "
+                        + "or assertion: caller sends each caller's own token (on behalf of callers)")
             }
         }
         if grant == .tokenExchange {
@@ -55,8 +56,12 @@ extension ConfigBuilder {
             let session = text(f, "subject_session", expected: "the name of another session")
             var subject: TokenExchangeConfig.Subject?
             switch (f["subject_token_file"], f["subject_session"]) {
+            case (nil, nil) where f["subject"] != nil:
+                // `subject: caller` (checked in `onBehalfOf`): each caller's own token.
+                subject = .caller
             case (nil, nil):
-                missing(f, "subject_token_file", "grant token_exchange needs subject_token_file: or subject_session: (the token to exchange)")
+                missing(f, "subject_token_file", "grant token_exchange needs subject_token_file: or subject_session: (the token to exchange), "
+                        + "or subject: caller (each caller's own token)")
             case (_?, let s?):
                 fail(s.keyLine, f.key("subject_session"), "give either subject_token_file or subject_session, not both")
             case (_?, nil):
@@ -73,6 +78,7 @@ extension ConfigBuilder {
             }
             let requested = tokenTypeURI(f, "requested_token_type")
             if let subject {
+                // A file holds a JWT; a session's or a caller's token is an access token (RFC 8693 §3).
                 let defaultType = subject.isFile ? TokenRequest.TokenExchange.jwtType : TokenRequest.TokenExchange.accessTokenType
                 w.exchange = TokenExchangeConfig(subject: subject, subjectTokenType: subjectType ?? defaultType,
                                                  actorTokenFile: actorFile,

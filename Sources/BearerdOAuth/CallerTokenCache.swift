@@ -88,21 +88,7 @@ public struct CallerTokenCache<Waiter> {
         case failed
     }
 
-    /// Counters for /metrics (per session). Monotonic except `size`.
-    public struct Counters: Sendable, Equatable {
-        public var size = 0
-        public var hits: UInt64 = 0
-        public var misses: UInt64 = 0
-        /// Exchanges started (`.exchange` answers).
-        public var exchanges: UInt64 = 0
-        /// Requests that joined an exchange under way.
-        public var coalesced: UInt64 = 0
-        public var evictions: UInt64 = 0
-        /// Exchanges the token endpoint refused (`finish(.refused)`).
-        public var refusals: UInt64 = 0
-        /// Requests answered from a remembered refusal.
-        public var refusalHits: UInt64 = 0
-    }
+    public typealias Counters = CallerCacheCounters
 
     enum Value: Sendable {
         case token(OAuthSecret, expiresAt: MonotonicInstant)
@@ -158,6 +144,31 @@ public struct CallerTokenCache<Waiter> {
 
     /// A remembered refusal keeps at most this much of the endpoint's `error_description`.
     public static var maxDescriptionBytes: Int { 200 }
+
+    /// The fast path: `.hit` or `.refused` when `key` has a live entry (counted like `lookup`'s),
+    /// nil otherwise, with nothing queued or counted (the caller then validates the token and
+    /// calls `lookup`). An expired entry stays until `lookup` or `removeExpired` drops it.
+    public mutating func cached(_ key: CallerKey, now: MonotonicInstant) -> Lookup? {
+        guard let i = index[key] else { return nil }
+        switch slots[Int(i)].value {
+        case .token(let token, let expiresAt) where now < expiresAt:
+            touch(i)
+            counters.hits &+= 1
+            return .hit(token)
+        case .refused(let error, let description, let until) where now < until:
+            counters.refusalHits &+= 1
+            return .refused(error: error, description: description)
+        default:
+            return nil
+        }
+    }
+
+    /// The token cached for `key` if live, without touching the LRU order or counters (the
+    /// rejection path compares it with the rejected token).
+    public func liveToken(_ key: CallerKey, now: MonotonicInstant) -> OAuthSecret? {
+        guard let i = index[key], case .token(let token, let expiresAt) = slots[Int(i)].value, now < expiresAt else { return nil }
+        return token
+    }
 
     /// The answer for `key` at `now`; queues `waiter` for `.exchange` and `.joined`.
     public mutating func lookup(_ key: CallerKey, now: MonotonicInstant, waiter: Waiter) -> Lookup {
@@ -300,3 +311,19 @@ public struct CallerTokenCache<Waiter> {
 }
 
 extension CallerTokenCache: Sendable where Waiter: Sendable {}
+
+/// Counters of one session's `CallerTokenCache`, for /metrics. Monotonic except `size`.
+public struct CallerCacheCounters: Sendable, Equatable {
+    public var size = 0
+    public var hits: UInt64 = 0
+    public var misses: UInt64 = 0
+    /// Exchanges started (`.exchange` answers).
+    public var exchanges: UInt64 = 0
+    /// Requests that joined an exchange under way.
+    public var coalesced: UInt64 = 0
+    public var evictions: UInt64 = 0
+    /// Exchanges the token endpoint refused (`finish(.refused)`).
+    public var refusals: UInt64 = 0
+    /// Requests answered from a remembered refusal.
+    public var refusalHits: UInt64 = 0
+}

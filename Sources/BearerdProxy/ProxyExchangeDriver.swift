@@ -128,6 +128,10 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     private let session: TokenSessionDriver?
     /// The route's index in `runtime` (for the loop's token cache).
     private let routeIndex: Int
+    /// How the route treats the caller's own token (docs/architecture.md §6.16).
+    private let callers: RouteCallerPolicy
+    /// The caller's token on a route that needs it, once taken from the request head.
+    private var caller: CallerIdentity?
 
     /// Trivially copyable (no references, no heap storage; a test pins it), so unchecked like the
     /// scalars below: see `SocketChannel` on `@exclusivity(unchecked)`.
@@ -195,6 +199,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         indirect case head(HTTPResponseHead)
         case stream(UpstreamStream)
         indirect case tokenUnavailable(TokenUnavailable)
+        indirect case callerRefusal(CallerRefusal)
         /// The session's answer to a rejection of the request that carried generation `rejected`.
         indirect case verdict(RejectionOutcome, rejected: UInt64)
         case tunnelBytes(UnsafeRawBufferPointer)
@@ -222,6 +227,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         self.routeRef = routeRef
         let session = runtime.routeSessions[routeIndex]
         self.session = session
+        callers = runtime.routeCallers[routeIndex]
         var setup = ProxyExchange.Setup(
             hasBody: framing != .none,
             clientSpeaksHTTP11: head.version == .http1_1,
@@ -385,6 +391,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             default: break
             }
             respondTokenUnavailable(reason, answer)
+        case .respondCallerRefused(let keepAlive, let grpc):
+            guard case .callerRefusal(let refusal) = carried else { return }
+            respondCallerRefused(refusal, keepAlive: keepAlive, grpc: grpc)
         case .respondUpstreamError(let failure, let answer):
             noteVerdict(carried)
             // An extended CONNECT the upstream answered 2xx without switching: not relayed, its
@@ -412,6 +421,10 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
 
     private func acquireToken() {
         guard let session else { return }
+        if callers.needsCallerToken {
+            acquireCallerToken(session)
+            return
+        }
         // The token is data the request carries, not a decision: kept as it arrives (an
         // exchange that no longer waits for it never sends it).
         if let t = ctx.usableToken(route: routeIndex, of: runtime, session: session, now: ctx.loop.now) {
@@ -429,6 +442,106 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 self.run(self.machine.tokenUnavailable(), .tokenUnavailable(unavailable))
             }
         }
+    }
+
+    /// docs/architecture.md §6.16: the caller's token is taken from the head, judged by the route's
+    /// `caller_jwt` (if any), then exchanged by an on-behalf-of session or replaced by the
+    /// session's own token.
+    private func acquireCallerToken(_ session: TokenSessionDriver) {
+        guard let token = CallerCredential.bearerToken(head.headers), let identity = CallerIdentity(token: token) else {
+            callerRefused(.missingToken)
+            return
+        }
+        caller = identity
+        guard let guardian = callers.guardian else {
+            acquireExchangedToken(identity, session: session)
+            return
+        }
+        guardian.validate(token, on: ctx.loop) { [weak self] verdict in
+            guard let self else { return }
+            switch verdict {
+            case .valid(let v):
+                var validated = identity
+                validated.expiresAt = v.expiresAt
+                caller = validated
+                if callers.onBehalfOf != nil {
+                    acquireExchangedToken(validated, session: session)
+                } else {
+                    acquireSessionToken(session)
+                }
+            case .invalid(let failure):
+                runtime.logger.info("caller token refused", metadata: [
+                    "route": "\(route.match)", "caller": "\(identity.key.fingerprint)", "reason": "\(failure.reason)"])
+                callerRefused(.invalid(failure))
+            case .keysUnavailable(let detail):
+                run(machine.tokenUnavailable(), .tokenUnavailable(TokenUnavailable(session: session.name, retryAfterSeconds: 5,
+                                                                                      detail: "caller_jwt: " + detail)))
+            }
+        }
+    }
+
+    private func acquireExchangedToken(_ identity: CallerIdentity, session: TokenSessionDriver) {
+        guard let onBehalfOf = callers.onBehalfOf else {
+            acquireSessionToken(session)
+            return
+        }
+        onBehalfOf.token(for: identity, on: ctx.loop) { [weak self] answer in
+            guard let self else { return }
+            switch answer {
+            case .token(let t):
+                token = t
+                run(machine.tokenAcquired())
+            case .refused(let refusal):
+                callerRefused(refusal)
+            case .unavailable(let u):
+                run(machine.tokenUnavailable(), .tokenUnavailable(u))
+            }
+        }
+    }
+
+    /// The session's own token (a route with `caller_jwt:` but an ordinary session).
+    private func acquireSessionToken(_ session: TokenSessionDriver) {
+        if let t = ctx.usableToken(route: routeIndex, of: runtime, session: session, now: ctx.loop.now) {
+            token = t
+            run(machine.tokenAcquired())
+            return
+        }
+        session.requestToken(on: ctx.loop) { [weak self] result in
+            guard let self else { return }
+            switch result {
+            case .success(let t):
+                token = t
+                run(machine.tokenAcquired())
+            case .failure(let unavailable):
+                run(machine.tokenUnavailable(), .tokenUnavailable(unavailable))
+            }
+        }
+    }
+
+    private func callerRefused(_ refusal: CallerRefusal) {
+        if let onBehalfOf = callers.onBehalfOf {
+            onBehalfOf.countRefusal(refusal.reason)
+        } else {
+            callers.guardian?.countRefusal(refusal.reason)
+        }
+        run(machine.callerRefused(), .callerRefusal(refusal))
+    }
+
+    /// docs/architecture.md §6.16: 401 with `WWW-Authenticate: Bearer` (RFC 6750 §3) and a JSON body
+    /// (gRPC clients: UNAUTHENTICATED); nothing was sent anywhere for this request.
+    private func respondCallerRefused(_ refusal: CallerRefusal, keepAlive: Bool, grpc: Bool) {
+        status = 401
+        let keepAlive = keepAlive && !ctx.draining
+        if grpc {
+            respondGRPC(.unauthenticated, message: "\(refusal.error): \(refusal.detail)", keepAlive: keepAlive)
+            return
+        }
+        var fields: [(String, String)] = [("reason", refusal.reason)]
+        if let session { fields.append(("session", session.name)) }
+        let (h, body) = ErrorResponse.parts(status: 401, error: refusal.error, detail: refusal.detail,
+                                            extra: [("WWW-Authenticate", refusal.challenge)], fields: fields)
+        client.sendLocalResponse(h, body: body, keepAlive: keepAlive)
+        complete(keepAlive: keepAlive)
     }
 
     /// docs/architecture.md §5: 503 JSON with Retry-After (gRPC clients: UNAVAILABLE); the upstream is not called.
@@ -451,6 +564,10 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// (compare-and-swap on the generation happens there).
     private func reportRejectedWithoutReplay() {
         guard let session, let token else { return }
+        if let onBehalfOf = callers.onBehalfOf, let caller {
+            onBehalfOf.reportRejectedWithoutReplay(caller, rejected: token)
+            return
+        }
         session.reportRejectedWithoutReplay(generation: token.generation)
     }
 
@@ -458,7 +575,13 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// replay carries (its current newer one at once, or the coalesced refresh's).
     private func reportRejectedForReplay() {
         guard let session, let rejected = token else { return }
-        session.reportRejected(generation: rejected.generation, route: route.match, on: ctx.loop) { [weak self] outcome in
+        let report: (@escaping (RejectionOutcome) -> Void) -> Void
+        if let onBehalfOf = callers.onBehalfOf, let caller {
+            report = { [ctx] done in onBehalfOf.reportRejected(caller, rejected: rejected, on: ctx.loop, completion: done) }
+        } else {
+            report = { [ctx, route] done in session.reportRejected(generation: rejected.generation, route: route.match, on: ctx.loop, completion: done) }
+        }
+        report { [weak self] outcome in
             guard let self else { return }
             let verdict: ProxyExchange.RejectionVerdict
             switch outcome {
@@ -768,7 +891,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// `endStream`: an HTTP/2 HEADERS frame that ended the stream (a trailers-only gRPC answer).
     func backendResponseHead(_ upstream: HTTPResponseHead, framing respFraming: HTTP1BodyFraming, endStream: Bool) {
         if upstream.status == 101 {
-            if let session, let token { session.noteAccepted(generation: token.generation) }
+            if let session, let token, callers.onBehalfOf == nil { session.noteAccepted(generation: token.generation) }
             run(machine.upstreamSwitchedProtocols(), .head(upstream))
             return
         }
@@ -799,7 +922,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         }
         // docs/architecture.md §6.9: a status that is not a rejection proves the token it carried
         // (on a signing route 400 and 403 may be rejections: §6.15).
-        if let session, let token, !grpcUnauthenticated, !routeRef.rejectSet.contains(upstream.status),
+        if let session, let token, callers.onBehalfOf == nil, !grpcUnauthenticated, !routeRef.rejectSet.contains(upstream.status),
            !(machine.setup.signing.signs && (upstream.status == 400 || upstream.status == 403)) {
             session.noteAccepted(generation: token.generation)
         }

@@ -91,6 +91,9 @@ struct RequestGate {
             : RequestTarget.upstreamTarget(path: parts.path, query: parts.query, route: rule)
         var upstreamHead = ProxyHeaders.upstreamRequest(client: head, framing: framing, target: target, route: rule,
                                                         clientAddress: clientAddress, originalHost: host, forwardedProto: scheme)
+        // docs/architecture.md §6.16: the caller's own token never reaches the upstream, whatever
+        // field the route's credential goes in.
+        if runtime.routeCallers[routeIndex].needsCallerToken { upstreamHead.headers.remove("Authorization") }
         let websocket = upgrade == .websocket && framing == .none
         if websocket { ProxyHeaders.addWebSocketUpgrade(&upstreamHead) }
         return .proxy(routeIndex: routeIndex, upstreamHead: upstreamHead, logPath: parts.path, websocket: websocket)

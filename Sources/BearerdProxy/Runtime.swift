@@ -36,6 +36,15 @@ final class RouteRef: Sendable {
     }
 }
 
+/// A route's use of the caller's own bearer token (docs/architecture.md §6.16): validated by the
+/// route's `caller_jwt:` guard, exchanged by an on-behalf-of session, both, or neither. Immutable.
+struct RouteCallerPolicy {
+    let guardian: CallerJWTGuard?
+    let onBehalfOf: CallerSessionDriver?
+    /// The request must carry `Authorization: Bearer`, which never reaches the upstream.
+    var needsCallerToken: Bool { guardian != nil || onBehalfOf != nil }
+}
+
 public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable after init
     public let config: BearerdConfig
     public let router: Router
@@ -45,6 +54,8 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
     let routeRefs: [RouteRef]
     /// The token session of each route (nil for routes without `session`).
     public let routeSessions: [TokenSessionDriver?]
+    /// How each route treats the caller's own bearer token (docs/architecture.md §6.16).
+    let routeCallers: [RouteCallerPolicy]
     public let logger: Logger
     /// `logger`'s handler when it is bearerd's own: access lines are handed to it directly
     /// (no metadata dictionary, existential box and cast per request). nil with any other
@@ -102,9 +113,27 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
                 errors.append(ConfigError(file: config.file, line: r.line, key: "routes[\(i)].session", message: "session '\(name)' is not running"))
             }
         }
+        var routeCallers: [RouteCallerPolicy] = []
+        for (i, r) in config.routes.enumerated() {
+            var guardian: CallerJWTGuard?
+            if let c = r.callerJWT {
+                do throws(ConfigErrors) {
+                    guardian = try sessions?.routeGuard(for: c, route: r.match)
+                } catch {
+                    errors += error.errors.map { e in
+                        var e = e
+                        e.file = config.file
+                        e.key = "routes[\(i)].caller_jwt"
+                        return e
+                    }
+                }
+            }
+            routeCallers.append(RouteCallerPolicy(guardian: guardian, onBehalfOf: routeSessions[i]?.caller))
+        }
         if !errors.isEmpty { throw ConfigErrors(errors) }
         self.targets = targets
         self.routeSessions = routeSessions
+        self.routeCallers = routeCallers
         headerReadTimeout = config.frontendTimeouts.headerRead.nanoseconds
         idleTimeout = config.frontendTimeouts.idle.nanoseconds
         let routeHosts = config.routes.compactMap(\.host)

@@ -90,6 +90,7 @@ public enum ErrorResponse {
         case 100: return "Continue"
         case 200: return "OK"
         case 400: return "Bad Request"
+        case 401: return "Unauthorized"
         case 403: return "Forbidden"
         case 404: return "Not Found"
         case 405: return "Method Not Allowed"

@@ -175,6 +175,14 @@ extension ProxyExchange {
             return .respondTokenUnavailable(ErrorAnswer(tokenUnavailableFor: setup.grpc, keepAlive: keepAlive(closing: !clientBody.isComplete)))
         }
 
+        /// The caller's own token was missing, invalid or refused (docs/architecture.md §6.16):
+        /// bearerd's 401, and the upstream is not called.
+        public mutating func callerRefused() -> Action {
+            guard case .awaitingToken = state else { return .none }
+            state = .finished
+            return .respondCallerRefused(keepAlive: keepAlive(closing: !clientBody.isComplete), grpc: setup.grpc)
+        }
+
         /// An upstream connection is ready for the current attempt.
         public mutating func backendAcquired() -> Action {
             guard case .connecting(let attempt) = state else { return .closeUnusedBackend }
@@ -1088,6 +1096,8 @@ extension ProxyExchange {
         case finishResponse(writeHeadFirst: Bool, backend: BackendDisposal, keepAlive: Bool)
         /// 503 `token_unavailable` (the answer says how) and finish.
         case respondTokenUnavailable(ErrorAnswer)
+        /// bearerd's 401 for the caller (gRPC clients: UNAUTHENTICATED); the upstream is not called.
+        case respondCallerRefused(keepAlive: Bool, grpc: Bool)
         /// An answer worth one resend without a refresh drained (dispose of its connection as
         /// said): acquire a connection for the resend, which is signed again (a DPoP proof with
         /// the nonce from `DPoP-Nonce`; a signature at the adopted server time).

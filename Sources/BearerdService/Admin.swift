@@ -312,7 +312,59 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         w.family("bearerd_session_ready", .gauge, help: "1 when the session holds an unexpired token, else 0.")
         for s in sessions { w.sample("bearerd_session_ready", [("session", s.name)], s.holdsValidToken(now: now) ? 1 : 0) }
         renderSigning(into: &w, sessions: sessions)
+        renderCallers(into: &w, sessions: sessions, guards: CallerJWTGuard.snapshots)
         return w.text
+    }
+
+    /// On-behalf-of sessions and `caller_jwt` guards (docs/architecture.md §6.16), present when
+    /// one is configured. No label carries a caller's token or fingerprint.
+    static func renderCallers(into w: inout PrometheusText, sessions: [SessionSnapshot],
+                              guards: [(owner: String, refusals: [String: UInt64], fetches: [String: UInt64], keys: Int)]) {
+        let callers = sessions.compactMap { s in s.caller.map { (s.name, $0) } }
+        if !callers.isEmpty {
+            w.family("bearerd_caller_cache_entries", .gauge, help: "Exchanged tokens (and remembered refusals) held for callers.")
+            for (n, c) in callers { w.sample("bearerd_caller_cache_entries", [("session", n)], UInt64(c.cache.size)) }
+            w.family("bearerd_caller_cache_max_entries", .gauge, help: "caller_cache.max_entries: the LRU bound.")
+            for (n, c) in callers { w.sample("bearerd_caller_cache_max_entries", [("session", n)], UInt64(c.maxEntries)) }
+            w.family("bearerd_caller_cache_lookups_total", .counter,
+                     help: "Caller lookups by result: hit, miss, coalesced (joined an exchange under way), refused (a refusal remembered for 5 s).")
+            for (n, c) in callers {
+                w.sample("bearerd_caller_cache_lookups_total", [("session", n), ("result", "hit")], c.cache.hits)
+                w.sample("bearerd_caller_cache_lookups_total", [("session", n), ("result", "miss")], c.cache.misses)
+                w.sample("bearerd_caller_cache_lookups_total", [("session", n), ("result", "coalesced")], c.cache.coalesced)
+                w.sample("bearerd_caller_cache_lookups_total", [("session", n), ("result", "refused")], c.cache.refusalHits)
+            }
+            w.family("bearerd_caller_cache_evictions_total", .counter, help: "Callers evicted to stay within max_entries (least recently used first).")
+            for (n, c) in callers { w.sample("bearerd_caller_cache_evictions_total", [("session", n)], c.cache.evictions) }
+            w.family("bearerd_caller_exchanges_total", .counter, help: "Token exchanges for callers by outcome: ok, refused (the caller's token), failed (outage, 5xx, timeout).")
+            for (n, c) in callers {
+                for outcome in ["ok", "refused", "failed"] {
+                    w.sample("bearerd_caller_exchanges_total", [("session", n), ("outcome", outcome)], c.exchanges[outcome] ?? 0)
+                }
+            }
+            w.family("bearerd_caller_reexchanges_total", .counter, help: "Upstream rejections of a caller's exchanged token that led to a new exchange.")
+            for (n, c) in callers { w.sample("bearerd_caller_reexchanges_total", [("session", n)], c.reexchanges) }
+            w.family("bearerd_caller_rejections_total", .counter,
+                     help: "401s bearerd answered itself for callers, by reason (caller_token_required, caller_jwt.*, sts_refused).")
+            for (n, c) in callers {
+                for (reason, v) in c.rejections.sorted(by: { $0.key < $1.key }) {
+                    w.sample("bearerd_caller_rejections_total", [("session", n), ("reason", reason)], v)
+                }
+            }
+        }
+        guard !guards.isEmpty else { return }
+        w.family("bearerd_caller_jwt_keys", .gauge, help: "Keys of the caller IdP's key set in use, per caller_jwt (a route's or a session's).")
+        for g in guards { w.sample("bearerd_caller_jwt_keys", [("caller_jwt", g.owner)], UInt64(g.keys)) }
+        w.family("bearerd_caller_jwt_key_loads_total", .counter, help: "Loads of the caller IdP's key set (jwks_url fetches, jwks_file reads) by outcome.")
+        for g in guards {
+            for outcome in ["ok", "failed"] { w.sample("bearerd_caller_jwt_key_loads_total", [("caller_jwt", g.owner), ("outcome", outcome)], g.fetches[outcome] ?? 0) }
+        }
+        w.family("bearerd_caller_jwt_rejections_total", .counter, help: "401s of routes guarded by caller_jwt alone (no on-behalf-of session), by reason.")
+        for g in guards {
+            for (reason, v) in g.refusals.sorted(by: { $0.key < $1.key }) {
+                w.sample("bearerd_caller_jwt_rejections_total", [("caller_jwt", g.owner), ("reason", reason)], v)
+            }
+        }
     }
 
     /// Signing sessions' families (docs/architecture.md §6.15), present when one is configured.

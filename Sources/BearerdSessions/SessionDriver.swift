@@ -96,6 +96,12 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// queue only.
     private let credentialCache: TokenCache?
 
+    /// `subject: caller` / `assertion: caller` (docs/architecture.md §6.16): the per-caller
+    /// exchanges. Such a session has no token of its own: its state machine never runs. Set
+    /// once by the `SessionManager` before `start()`; fixed for the driver's life (a reload that
+    /// changes `caller_cache` or `caller_jwt` makes a new driver).
+    public internal(set) var caller: CallerSessionDriver?
+
     /// Session queue: the routes whose rejections were already logged while the breaker is
     /// open (one error line per breaker streak and route; the rest only counted).
     private var breakerLoggedRoutes: Set<String> = []
@@ -251,6 +257,11 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         s.apiHandouts = outlets.apiHandouts
         s.signing = signing?.counters
         if let shared { s.sharedCacheDegraded = shared.cache.isDegraded }
+        if let caller {
+            let c = caller.snapshot
+            s.caller = c
+            if !c.keysReady { s.lastFailure = "caller_jwt: the caller IdP's keys are not loaded" + (c.keysProblem.map { ": " + $0 } ?? "") }
+        }
         return s
     }
 
@@ -259,6 +270,10 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     }
 
     func start() {
+        if let caller {
+            caller.start()
+            return
+        }
         queue.execute { [self] in
             guard !stopped else { return }
             run(machine.start(now: now()))
@@ -283,6 +298,11 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 own = chooseStartingState(stored: readStoredState())
             }
             adoptNewSignInIfAny(throttled: false)
+            if caller != nil {
+                // Callers' exchanges read the settings at each exchange; there is no token to renew.
+                if changed { logger.info("session credentials reloaded") }
+                return
+            }
             // Re-sending a refresh token the server called dead, unchanged, would be pointless.
             if changed || machine.status != .needsReauthentication {
                 if changed { logger.info("session credentials reloaded", metadata: ["token.reissue": "\(reissue)"]) }
@@ -292,6 +312,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     }
 
     func stop() {
+        caller?.stop()
         queue.execute { [self] in
             guard !stopped else { return }
             stopped = true
@@ -793,6 +814,69 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
         inFlight = client
         clock.schedule(after: timeout, on: queue) { [weak client] in
             client?.cancel(detail: "token request timed out after \(timeout)")
+        }
+    }
+
+    /// Session queue: the settings the next token request uses (on-behalf-of exchanges read them
+    /// per exchange, so a reload applies at once).
+    var currentSettings: SessionSettings { settings }
+
+    /// One on-behalf-of exchange (docs/architecture.md §6.16): `prepared` carries the caller's
+    /// token. Several may be in flight at once (one per caller), so none is the session's
+    /// `inFlight` and none moves its state machine. DPoP proofs, the nonce retry and the clock
+    /// skew are the session's, as for `send`. `done` runs on the session queue.
+    func sendCallerExchange(_ prepared: Result<TokenRequest, TokenEndpointFailure>, resent: Set<Resend> = [],
+                            done: @escaping (MonotonicInstant, Result<TokenGrant, TokenEndpointFailure>) -> Void) {
+        let tokenRequest: TokenRequest
+        switch prepared {
+        case .success(let r): tokenRequest = r
+        case .failure(let f):
+            done(now(), .failure(f))
+            return
+        }
+        var encoded: EncodedTokenRequest
+        do throws(TokenRequest.EncodingError) {
+            encoded = try tokenRequest.encode()
+        } catch {
+            done(now(), .failure(TokenEndpointFailure(classification: .permanent, reason: error.reason, errorDescription: error.detail)))
+            return
+        }
+        let dpop = settings.dpop
+        let tokenURL = settings.config.tokenURL
+        if let dpop {
+            guard let signed = dpop.signedTokenRequest(encoded, url: tokenURL.description) else {
+                done(now(), .failure(TokenEndpointFailure(classification: .permanent, reason: "token.dpop_sign_failed",
+                                                          errorDescription: "cannot sign a DPoP proof with \(dpop.keyPath)")))
+                return
+            }
+            encoded = signed
+        }
+        count { $0.tokenRequests += 1 }
+        let sentAt = now()
+        let parser = settings.responseParser
+        let timeout = settings.config.requestTimeout
+        let skew = settings.clockSkew
+        let client = TokenEndpointClient.post(encoded, to: tokenURL, tls: settings.tlsContext, proxy: settings.proxy, on: queue) { [self] outcome in
+            switch outcome {
+            case .response(let status, let headers, let body):
+                observeClock(headers, skew)
+                if let dpop, dpop.tokenEndpointAsksForNonce(url: tokenURL.description, status: status, headers: headers, body: body),
+                   !resent.contains(.dpopNonce) {
+                    dpop.countNonceRetry(.tokenEndpoint)
+                    sendCallerExchange(.success(settings.resigned(tokenRequest)), resent: resent.union([.dpopNonce]), done: done)
+                    return
+                }
+                var result = parser.parse(status: status, headers: headers, body: body, wallClockNow: clock.wallClockSeconds())
+                if case .success(let grant) = result, let problem = settings.exchangeProblem(grant) { result = .failure(problem) }
+                done(sentAt, result)
+            case .tooLarge(let status):
+                done(sentAt, .failure(TokenEndpointFailure(classification: .retryable, reason: "token.response_too_large", status: status)))
+            case .transportFailure(let detail, _):
+                done(sentAt, .failure(.transport(detail)))
+            }
+        }
+        clock.schedule(after: timeout, on: queue) { [weak client] in
+            client?.cancel(detail: "token exchange timed out after \(timeout)")
         }
     }
 

@@ -22,6 +22,9 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
     private var nextQueueIndex = 0
     /// `shared_cache:` (docs/architecture.md §6), built once at start-up (a change needs a restart).
     private var sharedCache: SharedTokenCache?
+    /// Routes' `caller_jwt:` guards by configuration (docs/architecture.md §6.16), kept across
+    /// reloads while a route still names the same settings (its keys stay loaded). Under `lock`.
+    private var routeGuards: [String: CallerJWTGuard] = [:]
 
     /// Resolves every session's secrets, builds its TLS context and opens the state store of
     /// refresh_token sessions (`state_dir` created 0700). Throws every problem found.
@@ -98,6 +101,19 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
                                         queueIndex: 10_000 + nextQueueIndex, clock: clock, credentialCache: credentialCache)
         // `subject_session:` chains: the subject is looked up at each exchange (a reload may replace it).
         driver.sessionLookup = { [weak self] name in self?.session(named: name) }
+        if let onBehalfOf = session.onBehalfOf {
+            // docs/architecture.md §6.16: one exchanged token per caller; no token of its own,
+            // so no shared cache record either.
+            var l = logger
+            l[metadataKey: "session"] = "\(session.name)"
+            nextQueueIndex += 1
+            let guardian = try onBehalfOf.callerJWT.map { (c: CallerJWTConfig) throws(ConfigErrors) -> CallerJWTGuard in
+                try CallerJWTGuard(config: c, owner: "session \(session.name)", logger: l, outboundProxy: config.outboundProxy, clock: clock,
+                                   queueIndex: 10_000 + nextQueueIndex)
+            }
+            driver.caller = CallerSessionDriver(session: driver, config: onBehalfOf, callerJWT: guardian, clock: clock, logger: l)
+            return driver
+        }
         if let sharedCache {
             let identity = SharedTokenCache.identity(of: session, dpopThumbprint: settings.dpop?.thumbprint)
             let shared = SharedTokenSession(cache: sharedCache, identity: identity, sessionName: session.name, queue: driver.queue,
@@ -154,6 +170,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         for session in newConfig.sessions {
             if let driver = existing[session.name], driver.grant == session.grant,
                driver.dpop?.thumbprint == settings[session.name]?.dpop?.thumbprint,
+               driver.caller?.config == session.onBehalfOf,
                driver.stateDirectory == (session.grant.usesRefreshToken ? newConfig.stateDir : nil) {
                 // Resolved above, so present.
                 driver.update(settings[session.name]!)
@@ -172,6 +189,40 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         }
         for d in removed { d.stop() }
         if start { for d in added { d.start() } }
+        // Route guards no route names any more stop; new ones are made by the next runtime.
+        let wanted = Set(newConfig.routes.compactMap { $0.callerJWT.map(Self.guardKey) })
+        let dropped: [CallerJWTGuard] = lock.withLock {
+            let gone = routeGuards.filter { !wanted.contains($0.key) }
+            for k in gone.keys { routeGuards[k] = nil }
+            return Array(gone.values)
+        }
+        for g in dropped { g.stop() }
+    }
+
+    private static func guardKey(_ c: CallerJWTConfig) -> String {
+        var copy = c
+        copy.line = 0
+        return String(describing: copy)
+    }
+
+    /// The guard of a route's `caller_jwt:` (docs/architecture.md §6.16): the running one for the same
+    /// settings, else a new one, started at once. Routes with equal settings share it.
+    public func routeGuard(for config: CallerJWTConfig, route: String) throws(ConfigErrors) -> CallerJWTGuard {
+        let key = Self.guardKey(config)
+        if let g = lock.withLock({ routeGuards[key] }) { return g }
+        let index: Int = lock.withLock {
+            nextQueueIndex += 1
+            return nextQueueIndex
+        }
+        let g = try CallerJWTGuard(config: config, owner: "route \(route)", logger: logger, outboundProxy: self.config.outboundProxy,
+                                   clock: clock, queueIndex: 10_000 + index)
+        let (winner, fresh): (CallerJWTGuard, Bool) = lock.withLock {
+            if let existing = routeGuards[key] { return (existing, false) }
+            routeGuards[key] = g
+            return (g, true)
+        }
+        if fresh { winner.start() }
+        return winner
     }
 
     /// For `bearerd check` (docs/architecture.md §6): refresh_token sessions whose refresh token the server
@@ -227,6 +278,11 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
 
     /// Stops every session: timers disarmed, the request in flight abandoned, waiters failed.
     public func stop() {
+        let guards: [CallerJWTGuard] = lock.withLock {
+            defer { routeGuards = [:] }
+            return Array(routeGuards.values)
+        }
+        for g in guards { g.stop() }
         let all: [TokenSessionDriver] = lock.withLock {
             started = false
             return Array(drivers.values)

@@ -152,6 +152,8 @@ public struct SessionSnapshot: Sendable {
     /// Signing sessions (docs/architecture.md §6.15): signed requests, rejections, skew
     /// adoptions, signature mismatches and the clock offset; nil for token sessions.
     public var signing: SigningState.Counters?
+    /// On-behalf-of sessions (docs/architecture.md §6.16): the per-caller cache and exchanges.
+    public var caller: CallerSessionSnapshot?
 
     public init(name: String, counters: SessionMetrics = SessionMetrics(), status: TokenSession.Status = .idle,
                 generation: UInt64 = 0, expiresAt: UInt64? = nil, waiters: Int = 0, lastFailure: String? = nil,
@@ -167,7 +169,10 @@ public struct SessionSnapshot: Sendable {
     }
 
     /// The session holds a token that has not expired at `now` (monotonic nanoseconds).
+    /// An on-behalf-of session holds no token of its own: it is ready once its `caller_jwt`
+    /// keys (if any) are loaded.
     public func holdsValidToken(now: UInt64) -> Bool {
+        if let caller { return caller.keysReady }
         guard let expiresAt else { return false }
         return now < expiresAt
     }

@@ -38,12 +38,22 @@ extension SessionSettings {
     /// The token request with everything read now: `assertion_file` (jwt_bearer), the subject
     /// and actor tokens (token_exchange; `subjectToken` is the subject session's token when the
     /// session chains), `client_assertion_file`, `audience`s and `resource`s.
-    func preparedRequest(refreshToken: OAuthSecret?, subjectToken: OAuthSecret? = nil,
+    ///
+    /// `callerToken`: on behalf of callers (docs/architecture.md §6.16), the incoming request's
+    /// own bearer token, sent as the subject token (`subject: caller`) or the assertion
+    /// (`assertion: caller`); never read from or written to anywhere else.
+    func preparedRequest(refreshToken: OAuthSecret?, subjectToken: OAuthSecret? = nil, callerToken: OAuthSecret? = nil,
                          wallClockNow: Int64 = wallClockSeconds()) -> Result<TokenRequest, TokenEndpointFailure> {
         var request = tokenRequest(refreshToken: refreshToken)
         request.audiences = config.audiences
         request.resources = config.resources
-        if config.grant == .jwtBearer, let path = config.assertionFile {
+        if config.grant == .jwtBearer, config.onBehalfOf != nil {
+            guard let callerToken else {
+                return .failure(TokenEndpointFailure(classification: .permanent, reason: "credential.caller_missing",
+                                                     errorDescription: "assertion: caller needs a caller's token"))
+            }
+            request.grant = .jwtBearer(assertion: callerToken)
+        } else if config.grant == .jwtBearer, let path = config.assertionFile {
             switch Self.readCredential(key: "assertion_file", path: path, mustBeJWT: true, wallClockNow: wallClockNow) {
             case .success(let assertion): request.grant = .jwtBearer(assertion: assertion)
             case .failure(let f): return .failure(f)
@@ -64,6 +74,12 @@ extension SessionSettings {
                                                          errorDescription: "subject_session \(name) has no token"))
                 }
                 subject = subjectToken
+            case .caller:
+                guard let callerToken else {
+                    return .failure(TokenEndpointFailure(classification: .permanent, reason: "credential.caller_missing",
+                                                         errorDescription: "subject: caller needs a caller's token"))
+                }
+                subject = callerToken
             }
             var actor: OAuthSecret?
             if let path = exchange.actorTokenFile {
@@ -118,6 +134,7 @@ extension SessionSettings {
             switch e.subject {
             case .file(let p): parts.append("subject_token_file=" + p)
             case .session(let n): parts.append("subject_session=" + n)
+            case .caller: parts.append("subject=caller")
             }
             parts.append("subject_token_type=" + e.subjectTokenType)
             if let a = e.actorTokenFile { parts.append("actor_token_file=" + a + "|" + (e.actorTokenType ?? "")) }

@@ -7,14 +7,14 @@ import Darwin
 /// Reads key files for OpenSSL ourselves instead of by path (`BIO_new_file`): opened with
 /// `O_NONBLOCK` and refused unless `fstat` says it is a regular file, so a FIFO (or a device)
 /// named as a key makes a clear error instead of a start or a session that hangs in `open`.
-enum RegularFile {
+public enum RegularFile {
     /// Why a file was not read: a `strerror` text or what the file is (never its content).
-    struct Failure: Error {
-        var reason: String
+    public struct Failure: Error {
+        public var reason: String
     }
 
     /// The whole file, at most `limit` bytes; the error says why not (never the content).
-    static func read(_ path: String, limit: Int = 1 << 20) -> Result<[UInt8], Failure> {
+    public static func read(_ path: String, limit: Int = 1 << 20) -> Result<[UInt8], Failure> {
         let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
         guard fd >= 0 else { return .failure(Failure(reason: String(cString: strerror(errno)))) }
         defer { close(fd) }

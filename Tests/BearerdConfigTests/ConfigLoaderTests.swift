@@ -282,7 +282,7 @@ let minimalRoute = """
             "bearerd.yaml:3: limits.header_byte: unknown key (did you mean 'header_bytes'?)",
             "bearerd.yaml:7: routes[0].timeouts.conect: unknown key (did you mean 'connect'?)",
             "bearerd.yaml:8: routes[0].client_id: unknown key ('client_id' belongs in a session under sessions:, which the route names with session:)",
-            "bearerd.yaml:9: routes[0].frobnicate: unknown key (expected one of: match, host, strip_prefix, upstream, session, tls, timeouts, replay_body_limit, reject_statuses, replay_methods, http2, inject, sign)",
+            "bearerd.yaml:9: routes[0].frobnicate: unknown key (expected one of: match, host, strip_prefix, upstream, session, tls, timeouts, replay_body_limit, reject_statuses, replay_methods, http2, inject, sign, caller_jwt)",
         ])
     }
 
