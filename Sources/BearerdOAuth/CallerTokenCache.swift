@@ -185,13 +185,14 @@ public struct CallerTokenCache<Waiter> {
                 remove(i)
             }
         }
-        counters.misses &+= 1
+        // hits, misses, coalesced and refusalHits partition the lookups (one `result` label each).
         if inFlight[key] != nil {
             inFlight[key]?.append(waiter)
             counters.coalesced &+= 1
             return .joined
         }
         inFlight[key] = [waiter]
+        counters.misses &+= 1
         counters.exchanges &+= 1
         return .exchange
     }
@@ -316,6 +317,7 @@ extension CallerTokenCache: Sendable where Waiter: Sendable {}
 public struct CallerCacheCounters: Sendable, Equatable {
     public var size = 0
     public var hits: UInt64 = 0
+    /// Lookups that found nothing usable and started an exchange (not those that joined one).
     public var misses: UInt64 = 0
     /// Exchanges started (`.exchange` answers).
     public var exchanges: UInt64 = 0

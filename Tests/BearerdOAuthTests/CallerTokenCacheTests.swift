@@ -60,6 +60,8 @@ import Testing
         let resumed = cache.finish(k, outcome: .token(OAuthSecret("t"), expiresAt: Self.at(300)), now: Self.at(1))
         #expect(resumed == Array(0..<50))
         #expect(cache.counters.exchanges == 2 && cache.counters.coalesced == 49)
+        // Each lookup is counted under one result: the 49 that joined are not misses too.
+        #expect(cache.counters.misses == 2 && cache.counters.hits == 0)
         guard case .hit = cache.lookup(k, now: Self.at(2), waiter: 0) else { Issue.record("not cached"); return }
         // A finish without an exchange under way resumes nobody.
         #expect(cache.finish(Self.key("nobody"), outcome: .failed, now: Self.at(2)).isEmpty)
