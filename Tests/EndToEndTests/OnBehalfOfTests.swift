@@ -361,6 +361,8 @@ struct OnBehalfOfTests {
         let m = try b.metrics()
         #expect(Self.sum(m, "bearerd_caller_exchanges_total", ["session": "caller", "outcome": "ok"]) == 1)
         #expect(Self.sum(m, "bearerd_caller_cache_lookups_total", ["session": "caller", "result": "miss"]) == 1)
+        #expect(Self.sum(m, "bearerd_caller_cache_lookups_total", ["session": "caller", "result": "coalesced"])
+                + Self.sum(m, "bearerd_caller_cache_lookups_total", ["session": "caller", "result": "hit"]) == 49)
     }
 
     /// 1,000 distinct callers through a cache of 100 entries, with ~1 KiB caller tokens and
@@ -450,17 +452,21 @@ struct OnBehalfOfTests {
 
     /// The caller's IdP rotates its key: bearerd fetched the JWKS at start; the first token with
     /// the new `kid` triggers exactly one re-fetch (also under 10 concurrent requests) and is
-    /// served; an unknown `kid` within the next 30 s triggers no further fetch.
+    /// served; an unknown `kid` within the next 30 s triggers no further fetch. (bearerd counts
+    /// its start-up fetch toward the 30 s, so the rotation comes 31 s after it.)
     @Test func keyRotationAtTheCallersIdPRefetchesOnce() throws {
         let peers = try Peers()
         defer { peers.stop() }
         let b = try Proxy(sessions: Self.exchangeSession(peers, callerJWT: true), routes: Self.apiRoute(peers))
         defer { b.stop() }
         _ = TokenSinkTests.wait(seconds: 5) { (try? peers.jwksFetches()) == 1 }
+        let fetchedAt = Date()
         #expect(try peers.jwksFetches() == 1, "the JWKS was not fetched once at start")
         let old = try peers.mint("alice")
         #expect(try b.get("/api/x", bearer: old).status == 200)
         #expect(try peers.jwksFetches() == 1, "a known kid re-fetched the JWKS")
+        Thread.sleep(until: fetchedAt.addingTimeInterval(31))
+        #expect(try peers.jwksFetches() == 1, "fetched again without a reason")
         let kid = try peers.idpControl("rotate")["kid"] as? String
         #expect(kid == "k2")
         let fresh = try peers.mint("bob")
