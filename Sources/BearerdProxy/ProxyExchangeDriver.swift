@@ -926,6 +926,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
            !(machine.setup.signing.signs && (upstream.status == 400 || upstream.status == 403)) {
             session.noteAccepted(generation: token.generation)
         }
+        if let watch = routeRef.issuerWatch, routeRef.rejectSet.contains(upstream.status) {
+            watch.note(wwwAuthenticate: upstream.headers.values("WWW-Authenticate"), logger: runtime.logger)
+        }
         run(machine.upstreamFinalHead(status: upstream.status, grpcUnauthenticated: grpcUnauthenticated,
                                       wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") }))
     }

@@ -44,7 +44,7 @@ struct ConfigOption: ParsableArguments {
 /// `ConfigLoader.load` plus discovery of `issuer:` sessions (blocking; never on a loop).
 func loadResolved(path: String, useDiscoveryCache: Bool = true) throws(ConfigErrors) -> BearerdConfig {
     let config = try ConfigLoader.load(path: path)
-    guard config.sessions.contains(where: { $0.issuer != nil }) else { return config }
+    guard config.sessions.contains(where: { $0.issuerSource != nil }) else { return config }
     let logger = Logger(label: "bearerd.discovery") { BearerdLogHandler(label: $0, level: .warning, format: config.log.format) }
     return try Discovery.resolve(config, logger: logger, useCache: useDiscoveryCache).get()
 }
@@ -290,6 +290,13 @@ struct Check: ParsableCommand {
             print("sessions.\(s.name): private_key_jwt kid \(key.kid)" + (s.clientKeyID == nil ? " (RFC 7638 thumbprint of client_key_file)" : " (client_key_id; RFC 7638 thumbprint \(key.thumbprint))"))
             print("sessions.\(s.name): public JWK to register: \(key.publicJWK)")
         }
+        // issuer: from_upstream: which authorization server the upstream named, and how (RFC 9728).
+        for s in config.sessions {
+            guard let found = s.issuerSource?.fromUpstream?.resolved else { continue }
+            print("sessions.\(s.name): authorization server \(found.issuer) (in allowed_issuers), named by the upstream \(found.upstream) "
+                  + "in its protected resource metadata \(found.metadataURL) (\(found.foundBy == .challenge ? "from its 401's resource_metadata" : "at the well-known URL")); "
+                  + "token endpoint \(s.tokenURL); resource \(s.resources.joined(separator: " "))")
+        }
         for (name, d) in dpopKeys {
             switch d {
             case .key(let path, let alg, let jkt): print("sessions.\(name): DPoP key \(path) (\(alg)), jkt \(jkt)")
@@ -316,7 +323,7 @@ struct Check: ParsableCommand {
         } catch {
             notes += error.errors.map(\.description)
         }
-        if config.sessions.contains(where: { $0.issuer != nil }) {
+        if config.sessions.contains(where: { $0.issuerSource != nil }) {
             let logger = Logger(label: "bearerd.discovery") { BearerdLogHandler(label: $0, level: .critical, format: .text) }
             if case .failure(let e) = Discovery.resolve(config, logger: logger, useCache: false) {
                 notes += e.errors.map(\.description)
