@@ -457,7 +457,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             acquireExchangedToken(identity, session: session)
             return
         }
-        guardian.validate(token, on: ctx.loop) { [weak self] verdict in
+        guardian.validate(token, key: identity.key, on: ctx.loop) { [weak self] verdict in
             guard let self else { return }
             switch verdict {
             case .valid(let v):

@@ -194,7 +194,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
             lookup(c, on: loop, completion: completion)
             return
         }
-        callerJWT.validate(caller.token, on: loop) { [self] verdict in
+        callerJWT.validate(caller.token, key: caller.key, on: loop) { [self] verdict in
             switch verdict {
             case .valid(let v):
                 var c = caller
