@@ -133,7 +133,7 @@ enum ConfigKeys {
         "grant", "token_url", "client_id", "client_secret_file", "client_secret_env", "client_secret",
         "client_auth", "scope", "params", "refresh_before", "default_lifetime", "refresh_token_file",
         "username", "password", "password_file", "password_env", "tls", "request_timeout", "wait_timeout",
-        "command", "timeout", "issuer", "client_key_file", "client_key_id",
+        "command", "timeout", "issuer", "allowed_issuers", "client_key_file", "client_key_id",
         "authorization_url", "device_authorization_url", "redirect_uri",
         "assertion_file", "audience", "resource", "subject_token_file", "subject_session", "subject_token_type",
         "actor_token_file", "actor_token_type", "requested_token_type", "client_assertion_file",

@@ -265,9 +265,15 @@ public struct SessionConfig: Sendable, Equatable {
     /// `private_key_jwt`: the PEM private key (RSA → RS256, P-256 → ES256) and optional `kid`.
     public var clientKeyFile: String?
     public var clientKeyID: String?
-    /// `issuer:` (RFC 8414 / OIDC discovery) instead of `token_url`; the endpoints below are
-    /// filled from its metadata before the session runs (`tokenURL` too).
-    public var issuer: EndpointURL?
+    /// `issuer:` (RFC 8414 / OIDC discovery, or `from_upstream`: RFC 9728) instead of
+    /// `token_url`; the endpoints below are filled from its metadata before the session runs
+    /// (`tokenURL` too).
+    public var issuerSource: IssuerSource?
+    /// `issuer: URL` (nil for `from_upstream`, whose chosen issuer is in `issuerSource`).
+    public var issuer: EndpointURL? {
+        get { if case .fixed(let u)? = issuerSource { return u } else { return nil } }
+        set { issuerSource = newValue.map { .fixed($0) } }
+    }
     public var authorizationEndpoint: EndpointURL?
     public var deviceAuthorizationEndpoint: EndpointURL?
     /// `redirect_uri:` of an authorization_code session: a fixed loopback redirect (127.0.0.1,
@@ -308,7 +314,7 @@ public struct SessionConfig: Sendable, Equatable {
                 username: String? = nil, password: SecretSource? = nil, tls: TLSSettings? = nil,
                 requestTimeout: Duration = .seconds(15), waitTimeout: Duration = .seconds(10), line: Int = 0,
                 issuer: EndpointURL? = nil, clientKeyFile: String? = nil, clientKeyID: String? = nil) {
-        self.issuer = issuer
+        self.issuerSource = issuer.map { .fixed($0) }
         self.clientKeyFile = clientKeyFile
         self.clientKeyID = clientKeyID
         self.name = name
@@ -337,7 +343,7 @@ public struct SessionConfig: Sendable, Equatable {
             && a.defaultLifetime == b.defaultLifetime && a.refreshTokenFile == b.refreshTokenFile
             && a.username == b.username && a.password == b.password && a.tls == b.tls
             && a.requestTimeout == b.requestTimeout && a.waitTimeout == b.waitTimeout
-            && a.command == b.command && a.commandTimeout == b.commandTimeout && a.issuer == b.issuer && a.clientKeyFile == b.clientKeyFile && a.clientKeyID == b.clientKeyID
+            && a.command == b.command && a.commandTimeout == b.commandTimeout && a.issuerSource == b.issuerSource && a.clientKeyFile == b.clientKeyFile && a.clientKeyID == b.clientKeyID
             && a.authorizationEndpoint == b.authorizationEndpoint && a.deviceAuthorizationEndpoint == b.deviceAuthorizationEndpoint
             && a.redirectURI == b.redirectURI
             && a.assertionFile == b.assertionFile && a.clientAssertionFile == b.clientAssertionFile

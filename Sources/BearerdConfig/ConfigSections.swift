@@ -107,6 +107,7 @@ extension ConfigBuilder {
         checkShadowedRoutes(Array(zip(routeIndices, routes)))
         checkSigning(sessions: sessions, routes: Array(zip(routeIndices, routes)))
         checkCallerSessions(sessions, tokenAPI: api, tokenAPILine: top["token_api"]?.keyLine ?? 0)
+        checkFromUpstream(sessions: sessions, routes: Array(zip(routeIndices, routes)))
 
         var config = BearerdConfig(file: file, listen: [], admin: admin, stateDir: stateDir, loops: loops,
                                    limits: limits, frontendTimeouts: timeouts, sessions: sessions, routes: routes)
@@ -220,10 +221,8 @@ extension ConfigBuilder {
         let givenTokenURL = parsed(f, "token_url", expected: "an http:// or https:// URL") { (raw: String) throws(ConfigValues.Problem) -> EndpointURL in
             try ConfigValues.endpointURL(raw, allowQuery: true)
         }
-        // RFC 8414 §2: an issuer is an https URL without query or fragment (http allowed for local tests).
-        let issuer = parsed(f, "issuer", expected: "the authorization server's issuer URL") { (raw: String) throws(ConfigValues.Problem) -> EndpointURL in
-            try ConfigValues.endpointURL(raw, allowQuery: false)
-        }
+        // `issuer:` a URL or from_upstream (with allowed_issuers): ConfigIssuerSource.swift.
+        let issuerSource = self.issuerSource(f)
         switch (f["token_url"], f["issuer"]) {
         case (nil, nil):
             missing(f, "token_url", "the token endpoint, e.g. https://auth.example.com/oauth2/token, or issuer: for discovery")
@@ -254,7 +253,7 @@ extension ConfigBuilder {
             }
             endpoints[key] = url
         }
-        let tokenURL: EndpointURL? = givenTokenURL ?? (issuer != nil ? .discoveryPlaceholder : nil)
+        let tokenURL: EndpointURL? = givenTokenURL ?? (issuerSource != nil ? .discoveryPlaceholder : nil)
         let clientID = text(f, "client_id", expected: "a client identifier") ?? (grant?.isTokenGrant == true ? "" : nil)
         if f["client_id"] == nil, grant?.isTokenGrant != true { missing(f, "client_id") }
         let clientAuthGiven = f["client_auth"] != nil
@@ -353,8 +352,9 @@ extension ConfigBuilder {
             refreshTokenFile: grant == .refreshToken ? refreshTokenFile : nil,
             username: grant == .password ? username : nil, password: grant == .password ? password?.source : nil,
             tls: tls, requestTimeout: requestTimeout ?? .seconds(15), waitTimeout: waitTimeout ?? .seconds(10),
-            line: item.keyLine, issuer: issuer, clientKeyFile: authMethod == .privateKeyJWT ? clientKeyFile : nil,
+            line: item.keyLine, clientKeyFile: authMethod == .privateKeyJWT ? clientKeyFile : nil,
             clientKeyID: authMethod == .privateKeyJWT ? clientKeyID : nil)
+        session.issuerSource = issuerSource
         session.authorizationEndpoint = endpoints["authorization_url"]
         session.deviceAuthorizationEndpoint = endpoints["device_authorization_url"]
         session.redirectURI = grant == .authorizationCode ? redirectURI : nil

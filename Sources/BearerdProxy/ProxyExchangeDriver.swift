@@ -457,7 +457,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             acquireExchangedToken(identity, session: session)
             return
         }
-        guardian.validate(token, on: ctx.loop) { [weak self] verdict in
+        guardian.validate(token, key: identity.key, on: ctx.loop) { [weak self] verdict in
             guard let self else { return }
             switch verdict {
             case .valid(let v):
@@ -925,6 +925,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         if let session, let token, callers.onBehalfOf == nil, !grpcUnauthenticated, !routeRef.rejectSet.contains(upstream.status),
            !(machine.setup.signing.signs && (upstream.status == 400 || upstream.status == 403)) {
             session.noteAccepted(generation: token.generation)
+        }
+        if let watch = routeRef.issuerWatch, routeRef.rejectSet.contains(upstream.status) {
+            watch.note(wwwAuthenticate: upstream.headers.values("WWW-Authenticate"), logger: runtime.logger)
         }
         run(machine.upstreamFinalHead(status: upstream.status, grpcUnauthenticated: grpcUnauthenticated,
                                       wwwAuthenticate: { upstream.headers.values("WWW-Authenticate") }))

@@ -29,8 +29,11 @@ final class RouteRef: Sendable {
     let rejectSet: StatusCodeSet
     /// How a `sign:` route signs (from its session's `grant:` and `region:`); nil elsewhere.
     let signing: RouteSigning?
+    /// `issuer: from_upstream`: warns when a rejection names other metadata (nil elsewhere).
+    let issuerWatch: UpstreamIssuerWatch?
     init(_ config: RouteConfig, sessions: [SessionConfig] = []) {
         self.config = config
+        issuerWatch = UpstreamIssuerWatch(route: config, sessions: sessions)
         signing = RouteSigning.plan(route: config, sessions: sessions)
         rejectSet = RouteSigning.rejectSet(route: config, signing: signing)
     }

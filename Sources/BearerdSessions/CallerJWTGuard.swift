@@ -30,11 +30,17 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
         var waiters: [(EventLoop, () -> Void)] = []
         var stopped = false
         var lastProblem: String?
+        /// Tokens already verified against the current keys, by the hash of the token, until their
+        /// `exp` (plus leeway): a caller's next request skips the signature check. Emptied when the
+        /// keys change and when it reaches `verifiedLimit` (a bound, not an LRU: refilling costs
+        /// one signature check per caller).
+        var verified: [CallerKey: CallerJWT.Validated] = [:]
         /// 401s of routes guarded by this `caller_jwt` alone, by reason.
         var refusals: [String: UInt64] = [:]
         var fetches: [String: UInt64] = [:]
     }
     private let state = Mutex(State())
+    static let verifiedLimit = 10_000
     /// Queue only.
     private var refreshTimer: SessionTimer?
     private var inFlight: TokenEndpointClient?
@@ -128,15 +134,30 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
     /// The last fetch or file problem, for readiness and `bearerd check`.
     public var lastProblem: String? { state.withLock { $0.lastProblem } }
 
-    /// Judges a caller's bearer token; `completion` runs exactly once on `loop` (at once, on the
-    /// calling thread, when no fetch is needed: the caller is on `loop` already).
-    public func validate(_ token: String, on loop: EventLoop, completion: @escaping (Verdict) -> Void) {
+    /// Judges a caller's bearer token (`key`: its hash); `completion` runs exactly once on `loop`
+    /// (at once, on the calling thread, when no fetch is needed: the caller is on `loop` already).
+    public func validate(_ token: String, key: CallerKey, on loop: EventLoop, completion: @escaping (Verdict) -> Void) {
         let policy = config.policy
-        // A copy: the signature is checked without the lock.
-        var copy = state.withLock { $0.keys }
-        let first = copy.validate(token, policy: policy, now: clock.now(), wallClockNow: clock.wallClockSeconds())
+        let wall = clock.wallClockSeconds()
+        // A token verified before against these keys, still within its `exp`: no signature check.
+        // A copy of the keys otherwise: the signature is checked without the lock.
+        let (known, snapshot) = state.withLock { s -> (CallerJWT.Validated?, CallerJWTKeySet?) in
+            if let v = s.verified[key] {
+                if v.expiresAt.addingReportingOverflow(policy.leewaySeconds).partialValue > wall { return (v, nil) }
+                s.verified[key] = nil
+            }
+            return (nil, s.keys)
+        }
+        if let known {
+            completion(.valid(known))
+            return
+        }
+        guard var copy = snapshot else { return }
+        let first = copy.validate(token, policy: policy, now: clock.now(), wallClockNow: wall)
         switch first {
-        case .valid(let v): completion(.valid(v))
+        case .valid(let v):
+            remember(v, key: key, against: copy)
+            completion(.valid(v))
         case .invalid(let f): completion(.invalid(f))
         case .keysUnavailable: completion(.keysUnavailable(detail: unavailableDetail))
         case .fetchKeysAndRetry, .waitForKeysAndRetry:
@@ -155,7 +176,7 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
                 }
             }
             if mustFetch {
-                logger.info("caller token signed with an unknown key; fetching the caller IdP's keys again")
+                logger.info("caller token signed with an unknown key; fetching the caller IdP's keys again", metadata: ["caller": "\(key.fingerprint)"])
                 queue.execute { [self] in fetch() }
             }
             switch verdict {
@@ -164,6 +185,15 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
             case .keysUnavailable: completion(.keysUnavailable(detail: unavailableDetail))
             case .fetchKeysAndRetry, .waitForKeysAndRetry: break  // queued
             }
+        }
+    }
+
+    /// Keeps `v` for its token's next requests, unless the keys changed since `copy` was taken.
+    private func remember(_ v: CallerJWT.Validated, key: CallerKey, against copy: CallerJWTKeySet) {
+        state.withLock { s in
+            guard s.keys.loadedAt == copy.loadedAt else { return }
+            if s.verified.count >= Self.verifiedLimit { s.verified.removeAll(keepingCapacity: true) }
+            s.verified[key] = v
         }
     }
 
@@ -181,6 +211,47 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
 
     private var unavailableDetail: String {
         "the caller IdP's keys could not be obtained" + (lastProblem.map { ": " + $0 } ?? "")
+    }
+
+    /// `bearerd check`: loads the key set once, blocking (a command's thread, never a loop):
+    /// the usable keys' ids and what was skipped, or why nothing could be loaded.
+    public static func probe(_ config: CallerJWTConfig, outboundProxy: OutboundProxy) -> Result<(keyIDs: [String], skipped: [String]), ConfigError> {
+        func fail(_ m: String) -> Result<(keyIDs: [String], skipped: [String]), ConfigError> {
+            .failure(ConfigError(file: "", line: config.line, key: "caller_jwt", message: m))
+        }
+        let bytes: [UInt8]
+        switch config.keys {
+        case .file(let path):
+            switch RegularFile.read(path, limit: JWKSet.maxDocumentBytes) {
+            case .failure(let f): return fail("cannot read jwks_file \(path): \(f.reason)")
+            case .success(let b): bytes = b
+            }
+        case .url(let url):
+            var tls: TLSContext?
+            if url.isTLS {
+                do throws(TLSError) {
+                    tls = try TLSContext.client(caFile: config.caFile, clientCert: nil, clientKey: nil, alpn: [])
+                } catch {
+                    return fail("\(error)")
+                }
+            }
+            let proxy = outboundProxy.endpoint(scheme: url.scheme, host: url.host, port: url.port)
+            switch TokenEndpointClient.blocking(timeout: .seconds(10), { loop, done in
+                TokenEndpointClient.get(url, headers: [("Accept", "application/jwk-set+json, application/json")], tls: tls, proxy: proxy,
+                                        on: loop, completion: done)
+            }) {
+            case .response(200, _, let body): bytes = body
+            case .response(let status, _, _): return fail("jwks_url \(url) answered \(status)")
+            case .tooLarge(let status): return fail("jwks_url \(url) answered \(status) with a body over the limit")
+            case .transportFailure(let detail, _): return fail("jwks_url \(url): \(detail)")
+            }
+        }
+        do throws(JWKSet.Problem) {
+            let set = try JWKSet(parsing: bytes, crypto: OpenSSLCallerJWTCrypto())
+            return .success((set.keys.map { $0.jwk.keyID ?? "(no kid)" }, set.skipped.map(\.description)))
+        } catch {
+            return fail("the key set: \(error)")
+        }
     }
 
     // MARK: queue
@@ -251,6 +322,7 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
             case .success(let set):
                 s.keys.fetchSucceeded(set, now: now)
                 s.lastProblem = nil
+                s.verified.removeAll()  // a key the IdP withdrew verifies nothing from now on
                 s.fetches["ok", default: 0] &+= 1
             case .failure(let why):
                 s.keys.fetchFailed(now: now)

@@ -59,8 +59,12 @@ public struct CallerIdentity: Sendable {
     public let key: CallerKey
     public var expiresAt: Int64?
 
+    /// nil for an empty token (no key: callers without a token never share an entry). The hash
+    /// is OpenSSL's (this runs per request; the pure one serves the tests and the fuzzer).
     public init?(token: String) {
-        guard let key = CallerKey(callerToken: token) else { return nil }
+        guard !token.isEmpty else { return nil }
+        var t = token
+        guard let key = t.withUTF8({ CallerKey(sha256Digest: Digest.sha256(UnsafeRawBufferPointer($0))) }) else { return nil }
         self.token = token
         self.key = key
     }
@@ -194,7 +198,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
             lookup(c, on: loop, completion: completion)
             return
         }
-        callerJWT.validate(caller.token, on: loop) { [self] verdict in
+        callerJWT.validate(caller.token, key: caller.key, on: loop) { [self] verdict in
             switch verdict {
             case .valid(let v):
                 var c = caller

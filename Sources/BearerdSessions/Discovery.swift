@@ -5,7 +5,8 @@ import BearerdConfig
 
 /// `issuer:` sessions (RFC 8414, then OIDC Discovery): reads each issuer's metadata and fills the
 /// session's token, authorization and device endpoints before anything runs (start, SIGHUP,
-/// `check`, `token`, `login`).
+/// `check`, `token`, `login`). `issuer: from_upstream` first asks the route's upstream which
+/// authorization server it trusts (RFC 9728, docs/architecture.md §6.16; `resolveFromUpstream`).
 ///
 /// The document is fetched with the session's TLS settings (system trust store or `ca_file`);
 /// its `issuer` must equal the configured one (RFC 8414 §3.3). A good document is kept in
@@ -20,8 +21,26 @@ public enum Discovery {
         var out = config
         var errors: [ConfigError] = []
         for (i, session) in config.sessions.enumerated() {
-            guard let issuer = session.issuer else { continue }
-            switch metadata(for: session, stateDir: config.stateDir, proxy: config.outboundProxy, logger: logger, useCache: useCache) {
+            let issuer: EndpointURL
+            switch session.issuerSource {
+            case nil:
+                continue
+            case .fixed(let url)?:
+                issuer = url
+            case .fromUpstream(var settings)?:
+                switch resolveFromUpstream(session: session, settings: settings, config: config, logger: logger, useCache: useCache) {
+                case .failure(let failure):
+                    errors.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).issuer", message: failure.message))
+                    continue
+                case .success(let resolved):
+                    settings.resolved = resolved
+                    out.sessions[i].issuerSource = .fromUpstream(settings)
+                    // RFC 8707: the token is asked for this resource, unless `resource:` says otherwise.
+                    if session.resources.isEmpty { out.sessions[i].resources = [resolved.resource] }
+                    issuer = resolved.issuer
+                }
+            }
+            switch metadata(issuer: issuer, for: session, stateDir: config.stateDir, proxy: config.outboundProxy, logger: logger, useCache: useCache) {
             case .failure(let failure):
                 errors.append(ConfigError(file: config.file, line: session.line, key: "sessions.\(session.name).issuer", message: failure.message))
             case .success(let meta):
@@ -61,14 +80,14 @@ public enum Discovery {
         var message: String
     }
 
-    static func metadata(for session: SessionConfig, stateDir: String?, proxy: OutboundProxy, logger: Logger,
+    static func metadata(issuer issuerURL: EndpointURL, for session: SessionConfig, stateDir: String?, proxy: OutboundProxy, logger: Logger,
                          useCache: Bool) -> Result<AuthorizationServerMetadata, Failure> {
-        guard let issuer = session.issuer?.description else { return .failure(Failure(message: "no issuer")) }
+        let issuer = issuerURL.description
         let cachePath = stateDir.map { $0 + "/" + session.name + ".discovery.json" }
         var problems: [String] = []
         let tls: TLSContext?
         do {
-            tls = session.issuer?.isTLS == true
+            tls = issuerURL.isTLS
                 ? try TLSContext.client(caFile: session.tls?.caFile, clientCert: session.tls?.clientCert, clientKey: session.tls?.clientKey, alpn: ["http/1.1"])
                 : nil
         } catch {

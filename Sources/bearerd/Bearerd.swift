@@ -44,7 +44,7 @@ struct ConfigOption: ParsableArguments {
 /// `ConfigLoader.load` plus discovery of `issuer:` sessions (blocking; never on a loop).
 func loadResolved(path: String, useDiscoveryCache: Bool = true) throws(ConfigErrors) -> BearerdConfig {
     let config = try ConfigLoader.load(path: path)
-    guard config.sessions.contains(where: { $0.issuer != nil }) else { return config }
+    guard config.sessions.contains(where: { $0.issuerSource != nil }) else { return config }
     let logger = Logger(label: "bearerd.discovery") { BearerdLogHandler(label: $0, level: .warning, format: config.log.format) }
     return try Discovery.resolve(config, logger: logger, useCache: useDiscoveryCache).get()
 }
@@ -290,6 +290,35 @@ struct Check: ParsableCommand {
             print("sessions.\(s.name): private_key_jwt kid \(key.kid)" + (s.clientKeyID == nil ? " (RFC 7638 thumbprint of client_key_file)" : " (client_key_id; RFC 7638 thumbprint \(key.thumbprint))"))
             print("sessions.\(s.name): public JWK to register: \(key.publicJWK)")
         }
+        // issuer: from_upstream: which authorization server the upstream named, and how (RFC 9728).
+        for s in config.sessions {
+            guard let found = s.issuerSource?.fromUpstream?.resolved else { continue }
+            print("sessions.\(s.name): authorization server \(found.issuer) (in allowed_issuers), named by the upstream \(found.upstream) "
+                  + "in its protected resource metadata \(found.metadataURL) (\(found.foundBy == .challenge ? "from its 401's resource_metadata" : "at the well-known URL")); "
+                  + "token endpoint \(s.tokenURL); resource \(s.resources.joined(separator: " "))")
+        }
+        // On behalf of callers (docs/architecture.md §6.16): what each caller's token meets.
+        for s in config.sessions {
+            guard let obo = s.onBehalfOf else { continue }
+            let ceiling = Double(obo.maxEntries * CallerTokenCache<Int>.entryBytes(tokenBytes: 1024)) / 1_048_576
+            print("sessions.\(s.name): acts on behalf of each caller (\(s.grant == .jwtBearer ? "assertion" : "subject"): caller); "
+                  + "caller_cache max_entries \(obo.maxEntries) (at most \(String(format: "%.1f", ceiling)) MiB for 1 KiB tokens)"
+                  + (obo.callerJWT == nil ? "; callers' tokens are judged by the token endpoint only (no caller_jwt)" : ""))
+        }
+        if !example {
+            var guards: [(String, CallerJWTConfig)] = config.sessions.compactMap { s in s.onBehalfOf?.callerJWT.map { ("sessions.\(s.name).caller_jwt", $0) } }
+            guards += config.routes.enumerated().compactMap { i, r in r.callerJWT.map { ("routes[\(i)].caller_jwt", $0) } }
+            for (key, c) in guards {
+                switch CallerJWTGuard.probe(c, outboundProxy: config.outboundProxy) {
+                case .success(let found):
+                    print("\(key): iss \(c.issuer), aud \(c.audience): \(found.keyIDs.count) key(s) (\(found.keyIDs.joined(separator: ", ")))"
+                          + (found.skipped.isEmpty ? "" : "; skipped: " + found.skipped.joined(separator: "; ")))
+                case .failure(let e):
+                    var stderr = FileHandle.standardError
+                    print("warning: \(config.file):\(e.line): \(key): \(e.message) (callers get 503 until the keys load)", to: &stderr)
+                }
+            }
+        }
         for (name, d) in dpopKeys {
             switch d {
             case .key(let path, let alg, let jkt): print("sessions.\(name): DPoP key \(path) (\(alg)), jkt \(jkt)")
@@ -316,7 +345,7 @@ struct Check: ParsableCommand {
         } catch {
             notes += error.errors.map(\.description)
         }
-        if config.sessions.contains(where: { $0.issuer != nil }) {
+        if config.sessions.contains(where: { $0.issuerSource != nil }) {
             let logger = Logger(label: "bearerd.discovery") { BearerdLogHandler(label: $0, level: .critical, format: .text) }
             if case .failure(let e) = Discovery.resolve(config, logger: logger, useCache: false) {
                 notes += e.errors.map(\.description)

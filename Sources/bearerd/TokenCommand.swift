@@ -62,6 +62,12 @@ struct Token: ParsableCommand {
                   + (known.isEmpty ? " (the file defines none)" : " (known: \(known.joined(separator: ", ")))"), to: &stderr)
             throw ExitCode(2)
         }
+        if sessionConfig.onBehalfOf != nil {
+            // docs/architecture.md §6.16: such a session only exchanges tokens callers bring.
+            print("bearerd token: session \(session) acts on behalf of each caller (\(sessionConfig.grant == .jwtBearer ? "assertion" : "subject"): caller) "
+                  + "and has no token of its own; send your request through bearerd with Authorization: Bearer <your token>", to: &stderr)
+            throw ExitCode(2)
+        }
         let signing = sessionConfig.grant.isSigning
         let outputFormat = format.flatMap(TokenOutputFormat.init(rawValue:)) ?? (signing ? .credentialProcess : .token)
         guard outputFormat.fits(signing: signing) else {

@@ -16,7 +16,8 @@ import Testing
 
     @Test func exampleParses() throws {
         let config = try ConfigLoader.load(path: Self.examplePath, environment: [:], checkFiles: false)
-        #expect(config.sessions.map(\.name) == ["partner", "me", "legacy", "sts", "person", "kiosk", "github", "workload", "k8s", "exchanged", "federated", "bound", "store", "oss"])
+        #expect(config.sessions.map(\.name) == ["partner", "me", "legacy", "sts", "person", "kiosk", "github", "workload", "k8s", "exchanged", "federated", "bound", "store", "oss", "mcp"])
+        #expect(config.sessions.first { $0.name == "mcp" }?.issuerSource?.fromUpstream?.allowed.map(\.description) == ["https://auth.example.com"])
         #expect(config.sessions.first { $0.name == "bound" }?.dpop == true)
         #expect(Set(config.sessions.map(\.grant)) == Set(GrantType.allCases))
         #expect(config.routes.count >= 3)

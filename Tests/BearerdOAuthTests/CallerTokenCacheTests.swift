@@ -42,6 +42,28 @@ import Testing
         #expect(cache.counters.hits == 2 && cache.counters.exchanges == 3)
     }
 
+    /// The fast path the loops take before validating a caller: live entries answer and count,
+    /// anything else queues nothing and counts nothing.
+    @Test func theFastPathAnswersOnlyLiveEntries() {
+        var cache = Cache(maxEntries: 10)
+        #expect(cache.cached(Self.key("a"), now: Self.at(0)) == nil)
+        #expect(cache.counters == CallerCacheCounters())
+        Self.fill(&cache, "a", token: "for-a", now: 0, life: 10)
+        guard case .hit(let t)? = cache.cached(Self.key("a"), now: Self.at(5)) else { Issue.record("no hit"); return }
+        #expect(t.exposedValue == "for-a" && cache.counters.hits == 1)
+        #expect(cache.liveToken(Self.key("a"), now: Self.at(5))?.exposedValue == "for-a")
+        #expect(cache.cached(Self.key("a"), now: Self.at(10)) == nil)   // expired: the slow path decides
+        #expect(cache.liveToken(Self.key("a"), now: Self.at(10)) == nil)
+        #expect(cache.inFlightCount == 0 && cache.counters.hits == 1)
+        let k = Self.key("bad")
+        _ = cache.lookup(k, now: Self.at(0), waiter: 1)
+        _ = cache.finish(k, outcome: .refused(error: "invalid_grant", description: nil), now: Self.at(0))
+        guard case .refused(let e, _)? = cache.cached(k, now: Self.at(4)) else { Issue.record("refusal not remembered"); return }
+        #expect(e == "invalid_grant" && cache.counters.refusalHits == 1)
+        #expect(cache.liveToken(k, now: Self.at(4)) == nil)
+        #expect(cache.cached(k, now: Self.at(5)) == nil)
+    }
+
     @Test func concurrentRequestsOfOneCallerShareOneExchange() {
         var cache = Cache(maxEntries: 10)
         let k = Self.key("caller")

@@ -82,6 +82,25 @@ struct ExchangeDecisionTests {
         #expect(n.tokenUnavailable() == .respondTokenUnavailable(Answer(kind: .tokenUnavailable, grpc: nil, keepAlive: true)))
     }
 
+    /// docs/architecture.md §6.16: a caller's missing, invalid or refused token is bearerd's 401
+    /// before anything is sent; only while the exchange waits for its token.
+    @Test func aRefusedCallerIsAnsweredOnlyWhileWaitingForItsToken() {
+        var m = Machine(setup: setup())
+        #expect(m.start() == .acquireToken)
+        #expect(m.callerRefused() == .respondCallerRefused(keepAlive: true, grpc: false))
+        #expect(m.tokenAcquired() == ProxyExchange.Action.none)  // finished: nothing is sent
+        var s = setup()
+        s.grpc = true
+        var g = Machine(setup: s)
+        _ = g.start()
+        #expect(g.callerRefused() == .respondCallerRefused(keepAlive: true, grpc: true))
+        // Once the token is there the caller was admitted: a late refusal changes nothing.
+        var f = Machine(setup: setup())
+        _ = f.start()
+        _ = f.tokenAcquired()
+        #expect(f.callerRefused() == ProxyExchange.Action.none)
+    }
+
     @Test func anExtendedConnectAnswered2xxNamesTheStatus() {
         var s = setup()
         s.upgrade = .extendedConnect

@@ -37,7 +37,8 @@ Endpoints:
     POST /oauth/revoke     RFC 7009 revocation (same client authentication as the token endpoint)
     ANY  /api/<path>       protected by Authlib's ResourceProtector + RFC 6750 BearerTokenValidator.
                            200 JSON {"path", "method", "client_id", "user", "scope", "query",
-                           "body_sha256", "body_length"}; the body is streamed and hashed, any size.
+                           "body_sha256", "body_length", "resource"}; the body is streamed and hashed,
+                           any size; `resource`: the RFC 8707 resources the token was asked for.
                            Invalid/expired/revoked token: 401 and
                            `WWW-Authenticate: Bearer error="invalid_token", ...`.
                            Same for a missing or non-Bearer Authorization header (see `Protector`).
@@ -441,6 +442,8 @@ def save_token(token, req):
         token.get("refresh_token"),
         token.get("expires_in"),
     )
+    # RFC 8707: the resource indicators the token was asked for (shown by /api/ as `resource`).
+    t.resource = request.form.getlist("resource")
     STORE.add(t)
     with STATS.lock:
         STATS.tokens_issued += 1
@@ -1264,6 +1267,7 @@ def create_app():
                     query=request.query_string.decode("latin-1"),
                     body_sha256=h.hexdigest(),
                     body_length=n,
+                    resource=getattr(token, "resource", []),
                 )
         except Exception as e:
             # HTTPException raised by Authlib for 401/403: count it and pass it on.
