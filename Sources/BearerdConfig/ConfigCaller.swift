@@ -9,7 +9,8 @@ public struct CallerJWTConfig: Sendable, Equatable {
         /// `jwks_url:`, fetched at start, cached, re-fetched hourly and on an unknown `kid` (at
         /// most once per 30 s).
         case url(EndpointURL)
-        /// `jwks_file:`, read at start and on SIGHUP.
+        /// `jwks_file:`, read at start, hourly and on an unknown `kid` (at most once per 30 s); a
+        /// reload with the same settings keeps the keys read.
         case file(String)
     }
     /// `iss` must equal it exactly.

@@ -341,7 +341,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
             s.exchanges[label, default: 0] &+= 1
             s.generation &+= 1
             var retryAfter = 1
-            if case .failed = outcome {
+            if case .failed = outcome, case .failure(let f) = result, Self.isOutage(f) {
                 // Outage backoff: 1 s, 2 s, 4 s … 30 s (the server's Retry-After, up to 1 h, wins).
                 s.outageStreak = min(s.outageStreak + 1, 6)
                 var delay = Duration.seconds(min(30, 1 << (s.outageStreak - 1)))
@@ -349,6 +349,8 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
                 s.outageUntil = now + delay
                 s.lastFailure = failure?.detail
                 retryAfter = max(1, Int(delay.components.seconds))
+            } else if case .failed = outcome {
+                // One caller's failure: its request fails, the others' exchanges go on.
             } else {
                 s.outageStreak = 0
                 s.outageUntil = nil
@@ -378,11 +380,29 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
         }
     }
 
-    /// The token endpoint refused the caller's token itself (RFC 6749 §5.2 / RFC 8693 §2.2.2):
-    /// `invalid_grant` or `invalid_request`, as the endpoint's answer (not a transport error).
+    /// The token endpoint refused the caller's token itself (RFC 6749 §5.2, RFC 8693 §2.2.2, and
+    /// the on-behalf-of errors of OpenID Connect and Entra): an OAuth `error` about the grant or
+    /// the user, not about bearerd's client. Those are the caller's 401, remembered 5 s.
+    /// `invalid_client`, `unauthorized_client`, `unsupported_grant_type` are bearerd's
+    /// configuration (503, logged at error level).
     static func isCallerRefusal(_ f: TokenEndpointFailure) -> Bool {
         guard let e = f.oauthError else { return false }
-        return e == "invalid_grant" || e == "invalid_request"
+        return callerErrors.contains(e)
+    }
+    static let callerErrors: Set<String> = [
+        "invalid_grant", "invalid_request", "invalid_scope", "invalid_target", "access_denied",
+        "interaction_required", "consent_required", "login_required", "account_selection_required",
+    ]
+
+    /// A failure that says the token endpoint itself is in trouble, so that new exchanges for
+    /// every caller wait (the outage backoff): no answer (transport, timeout), 429, 502–504, or
+    /// bearerd's own configuration refused. Any other failure (a 500 one caller's token
+    /// provokes, a malformed answer) fails that caller's request only, so no caller can hold
+    /// back the others'.
+    static func isOutage(_ f: TokenEndpointFailure) -> Bool {
+        if f.classification == .permanent && f.status != nil { return true }  // invalid_client and kin: nobody gets through
+        guard let status = f.status else { return f.reason == "token.transport" }
+        return status == 429 || (502...504).contains(status)
     }
 
     static func describe(_ f: TokenEndpointFailure) -> String {

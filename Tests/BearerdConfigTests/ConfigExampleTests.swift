@@ -16,8 +16,15 @@ import Testing
 
     @Test func exampleParses() throws {
         let config = try ConfigLoader.load(path: Self.examplePath, environment: [:], checkFiles: false)
-        #expect(config.sessions.map(\.name) == ["partner", "me", "legacy", "sts", "person", "kiosk", "github", "workload", "k8s", "exchanged", "federated", "bound", "store", "oss", "mcp"])
+        #expect(config.sessions.map(\.name) == ["partner", "me", "legacy", "sts", "person", "kiosk", "github", "workload", "k8s", "exchanged", "federated", "bound", "store", "oss", "mcp", "caller", "entra_obo"])
         #expect(config.sessions.first { $0.name == "mcp" }?.issuerSource?.fromUpstream?.allowed.map(\.description) == ["https://auth.example.com"])
+        // On behalf of callers (docs/guides/on-behalf-of.md): both shapes, and a route guarded by caller_jwt alone.
+        let caller = config.sessions.first { $0.name == "caller" }
+        #expect(caller?.exchange?.subject == .caller)
+        #expect(caller?.onBehalfOf?.maxEntries == 10_000)
+        #expect(caller?.onBehalfOf?.callerJWT?.issuer == "https://login.example.com")
+        #expect(config.sessions.first { $0.name == "entra_obo" }?.onBehalfOf != nil)
+        #expect(config.routes.contains { $0.callerJWT != nil && $0.session == "partner" })
         #expect(config.sessions.first { $0.name == "bound" }?.dpop == true)
         #expect(Set(config.sessions.map(\.grant)) == Set(GrantType.allCases))
         #expect(config.routes.count >= 3)

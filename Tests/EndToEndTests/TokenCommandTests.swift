@@ -103,7 +103,8 @@ struct TokenCommandTests {
 struct ShippedConfigTests {
     static var root: String { AuthServerFixture.repositoryRoot.path }
 
-    @Test(arguments: ["config.example.yaml", "deploy/examples/sidecar.yaml", "deploy/examples/curl-as-me.yaml", "deploy/examples/grpc-service.yaml"])
+    @Test(arguments: ["config.example.yaml", "deploy/examples/sidecar.yaml", "deploy/examples/curl-as-me.yaml", "deploy/examples/grpc-service.yaml",
+                            "deploy/examples/on-behalf-of.yaml"])
     func checkExample(file: String) throws {
         let out = try CommandLineTests.run(["check", "--example", "-c", Self.root + "/" + file], env: ["HOME": "/tmp"])
         #expect(out.status == 0, "\(out.stdout)\(out.stderr)")
