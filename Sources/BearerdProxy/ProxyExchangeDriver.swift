@@ -180,6 +180,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     @exclusivity(unchecked) private var upstreamProtocol: String?
     /// The client sent `TE: trailers` (RFC 9110 §10.1.4).
     private let clientAcceptsTrailers: Bool
+    /// This exchange's span when its trace is sampled (docs/architecture.md §9.1; BearerdSessions/Tracer.swift).
+    private let trace: ExchangeTrace?
 
     /// What came with the input whose action `run` carries out: the bytes and objects the machine
     /// only counts or waits for. Small (the per-request cases are a buffer, a reference or the
@@ -218,6 +220,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         clientAcceptsTrailers = head.headers.contains(.te)
             && HTTPHeaderRules.listValues(head.headers, "TE").contains { asciiCaseInsensitiveEquals($0, "trailers") }
         started = ctx.loop.now
+        trace = runtime.tracer?.startExchange(head.headers, now: started)
         let routeRef = runtime.routeRefs[routeIndex]
         self.routeRef = routeRef
         let session = runtime.routeSessions[routeIndex]
@@ -333,6 +336,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             heldTrailers = nil
             responseHead = nil
             session?.dpop?.countNonceRetry(.upstream)
+            trace?.event(session?.dpop != nil ? "dpop.nonce_retry" : "signing.resend_with_server_time")
             acquireBackend(fresh: false)
         case .relayHeldAnswer(let disposal, let keepAlive, let bodyless):
             var trailers: HTTPHeaders?
@@ -419,7 +423,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             run(machine.tokenAcquired())
             return
         }
-        session.requestToken(on: ctx.loop) { [weak self] result in
+        session.requestToken(on: ctx.loop, trace: trace?.context) { [weak self] result in
             guard let self else { return }
             switch result {
             case .success(let t):
@@ -458,7 +462,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// replay carries (its current newer one at once, or the coalesced refresh's).
     private func reportRejectedForReplay() {
         guard let session, let rejected = token else { return }
-        session.reportRejected(generation: rejected.generation, route: route.match, on: ctx.loop) { [weak self] outcome in
+        session.reportRejected(generation: rejected.generation, route: route.match, on: ctx.loop, trace: trace?.context) { [weak self] outcome in
             guard let self else { return }
             let verdict: ProxyExchange.RejectionVerdict
             switch outcome {
@@ -475,6 +479,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// A replay goes ahead with `t`.
     private func noteReplay(with t: PublishedToken, refreshed: Bool, rejected: UInt64) {
         ctx.metrics.countReplay(slot: metricsSlot, refreshed ? .replayedAfterRefresh : .replayedCurrentToken)
+        trace?.replayed(rejected: rejected, with: t.generation, refreshed: refreshed)
         runtime.logger.info("replaying rejected request", metadata: [
             "session": "\(session?.name ?? "")", "route": "\(route.match)",
             "token.generation": "\(rejected)", "replay.generation": "\(t.generation)",
@@ -678,7 +683,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 "token.generation": "\(token?.generation ?? 0)"])
         }
         headSentAt = ctx.loop.now
-        conn.sendHead(upstreamHead, body: bodyFraming ?? framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
+        conn.sendHead(trace?.propagated(upstreamHead) ?? upstreamHead, body: bodyFraming ?? framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
                       credential: credential)
         // The stream may have failed while sending (an HTTP/2 connection that just went away).
         guard let conn = backend else { return }
@@ -1011,6 +1016,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
 
     private func log(outcome: String?) {
+        trace?.finish(method: head.method, route: route.match, session: session?.name, upstream: target.url.authority, status: status,
+                      replays: machine.replays, generation: token?.generation, outcome: outcome, protocolName: client.protocolName, end: ctx.loop.now)
         ctx.metrics.countRequest(slot: metricsSlot, status: status, http2: client.protocolName == "h2", grpcStatus: grpcStatus)
         ctx.metrics.responseBytes &+= bodyBytes
         guard runtime.accessLog else { return }

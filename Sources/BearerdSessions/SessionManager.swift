@@ -22,6 +22,10 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
     private var nextQueueIndex = 0
     /// `shared_cache:` (docs/architecture.md §6), built once at start-up (a change needs a restart).
     private var sharedCache: SharedTokenCache?
+    /// `tracing:` (docs/architecture.md §9.1), built once at start-up (a change needs a restart);
+    /// nil when traces are off. The proxy's exchanges and every session's token requests use it.
+    public private(set) var tracer: Tracer?
+    private var tracingAtStart: TracingConfig?
 
     /// Resolves every session's secrets, builds its TLS context and opens the state store of
     /// refresh_token sessions (`state_dir` created 0700). Throws every problem found.
@@ -54,6 +58,14 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
                 sharedCache = try SharedTokenCache.make(shared, file: config.file, environment: environment, logger: logger)
             } catch {
                 errors += error.errors
+            }
+        }
+        tracingAtStart = config.tracing
+        if let tracing = config.tracing {
+            do throws(ConfigErrors) {
+                tracer = try Tracer(config: tracing, logger: logger)
+            } catch {
+                errors += error.errors.map { var e = $0; e.file = config.file; return e }
             }
         }
         for session in config.sessions {
@@ -98,6 +110,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
                                         queueIndex: 10_000 + nextQueueIndex, clock: clock, credentialCache: credentialCache)
         // `subject_session:` chains: the subject is looked up at each exchange (a reload may replace it).
         driver.sessionLookup = { [weak self] name in self?.session(named: name) }
+        driver.tracing = SessionTracing(tracer: tracer)
         if let sharedCache {
             let identity = SharedTokenCache.identity(of: session, dpopThumbprint: settings.dpop?.thumbprint)
             let shared = SharedTokenSession(cache: sharedCache, identity: identity, sessionName: session.name, queue: driver.queue,
@@ -126,6 +139,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
             started = true
             return Array(drivers.values)
         }
+        tracer?.exporter.start()
         for d in all { d.start() }
     }
 
@@ -172,6 +186,9 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         }
         for d in removed { d.stop() }
         if start { for d in added { d.start() } }
+        if newConfig.tracing != tracingAtStart {
+            logger.warning("tracing: changed; the change takes effect at the next restart")
+        }
     }
 
     /// For `bearerd check` (docs/architecture.md §6): refresh_token sessions whose refresh token the server
@@ -231,6 +248,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
             started = false
             return Array(drivers.values)
         }
+        tracer?.exporter.stop()
         for d in all { d.stop() }
     }
 }
