@@ -81,13 +81,12 @@ extension ConfigBuilder {
                 ? EndpointURL(scheme: url.scheme, host: url.host, port: url.port, path: "/v1/traces", query: url.query) : url
         }
         var ratio = 1.0
-        if f["sample_ratio"] != nil {
-            guard let r = parsed(f, "sample_ratio", expected: "a number from 0 to 1", { (raw: String) throws(ConfigValues.Problem) -> Double in
-                guard let d = Double(raw), d.isFinite, (0...1).contains(d) else {
-                    throw ConfigValues.Problem("expected a number from 0 to 1 (0.01: one trace in a hundred), got \(ConfigValues.quoted(raw))")
-                }
-                return d
-            }) else { return nil }
+        if f["sample_ratio"] != nil, let r = parsed(f, "sample_ratio", expected: "a number from 0 to 1", { (raw: String) throws(ConfigValues.Problem) -> Double in
+            guard let d = Double(raw), d.isFinite, (0...1).contains(d) else {
+                throw ConfigValues.Problem("expected a number from 0 to 1 (0.01: one trace in a hundred), got \(ConfigValues.quoted(raw))")
+            }
+            return d
+        }) {
             ratio = r
         }
         let headersFile = path(f, "headers_file", mustRead: true)
