@@ -173,6 +173,9 @@ struct SessionTracing {
     /// The fetch ended: its outcome, the server's `error` and status, whether the answer came
     /// from a cache (state file, shared cache) instead of a request.
     mutating func end(_ result: Result<TokenGrant, TokenEndpointFailure>, adopted: Bool, generation: UInt64, url: String) {
+        // The waiters of this fetch have their answer: a context left from one that joined an
+        // untraced fetch must not become the parent of a later, unrelated one.
+        waiting = nil
         guard let tracer, let s = span else { return }
         span = nil
         var attributes = s.attributes
