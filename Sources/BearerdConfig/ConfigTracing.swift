@@ -1,4 +1,4 @@
-/// `tracing:` (docs/architecture.md §9.1): OpenTelemetry traces exported over OTLP/HTTP
+/// `tracing:` (docs/architecture.md §2.9): OpenTelemetry traces exported over OTLP/HTTP
 /// (protobuf). Off unless the section is given.
 public struct TracingConfig: Sendable, Equatable {
     /// The collector's OTLP/HTTP traces URL; a URL without a path gets `/v1/traces`.

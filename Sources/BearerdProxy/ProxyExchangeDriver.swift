@@ -180,7 +180,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     @exclusivity(unchecked) private var upstreamProtocol: String?
     /// The client sent `TE: trailers` (RFC 9110 §10.1.4).
     private let clientAcceptsTrailers: Bool
-    /// This exchange's span when its trace is sampled (docs/architecture.md §9.1; BearerdSessions/Tracer.swift).
+    /// This exchange's span when its trace is sampled (docs/architecture.md §2.9; BearerdSessions/Tracer.swift).
     private let trace: ExchangeTrace?
 
     /// What came with the input whose action `run` carries out: the bytes and objects the machine

@@ -55,7 +55,7 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
     /// `logger` logs at trace level (the upstream request and response heads, redacted). Read
     /// once here: asking `logger.logLevel` copies the logger's handler per request (measured).
     let tracesExchanges: Bool
-    /// `tracing:` (docs/architecture.md §9.1): nil when traces are off (one nil check per request).
+    /// `tracing:` (docs/architecture.md §2.9): nil when traces are off (one nil check per request).
     let tracer: Tracer?
     let headerReadTimeout: UInt64
     let idleTimeout: UInt64

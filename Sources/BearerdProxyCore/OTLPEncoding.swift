@@ -1,4 +1,4 @@
-/// OTLP/HTTP protobuf encoding of finished spans (docs/architecture.md §9.1): the protobuf wire
+/// OTLP/HTTP protobuf encoding of finished spans (docs/architecture.md §2.9): the protobuf wire
 /// format (varints, fixed64/fixed32, length-delimited fields) of the few messages an export
 /// needs, written by hand instead of generated swift-protobuf types (no dependency, no code
 /// generator in the build). Field numbers are opentelemetry-proto's (v1):

@@ -1,4 +1,4 @@
-/// OpenTelemetry traces, the pure part (docs/architecture.md §9.1): W3C Trace Context
+/// OpenTelemetry traces, the pure part (docs/architecture.md §2.9): W3C Trace Context
 /// (`traceparent`, `tracestate`), the sampling decision, span identifiers and the finished span
 /// as data. No I/O, no clock: times are given (the loop's monotonic nanoseconds); the exporter
 /// (BearerdSessions/TraceExporter.swift) turns them into wall-clock time and encodes them
@@ -116,7 +116,7 @@ public enum TraceHex {
     }
 }
 
-/// The sampling rule of `tracing.sample_ratio` (docs/architecture.md §9.1): a caller's sampled
+/// The sampling rule of `tracing.sample_ratio` (docs/architecture.md §2.9): a caller's sampled
 /// `traceparent` is honoured; otherwise the trace is kept when the low 63 bits of its trace id
 /// fall under `ratio × 2^63` (OpenTelemetry's TraceIdRatioBased), so every service that uses
 /// the same rule on the same trace decides alike. Immutable.

@@ -318,7 +318,7 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         return w.text
     }
 
-    /// `tracing:` (docs/architecture.md §9.1): what the span exporter sent, dropped and holds.
+    /// `tracing:` (docs/architecture.md §2.9): what the span exporter sent, dropped and holds.
     static func renderTraces(_ c: TraceExporter.Counters, into w: inout PrometheusText) {
         w.family("bearerd_trace_spans_exported_total", .counter, help: "Spans the OTLP collector accepted.")
         w.sample("bearerd_trace_spans_exported_total", [], c.exported)

@@ -101,7 +101,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// open (one error line per breaker streak and route; the rest only counted).
     private var breakerLoggedRoutes: Set<String> = []
 
-    /// Token-request spans (docs/architecture.md §9.1); set once by the `SessionManager` before
+    /// Token-request spans (docs/architecture.md §2.9); set once by the `SessionManager` before
     /// `start()`, then session queue only.
     var tracing = SessionTracing(tracer: nil)
 

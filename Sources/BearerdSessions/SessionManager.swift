@@ -22,7 +22,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
     private var nextQueueIndex = 0
     /// `shared_cache:` (docs/architecture.md §6), built once at start-up (a change needs a restart).
     private var sharedCache: SharedTokenCache?
-    /// `tracing:` (docs/architecture.md §9.1), built once at start-up (a change needs a restart);
+    /// `tracing:` (docs/architecture.md §2.9), built once at start-up (a change needs a restart);
     /// nil when traces are off. The proxy's exchanges and every session's token requests use it.
     public private(set) var tracer: Tracer?
     private var tracingAtStart: TracingConfig?

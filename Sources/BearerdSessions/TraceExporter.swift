@@ -10,7 +10,7 @@ import Glibc
 #endif
 
 /// Exports finished spans over OTLP/HTTP (protobuf) to `tracing.otlp_endpoint`
-/// (docs/architecture.md §9.1), never on a proxy loop's path.
+/// (docs/architecture.md §2.9), never on a proxy loop's path.
 ///
 /// Owns a bounded queue of `SpanRecord`s (any thread, under `state`'s lock: `submit` appends or,
 /// when full, drops and counts the drop) and its own `EventLoop`, where batches are encoded
@@ -138,7 +138,7 @@ public final class TraceExporter: @unchecked Sendable {  // @unchecked: mutable 
                 failure = "status \(status)"
             case .response(let status, _, _):
                 // Refused for good (400: malformed, 401/403: the headers_file's key): not retried.
-                done(spans: spans, failure: "status \(status)", final: true)
+                done(spans: spans, failure: "status \(status)")
                 return
             case .tooLarge(let status):
                 failure = (200..<300).contains(status) ? nil : "status \(status)"
@@ -146,11 +146,11 @@ public final class TraceExporter: @unchecked Sendable {  // @unchecked: mutable 
                 failure = detail
             }
             guard let failure else {
-                done(spans: spans, failure: nil, final: true)
+                done(spans: spans, failure: nil)
                 return
             }
             guard attempt < Self.maxAttempts, !stopped else {
-                done(spans: spans, failure: failure, final: true)
+                done(spans: spans, failure: failure)
                 return
             }
             state.withLock { $0.counters.retries &+= 1 }
@@ -163,7 +163,7 @@ public final class TraceExporter: @unchecked Sendable {  // @unchecked: mutable 
         }
     }
 
-    private func done(spans: Int, failure: String?, final: Bool) {
+    private func done(spans: Int, failure: String?) {
         exporting = false
         state.withLock { s in
             if failure == nil {

@@ -7,7 +7,7 @@ import BearerdTLS
 import Logging
 import Synchronization
 
-/// OpenTelemetry traces (docs/architecture.md §9.1): the sampling decision per request, span
+/// OpenTelemetry traces (docs/architecture.md §2.9): the sampling decision per request, span
 /// and trace ids, and the hand-off of finished spans to the exporter.
 ///
 /// One per process (built by `SessionManager` from `tracing:`; nil when traces are off, so a
@@ -66,7 +66,7 @@ public final class Tracer: Sendable {
     }
 }
 
-/// The SERVER span of one sampled proxied exchange (docs/architecture.md §9.1). Owned by its
+/// The SERVER span of one sampled proxied exchange (docs/architecture.md §2.9). Owned by its
 /// `ProxyExchangeDriver`, touched only on the exchange's loop; `finish` hands a `SpanRecord` to
 /// the exporter once (later calls do nothing). Holds no token material: the token's generation
 /// only.
@@ -128,7 +128,7 @@ public final class ExchangeTrace {
     }
 }
 
-/// A session's token-request spans (docs/architecture.md §9.1), on the session queue only.
+/// A session's token-request spans (docs/architecture.md §2.9), on the session queue only.
 ///
 /// Owns the trace context of the first sampled exchange that waited while no fetch was traced
 /// (`waiting`), and the span of the fetch in progress (`span`). A fetch started while an

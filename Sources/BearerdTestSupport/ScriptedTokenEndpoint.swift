@@ -22,7 +22,7 @@ public final class ScriptedTokenEndpoint: @unchecked Sendable {  // @unchecked: 
         public var form: [String: String]
         /// The `Authorization` header (client_secret_basic), if any.
         public var authorization: String?
-        /// The `traceparent` field (docs/architecture.md §9.1), if any.
+        /// The `traceparent` field (docs/architecture.md §2.9), if any.
         public var traceparent: String? = nil
         public var grantType: String? { form["grant_type"] }
     }

@@ -1,4 +1,4 @@
-// `tracing:` (docs/architecture.md §9.1): the endpoint, the ratio, the headers file, errors as FILE:LINE: key.
+// `tracing:` (docs/architecture.md §2.9): the endpoint, the ratio, the headers file, errors as FILE:LINE: key.
 
 import Foundation
 import Testing

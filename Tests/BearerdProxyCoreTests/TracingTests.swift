@@ -1,7 +1,7 @@
 import Testing
 @testable import BearerdProxyCore
 
-/// docs/architecture.md §9.1: W3C `traceparent` parsing, the ratio sampler and the OTLP protobuf
+/// docs/architecture.md §2.9: W3C `traceparent` parsing, the ratio sampler and the OTLP protobuf
 /// encoding (read back here with a minimal independent wire-format reader; the end-to-end tests
 /// decode it with opentelemetry-proto).
 struct TracingTests {

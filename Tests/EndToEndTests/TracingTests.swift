@@ -4,7 +4,7 @@ import BearerdConfig
 import BearerdProxyCore
 import BearerdTestSupport
 
-/// docs/architecture.md §9.1, end to end: the spans bearerd exports, decoded by the reference
+/// docs/architecture.md §2.9, end to end: the spans bearerd exports, decoded by the reference
 /// OTLP decoder (opentelemetry-proto from PyPI, Tests/Fixtures/otlp_receiver.py), the
 /// `traceparent` the upstream and the token endpoint receive, and a dead collector.
 @Suite("OpenTelemetry traces", .serialized)
