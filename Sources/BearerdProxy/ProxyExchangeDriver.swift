@@ -683,8 +683,13 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 "token.generation": "\(token?.generation ?? 0)"])
         }
         headSentAt = ctx.loop.now
-        conn.sendHead(trace?.propagated(upstreamHead) ?? upstreamHead, body: bodyFraming ?? framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
-                      credential: credential)
+        if let trace {
+            trace.sendHead(upstreamHead, on: conn, body: bodyFraming ?? framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
+                           credential: credential)
+        } else {
+            conn.sendHead(upstreamHead, body: bodyFraming ?? framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
+                          credential: credential)
+        }
         // The stream may have failed while sending (an HTTP/2 connection that just went away).
         guard let conn = backend else { return }
         switch send.body {
