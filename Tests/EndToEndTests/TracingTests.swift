@@ -140,6 +140,49 @@ struct TracingTests {
         #expect(metrics.contains("bearerd_trace_spans_exported_total 2"), "\(metrics)")
     }
 
+    /// The forced refresh of a replay refused by the token endpoint: the client gets bearerd's
+    /// 503, the exchange's span is an error, and its token-request child carries the server's
+    /// `error` and status (never the secret it sent).
+    @Test func aRefusedTokenRequestCarriesTheServersError() throws {
+        let collector = try Self.receiver()
+        defer { collector.stop() }
+        let tokens = try ScriptedTokenEndpoint { call in
+            call.index == 0 ? .token(lifetime: 3600) : .json(status: 400, body: #"{"error":"invalid_client","error_description":"client disabled"}"#)
+        }
+        defer { tokens.stop() }
+        let origin = try TestOrigin { r in
+            r.head.target == "/traced"
+                ? .response(status: 401, headers: [("WWW-Authenticate", "Bearer error=\"invalid_token\"")], body: Array("no".utf8))
+                : .response(status: 200, headers: [], body: Array("ok".utf8))
+        }
+        defer { origin.stop() }
+        let tracing = TracingConfig(endpoint: EndpointURL(scheme: "http", host: "127.0.0.1", port: collector.port, path: "/v1/traces"), sampleRatio: 0)
+        let proxy = try TestProxy(routes: [withSession(route(origin: origin.port))], sessions: [scriptedSession(tokens)], tracing: tracing)
+        defer { proxy.stop() }
+        try #require(try Self.eventually { tokens.issued.isEmpty ? nil : true } == true, "no first token")
+
+        let r = try TestClient.get(port: proxy.port, path: "/traced", headers: [("traceparent", "00-\(Self.clientTrace)-\(Self.clientSpan)-01")])
+        #expect(r.status == 503, "\(r.status) \(r.bodyText)")
+        let spans = try #require(try Self.eventually { () -> [[String: Any]]? in
+            let s = try Self.getJSON(port: collector.port, "/spans")
+            return s.count >= 2 ? s : nil
+        }, "no spans exported: \(collector.log)")
+        let server = try #require(spans.first { $0["kind"] as? Int == 2 }, "\(spans)")
+        #expect((server["attributes"] as? [String: Any])?["http.response.status_code"] as? Int == 503)
+        #expect((server["status"] as? [String: Any])?["code"] as? Int == 2)
+        let token = try #require(spans.first { $0["kind"] as? Int == 3 }, "\(spans)")
+        #expect(token["parent_span_id"] as? String == server["span_id"] as? String)
+        let a = try #require(token["attributes"] as? [String: Any])
+        #expect(a["bearerd.outcome"] as? String == "failed")
+        #expect(a["oauth.error"] as? String == "invalid_client")
+        #expect(a["http.response.status_code"] as? Int == 400)
+        #expect(a["bearerd.token.reason"] as? String == "rejected")
+        #expect((token["status"] as? [String: Any])?["code"] as? Int == 2)
+        #expect((token["status"] as? [String: Any])?["message"] as? String == "invalid_client")
+        // The token request that failed carried the child span as its parent.
+        #expect(tokens.calls.last?.traceparent == "00-\(Self.clientTrace)-\(token["span_id"] as? String ?? "")-01")
+    }
+
     /// A collector that is not there: every request is answered as without tracing (upstream
     /// reached, traceparent sent), and the spans that could not be delivered are counted as dropped.
     @Test func aDeadCollectorChangesNothingForTraffic() throws {
