@@ -183,6 +183,42 @@ struct TracingTests {
         #expect(tokens.calls.last?.traceparent == "00-\(Self.clientTrace)-\(token["span_id"] as? String ?? "")-01")
     }
 
+    /// DPoP (RFC 9449 §9): the origin's nonce demand and the resend with a fresh proof are one
+    /// exchange, whose span records the retry as an event (the real binary, the real DPoP
+    /// origin and authorization server of DPoPTests).
+    @Test func aDPoPNonceRetryIsAnEventOfTheExchange() throws {
+        try Prerequisite.require(AuthServerFixture.isAvailable, AuthServerFixture.unavailableReason ?? "the OAuth fixture")
+        let collector = try Self.receiver()
+        defer { collector.stop() }
+        let auth = try AuthServerFixture.start()
+        defer { auth.stop() }
+        #expect(try auth.request("POST", "/_test/dpop?enable=1&nonce=1").status == 200)
+        let origin = try PythonFixture(script: "dpop_origin.py", arguments: ["--port", "0"])
+        defer { origin.stop() }
+        let dir = try RunningBearerd.tempDir("dpop-trace")
+        let port = try RunningBearerd.freePort()
+        let cfg = DPoPEndToEndTests.config(port: port, auth: auth, origin: origin.port, stateDir: dir + "/state")
+            + "\ntracing: { otlp_endpoint: \"http://127.0.0.1:\(collector.port)/v1/traces\", sample_ratio: 0 }\n"
+        let b = try RunningBearerd(config: cfg, dir: dir)
+        defer { _ = b.stop() }
+        let first = try #require(b.waitServing(port: port, path: "/warm"))
+        #expect(first.status == 200, "\(first.bodyText) \(b.logs)")
+        // A new nonce at the origin: the next request is refused once with it, then sent again.
+        _ = try DPoPEndToEndTests.raw(origin.port, "POST /_test/rotate-nonce HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", method: "POST")
+        let r = try TestClient.get(port: port, path: "/traced", headers: [("traceparent", "00-\(Self.clientTrace)-\(Self.clientSpan)-01")])
+        #expect(r.status == 200, "\(r.bodyText)")
+        let spans = try #require(try Self.eventually { () -> [[String: Any]]? in
+            let s = try Self.getJSON(port: collector.port, "/spans")
+            return s.isEmpty ? nil : s
+        }, "no spans exported: \(collector.log) \(b.logs)")
+        #expect(spans.count == 1, "only the traced exchange (the token was not waited for): \(spans)")
+        let server = try #require(spans.first)
+        #expect(server["trace_id"] as? String == Self.clientTrace)
+        let events = (server["events"] as? [[String: Any]] ?? []).compactMap { $0["name"] as? String }
+        #expect(events == ["dpop.nonce_retry"], "\(server)")
+        #expect((server["attributes"] as? [String: Any])?["http.response.status_code"] as? Int == 200)
+    }
+
     /// A collector that is not there: every request is answered as without tracing (upstream
     /// reached, traceparent sent), and the spans that could not be delivered are counted as dropped.
     @Test func aDeadCollectorChangesNothingForTraffic() throws {
