@@ -28,7 +28,7 @@ if [ ! -x .venv/bin/python3 ]; then python3 -m venv .venv; fi
 .venv/bin/python3 -m pip install -q --disable-pip-version-check -r Tests/Fixtures/requirements.txt
 if [ -n "${CI:-}" ]; then
     echo "== the tests' prerequisites are present (CI must not skip a test for lack of them)"
-    .venv/bin/python3 -c "import authlib, flask, prometheus_client.parser, grpc, websockets, django, oauth2_provider, kubernetes_validate, hypercorn, jwt, botocore, alibabacloud_oss_v2"
+    .venv/bin/python3 -c "import authlib, flask, prometheus_client.parser, grpc, websockets, django, oauth2_provider, kubernetes_validate, hypercorn, jwt, botocore, alibabacloud_oss_v2, opentelemetry.proto"
     for tool in systemd-socket-activate systemd-analyze setpriv curl /usr/sbin/nginx /usr/bin/redis-server /usr/bin/tinyproxy; do
         command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
     done

@@ -13,6 +13,8 @@
 #   SCENARIOS="keepalive sign" bash bench/instructions.sh      # per request without and with sign:
 #   PORT=18380 bash bench/instructions.sh                      # proxy port (origin PORT+1, h2 ports PORT+2/+3), for two runs at once
 #   ACCESS_LOG=1 bash bench/instructions.sh                    # bearerd with its access log on (run.sh's bearerd_log)
+#   TRACING=0.01 bash bench/instructions.sh                    # bearerd with `tracing:` at that sample_ratio
+#                                                              #   (spans exported to the origin nginx, which answers 200)
 #
 # Scenarios (SCENARIOS, default "keepalive newconn big"), each a wrk run of DURATION seconds:
 #   keepalive  GET /small over CONNS keep-alive connections       -> instructions per request
@@ -53,6 +55,8 @@ KEEP=${KEEP:-0}
 # ACCESS_LOG=1: bearerd writes its JSON access log (to valgrind's log file), as run.sh's bearerd_log.
 ACCESS_LOG=${ACCESS_LOG:-0}
 ACCESS_FLAG=(--no-access-log)
+# TRACING=RATIO: a `tracing:` section with that sample_ratio (docs/operations.md "Traces"); empty: off.
+TRACING=${TRACING:-}
 [ "$ACCESS_LOG" = 1 ] && ACCESS_FLAG=(--log-format json)
 PORT=${PORT:-18180}
 ORIGIN_PORT=${ORIGIN_PORT:-$((PORT + 1))}
@@ -127,6 +131,7 @@ http {
         location = /small { default_type text/plain; return 200 "$(printf 'x%.0s' $(seq 100))"; }
         location = /big { root $WORK/origin/www; default_type application/octet-stream; }
         location = /token { default_type application/json; return 200 '{"access_token":"instructions-token","token_type":"Bearer","expires_in":3600}'; }
+        location = /v1/traces { default_type application/x-protobuf; return 200 ""; }
     }
 }
 EOF
@@ -166,6 +171,10 @@ $(case " $SCENARIOS " in *" sign "*) printf '%s\n' \
   - match: /
     upstream: http://127.0.0.1:$ORIGIN_PORT
     session: bench
+$(if [ -n "$TRACING" ]; then printf '%s\n' \
+    "tracing:" \
+    "  otlp_endpoint: http://127.0.0.1:$ORIGIN_PORT/v1/traces" \
+    "  sample_ratio: $TRACING"; fi)
 EOF
 # nginx as the proxy (the `nginx` row): one process doing the work, like run.sh's single worker.
 cat >"$WORK/proxy/nginx.conf" <<EOF

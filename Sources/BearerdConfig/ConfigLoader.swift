@@ -123,7 +123,7 @@ public enum ConfigLoader {
 /// that every key listed here is documented in `config.example.yaml`.
 enum ConfigKeys {
     static let top = ["listen", "admin", "allow_remote", "allowed_hosts", "allowed_origins", "state_dir", "loops", "io", "limits", "timeouts",
-                      "shutdown_grace", "startup_timeout", "log", "sessions", "routes", "outbound_proxy", "token_api", "shared_cache"]
+                      "shutdown_grace", "startup_timeout", "log", "sessions", "routes", "outbound_proxy", "token_api", "shared_cache", "tracing"]
     static let listener = ["address", "unix", "name", "mode", "owner", "group", "allow_uids", "allow_gids", "allow_remote", "allowed_hosts", "allowed_origins", "tls"]
     static let listenerTLS = ["cert", "key"]
     static let log = ["format", "level", "access"]
@@ -158,6 +158,7 @@ enum ConfigKeys {
     static let inject = ["header", "format"]
     static let routeTimeouts = ["connect", "response", "idle"]
     static let sharedCache = ["url", "key_file", "prefix", "password_file", "tls"]
+    static let tracing = ["otlp_endpoint", "sample_ratio", "headers_file"]
 
     /// Every section with its dotted location pattern, for documentation checks.
     static let sections: [(section: String, keys: [String])] = [
@@ -169,6 +170,7 @@ enum ConfigKeys {
         ("sessions.NAME.credentials.oidc_role", oidcRole),
         ("sessions.NAME.sinks[N]", sink), ("token_api", tokenAPI),
         ("shared_cache", sharedCache), ("shared_cache.tls", tls),
+        ("tracing", tracing),
     ]
 
     /// Form parameters bearerd sets itself; `params` may not override them.

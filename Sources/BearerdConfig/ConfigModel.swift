@@ -31,6 +31,8 @@ public struct BearerdConfig: Sendable {
     public var outboundProxy: OutboundProxy = .direct
     /// `shared_cache:` (docs/architecture.md §6.13), nil when replicas do not share tokens.
     public var sharedCache: SharedCacheConfig?
+    /// `tracing:` (docs/architecture.md §2.9), nil when traces are off (the default).
+    public var tracing: TracingConfig?
     /// Sessions by name, in file order.
     public var sessions: [SessionConfig]
     /// Routes in file order; first match wins.

@@ -24,6 +24,8 @@ public enum ConfigReference {
         case environmentName
         case boolean
         case integer(ClosedRange<Int>)
+        /// A number from 0 to 1 (`sample_ratio`).
+        case fraction
         /// A whole positive number and a unit (ms, s, m, h), at most `maximum` (as written: `24h`).
         case duration(maximum: String)
         /// Bytes, or a whole number with B, KiB, MiB or GiB, in `range` bytes.
@@ -108,6 +110,7 @@ public enum ConfigReference {
     static let tour = "docs/configuration-tour.md"
     static let signing = "docs/guides/signing.md"
     static let callers = "docs/guides/on-behalf-of.md"
+    static let traces = "docs/operations.md (Traces)"
 
     /// Every section, in the order of `ConfigKeys.sections`.
     public static let sections: [Section] = [
@@ -144,6 +147,8 @@ public enum ConfigReference {
                 example: "{ listen: unix:/run/bearerd/token.sock, sessions: [bound] }", see: tools),
             key("shared_cache", .section("shared_cache"), "none", "Replicas share one token per session through Redis or Valkey.",
                 example: "{ url: redis://127.0.0.1:6379/0, key_file: … }", see: "docs/guides/replicas-redis.md"),
+            key("tracing", .section("tracing"), "none (traces off)", "OpenTelemetry traces of proxied requests and token requests, exported over OTLP/HTTP.",
+                example: "{ otlp_endpoint: http://127.0.0.1:4318/v1/traces }", see: traces),
         ]),
         Section(path: "listen[N]", id: "listener", summary: "A listener in the mapping form (an item of listen).", keys: [
             key("address", .address, "required (or unix)", "The address; required unless unix: is given.",
@@ -425,6 +430,14 @@ public enum ConfigReference {
                 see: "docs/guides/replicas-redis.md"),
         ]),
         clientTLS("shared_cache.tls", id: "sharedCacheTLS", peer: "Redis (rediss://)", see: "docs/guides/replicas-redis.md"),
+        Section(path: "tracing", id: "tracing", summary: "OpenTelemetry traces exported over OTLP/HTTP (protobuf); off without this section.", keys: [
+            key("otlp_endpoint", .url, "required", "The collector's OTLP/HTTP traces URL (a URL without a path gets /v1/traces).",
+                example: "http://127.0.0.1:4318/v1/traces", see: traces),
+            key("sample_ratio", .fraction, "1", "Share of traces started here that are recorded; a caller's sampled traceparent is always honoured.",
+                example: "0.01", see: traces),
+            key("headers_file", .path, "none", "Name: value lines sent with every export (an API key; a secret, never logged).",
+                example: "/run/credentials/bearerd.service/otlp-headers", see: traces),
+        ]),
     ]
 
     static func section(_ path: String) -> Section? { sections.first { $0.path == path } }
@@ -441,6 +454,7 @@ public enum ConfigReference {
         case .environmentName: return "environment variable name"
         case .boolean: return "boolean"
         case .integer(let r): return "integer \(r.lowerBound)–\(r.upperBound)"
+        case .fraction: return "number 0–1"
         case .duration(let maximum): return "duration (at most \(maximum))"
         case .size(let r): return "size (\(r.lowerBound == 0 ? "0" : ConfigValues.describe(bytes: r.lowerBound))–\(ConfigValues.describe(bytes: r.upperBound)))"
         case .fileMode: return "octal file mode"
@@ -578,6 +592,7 @@ public enum ConfigReference {
         case .environmentName: return [("type", .string("string")), ("pattern", .string("^[A-Za-z0-9_]+$"))]
         case .boolean: return [("type", .string("boolean"))]
         case .integer(let r): return [("type", .string("integer")), ("minimum", .int(r.lowerBound)), ("maximum", .int(r.upperBound))]
+        case .fraction: return [("type", .string("number")), ("minimum", .int(0)), ("maximum", .int(1))]
         case .duration:
             return [("type", .string("string")), ("pattern", .string(durationRegex))]
         case .size(let r):

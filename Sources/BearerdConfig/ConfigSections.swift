@@ -133,6 +133,7 @@ extension ConfigBuilder {
             }
         }
         if let e = top["shared_cache"] { config.sharedCache = sharedCacheSection(e) }
+        if let e = top["tracing"] { config.tracing = tracingSection(e) }
         return config
     }
 

@@ -184,6 +184,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     @exclusivity(unchecked) private var upstreamProtocol: String?
     /// The client sent `TE: trailers` (RFC 9110 §10.1.4).
     private let clientAcceptsTrailers: Bool
+    /// This exchange's span when its trace is sampled (docs/architecture.md §2.9; BearerdSessions/Tracer.swift).
+    private let trace: ExchangeTrace?
 
     /// What came with the input whose action `run` carries out: the bytes and objects the machine
     /// only counts or waits for. Small (the per-request cases are a buffer, a reference or the
@@ -223,6 +225,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         clientAcceptsTrailers = head.headers.contains(.te)
             && HTTPHeaderRules.listValues(head.headers, "TE").contains { asciiCaseInsensitiveEquals($0, "trailers") }
         started = ctx.loop.now
+        trace = runtime.tracer?.startExchange(head.headers, now: started)
         let routeRef = runtime.routeRefs[routeIndex]
         self.routeRef = routeRef
         let session = runtime.routeSessions[routeIndex]
@@ -339,6 +342,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             heldTrailers = nil
             responseHead = nil
             session?.dpop?.countNonceRetry(.upstream)
+            trace?.event(session?.dpop != nil ? "dpop.nonce_retry" : "signing.resend_with_server_time")
             acquireBackend(fresh: false)
         case .relayHeldAnswer(let disposal, let keepAlive, let bodyless):
             var trailers: HTTPHeaders?
@@ -432,7 +436,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             run(machine.tokenAcquired())
             return
         }
-        session.requestToken(on: ctx.loop) { [weak self] result in
+        session.requestToken(on: ctx.loop, trace: trace?.context) { [weak self] result in
             guard let self else { return }
             switch result {
             case .success(let t):
@@ -506,7 +510,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             run(machine.tokenAcquired())
             return
         }
-        session.requestToken(on: ctx.loop) { [weak self] result in
+        session.requestToken(on: ctx.loop, trace: trace?.context) { [weak self] result in
             guard let self else { return }
             switch result {
             case .success(let t):
@@ -579,7 +583,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         if let onBehalfOf = callers.onBehalfOf, let caller {
             report = { [ctx] done in onBehalfOf.reportRejected(caller, rejected: rejected, on: ctx.loop, completion: done) }
         } else {
-            report = { [ctx, route] done in session.reportRejected(generation: rejected.generation, route: route.match, on: ctx.loop, completion: done) }
+            report = { [ctx, route, trace] done in session.reportRejected(generation: rejected.generation, route: route.match, on: ctx.loop, trace: trace?.context, completion: done) }
         }
         report { [weak self] outcome in
             guard let self else { return }
@@ -598,6 +602,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     /// A replay goes ahead with `t`.
     private func noteReplay(with t: PublishedToken, refreshed: Bool, rejected: UInt64) {
         ctx.metrics.countReplay(slot: metricsSlot, refreshed ? .replayedAfterRefresh : .replayedCurrentToken)
+        trace?.replayed(rejected: rejected, with: t.generation, refreshed: refreshed)
         runtime.logger.info("replaying rejected request", metadata: [
             "session": "\(session?.name ?? "")", "route": "\(route.match)",
             "token.generation": "\(rejected)", "replay.generation": "\(t.generation)",
@@ -801,8 +806,13 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
                 "token.generation": "\(token?.generation ?? 0)"])
         }
         headSentAt = ctx.loop.now
-        conn.sendHead(upstreamHead, body: bodyFraming ?? framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
-                      credential: credential)
+        if let trace {
+            trace.sendHead(upstreamHead, on: conn, body: bodyFraming ?? framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
+                           credential: credential)
+        } else {
+            conn.sendHead(upstreamHead, body: bodyFraming ?? framing, upgrade: machine.setup.upgrade.isRequested, teTrailers: clientAcceptsTrailers,
+                          credential: credential)
+        }
         // The stream may have failed while sending (an HTTP/2 connection that just went away).
         guard let conn = backend else { return }
         switch send.body {
@@ -1137,6 +1147,8 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
     }
 
     private func log(outcome: String?) {
+        trace?.finish(method: head.method, route: route.match, session: session?.name, upstream: target.url.authority, status: status,
+                      replays: machine.replays, generation: token?.generation, outcome: outcome, protocolName: client.protocolName, end: ctx.loop.now)
         ctx.metrics.countRequest(slot: metricsSlot, status: status, http2: client.protocolName == "h2", grpcStatus: grpcStatus)
         ctx.metrics.responseBytes &+= bodyBytes
         guard runtime.accessLog else { return }

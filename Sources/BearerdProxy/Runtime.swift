@@ -69,6 +69,8 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
     /// `logger` logs at trace level (the upstream request and response heads, redacted). Read
     /// once here: asking `logger.logLevel` copies the logger's handler per request (measured).
     let tracesExchanges: Bool
+    /// `tracing:` (docs/architecture.md §2.9): nil when traces are off (one nil check per request).
+    let tracer: Tracer?
     let headerReadTimeout: UInt64
     let idleTimeout: UInt64
     /// The Host allowlist of each configured listener under this configuration (its routes'
@@ -82,6 +84,7 @@ public final class ProxyRuntime: @unchecked Sendable {  // @unchecked: immutable
         self.logger = logger
         accessHandler = logger.handler as? BearerdLogHandler
         tracesExchanges = logger.logLevel <= .trace
+        tracer = sessions?.tracer
         self.accessLog = accessLog
         router = Router(rules: config.routes.map(\.rule))
         routeRefs = config.routes.map { RouteRef($0, sessions: config.sessions) }

@@ -68,7 +68,8 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
             }
             server.collectMetrics { [weak server] m in
                 let sessions = server.map(Self.sessionSnapshots) ?? []
-                let text = Self.renderMetrics(m, sessions: sessions, now: monotonicNanos(), accept: server?.acceptBudgetSnapshot)
+                let text = Self.renderMetrics(m, sessions: sessions, now: monotonicNanos(), accept: server?.acceptBudgetSnapshot,
+                                              traces: server?.sessions.tracer?.exporter.counters)
                 loop.execute { send(200, text, type: Self.metricsType) }
             }
         default:
@@ -166,7 +167,8 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
 
     /// The whole exposition: proxy families from the loops' summed counters, then session
     /// families. Every family documented in docs/operations.md "Metrics"; names are stable.
-    static func renderMetrics(_ m: LoopMetrics, sessions: [SessionSnapshot], now: UInt64, accept: AcceptBudget.Snapshot? = nil) -> String {
+    static func renderMetrics(_ m: LoopMetrics, sessions: [SessionSnapshot], now: UInt64, accept: AcceptBudget.Snapshot? = nil,
+                              traces: TraceExporter.Counters? = nil) -> String {
         var w = PrometheusText()
         w.family("bearerd_build_info", .gauge, help: "Always 1; the version label says which bearerd runs.")
         w.sample("bearerd_build_info", [("version", BearerdVersion.string)], 1)
@@ -228,6 +230,7 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
         w.sample("bearerd_upstream_idle_connections", [], m.idleUpstreamConnections)
         Self.renderTLSHandshakes(TLSHandshakeStats.snapshot, into: &w)
         if let a = accept { Self.renderAcceptBudget(a, into: &w) }
+        if let traces { Self.renderTraces(traces, into: &w) }
 
         guard !sessions.isEmpty else { return w.text }
         func perSession(_ name: String, _ kind: PrometheusText.Kind, _ help: String, _ value: (SessionSnapshot) -> UInt64) {
@@ -365,6 +368,20 @@ public final class AdminResponder: LocalResponder, @unchecked Sendable {  // @un
                 w.sample("bearerd_caller_jwt_rejections_total", [("caller_jwt", g.owner), ("reason", reason)], v)
             }
         }
+    }
+
+    /// `tracing:` (docs/architecture.md §2.9): what the span exporter sent, dropped and holds.
+    static func renderTraces(_ c: TraceExporter.Counters, into w: inout PrometheusText) {
+        w.family("bearerd_trace_spans_exported_total", .counter, help: "Spans the OTLP collector accepted.")
+        w.sample("bearerd_trace_spans_exported_total", [], c.exported)
+        w.family("bearerd_trace_spans_dropped_total", .counter,
+                 help: "Spans dropped, by reason (queue_full: the export queue was full; export_failed: the collector did not take them after retries).")
+        w.sample("bearerd_trace_spans_dropped_total", [("reason", "queue_full")], c.droppedQueueFull)
+        w.sample("bearerd_trace_spans_dropped_total", [("reason", "export_failed")], c.droppedExportFailed)
+        w.family("bearerd_trace_export_retries_total", .counter, help: "Export requests sent again after a transport failure, 429 or 5xx.")
+        w.sample("bearerd_trace_export_retries_total", [], c.retries)
+        w.family("bearerd_trace_spans_queued", .gauge, help: "Spans waiting in the export queue now.")
+        w.sample("bearerd_trace_spans_queued", [], c.queued)
     }
 
     /// Signing sessions' families (docs/architecture.md §6.15), present when one is configured.

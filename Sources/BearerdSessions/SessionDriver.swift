@@ -5,6 +5,7 @@ import BearerdOAuth
 import Logging
 import Synchronization
 import BearerdConfig
+import BearerdProxyCore
 
 /// One token session's driver (docs/architecture.md §2.5, §6): carries out `TokenSession.StateMachine`'s
 /// actions on the session's own serial queue (an `EventLoop`, which also runs the token
@@ -106,6 +107,10 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// open (one error line per breaker streak and route; the rest only counted).
     private var breakerLoggedRoutes: Set<String> = []
 
+    /// Token-request spans (docs/architecture.md §2.9); set once by the `SessionManager` before
+    /// `start()`, then session queue only.
+    var tracing = SessionTracing(tracer: nil)
+
     init(settings: SessionSettings, policy: TokenSession.Policy, store: StateStore?, logger: Logger, queueIndex: Int,
          clock: any SessionClock = SystemSessionClock(), credentialCache: TokenCache? = nil) {
         name = settings.config.name
@@ -141,12 +146,15 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     /// Slow path: the token once the session has one (joining the one fetch in flight), or why
     /// none can be had. `completion` runs exactly once, with `loop.execute`.
-    public func requestToken(on loop: EventLoop, completion: @escaping (Result<PublishedToken, TokenUnavailable>) -> Void) {
+    /// `trace`: the waiting exchange's span, parent of the token request it may wait for.
+    public func requestToken(on loop: EventLoop, trace: TraceContext? = nil,
+                             completion: @escaping (Result<PublishedToken, TokenUnavailable>) -> Void) {
         queue.execute { [self] in
             guard !stopped else {
                 loop.execute { completion(.failure(TokenUnavailable(session: self.name, retryAfterSeconds: 1, detail: "token.session_stopped"))) }
                 return
             }
+            tracing.join(trace)
             adoptNewSignInIfAny(throttled: true)
             let id = allocateWaiter(.token(loop, completion))
             run(machine.tokenRequested(waiter: id, now: now()))
@@ -175,7 +183,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// current token is in service; the current one is marked rejected (compare-and-swap in the
     /// state machine) and the one forced refresh is joined or started; `.passThrough` when the
     /// breaker is open, `.unavailable` when no newer token could be had within the wait bound.
-    public func reportRejected(generation: UInt64, route: String = "", on loop: EventLoop,
+    public func reportRejected(generation: UInt64, route: String = "", on loop: EventLoop, trace: TraceContext? = nil,
                                completion: @escaping (RejectionOutcome) -> Void) {
         if let current = publication.token, generation < current.generation, now().nanoseconds < current.usableUntil {
             loop.execute { completion(.replay(current, refreshed: false)) }
@@ -187,6 +195,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 return
             }
             let reportedAt = now()
+            tracing.join(trace)
             let id = allocateWaiter(.rejection(loop, generation: generation, reportedAt: reportedAt, route: route, completion))
             run(machine.upstreamRejected(generation: generation, waiter: id, now: reportedAt))
         }
@@ -525,6 +534,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
 
     private func performFetch(_ request: TokenSession.FetchRequest) {
         let startedAt = now().nanoseconds
+        tracing.begin(grant: grant.rawValue, reason: request.reason.rawValue, attempt: request.attempt)
         if request.reason == .rejected && request.attempt == 1 && request.round == 1 && !request.isSameTokenRetry {
             count { $0.forcedRefreshes += 1 }
         }
@@ -767,6 +777,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             }
             encoded = signed
         }
+        encoded = tracing.propagated(encoded, url: tokenURL.description)
         fetchSerial &+= 1
         let serial = fetchSerial
         count { $0.tokenRequests += 1 }
@@ -785,6 +796,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                    !resent.contains(.dpopNonce) {
                     // RFC 9449 §8: the server wants its nonce in the proof. Once, at once.
                     dpop.countNonceRetry(.tokenEndpoint)
+                    tracing.event("dpop.nonce_retry")
                     logger.info("token endpoint asked for a DPoP nonce; retrying with it", metadata: ["dpop.jkt": "\(dpop.thumbprint)"])
                     send(.success(settings.resigned(tokenRequest)), request, resent: resent.union([.dpopNonce]), done: done)
                     return
@@ -919,6 +931,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private func finishFetch(_ request: TokenSession.FetchRequest, startedAt: UInt64, sentAt: MonotonicInstant,
                              result: Result<TokenGrant, TokenEndpointFailure>, requestSent: Bool, adopted: Bool) {
         guard !stopped else { return }
+        defer { tracing.end(result, adopted: adopted, generation: machine.currentGeneration, url: grant.isSigning || grant == .exec ? "" : settings.config.tokenURL.description) }
         sharedCacheAfterFetch(result, adopted: adopted)
         if grant == .tokenExchange {
             let outcome: String

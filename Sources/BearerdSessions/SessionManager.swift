@@ -25,6 +25,10 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
     /// Routes' `caller_jwt:` guards by configuration (docs/architecture.md §6.16), kept across
     /// reloads while a route still names the same settings (its keys stay loaded). Under `lock`.
     private var routeGuards: [String: CallerJWTGuard] = [:]
+    /// `tracing:` (docs/architecture.md §2.9), built once at start-up (a change needs a restart);
+    /// nil when traces are off. The proxy's exchanges and every session's token requests use it.
+    public private(set) var tracer: Tracer?
+    private var tracingAtStart: TracingConfig?
 
     /// Resolves every session's secrets, builds its TLS context and opens the state store of
     /// refresh_token sessions (`state_dir` created 0700). Throws every problem found.
@@ -57,6 +61,14 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
                 sharedCache = try SharedTokenCache.make(shared, file: config.file, environment: environment, logger: logger)
             } catch {
                 errors += error.errors
+            }
+        }
+        tracingAtStart = config.tracing
+        if let tracing = config.tracing {
+            do throws(ConfigErrors) {
+                tracer = try Tracer(config: tracing, logger: logger)
+            } catch {
+                errors += error.errors.map { var e = $0; e.file = config.file; return e }
             }
         }
         for session in config.sessions {
@@ -101,6 +113,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
                                         queueIndex: 10_000 + nextQueueIndex, clock: clock, credentialCache: credentialCache)
         // `subject_session:` chains: the subject is looked up at each exchange (a reload may replace it).
         driver.sessionLookup = { [weak self] name in self?.session(named: name) }
+        driver.tracing = SessionTracing(tracer: tracer)
         if let onBehalfOf = session.onBehalfOf {
             // docs/architecture.md §6.16: one exchanged token per caller; no token of its own,
             // so no shared cache record either.
@@ -142,6 +155,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
             started = true
             return Array(drivers.values)
         }
+        tracer?.exporter.start()
         for d in all { d.start() }
     }
 
@@ -189,6 +203,9 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
         }
         for d in removed { d.stop() }
         if start { for d in added { d.start() } }
+        if newConfig.tracing != tracingAtStart {
+            logger.warning("tracing: changed; the change takes effect at the next restart")
+        }
         // Route guards no route names any more stop; new ones are made by the next runtime.
         let wanted = Set(newConfig.routes.compactMap { $0.callerJWT.map(Self.guardKey) })
         let dropped: [CallerJWTGuard] = lock.withLock {
@@ -287,6 +304,7 @@ public final class SessionManager: @unchecked Sendable {  // @unchecked: mutable
             started = false
             return Array(drivers.values)
         }
+        tracer?.exporter.stop()
         for d in all { d.stop() }
     }
 }

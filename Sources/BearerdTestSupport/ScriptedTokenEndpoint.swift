@@ -22,6 +22,8 @@ public final class ScriptedTokenEndpoint: @unchecked Sendable {  // @unchecked: 
         public var form: [String: String]
         /// The `Authorization` header (client_secret_basic), if any.
         public var authorization: String?
+        /// The `traceparent` field (docs/architecture.md §2.9), if any.
+        public var traceparent: String? = nil
         public var grantType: String? { form["grant_type"] }
     }
 
@@ -132,7 +134,8 @@ public final class ScriptedTokenEndpoint: @unchecked Sendable {  // @unchecked: 
 
     private func answer(_ request: ScriptedOrigin.Request) -> [ScriptedOrigin.Step] {
         let (call, script): (Call, Script) = lock.withLock {
-            let call = Call(index: _calls.count, path: request.head.target, form: Self.decodeForm(request.body), authorization: request.head.headers["Authorization"])
+            let call = Call(index: _calls.count, path: request.head.target, form: Self.decodeForm(request.body), authorization: request.head.headers["Authorization"],
+                            traceparent: request.head.headers["traceparent"])
             _calls.append(call)
             return (call, self.script)
         }

@@ -18,7 +18,7 @@ final class TestProxy {
     init(routes: [RouteConfig], sessions: [SessionConfig] = [], loops: Int = 1,
          limits: HTTP1Limits = HTTP1Limits(), timeouts: FrontendTimeouts = FrontendTimeouts(), admin: Bool = false,
          allowedHosts: [String] = ["*"], allowedOrigins: [String] = [], tls: ListenerTLS? = nil,
-         outboundProxy: OutboundProxy = .direct) throws {
+         outboundProxy: OutboundProxy = .direct, tracing: TracingConfig? = nil) throws {
         var config = BearerdConfig(file: "<test>", listen: [.tcp(host: "127.0.0.1", port: 0)],
                                    admin: admin ? .tcp(host: "127.0.0.1", port: 0) : nil, loops: loops,
                                    limits: limits, frontendTimeouts: timeouts, sessions: sessions, routes: routes)
@@ -26,6 +26,7 @@ final class TestProxy {
         config.listeners = [ListenerConfig(address: .tcp(host: "127.0.0.1", port: 0), allowedHosts: allowedHosts, allowedOrigins: allowedOrigins)]
         config.listeners[0].tls = tls
         config.outboundProxy = outboundProxy
+        config.tracing = tracing
         let logs = self.logs
         let logger = logs.logger
         server = try BearerdServer(config: config, logger: logger)
