@@ -489,7 +489,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             acquireSessionToken(session)
             return
         }
-        onBehalfOf.token(for: identity, on: ctx.loop) { [weak self] answer in
+        onBehalfOf.token(for: identity, on: ctx.loop, trace: trace?.context) { [weak self] answer in
             guard let self else { return }
             switch answer {
             case .token(let t):
@@ -581,7 +581,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         guard let session, let rejected = token else { return }
         let report: (@escaping (RejectionOutcome) -> Void) -> Void
         if let onBehalfOf = callers.onBehalfOf, let caller {
-            report = { [ctx] done in onBehalfOf.reportRejected(caller, rejected: rejected, on: ctx.loop, completion: done) }
+            report = { [ctx, trace] done in onBehalfOf.reportRejected(caller, rejected: rejected, on: ctx.loop, trace: trace?.context, completion: done) }
         } else {
             report = { [ctx, route, trace] done in session.reportRejected(generation: rejected.generation, route: route.match, on: ctx.loop, trace: trace?.context, completion: done) }
         }

@@ -1,6 +1,7 @@
 import BearerdConfig
 import BearerdIO
 import BearerdOAuth
+import BearerdProxyCore
 import BearerdTLS
 import Logging
 import Synchronization
@@ -179,7 +180,11 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
 
     /// The exchanged token for `caller`, at once from the cache or after the one exchange for
     /// this caller; `completion` runs exactly once on `loop` (synchronously on a hit).
-    public func token(for caller: CallerIdentity, on loop: EventLoop, completion: @escaping (CallerAnswer) -> Void) {
+    ///
+    /// `trace`: the waiting exchange's span (`tracing:`, docs/architecture.md §2.9): the exchange
+    /// this request starts becomes its child span.
+    public func token(for caller: CallerIdentity, on loop: EventLoop, trace: TraceContext? = nil,
+                      completion: @escaping (CallerAnswer) -> Void) {
         let now = clock.now()
         switch state.withLock({ $0.cache.cached(caller.key, now: now) }) {
         case .hit(let secret)?:
@@ -195,7 +200,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
         guard let callerJWT else {
             var c = caller
             c.expiresAt = TokenResponseParser.jwtExpiry(caller.token)
-            lookup(c, on: loop, completion: completion)
+            lookup(c, on: loop, trace: trace, completion: completion)
             return
         }
         callerJWT.validate(caller.token, key: caller.key, on: loop) { [self] verdict in
@@ -203,7 +208,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
             case .valid(let v):
                 var c = caller
                 c.expiresAt = v.expiresAt
-                lookup(c, on: loop, completion: completion)
+                lookup(c, on: loop, trace: trace, completion: completion)
             case .invalid(let failure):
                 logger.info("caller token refused", metadata: ["caller": "\(caller.key.fingerprint)", "reason": "\(failure.reason)"])
                 completion(.refused(.invalid(failure)))
@@ -213,7 +218,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
         }
     }
 
-    private func lookup(_ caller: CallerIdentity, on loop: EventLoop, completion: @escaping (CallerAnswer) -> Void) {
+    private func lookup(_ caller: CallerIdentity, on loop: EventLoop, trace: TraceContext?, completion: @escaping (CallerAnswer) -> Void) {
         let now = clock.now()
         enum Next { case answer(CallerAnswer), exchange, wait }
         let next: Next = state.withLock { s in
@@ -241,7 +246,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
         switch next {
         case .answer(let a):
             completion(a)
-        case .exchange: session.queue.execute { [self] in exchange(caller) }
+        case .exchange: session.queue.execute { [self] in exchange(caller, trace: trace) }
         case .wait: break
         }
     }
@@ -249,7 +254,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
     /// The upstream rejected `rejected`, the exchanged token of `caller`: the entry is dropped if
     /// it still holds that token, and the request is replayed once with the newer token (one
     /// already cached: provisional) or the one a new exchange brings (final).
-    public func reportRejected(_ caller: CallerIdentity, rejected: PublishedToken, on loop: EventLoop,
+    public func reportRejected(_ caller: CallerIdentity, rejected: PublishedToken, on loop: EventLoop, trace: TraceContext? = nil,
                                completion: @escaping (RejectionOutcome) -> Void) {
         let now = clock.now()
         enum Next { case answer(RejectionOutcome), exchange, wait }
@@ -272,7 +277,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
         case .exchange:
             logger.info("upstream rejected a caller's exchanged token; exchanging again", metadata: [
                 "caller": "\(caller.key.fingerprint)", "token.fingerprint": "\(rejected.fingerprint)"])
-            session.queue.execute { [self] in exchange(caller) }
+            session.queue.execute { [self] in exchange(caller, trace: trace) }
         case .wait: break
         }
     }
@@ -296,11 +301,33 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
 
     // MARK: The exchange (session queue)
 
-    private func exchange(_ caller: CallerIdentity) {
+    private func exchange(_ caller: CallerIdentity, trace: TraceContext?) {
         let settings = session.currentSettings
         let started = clock.now()
+        // docs/architecture.md §2.9: a CLIENT child span of the exchange that started it.
+        let tracer = trace == nil ? nil : session.tracing.tracer
+        let span = trace.flatMap { parent in tracer.map { (context: $0.child(of: parent), parent: parent.spanID, start: monotonicNanos()) } }
         session.sendCallerExchange(settings.preparedRequest(refreshToken: nil, callerToken: OAuthSecret(caller.token),
-                                                            wallClockNow: clock.wallClockSeconds())) { [self] sentAt, result in
+                                                            wallClockNow: clock.wallClockSeconds()),
+                                   traceparent: span?.context.traceparent) { [self] sentAt, result in
+            if let tracer, let span {
+                var attributes = [TraceAttribute("bearerd.grant", settings.config.grant.rawValue), TraceAttribute("bearerd.token.reason", "caller"),
+                                  TraceAttribute("url.full", settings.config.tokenURL.description)]
+                let status: TraceStatus
+                switch result {
+                case .success:
+                    attributes.append(TraceAttribute("bearerd.outcome", "ok"))
+                    status = .unset
+                case .failure(let f):
+                    attributes.append(TraceAttribute("bearerd.outcome", Self.isCallerRefusal(f) ? "refused" : "failed"))
+                    attributes.append(TraceAttribute("error.type", f.reason))
+                    if let e = f.oauthError { attributes.append(TraceAttribute("oauth.error", e)) }
+                    if let code = f.status { attributes.append(TraceAttribute("http.response.status_code", code)) }
+                    status = .error(f.oauthError ?? f.reason)
+                }
+                tracer.exporter.submit(SpanRecord(context: span.context, parent: span.parent, name: "token exchange for a caller", kind: .client,
+                                                  start: span.start, end: monotonicNanos(), attributes: attributes, status: status))
+            }
             finish(caller, result: result, sentAt: sentAt, started: started, settings: settings)
         }
     }

@@ -837,7 +837,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     /// token. Several may be in flight at once (one per caller), so none is the session's
     /// `inFlight` and none moves its state machine. DPoP proofs, the nonce retry and the clock
     /// skew are the session's, as for `send`. `done` runs on the session queue.
-    func sendCallerExchange(_ prepared: Result<TokenRequest, TokenEndpointFailure>, resent: Set<Resend> = [],
+    func sendCallerExchange(_ prepared: Result<TokenRequest, TokenEndpointFailure>, resent: Set<Resend> = [], traceparent: String? = nil,
                             done: @escaping (MonotonicInstant, Result<TokenGrant, TokenEndpointFailure>) -> Void) {
         let tokenRequest: TokenRequest
         switch prepared {
@@ -863,6 +863,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
             }
             encoded = signed
         }
+        if let traceparent { encoded = EncodedTokenRequest(body: encoded.body, headers: encoded.headers + [("traceparent", traceparent)]) }
         count { $0.tokenRequests += 1 }
         let sentAt = now()
         let parser = settings.responseParser
@@ -875,7 +876,7 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
                 if let dpop, dpop.tokenEndpointAsksForNonce(url: tokenURL.description, status: status, headers: headers, body: body),
                    !resent.contains(.dpopNonce) {
                     dpop.countNonceRetry(.tokenEndpoint)
-                    sendCallerExchange(.success(settings.resigned(tokenRequest)), resent: resent.union([.dpopNonce]), done: done)
+                    sendCallerExchange(.success(settings.resigned(tokenRequest)), resent: resent.union([.dpopNonce]), traceparent: traceparent, done: done)
                     return
                 }
                 var result = parser.parse(status: status, headers: headers, body: body, wallClockNow: clock.wallClockSeconds())
