@@ -241,6 +241,7 @@ def token_endpoint(sts, headers, body):
              "audience": pairs.get("audience", []), "resource": pairs.get("resource", []),
              "subject_token_type": form.get("subject_token_type"),
              "requested_token_use": form.get("requested_token_use"), "scope": form.get("scope")}
+    entry["traceparent"] = headers.get("traceparent")  # W3C trace context, when bearerd traces (TracingTests)
     with sts.lock:
         sts.requests += 1
         outage, delay = sts.outage, sts.delay
