@@ -38,14 +38,23 @@ is not available here.
   `audience` (or `resource`, else "default"), `exp` = now + lifetime, `jti`, `act` = {"sub": client}.
   Errors: RFC 6749 §5.2 JSON (`invalid_client` 401, `invalid_grant`/`invalid_request`/
   `unsupported_grant_type` 400, `temporarily_unavailable` 503 during a forced outage).
+  DPoP (RFC 9449 §5): a request with a `DPoP` header has its proof verified by dpop_common.py
+  (joserfc; signature with the embedded JWK, typ, alg, htm POST, htu = this /token URL, iat
+  window, unique jti, no ath; more than one header refused) before anything else: a bad proof
+  is 400 `invalid_dpop_proof`. While a nonce is demanded (/control/dpop_nonce), a proof without
+  the current nonce is 400 `use_dpop_nonce` with `DPoP-Nonce` (RFC 9449 §8). A token issued
+  to a request with a valid proof is `token_type: DPoP` and carries `cnf.jkt` = the proof key's
+  thumbprint (RFC 9449 §6.1); without a proof, `Bearer` as before.
 - `GET /jwks`: the STS's public key (for the upstream).
 - `GET /control/stats` -> {"requests": N, "exchanges": {sub: ok count}, "refused": {sub: n},
-  "log": [{grant, sub, outcome, client, auth, audience, resource, subject_token_type,
-  requested_token_use}]}. Every /token request is logged, including refused ones.
+  "nonce_demands": N, "log": [{grant, sub, outcome, client, auth, audience, resource,
+  subject_token_type, requested_token_use, scope, dpop_jkt, dpop_error, token_type}]}. Every
+  /token request is logged, including refused ones; `dpop_jkt` is the verified proof key's
+  thumbprint (null: no proof, or a refused one; then `dpop_error` says why).
 - `POST /control/outage?on=1|0`, `POST /control/refuse?sub=S[&error=invalid_grant][&on=0]`,
   `POST /control/delay?seconds=X`, `POST /control/lifetime?seconds=N`, `POST /control/pad?bytes=N`
-  (issued tokens carry a `pad` claim of N characters), `POST /control/reset`
-  (clears counts and log).
+  (issued tokens carry a `pad` claim of N characters), `POST /control/dpop_nonce?on=1|0`
+  (on: demand a new nonce from now on; off: none), `POST /control/reset` (clears counts and log).
 """
 import base64
 import json
@@ -61,6 +70,11 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
+
+try:  # joserfc: only DPoP requests need it (the other tests' prerequisite is PyJWT alone)
+    import dpop_common
+except ImportError:  # pragma: no cover
+    dpop_common = None
 
 TT_ACCESS = "urn:ietf:params:oauth:token-type:access_token"
 TT_JWT = "urn:ietf:params:oauth:token-type:jwt"
@@ -174,6 +188,9 @@ class STS:
         self.outage = False
         self.refuse = {}  # sub -> error
         self.pad = 0      # characters of a `pad` claim in issued tokens (token size)
+        self.token_url = None  # this STS's /token URL: a DPoP proof's htu
+        self.dpop_nonce = None  # the nonce every proof must carry, when demanded
+        self.jtis = dpop_common.JtiCache() if dpop_common else None
         self.reset()
 
     def reset(self):
@@ -181,6 +198,7 @@ class STS:
             self.requests = 0
             self.exchanges = {}
             self.refused = {}
+            self.nonce_demands = 0
             self.log = []
 
     def jwks(self):
@@ -188,7 +206,7 @@ class STS:
         d.update(kid=self.kid, use="sig", alg="ES256")
         return {"keys": [d]}
 
-    def issue(self, sub, client, audience):
+    def issue(self, sub, client, audience, jkt=None):
         now = int(time.time())
         with self.lock:
             lifetime, pad = self.lifetime, self.pad
@@ -198,14 +216,41 @@ class STS:
             claims["pad"] = "q" * pad
         if client != sub:
             claims["act"] = {"sub": client}
+        if jkt:
+            claims["cnf"] = {"jkt": jkt}
         token = jwt.encode(claims, self.key, algorithm="ES256", headers={"kid": self.kid})
-        return {"access_token": token, "token_type": "Bearer", "expires_in": lifetime}
+        return {"access_token": token, "token_type": "DPoP" if jkt else "Bearer", "expires_in": lifetime}
+
+    def check_proof(self, headers, entry):
+        """The verified proof key's thumbprint (RFC 9449 §5), None without a `DPoP` header, or
+        raises Refusal (400 invalid_dpop_proof, or use_dpop_nonce with the nonce)."""
+        proofs = headers.get_all("DPoP") or []
+        if not proofs:
+            return None
+        if len(proofs) > 1:
+            raise Refusal(400, "invalid_dpop_proof", "more than one DPoP header")
+        if dpop_common is None:
+            raise Refusal(400, "invalid_dpop_proof", "this fixture has no joserfc to check proofs")
+        with self.lock:
+            nonce = self.dpop_nonce
+        try:
+            _, jkt = dpop_common.verify_proof(proofs[0], "POST", self.token_url, self.jtis, nonce=nonce)
+        except dpop_common.ProofError as e:
+            entry["dpop_error"] = e.description
+            if e.error == "use_dpop_nonce":
+                with self.lock:
+                    self.nonce_demands += 1
+                raise Refusal(400, "use_dpop_nonce", "Authorization server requires nonce in DPoP proof",
+                              [("DPoP-Nonce", nonce)]) from None
+            raise Refusal(400, "invalid_dpop_proof", e.description) from None
+        entry["dpop_jkt"] = jkt
+        return jkt
 
 
 class Refusal(Exception):
-    def __init__(self, status, error, description):
+    def __init__(self, status, error, description, headers=()):
         super().__init__(description)
-        self.status, self.error, self.description = status, error, description
+        self.status, self.error, self.description, self.headers = status, error, description, list(headers)
 
 
 def authenticate(headers, form):
@@ -231,7 +276,7 @@ def authenticate(headers, form):
 
 
 def token_endpoint(sts, headers, body):
-    """(status, json) for one POST /token; logs it."""
+    """(status, json, extra headers) for one POST /token; logs it."""
     try:
         pairs = parse_qs(body.decode(), keep_blank_values=True, strict_parsing=False)
     except Exception:
@@ -240,7 +285,8 @@ def token_endpoint(sts, headers, body):
     entry = {"grant": form.get("grant_type"), "sub": None, "outcome": None, "client": None, "auth": None,
              "audience": pairs.get("audience", []), "resource": pairs.get("resource", []),
              "subject_token_type": form.get("subject_token_type"),
-             "requested_token_use": form.get("requested_token_use"), "scope": form.get("scope")}
+             "requested_token_use": form.get("requested_token_use"), "scope": form.get("scope"),
+             "dpop_jkt": None, "dpop_error": None, "token_type": None}
     entry["traceparent"] = headers.get("traceparent")  # W3C trace context, when bearerd traces (TracingTests)
     with sts.lock:
         sts.requests += 1
@@ -253,6 +299,7 @@ def token_endpoint(sts, headers, body):
         for k, v in pairs.items():
             if len(v) > 1 and k not in ("audience", "resource"):
                 raise Refusal(400, "invalid_request", "repeated parameter %s" % k)
+        jkt = sts.check_proof(headers, entry)
         client, method = authenticate(headers, form)
         entry["client"], entry["auth"] = client, method
         grant = form.get("grant_type")
@@ -265,7 +312,9 @@ def token_endpoint(sts, headers, body):
         if grant == "client_credentials":
             entry["sub"] = client
             entry["outcome"] = "ok"
-            return 200, sts.issue(client, client, audience)
+            reply = sts.issue(client, client, audience, jkt)
+            entry["token_type"] = reply["token_type"]
+            return 200, reply, []
         if grant == TOKEN_EXCHANGE:
             caller, ttype = form.get("subject_token"), form.get("subject_token_type")
             if not caller or not ttype:
@@ -289,19 +338,20 @@ def token_endpoint(sts, headers, body):
             forced = sts.refuse.get(claims["sub"])
         if forced:
             raise Refusal(400, forced, "refused for this test")
-        reply = sts.issue(claims["sub"], client, audience)
+        reply = sts.issue(claims["sub"], client, audience, jkt)
         if grant == TOKEN_EXCHANGE:
             reply["issued_token_type"] = TT_ACCESS
         entry["outcome"] = "ok"
+        entry["token_type"] = reply["token_type"]
         with sts.lock:
             sts.exchanges[claims["sub"]] = sts.exchanges.get(claims["sub"], 0) + 1
-        return 200, reply
+        return 200, reply, []
     except Refusal as r:
         entry["outcome"] = r.error
         if entry["sub"] is not None:
             with sts.lock:
                 sts.refused[entry["sub"]] = sts.refused.get(entry["sub"], 0) + 1
-        return r.status, {"error": r.error, "error_description": r.description}
+        return r.status, {"error": r.error, "error_description": r.description}, r.headers
     finally:
         with sts.lock:
             sts.log.append(entry)
@@ -366,8 +416,9 @@ class Handler(BaseHTTPRequestHandler):
     def sts_route(self, method, path, q, body):
         sts = self.sts
         if method == "POST" and path == "/token":
-            status, obj = token_endpoint(sts, self.headers, body)
-            extra = [("WWW-Authenticate", 'Basic realm="sts"')] if status == 401 else []
+            status, obj, extra = token_endpoint(sts, self.headers, body)
+            if status == 401:
+                extra.append(("WWW-Authenticate", 'Basic realm="sts"'))
             if status == 503:
                 extra.append(("Retry-After", "1"))
             return self.reply(status, obj, extra)
@@ -376,7 +427,8 @@ class Handler(BaseHTTPRequestHandler):
         if method == "GET" and path == "/control/stats":
             with sts.lock:
                 return self.reply(200, {"requests": sts.requests, "exchanges": dict(sts.exchanges),
-                                        "refused": dict(sts.refused), "log": list(sts.log)})
+                                        "refused": dict(sts.refused), "nonce_demands": sts.nonce_demands,
+                                        "log": list(sts.log)})
         if method == "POST" and path.startswith("/control/"):
             with sts.lock:
                 what = path[len("/control/"):]
@@ -393,6 +445,8 @@ class Handler(BaseHTTPRequestHandler):
                     sts.pad = int(q.get("bytes", 0))
                 elif what == "lifetime":
                     sts.lifetime = int(q.get("seconds", 300))
+                elif what == "dpop_nonce":
+                    sts.dpop_nonce = secrets.token_urlsafe(16) if q.get("on", "1") == "1" else None
                 elif what != "reset":
                     return self.reply(404, {"error": "not_found"})
             if what == "reset":
@@ -430,6 +484,7 @@ def main():
     idp_server = serve(type("IdPHandler", (Handler,), {"role": "idp", "idp": idp}))
     idp.issuer = "http://127.0.0.1:%d/" % idp_server.server_address[1]
     sts_server = serve(type("STSHandler", (Handler,), {"role": "sts", "sts": sts, "idp": idp}))
+    sts.token_url = "http://127.0.0.1:%d/token" % sts_server.server_address[1]
     print("READY %d %d" % (sts_server.server_address[1], idp_server.server_address[1]), flush=True)
     sys.stdin.read()
 
