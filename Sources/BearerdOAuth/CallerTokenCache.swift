@@ -172,19 +172,8 @@ public struct CallerTokenCache<Waiter> {
 
     /// The answer for `key` at `now`; queues `waiter` for `.exchange` and `.joined`.
     public mutating func lookup(_ key: CallerKey, now: MonotonicInstant, waiter: Waiter) -> Lookup {
-        if let i = index[key] {
-            switch slots[Int(i)].value {
-            case .token(let token, let expiresAt) where now < expiresAt:
-                touch(i)
-                counters.hits &+= 1
-                return .hit(token)
-            case .refused(let error, let description, let until) where now < until:
-                counters.refusalHits &+= 1
-                return .refused(error: error, description: description)
-            default:
-                remove(i)
-            }
-        }
+        if let live = cached(key, now: now) { return live }
+        if let i = index[key] { remove(i) }  // expired
         // hits, misses, coalesced and refusalHits partition the lookups (one `result` label each).
         if inFlight[key] != nil {
             inFlight[key]?.append(waiter)

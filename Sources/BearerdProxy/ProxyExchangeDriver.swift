@@ -429,23 +429,7 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
             acquireCallerToken(session)
             return
         }
-        // The token is data the request carries, not a decision: kept as it arrives (an
-        // exchange that no longer waits for it never sends it).
-        if let t = ctx.usableToken(route: routeIndex, of: runtime, session: session, now: ctx.loop.now) {
-            token = t
-            run(machine.tokenAcquired())
-            return
-        }
-        session.requestToken(on: ctx.loop, trace: trace?.context) { [weak self] result in
-            guard let self else { return }
-            switch result {
-            case .success(let t):
-                self.token = t
-                self.run(self.machine.tokenAcquired())
-            case .failure(let unavailable):
-                self.run(self.machine.tokenUnavailable(), .tokenUnavailable(unavailable))
-            }
-        }
+        acquireSessionToken(session)
     }
 
     /// docs/architecture.md §6.16: the caller's token is taken from the head, judged by the route's
@@ -503,7 +487,9 @@ final class ProxyExchangeDriver: FrontendExchange, BackendConnectionDelegate {
         }
     }
 
-    /// The session's own token (a route with `caller_jwt:` but an ordinary session).
+    /// The session's own token (every route without a caller's token, and a route with
+    /// `caller_jwt:` but an ordinary session). The token is data the request carries, not a
+    /// decision: kept as it arrives (an exchange that no longer waits for it never sends it).
     private func acquireSessionToken(_ session: TokenSessionDriver) {
         if let t = ctx.usableToken(route: routeIndex, of: runtime, session: session, now: ctx.loop.now) {
             token = t
