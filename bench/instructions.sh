@@ -34,6 +34,13 @@
 #                                                                  -> instructions per signed request
 #              (compare with keepalive in the same run: the cost of signing, docs/guides/signing.md;
 #              no nginx row: nginx does not sign, it prints n/a)
+#   obo        GET /obo/small over CONNS keep-alive connections carrying one caller's
+#              `Authorization: Bearer`, on a route whose session acts on behalf of callers
+#              (`grant: token_exchange`, `subject: caller`; the origin's /token answers the one
+#              exchange): every request but the first is a per-caller cache hit
+#                                                                  -> instructions per request
+#              (compare with keepalive in the same run: the cost of the caller's token, its hash,
+#              the cache and the Authorization it replaces, docs/guides/on-behalf-of.md; no nginx row)
 #
 # For each binary: a copy without debug information (valgrind cannot read the static
 # binary's DWARF) runs under callgrind against a local nginx origin with a client_credentials
@@ -72,7 +79,7 @@ case "$CONNS" in ''|*[!0-9]*|0) die "CONNS must be a positive integer" ;; esac
 case "$BIG_CONNS" in ''|*[!0-9]*|0) die "BIG_CONNS must be a positive integer" ;; esac
 [ -n "$SCENARIOS" ] || die "SCENARIOS is empty"
 for sc in $SCENARIOS; do
-    case "$sc" in keepalive|newconn|big|h2c|h2up|sign) ;; *) die "unknown scenario '$sc' (keepalive, newconn, big, h2c, h2up, sign)" ;; esac
+    case "$sc" in keepalive|newconn|big|h2c|h2up|sign|obo) ;; *) die "unknown scenario '$sc' (keepalive, newconn, big, h2c, h2up, sign, obo)" ;; esac
 done
 if [ "$#" -eq 0 ]; then set -- "$REPO/.build/release/bearerd"; fi
 for b in "$@"; do
@@ -155,6 +162,13 @@ $(case " $SCENARIOS " in *" sign "*) printf '%s\n' \
     "    region: us-east-1" \
     "    credentials:" \
     "      static: { access_key_id_file: $WORK/keys/ak, secret_access_key_file: $WORK/keys/sk }" ;; esac)
+$(case " $SCENARIOS " in *" obo "*) printf '%s\n' \
+    "  callers:           # obo only: on behalf of each caller (RFC 8693)" \
+    "    grant: token_exchange" \
+    "    token_url: http://127.0.0.1:$ORIGIN_PORT/token" \
+    "    client_id: bench" \
+    "    client_secret: bench-secret" \
+    "    subject: caller" ;; esac)
 routes:
 $(case " $SCENARIOS " in *" h2up "*) printf '%s\n' \
     "  - match: /h2/    # h2up only (another route would add to every other scenario's routing)" \
@@ -168,6 +182,11 @@ $(case " $SCENARIOS " in *" sign "*) printf '%s\n' \
     "    upstream: http://127.0.0.1:$ORIGIN_PORT" \
     "    session: signer" \
     "    sign: { service: s3 }" ;; esac)
+$(case " $SCENARIOS " in *" obo "*) printf '%s\n' \
+    "  - match: /obo/    # obo only" \
+    "    strip_prefix: true" \
+    "    upstream: http://127.0.0.1:$ORIGIN_PORT" \
+    "    session: callers" ;; esac)
   - match: /
     upstream: http://127.0.0.1:$ORIGIN_PORT
     session: bench
@@ -229,6 +248,11 @@ count() {
             code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/signed/small")
             [ "$code" = 200 ] || die "$bin: GET /signed/small answered $code, not 200: the sign: route does not sign (see $WORK/valgrind.log; KEEP=1)"
             wrk_args=(-c"$CONNS" "http://127.0.0.1:$PORT/signed/small") ;;
+        obo)
+            local code caller="Authorization: Bearer bench-caller-0123456789abcdef0123456789abcdef"
+            code=$(curl -s -o /dev/null -w '%{http_code}' -H "$caller" "http://127.0.0.1:$PORT/obo/small")
+            [ "$code" = 200 ] || die "$bin: GET /obo/small answered $code, not 200 (see $WORK/valgrind.log; KEEP=1)"
+            wrk_args=(-c"$CONNS" -H "$caller" "http://127.0.0.1:$PORT/obo/small") ;;
     esac
     if [ "$load" = h2c ] || [ "$load" = h2up ]; then
         # The proxy's prior-knowledge HTTP/2 port: nginx's own h2c listener, bearerd's usual one.
@@ -273,6 +297,7 @@ header() {
             h2c) printf ' %10s %14s %8s' h2-reqs "instr/h2-req" ratio ;;
             h2up) printf ' %10s %14s %8s' h2h2-reqs "instr/h2h2-req" ratio ;;
             sign) printf ' %10s %14s %8s' signed "instr/signed" ratio ;;
+            obo) printf ' %10s %14s %8s' obo-reqs "instr/obo-req" ratio ;;
         esac
     done
     printf '\n'
@@ -294,7 +319,7 @@ for b in "$@"; do
     base=$INSTRUCTIONS
     row=$(printf '%-40s' "$b")
     for sc in $SCENARIOS; do
-        if [ "$b" = nginx ] && { [ "$sc" = h2up ] || [ "$sc" = sign ]; }; then
+        if [ "$b" = nginx ] && { [ "$sc" = h2up ] || [ "$sc" = sign ] || [ "$sc" = obo ]; }; then
             row+=$(printf ' %10s %14s %8s' n/a n/a n/a)
             continue
         fi

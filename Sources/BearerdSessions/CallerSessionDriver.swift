@@ -134,7 +134,21 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
         var rejections: [String: UInt64] = [:]
         var reexchanges: UInt64 = 0
         var stopped = false
+        /// The `PublishedToken` last handed out per caller, so a cache hit hands out the same
+        /// object instead of a new one with its fingerprint hashed again (measured: a third of a
+        /// hit's instructions). At most `handOutLimit` (emptied when full: a bound of about
+        /// 50 KiB, outside the cache's own ceiling); checked against the cached token's value.
+        var handedOut: [CallerKey: PublishedToken] = [:]
+
+        mutating func handOut(_ secret: OAuthSecret, _ key: CallerKey) -> PublishedToken {
+            if let p = handedOut[key], p.value == secret.exposedValue { return p }
+            if handedOut.count >= CallerSessionDriver.handOutLimit { handedOut.removeAll(keepingCapacity: true) }
+            let p = PublishedToken(value: secret.exposedValue, generation: generation, fingerprint: secret.fingerprint, usableUntil: UInt64.max)
+            handedOut[key] = p
+            return p
+        }
     }
+    static let handOutLimit = 256
     private let state: Mutex<State>
     /// Session queue: the periodic sweep of expired entries.
     private var sweepTimer: SessionTimer?
@@ -186,11 +200,15 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
     public func token(for caller: CallerIdentity, on loop: EventLoop, trace: TraceContext? = nil,
                       completion: @escaping (CallerAnswer) -> Void) {
         let now = clock.now()
-        switch state.withLock({ $0.cache.cached(caller.key, now: now) }) {
-        case .hit(let secret)?:
-            completion(.token(published(secret, caller: caller, now: now)))
+        switch state.withLock({ s -> (CallerTokenCache<Waiter>.Lookup, PublishedToken?)? in
+            guard let found = s.cache.cached(caller.key, now: now) else { return nil }
+            if case .hit(let secret) = found { return (found, s.handOut(secret, caller.key)) }
+            return (found, nil)
+        }) {
+        case (.hit, let token?)?:
+            completion(.token(token))
             return
-        case .refused(let error, let description)?:
+        case (.refused(let error, let description), _)?:
             completion(.refused(stsRefusal(error: error, description: description)))
             return
         default:
@@ -226,7 +244,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
             // A cached caller may have arrived meanwhile; an outage refuses only new exchanges.
             if let hit = s.cache.cached(caller.key, now: now) {
                 switch hit {
-                case .hit(let secret): return .answer(.token(published(secret, caller: caller, now: now)))
+                case .hit(let secret): return .answer(.token(s.handOut(secret, caller.key)))
                 case .refused(let e, let d): return .answer(.refused(stsRefusal(error: e, description: d)))
                 default: break
                 }
@@ -239,7 +257,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
             switch s.cache.lookup(caller.key, now: now, waiter: .token(loop, completion)) {
             case .exchange: return .exchange
             case .joined: return .wait
-            case .hit(let secret): return .answer(.token(published(secret, caller: caller, now: now)))
+            case .hit(let secret): return .answer(.token(s.handOut(secret, caller.key)))
             case .refused(let e, let d): return .answer(.refused(stsRefusal(error: e, description: d)))
             }
         }
@@ -262,13 +280,13 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
             if s.stopped { return .answer(.passThrough(reason: "token.session_stopped")) }
             s.cache.invalidate(caller.key, token: OAuthSecret(rejected.value))
             if let newer = s.cache.liveToken(caller.key, now: now) {
-                return .answer(.replay(published(newer, caller: caller, now: now), refreshed: false))
+                return .answer(.replay(s.handOut(newer, caller.key), refreshed: false))
             }
             s.reexchanges &+= 1
             switch s.cache.lookup(caller.key, now: now, waiter: .rejection(loop, refreshed: true, completion)) {
             case .exchange: return .exchange
             case .joined: return .wait
-            case .hit(let secret): return .answer(.replay(published(secret, caller: caller, now: now), refreshed: false))
+            case .hit(let secret): return .answer(.replay(s.handOut(secret, caller.key), refreshed: false))
             case .refused(let e, _): return .answer(.passThrough(reason: "caller refused by the token endpoint (\(e))"))
             }
         }
@@ -285,12 +303,6 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
     /// A rejection relayed as it is: the entry goes, so the caller's next request exchanges again.
     public func reportRejectedWithoutReplay(_ caller: CallerIdentity, rejected: PublishedToken) {
         state.withLock { $0.cache.invalidate(caller.key, token: OAuthSecret(rejected.value)) }
-    }
-
-    /// A token the cache handed out, as the exchange carries it. The generation is the entry's
-    /// own (an exchange counter), only compared for the same caller.
-    private func published(_ secret: OAuthSecret, caller: CallerIdentity, now: MonotonicInstant) -> PublishedToken {
-        PublishedToken(value: secret.exposedValue, generation: 0, fingerprint: secret.fingerprint, usableUntil: UInt64.max)
     }
 
     private func stsRefusal(error: String, description: String?) -> CallerRefusal {
@@ -364,7 +376,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
                 "caller": "\(caller.key.fingerprint)", "reason": "\(f.reason)", "detail": "\(detail)"])
             failure = TokenUnavailable(session: name, retryAfterSeconds: 1, detail: detail)
         }
-        let (waiters, generation, retryAfter): ([Waiter], UInt64, Int) = state.withLock { s in
+        let (waiters, handed, retryAfter): ([Waiter], PublishedToken?, Int) = state.withLock { s in
             s.exchanges[label, default: 0] &+= 1
             s.generation &+= 1
             var retryAfter = 1
@@ -382,12 +394,16 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
                 s.outageStreak = 0
                 s.outageUntil = nil
             }
-            return (s.cache.finish(caller.key, outcome: outcome, now: now), s.generation, retryAfter)
+            let waiters = s.cache.finish(caller.key, outcome: outcome, now: now)
+            // One object for every waiter, and for the hits after them.
+            var handed: PublishedToken?
+            if case .token(let secret, _) = outcome { handed = s.handOut(secret, caller.key) }
+            return (waiters, handed, retryAfter)
         }
         for w in waiters {
             switch (w, outcome) {
             case (.token(let loop, let done), .token(let secret, _)):
-                let t = PublishedToken(value: secret.exposedValue, generation: generation, fingerprint: secret.fingerprint, usableUntil: UInt64.max)
+                let t = handed ?? PublishedToken(value: secret.exposedValue, generation: 0, fingerprint: secret.fingerprint, usableUntil: UInt64.max)
                 loop.execute { done(.token(t)) }
             case (.token(let loop, let done), .refused(let e, let d)):
                 let r = stsRefusal(error: e, description: d)
@@ -396,7 +412,7 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
                 let u = TokenUnavailable(session: name, retryAfterSeconds: retryAfter, detail: failure?.detail ?? "token exchange failed")
                 loop.execute { done(.unavailable(u)) }
             case (.rejection(let loop, let refreshed, let done), .token(let secret, _)):
-                let t = PublishedToken(value: secret.exposedValue, generation: generation, fingerprint: secret.fingerprint, usableUntil: UInt64.max)
+                let t = handed ?? PublishedToken(value: secret.exposedValue, generation: 0, fingerprint: secret.fingerprint, usableUntil: UInt64.max)
                 loop.execute { done(.replay(t, refreshed: refreshed)) }
             case (.rejection(let loop, _, let done), .refused(let e, _)):
                 loop.execute { done(.passThrough(reason: "caller refused by the token endpoint (\(e))")) }
