@@ -67,14 +67,10 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
         var l = logger
         l[metadataKey: "caller_jwt"] = "\(owner)"
         self.logger = l
-        if case .url(let url) = config.keys, url.isTLS {
-            do throws(TLSError) {
-                tls = try TLSContext.client(caFile: config.caFile, clientCert: nil, clientKey: nil, alpn: [])
-            } catch {
-                throw ConfigErrors([ConfigError(file: "", line: config.line, key: "\(owner).caller_jwt.ca_file", message: "\(error)")])
-            }
-        } else {
-            tls = nil
+        do throws(TLSError) {
+            tls = try Self.tlsContext(config)
+        } catch {
+            throw ConfigErrors([ConfigError(file: "", line: config.line, key: "\(owner).caller_jwt.ca_file", message: "\(error)")])
         }
         queue = EventLoop(index: queueIndex, readBufferSize: 16 * 1024)
         Self.registry.withLock { list in
@@ -129,6 +125,14 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
         state.withLock { ($0.refusals, $0.fetches, $0.keys.keys.keys.count) }
     }
 
+    /// The TLS context of an https `jwks_url` (system trust store plus `ca_file`); nil otherwise.
+    static func tlsContext(_ config: CallerJWTConfig) throws(TLSError) -> TLSContext? {
+        guard case .url(let url) = config.keys, url.isTLS else { return nil }
+        return try TLSContext.client(caFile: config.caFile, clientCert: nil, clientKey: nil, alpn: [])
+    }
+
+    static let acceptKeySet: [(name: String, value: String)] = [("Accept", "application/jwk-set+json, application/json")]
+
     /// Whether keys were ever obtained (readiness).
     public var hasKeys: Bool { state.withLock { $0.keys.hasKeys } }
     /// The last fetch or file problem, for readiness and `bearerd check`.
@@ -154,37 +158,39 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
         }
         guard var copy = snapshot else { return }
         let first = copy.validate(token, policy: policy, now: clock.now(), wallClockNow: wall)
-        switch first {
-        case .valid(let v):
-            remember(v, key: key, against: copy)
-            completion(.valid(v))
-        case .invalid(let f): completion(.invalid(f))
-        case .keysUnavailable: completion(.keysUnavailable(detail: unavailableDetail))
-        case .fetchKeysAndRetry, .waitForKeysAndRetry:
-            // The decision again, on the shared set this time (it records a fetch it starts).
-            let now = clock.now()
-            let (verdict, mustFetch): (CallerJWTKeySet.Verdict, Bool) = state.withLock { s in
-                let v = s.keys.validate(token, policy: policy, now: now, wallClockNow: clock.wallClockSeconds())
-                switch v {
-                case .fetchKeysAndRetry, .waitForKeysAndRetry:
-                    if s.stopped { return (.keysUnavailable, false) }
-                    s.waiters.append((loop, { [self] in completion(finalVerdict(token, policy: policy)) }))
-                    if case .fetchKeysAndRetry = v { return (v, true) }
-                    return (v, false)
-                default:
-                    return (v, false)
-                }
+        if let settled = settled(first) {
+            if case .valid(let v) = settled { remember(v, key: key, against: copy) }
+            completion(settled)
+            return
+        }
+        // The decision again, on the shared set this time (it records a fetch it starts).
+        let now = clock.now()
+        let (verdict, mustFetch): (CallerJWTKeySet.Verdict, Bool) = state.withLock { s in
+            let v = s.keys.validate(token, policy: policy, now: now, wallClockNow: clock.wallClockSeconds())
+            switch v {
+            case .fetchKeysAndRetry, .waitForKeysAndRetry:
+                if s.stopped { return (.keysUnavailable, false) }
+                s.waiters.append((loop, { [self] in completion(finalVerdict(token, policy: policy)) }))
+                if case .fetchKeysAndRetry = v { return (v, true) }
+                return (v, false)
+            default:
+                return (v, false)
             }
-            if mustFetch {
-                logger.info("caller token signed with an unknown key; fetching the caller IdP's keys again", metadata: ["caller": "\(key.fingerprint)"])
-                queue.execute { [self] in fetch() }
-            }
-            switch verdict {
-            case .valid(let v): completion(.valid(v))
-            case .invalid(let f): completion(.invalid(f))
-            case .keysUnavailable: completion(.keysUnavailable(detail: unavailableDetail))
-            case .fetchKeysAndRetry, .waitForKeysAndRetry: break  // queued
-            }
+        }
+        if mustFetch {
+            logger.info("caller token signed with an unknown key; fetching the caller IdP's keys again", metadata: ["caller": "\(key.fingerprint)"])
+            queue.execute { [self] in fetch() }
+        }
+        if let settled = settled(verdict) { completion(settled) }  // else queued
+    }
+
+    /// The answer for a key set's verdict; nil when it asks for a fetch (the token waits).
+    private func settled(_ v: CallerJWTKeySet.Verdict) -> Verdict? {
+        switch v {
+        case .valid(let validated): return .valid(validated)
+        case .invalid(let f): return .invalid(f)
+        case .keysUnavailable: return .keysUnavailable(detail: unavailableDetail)
+        case .fetchKeysAndRetry, .waitForKeysAndRetry: return nil
         }
     }
 
@@ -200,13 +206,8 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
     /// After the fetch a token waited for: no second fetch is allowed now, so this is final.
     private func finalVerdict(_ token: String, policy: CallerJWT.Policy) -> Verdict {
         var copy = state.withLock { $0.keys }
-        switch copy.validate(token, policy: policy, now: clock.now(), wallClockNow: clock.wallClockSeconds()) {
-        case .valid(let v): return .valid(v)
-        case .invalid(let f): return .invalid(f)
-        case .keysUnavailable: return .keysUnavailable(detail: unavailableDetail)
-        case .fetchKeysAndRetry, .waitForKeysAndRetry:
-            return copy.hasKeys ? .invalid(.unknownKey) : .keysUnavailable(detail: unavailableDetail)
-        }
+        let v = copy.validate(token, policy: policy, now: clock.now(), wallClockNow: clock.wallClockSeconds())
+        return settled(v) ?? (copy.hasKeys ? .invalid(.unknownKey) : .keysUnavailable(detail: unavailableDetail))
     }
 
     private var unavailableDetail: String {
@@ -227,17 +228,15 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
             case .success(let b): bytes = b
             }
         case .url(let url):
-            var tls: TLSContext?
-            if url.isTLS {
-                do throws(TLSError) {
-                    tls = try TLSContext.client(caFile: config.caFile, clientCert: nil, clientKey: nil, alpn: [])
-                } catch {
-                    return fail("\(error)")
-                }
+            let tls: TLSContext?
+            do throws(TLSError) {
+                tls = try tlsContext(config)
+            } catch {
+                return fail("\(error)")
             }
             let proxy = outboundProxy.endpoint(scheme: url.scheme, host: url.host, port: url.port)
             switch TokenEndpointClient.blocking(timeout: .seconds(10), { loop, done in
-                TokenEndpointClient.get(url, headers: [("Accept", "application/jwk-set+json, application/json")], tls: tls, proxy: proxy,
+                TokenEndpointClient.get(url, headers: acceptKeySet, tls: tls, proxy: proxy,
                                         on: loop, completion: done)
             }) {
             case .response(200, _, let body): bytes = body
@@ -291,7 +290,7 @@ public final class CallerJWTGuard: @unchecked Sendable {  // @unchecked: mutable
             url = u
         }
         guard inFlight == nil else { return }
-        let client = TokenEndpointClient.get(url, headers: [("Accept", "application/jwk-set+json, application/json")], tls: tls,
+        let client = TokenEndpointClient.get(url, headers: Self.acceptKeySet, tls: tls,
                                              proxy: proxy, on: queue) { [self] outcome in
             inFlight = nil
             let now = clock.now()

@@ -140,10 +140,12 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
         /// 50 KiB, outside the cache's own ceiling); checked against the cached token's value.
         var handedOut: [CallerKey: PublishedToken] = [:]
 
-        mutating func handOut(_ secret: OAuthSecret, _ key: CallerKey) -> PublishedToken {
+        /// `fingerprint`: the token's, when the caller hashed it already (off the lock).
+        mutating func handOut(_ secret: OAuthSecret, _ key: CallerKey, fingerprint: String? = nil) -> PublishedToken {
             if let p = handedOut[key], p.value == secret.exposedValue { return p }
             if handedOut.count >= CallerSessionDriver.handOutLimit { handedOut.removeAll(keepingCapacity: true) }
-            let p = PublishedToken(value: secret.exposedValue, generation: generation, fingerprint: secret.fingerprint, usableUntil: UInt64.max)
+            let p = PublishedToken(value: secret.exposedValue, generation: generation, fingerprint: fingerprint ?? secret.fingerprint,
+                                   usableUntil: UInt64.max)
             handedOut[key] = p
             return p
         }
@@ -348,8 +350,10 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
                         started: MonotonicInstant, settings: SessionSettings) {
         let now = clock.now()
         let outcome: CallerTokenCache<Waiter>.Outcome
-        var label = "ok"
-        var failure: TokenUnavailable?
+        let label: String
+        var fingerprint: String?
+        var failureDetail = "token exchange failed"
+        var outageFailure: TokenEndpointFailure?
         switch result {
         case .success(let grant):
             // Usable until the hard margin before expiry (docs/architecture.md §6), from the
@@ -359,8 +363,11 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
             let callerLife = caller.expiresAt.map { CallerJWT.lifetime(until: $0, wallClockNow: clock.wallClockSeconds()) }
             let expiry = CallerTokenCache<Waiter>.entryExpiry(now: sentAt, tokenLifetime: life, callerLifetime: callerLife)
             outcome = .token(grant.accessToken, expiresAt: expiry)
+            label = "ok"
+            // Hashed once, here, off the lock: the log line and the token handed out share it.
+            fingerprint = grant.accessToken.fingerprint
             logger.info("exchanged a caller's token", metadata: [
-                "caller": "\(caller.key.fingerprint)", "token.fingerprint": "\(grant.accessToken.fingerprint)",
+                "caller": "\(caller.key.fingerprint)", "token.fingerprint": "\(fingerprint ?? "")",
                 "expires_in_s": "\(grant.lifetime.components.seconds)", "elapsed_ms": "\((now.nanoseconds &- started.nanoseconds) / 1_000_000)"])
         case .failure(let f) where Self.isCallerRefusal(f):
             label = "refused"
@@ -370,54 +377,61 @@ public final class CallerSessionDriver: @unchecked Sendable {  // @unchecked: mu
         case .failure(let f):
             label = "failed"
             outcome = .failed
-            let detail = Self.describe(f)
+            failureDetail = Self.describe(f)
+            if Self.isOutage(f) { outageFailure = f }
             let level: Logger.Level = f.classification == .permanent ? .error : .warning
             logger.log(level: level, "token exchange for a caller failed", metadata: [
-                "caller": "\(caller.key.fingerprint)", "reason": "\(f.reason)", "detail": "\(detail)"])
-            failure = TokenUnavailable(session: name, retryAfterSeconds: 1, detail: detail)
+                "caller": "\(caller.key.fingerprint)", "reason": "\(f.reason)", "detail": "\(failureDetail)"])
         }
-        let (waiters, handed, retryAfter): ([Waiter], PublishedToken?, Int) = state.withLock { s in
+        /// What every waiter of this exchange gets, decided once.
+        enum Resolved {
+            case token(PublishedToken)
+            case refused(error: String, description: String?)
+            case unavailable(TokenUnavailable)
+        }
+        let (waiters, resolved): ([Waiter], Resolved) = state.withLock { s in
             s.exchanges[label, default: 0] &+= 1
             s.generation &+= 1
             var retryAfter = 1
-            if case .failed = outcome, case .failure(let f) = result, Self.isOutage(f) {
+            if let f = outageFailure {
                 // Outage backoff: 1 s, 2 s, 4 s … 30 s (the server's Retry-After, up to 1 h, wins).
                 s.outageStreak = min(s.outageStreak + 1, 6)
                 var delay = Duration.seconds(min(30, 1 << (s.outageStreak - 1)))
-                if case .failure(let f) = result, let ra = f.retryAfter { delay = min(ra, .seconds(3600)) }
+                if let ra = f.retryAfter { delay = min(ra, .seconds(3600)) }
                 s.outageUntil = now + delay
-                s.lastFailure = failure?.detail
+                s.lastFailure = failureDetail
                 retryAfter = max(1, Int(delay.components.seconds))
-            } else if case .failed = outcome {
-                // One caller's failure: its request fails, the others' exchanges go on.
-            } else {
+            } else if label != "failed" {
+                // A token or the caller's own refusal: the endpoint answers. (Any other failure
+                // is one caller's: its request fails, the others' exchanges go on.)
                 s.outageStreak = 0
                 s.outageUntil = nil
             }
             let waiters = s.cache.finish(caller.key, outcome: outcome, now: now)
-            // One object for every waiter, and for the hits after them.
-            var handed: PublishedToken?
-            if case .token(let secret, _) = outcome { handed = s.handOut(secret, caller.key) }
-            return (waiters, handed, retryAfter)
+            switch outcome {
+            case .token(let secret, _):
+                // One object for every waiter, and for the hits after them.
+                return (waiters, .token(s.handOut(secret, caller.key, fingerprint: fingerprint)))
+            case .refused(let e, let d):
+                return (waiters, .refused(error: e, description: d))
+            case .failed:
+                return (waiters, .unavailable(TokenUnavailable(session: name, retryAfterSeconds: retryAfter, detail: failureDetail)))
+            }
         }
         for w in waiters {
-            switch (w, outcome) {
-            case (.token(let loop, let done), .token(let secret, _)):
-                let t = handed ?? PublishedToken(value: secret.exposedValue, generation: 0, fingerprint: secret.fingerprint, usableUntil: UInt64.max)
+            switch (w, resolved) {
+            case (.token(let loop, let done), .token(let t)):
                 loop.execute { done(.token(t)) }
             case (.token(let loop, let done), .refused(let e, let d)):
                 let r = stsRefusal(error: e, description: d)
                 loop.execute { done(.refused(r)) }
-            case (.token(let loop, let done), .failed):
-                let u = TokenUnavailable(session: name, retryAfterSeconds: retryAfter, detail: failure?.detail ?? "token exchange failed")
+            case (.token(let loop, let done), .unavailable(let u)):
                 loop.execute { done(.unavailable(u)) }
-            case (.rejection(let loop, let refreshed, let done), .token(let secret, _)):
-                let t = handed ?? PublishedToken(value: secret.exposedValue, generation: 0, fingerprint: secret.fingerprint, usableUntil: UInt64.max)
+            case (.rejection(let loop, let refreshed, let done), .token(let t)):
                 loop.execute { done(.replay(t, refreshed: refreshed)) }
             case (.rejection(let loop, _, let done), .refused(let e, _)):
                 loop.execute { done(.passThrough(reason: "caller refused by the token endpoint (\(e))")) }
-            case (.rejection(let loop, _, let done), .failed):
-                let u = TokenUnavailable(session: name, retryAfterSeconds: retryAfter, detail: failure?.detail ?? "token exchange failed")
+            case (.rejection(let loop, _, let done), .unavailable(let u)):
                 loop.execute { done(.unavailable(u)) }
             }
         }
