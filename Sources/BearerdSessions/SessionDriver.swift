@@ -932,7 +932,11 @@ public final class TokenSessionDriver: @unchecked Sendable {  // @unchecked: sta
     private func finishFetch(_ request: TokenSession.FetchRequest, startedAt: UInt64, sentAt: MonotonicInstant,
                              result: Result<TokenGrant, TokenEndpointFailure>, requestSent: Bool, adopted: Bool) {
         guard !stopped else { return }
-        defer { tracing.end(result, adopted: adopted, generation: machine.currentGeneration, url: grant.isSigning || grant == .exec ? "" : settings.config.tokenURL.description) }
+        // The span ends when the answer came, not after the waiters were resumed below: an
+        // exchange may finish on its loop before this queue reaches the `defer`.
+        let answeredAt = monotonicNanos()
+        defer { tracing.end(result, adopted: adopted, generation: machine.currentGeneration, at: answeredAt,
+                            url: grant.isSigning || grant == .exec ? "" : settings.config.tokenURL.description) }
         sharedCacheAfterFetch(result, adopted: adopted)
         if grant == .tokenExchange {
             let outcome: String

@@ -172,7 +172,8 @@ struct SessionTracing {
 
     /// The fetch ended: its outcome, the server's `error` and status, whether the answer came
     /// from a cache (state file, shared cache) instead of a request.
-    mutating func end(_ result: Result<TokenGrant, TokenEndpointFailure>, adopted: Bool, generation: UInt64, url: String) {
+    mutating func end(_ result: Result<TokenGrant, TokenEndpointFailure>, adopted: Bool, generation: UInt64,
+                      at end: UInt64 = monotonicNanos(), url: String) {
         // The waiters of this fetch have their answer: a context left from one that joined an
         // untraced fetch must not become the parent of a later, unrelated one.
         waiting = nil
@@ -195,7 +196,7 @@ struct SessionTracing {
             status = .error(f.oauthError ?? f.reason)
         }
         tracer.exporter.submit(SpanRecord(context: s.context, parent: s.parent, name: "token request", kind: .client,
-                                          start: s.start, end: monotonicNanos(), attributes: attributes, events: s.events,
+                                          start: s.start, end: end, attributes: attributes, events: s.events,
                                           links: s.links, status: status))
     }
 }
